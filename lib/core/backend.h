@@ -1,0 +1,56 @@
+// The backend interface: device -> buffer -> compute/copy. The scheduler (lib/sched) and the runtime
+// drive backends only through this; backends answer questions and compute, they never decide placement.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace moe {
+
+class Backend;
+
+// A block of backend memory. Host buffers are plain (or pinned) host memory; device buffers hold
+// device pointers that only their backend may dereference.
+class Buffer {
+public:
+    virtual ~Buffer() = default;
+    virtual void* data() = 0;
+    virtual size_t size() const = 0;
+    virtual bool is_host() const = 0;  // data() is host-addressable
+    Backend* backend() const { return backend_; }
+
+protected:
+    explicit Buffer(Backend* backend) : backend_(backend) {}
+
+private:
+    Backend* backend_;
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+
+    virtual const char* name() const = 0;
+    // Host backends compute on host-addressable memory (the CPU backend, and the host-memory backend
+    // that plays the device in scheduler tests).
+    virtual bool is_host() const = 0;
+    // Whether this backend can compute `node` with its srcs' types and shapes.
+    virtual bool supports_op(const Tensor& node) const = 0;
+
+    // Memory of this backend (device memory for devices). RESOURCE_EXHAUSTED when it cannot.
+    virtual StatusOr<std::unique_ptr<Buffer>> alloc_buffer(size_t size) = 0;
+
+    // Computes `nodes` in order. REQUIRES: every node's data and its srcs' data are allocated in
+    // memory this backend can address, and supports_op() holds for each node.
+    virtual Status compute(std::span<Tensor* const> nodes) = 0;
+
+    // Waits until all work queued on this backend has finished.
+    virtual Status synchronize() = 0;
+};
+
+}  // namespace moe

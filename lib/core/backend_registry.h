@@ -1,0 +1,36 @@
+// The backend registry: backends register a factory; the runtime creates backends by name without
+// depending on lib/cpu or lib/cuda. Built-in backends are registered by a function CMake generates
+// (register_builtin_backends), so static linking cannot drop them.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+
+namespace moe {
+
+struct BackendOptions {
+    int n_threads = 0;  // CPU threads; 0 = all cores
+    int device = 0;     // device ordinal for device backends
+};
+
+struct BackendFactory {
+    std::string name;  // "cpu", "cuda"
+    // Number of devices this backend can drive here (0: unavailable, e.g. no GPU).
+    std::function<int()> device_count;
+    std::function<StatusOr<std::unique_ptr<Backend>>(const BackendOptions&)> create;
+};
+
+void register_backend_factory(BackendFactory factory);
+
+// All registered factories (built-in ones registered on first call).
+const std::vector<BackendFactory>& backend_factories();
+const BackendFactory* find_backend_factory(const std::string& name);
+
+// Defined in the CMake-generated backends_init.cpp.
+void register_builtin_backends();
+
+}  // namespace moe

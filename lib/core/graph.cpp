@@ -1,0 +1,189 @@
+#include "core/graph.h"
+
+#include <vector>
+
+namespace moe {
+namespace {
+
+std::vector<int64_t> dims(std::initializer_list<int64_t> ne) { return std::vector<int64_t>(ne); }
+
+}  // namespace
+
+Tensor* Graph::new_tensor(Type type, std::initializer_list<int64_t> ne, std::string name) {
+    Tensor& t = arena_.emplace_back();
+    const std::vector<int64_t> d = dims(ne);
+    set_shape(t, type, static_cast<int>(d.size()), d.data());
+    t.name = std::move(name);
+    t.layer = layer_;
+    return &t;
+}
+
+Tensor* Graph::input(Type type, std::initializer_list<int64_t> ne, std::string name) {
+    Tensor* t = new_tensor(type, ne, std::move(name));
+    t->is_input = true;
+    return t;
+}
+
+Tensor* Graph::new_node(Op op, Type type, std::initializer_list<int64_t> ne, std::initializer_list<Tensor*> srcs) {
+    Tensor* t = new_tensor(type, ne);
+    t->op = op;
+    int i = 0;
+    for (Tensor* s : srcs) {
+        MOE_ASSERT(i < kMaxSrc);
+        t->src[i++] = s;
+    }
+    nodes_.push_back(t);
+    return t;
+}
+
+Tensor* Graph::reshape(Tensor* a, std::initializer_list<int64_t> ne) {
+    MOE_ASSERT(a->is_contiguous());
+    Tensor* t = new_node(Op::VIEW, a->type, ne, {a});
+    MOE_ASSERT(t->n_elements() == a->n_elements());
+    t->view_src = a;
+    t->view_offset = 0;
+    return t;
+}
+
+Tensor* Graph::view(Tensor* a, std::initializer_list<int64_t> ne, std::initializer_list<size_t> nb, size_t offset) {
+    Tensor* t = new_node(Op::VIEW, a->type, ne, {a});
+    int d = 1;
+    for (size_t s : nb) {
+        MOE_ASSERT(d < 4);
+        t->nb[d++] = s;
+    }
+    t->view_src = a;
+    t->view_offset = offset;
+    return t;
+}
+
+// Shapes are checked here with MOE_ASSERT: model builders validate weights at load time, so a
+// mismatch in a graph is a bug in a builder, not bad input.
+
+Tensor* Graph::get_rows(Tensor* w, Tensor* ids) {
+    MOE_ASSERT(ids->type == Type::I32 && w->ne[2] == 1);
+    return new_node(Op::GET_ROWS, Type::F32, {w->ne[0], ids->ne[0]}, {w, ids});
+}
+
+Tensor* Graph::rms_norm(Tensor* x, Tensor* weight, float eps) {
+    MOE_ASSERT(x->type == Type::F32);
+    MOE_ASSERT(weight == nullptr || (weight->ne[0] == x->ne[0] && weight->n_rows() == 1));
+    Tensor* t = new_node(Op::RMS_NORM, Type::F32, {x->ne[0], x->ne[1], x->ne[2], x->ne[3]}, {x, weight});
+    t->params.f[0] = eps;
+    return t;
+}
+
+namespace {
+void check_broadcast(const Tensor* a, const Tensor* b) {
+    MOE_ASSERT(a->type == Type::F32 && b->type == Type::F32);
+    for (int d = 0; d < 4; ++d) MOE_ASSERT(b->ne[d] > 0 && a->ne[d] % b->ne[d] == 0);
+}
+}  // namespace
+
+Tensor* Graph::mul(Tensor* a, Tensor* b) {
+    check_broadcast(a, b);
+    return new_node(Op::MUL, Type::F32, {a->ne[0], a->ne[1], a->ne[2], a->ne[3]}, {a, b});
+}
+
+Tensor* Graph::add(Tensor* a, Tensor* b) {
+    check_broadcast(a, b);
+    return new_node(Op::ADD, Type::F32, {a->ne[0], a->ne[1], a->ne[2], a->ne[3]}, {a, b});
+}
+
+Tensor* Graph::mul_mat(Tensor* w, Tensor* x) {
+    MOE_ASSERT(x->type == Type::F32 && w->ne[0] == x->ne[0] && w->ne[2] == 1 && w->ne[3] == 1);
+    return new_node(Op::MUL_MAT, Type::F32, {w->ne[1], x->ne[1], x->ne[2], x->ne[3]}, {w, x});
+}
+
+Tensor* Graph::mul_mat_id(Tensor* experts, Tensor* x, Tensor* ids) {
+    MOE_ASSERT(x->type == Type::F32 && ids->type == Type::I32);
+    MOE_ASSERT(experts->ne[0] == x->ne[0] && x->ne[2] == ids->ne[1]);
+    MOE_ASSERT(x->ne[1] == 1 || x->ne[1] == ids->ne[0]);
+    return new_node(Op::MUL_MAT_ID, Type::F32, {experts->ne[1], ids->ne[0], ids->ne[1]}, {experts, x, ids});
+}
+
+Tensor* Graph::moe_up_gate(Tensor* up, Tensor* gate, Tensor* x, Tensor* ids, Tensor* up_bias, Tensor* gate_bias,
+                           Activation act) {
+    MOE_ASSERT(x->type == Type::F32 && ids->type == Type::I32);
+    MOE_ASSERT(up->ne[0] == x->ne[0] && gate->ne[0] == x->ne[0] && up->ne[1] == gate->ne[1] && up->ne[2] == gate->ne[2]);
+    MOE_ASSERT(x->ne[1] == ids->ne[1] && x->ne[2] == 1);
+    MOE_ASSERT((up_bias == nullptr) == (gate_bias == nullptr));
+    Tensor* t = new_node(Op::MOE_UP_GATE, Type::F32, {up->ne[1], ids->ne[0], ids->ne[1]},
+                         {up, gate, x, ids, up_bias, gate_bias});
+    t->params.i[0] = static_cast<int32_t>(act);
+    return t;
+}
+
+Tensor* Graph::rope(Tensor* x, Tensor* positions, const RopeParams& p) {
+    MOE_ASSERT(x->type == Type::F32 && positions->type == Type::I32 && positions->ne[0] == x->ne[2]);
+    MOE_ASSERT(p.n_dims > 0 && p.n_dims <= x->ne[0] && p.n_dims % 2 == 0);
+    Tensor* t = new_node(Op::ROPE, Type::F32, {x->ne[0], x->ne[1], x->ne[2]}, {x, positions});
+    t->set_rope_params(p);
+    return t;
+}
+
+Tensor* Graph::attention(Tensor* q, Tensor* k, Tensor* v, Tensor* q_positions, Tensor* sinks, float scale,
+                         int32_t window, int32_t n_kv) {
+    MOE_ASSERT(q->type == Type::F32 && q_positions->type == Type::I32 && q_positions->ne[0] == q->ne[2]);
+    MOE_ASSERT(k->ne[0] == q->ne[0] && v->ne[0] == q->ne[0] && k->ne[1] == v->ne[1] && q->ne[1] % k->ne[1] == 0);
+    MOE_ASSERT(n_kv > 0 && n_kv <= k->ne[2] && n_kv <= v->ne[2]);
+    MOE_ASSERT(sinks == nullptr || (sinks->type == Type::F32 && sinks->ne[0] == q->ne[1]));
+    Tensor* t = new_node(Op::ATTENTION, Type::F32, {q->ne[0], q->ne[1], q->ne[2]}, {q, k, v, q_positions, sinks});
+    t->params.f[0] = scale;
+    t->params.i[0] = window;
+    t->params.i[1] = n_kv;
+    return t;
+}
+
+Tensor* Graph::softmax(Tensor* x) {
+    MOE_ASSERT(x->type == Type::F32);
+    return new_node(Op::SOFTMAX, Type::F32, {x->ne[0], x->ne[1], x->ne[2], x->ne[3]}, {x});
+}
+
+Tensor* Graph::topk(Tensor* x, int32_t k) {
+    MOE_ASSERT(x->type == Type::F32 && k > 0 && k <= x->ne[0] && x->ne[2] == 1);
+    Tensor* t = new_node(Op::TOPK, Type::I32, {k, x->ne[1]}, {x});
+    t->params.i[0] = k;
+    return t;
+}
+
+Tensor* Graph::gather(Tensor* x, Tensor* ids) {
+    MOE_ASSERT(x->type == Type::F32 && ids->type == Type::I32 && ids->ne[1] == x->ne[1]);
+    return new_node(Op::GATHER, Type::F32, {ids->ne[0], ids->ne[1]}, {x, ids});
+}
+
+Tensor* Graph::weighted_sum(Tensor* y, Tensor* w) {
+    MOE_ASSERT(y->type == Type::F32 && w->type == Type::F32 && y->ne[1] == w->ne[0] && y->ne[2] == w->ne[1]);
+    return new_node(Op::WEIGHTED_SUM, Type::F32, {y->ne[0], y->ne[2]}, {y, w});
+}
+
+Tensor* Graph::silu(Tensor* x) {
+    MOE_ASSERT(x->type == Type::F32);
+    return new_node(Op::SILU, Type::F32, {x->ne[0], x->ne[1], x->ne[2], x->ne[3]}, {x});
+}
+
+Tensor* Graph::swiglu(Tensor* gate, Tensor* up) {
+    MOE_ASSERT(gate->type == Type::F32 && up->type == Type::F32 && gate->n_elements() == up->n_elements());
+    return new_node(Op::SWIGLU, Type::F32, {gate->ne[0], gate->ne[1], gate->ne[2], gate->ne[3]}, {gate, up});
+}
+
+Tensor* Graph::swiglu_oai(Tensor* gate, Tensor* up, float alpha, float limit) {
+    MOE_ASSERT(gate->type == Type::F32 && up->type == Type::F32 && gate->n_elements() == up->n_elements());
+    Tensor* t = new_node(Op::SWIGLU_OAI, Type::F32, {gate->ne[0], gate->ne[1], gate->ne[2], gate->ne[3]}, {gate, up});
+    t->params.f[0] = alpha;
+    t->params.f[1] = limit;
+    return t;
+}
+
+Tensor* Graph::cpy(Tensor* src, Tensor* dst_view) {
+    MOE_ASSERT(src->type == Type::F32 && src->n_elements() == dst_view->n_elements());
+    MOE_ASSERT(dst_view->type == Type::F32 || dst_view->type == Type::F16);
+    Tensor* t = new_node(Op::CPY, dst_view->type, {dst_view->ne[0], dst_view->ne[1], dst_view->ne[2], dst_view->ne[3]},
+                         {src, dst_view});
+    for (int d = 0; d < 4; ++d) t->nb[d] = dst_view->nb[d];
+    t->view_src = dst_view;
+    t->view_offset = 0;
+    return t;
+}
+
+}  // namespace moe

@@ -1,0 +1,66 @@
+// A compute graph: tensors in an arena, nodes in topological (build) order, and the builder
+// functions the model builders call. Rebuilt per ubatch; building is cheap (no allocation of
+// tensor data, no kernels).
+#pragma once
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace moe {
+
+class Graph {
+public:
+    Graph() = default;
+    Graph(const Graph&) = delete;
+    Graph& operator=(const Graph&) = delete;
+
+    // Leaves.
+    Tensor* new_tensor(Type type, std::initializer_list<int64_t> ne, std::string name = {});
+    Tensor* input(Type type, std::initializer_list<int64_t> ne, std::string name);  // is_input = true
+
+    // Views (no compute): a reshape of a contiguous tensor, and a strided view.
+    Tensor* reshape(Tensor* a, std::initializer_list<int64_t> ne);
+    Tensor* view(Tensor* a, std::initializer_list<int64_t> ne, std::initializer_list<size_t> nb, size_t offset);
+
+    // Ops (see core/tensor.h for the exact semantics and shapes).
+    Tensor* get_rows(Tensor* w, Tensor* ids);
+    Tensor* rms_norm(Tensor* x, Tensor* weight, float eps);  // weight may be nullptr
+    Tensor* mul(Tensor* a, Tensor* b);
+    Tensor* add(Tensor* a, Tensor* b);
+    Tensor* mul_mat(Tensor* w, Tensor* x);
+    Tensor* mul_mat_id(Tensor* experts, Tensor* x, Tensor* ids);
+    Tensor* moe_up_gate(Tensor* up, Tensor* gate, Tensor* x, Tensor* ids, Tensor* up_bias, Tensor* gate_bias,
+                        Activation act);
+    Tensor* rope(Tensor* x, Tensor* positions, const RopeParams& p);
+    Tensor* attention(Tensor* q, Tensor* k, Tensor* v, Tensor* q_positions, Tensor* sinks, float scale,
+                      int32_t window, int32_t n_kv);
+    Tensor* softmax(Tensor* x);
+    Tensor* topk(Tensor* x, int32_t k);
+    Tensor* gather(Tensor* x, Tensor* ids);
+    Tensor* weighted_sum(Tensor* y, Tensor* w);
+    Tensor* silu(Tensor* x);
+    Tensor* swiglu(Tensor* gate, Tensor* up);
+    Tensor* swiglu_oai(Tensor* gate, Tensor* up, float alpha, float limit);
+    Tensor* cpy(Tensor* src, Tensor* dst_view);
+
+    // Marks the graph's result(s); nodes are computed in the order they were built.
+    void set_output(Tensor* t) { t->is_output = true; outputs_.push_back(t); }
+
+    const std::vector<Tensor*>& nodes() const { return nodes_; }  // every non-leaf tensor, in order
+    const std::vector<Tensor*>& outputs() const { return outputs_; }
+    // Tensors tagged with `layer` from now on (for stats and placement).
+    void set_layer(int32_t layer) { layer_ = layer; }
+
+private:
+    Tensor* new_node(Op op, Type type, std::initializer_list<int64_t> ne, std::initializer_list<Tensor*> srcs);
+
+    std::deque<Tensor> arena_;  // deque: stable addresses
+    std::vector<Tensor*> nodes_;
+    std::vector<Tensor*> outputs_;
+    int32_t layer_ = -1;
+};
+
+}  // namespace moe

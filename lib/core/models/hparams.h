@@ -1,0 +1,41 @@
+// Hyper-parameters of the supported architectures, read from GGUF metadata and tensor shapes.
+#pragma once
+
+#include <string>
+
+#include "core/gguf.h"
+#include "core/status.h"
+
+namespace moe {
+
+enum class Arch { QWEN3MOE, GPT_OSS };
+
+struct HParams {
+    Arch arch = Arch::QWEN3MOE;
+    std::string arch_name;  // as in general.architecture
+    std::string name;       // general.name ("" when absent)
+    int n_layer = 0;
+    int n_embd = 0;
+    int n_vocab = 0;
+    int n_head = 0;
+    int n_head_kv = 0;
+    int head_dim = 0;
+    int n_expert = 0;
+    int n_expert_used = 0;
+    int n_ff_expert = 0;
+    int n_ctx_train = 0;
+    int sliding_window = 0;       // gpt-oss: window of the sliding layers (even layers); 0 = none
+    float rms_eps = 1e-6f;
+    float rope_freq_base = 10000.0f;
+    float rope_yarn_factor = 1.0f;  // gpt-oss YaRN scaling factor (1 = no scaling)
+    int rope_yarn_orig_ctx = 0;     // YaRN original context length
+};
+
+// Reads and validates the hyper-parameters. Unknown architecture -> UNIMPLEMENTED; missing or
+// inconsistent keys -> DATA_CORRUPT naming the key.
+StatusOr<HParams> read_hparams(const GgufFile& file);
+
+// True for expert tensors (blk.N.ffn_{gate,up,down}_exps.{weight,bias}).
+bool is_expert_tensor_name(const std::string& name);
+
+}  // namespace moe

@@ -1,0 +1,61 @@
+// Model graphs: the weights each architecture needs (validated by name, shape and type at bind time)
+// and the per-ubatch graph builders. Builders never know where ops will run.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/graph.h"
+#include "core/models/hparams.h"
+
+namespace moe {
+
+struct LayerWeights {
+    Tensor* attn_norm = nullptr;
+    Tensor *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
+    Tensor *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr;  // gpt-oss
+    Tensor *q_norm = nullptr, *k_norm = nullptr;                          // qwen3moe
+    Tensor* sinks = nullptr;                                              // gpt-oss
+    Tensor* ffn_norm = nullptr;  // qwen3moe ffn_norm, gpt-oss post_attention_norm
+    Tensor *router = nullptr, *router_bias = nullptr;
+    Tensor *up_exps = nullptr, *gate_exps = nullptr, *down_exps = nullptr;
+    Tensor *up_exps_bias = nullptr, *gate_exps_bias = nullptr, *down_exps_bias = nullptr;  // gpt-oss
+};
+
+struct ModelWeights {
+    Tensor* tok_embd = nullptr;
+    Tensor* output_norm = nullptr;
+    Tensor* output = nullptr;
+    std::vector<LayerWeights> layers;
+};
+
+// Returns the weight tensor called `name` (a leaf with type and shape from the file), or nullptr.
+using WeightLookup = std::function<Tensor*(const std::string& name)>;
+
+// Finds and validates every tensor the architecture needs. Missing tensor -> NOT_FOUND naming it;
+// wrong shape or type -> DATA_CORRUPT naming the tensor, the expected and the actual shape.
+StatusOr<ModelWeights> bind_weights(const HParams& hp, const WeightLookup& lookup);
+
+// The KV cache the graphs read and write: per layer K and V of shape [head_dim, n_head_kv, n_ctx].
+struct KvCache {
+    std::vector<Tensor*> k;
+    std::vector<Tensor*> v;
+    int n_ctx = 0;
+};
+
+struct UbatchGraph {
+    Tensor* tokens = nullptr;     // input I32 [n_tokens]
+    Tensor* positions = nullptr;  // input I32 [n_tokens]
+    Tensor* logits = nullptr;     // output F32 [n_vocab, n_tokens or 1]
+};
+
+// Builds the graph of one ubatch of n_tokens tokens at positions n_past .. n_past + n_tokens - 1.
+// REQUIRES: n_past + n_tokens <= kv.n_ctx.
+UbatchGraph build_model_graph(Graph& g, const HParams& hp, const ModelWeights& w, const KvCache& kv, int n_tokens,
+                              int n_past, bool logits_all);
+
+// The RoPE parameters of an architecture.
+RopeParams rope_params_for(const HParams& hp);
+
+}  // namespace moe

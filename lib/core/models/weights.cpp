@@ -1,0 +1,96 @@
+// Weight binding: which tensors each architecture needs, with their expected shapes and types.
+#include <string>
+
+#include "core/models/model_graph.h"
+
+namespace moe {
+namespace {
+
+std::string shape_str(const int64_t* ne, int n) {
+    std::string s = "[";
+    for (int i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+    return s + "]";
+}
+
+enum class Kind { MATRIX, FLOAT_VECTOR };
+
+class Binder {
+public:
+    Binder(const WeightLookup& lookup) : lookup_(lookup) {}
+
+    // A weight with exactly `shape`; MATRIX weights may have any supported matmul type, vectors must be F32.
+    Status get(const std::string& name, std::initializer_list<int64_t> shape, Kind kind, Tensor** out,
+               bool optional = false) {
+        Tensor* t = lookup_(name);
+        if (t == nullptr) {
+            if (optional) return Status::ok();
+            return not_found("model is missing tensor '" + name + "'");
+        }
+        const std::vector<int64_t> want(shape);
+        bool ok = true;
+        for (size_t d = 0; d < 4; ++d) {
+            const int64_t w = d < want.size() ? want[d] : 1;
+            if (t->ne[d] != w) ok = false;
+        }
+        if (!ok) {
+            return data_corrupt("tensor '" + name + "': expected shape " + shape_str(want.data(), (int)want.size()) +
+                                ", got " + shape_str(t->ne, 4));
+        }
+        if (kind == Kind::FLOAT_VECTOR && t->type != Type::F32) {
+            return data_corrupt("tensor '" + name + "': expected type f32, got " + type_name(t->type));
+        }
+        t->is_weight = true;
+        *out = t;
+        return Status::ok();
+    }
+
+private:
+    const WeightLookup& lookup_;
+};
+
+}  // namespace
+
+StatusOr<ModelWeights> bind_weights(const HParams& hp, const WeightLookup& lookup) {
+    Binder b(lookup);
+    ModelWeights w;
+    const int64_t E = hp.n_embd, V = hp.n_vocab, D = hp.head_dim, H = hp.n_head, Hkv = hp.n_head_kv;
+    const int64_t X = hp.n_expert, F = hp.n_ff_expert;
+    const bool oss = hp.arch == Arch::GPT_OSS;
+
+    MOE_RETURN_IF_ERROR(b.get("token_embd.weight", {E, V}, Kind::MATRIX, &w.tok_embd));
+    MOE_RETURN_IF_ERROR(b.get("output_norm.weight", {E}, Kind::FLOAT_VECTOR, &w.output_norm));
+    MOE_RETURN_IF_ERROR(b.get("output.weight", {E, V}, Kind::MATRIX, &w.output));
+    w.layers.resize(static_cast<size_t>(hp.n_layer));
+    for (int il = 0; il < hp.n_layer; ++il) {
+        LayerWeights& l = w.layers[static_cast<size_t>(il)];
+        const std::string p = "blk." + std::to_string(il) + ".";
+        MOE_RETURN_IF_ERROR(b.get(p + "attn_norm.weight", {E}, Kind::FLOAT_VECTOR, &l.attn_norm));
+        MOE_RETURN_IF_ERROR(b.get(p + "attn_q.weight", {E, H * D}, Kind::MATRIX, &l.wq));
+        MOE_RETURN_IF_ERROR(b.get(p + "attn_k.weight", {E, Hkv * D}, Kind::MATRIX, &l.wk));
+        MOE_RETURN_IF_ERROR(b.get(p + "attn_v.weight", {E, Hkv * D}, Kind::MATRIX, &l.wv));
+        MOE_RETURN_IF_ERROR(b.get(p + "attn_output.weight", {H * D, E}, Kind::MATRIX, &l.wo));
+        MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_inp.weight", {E, X}, Kind::MATRIX, &l.router));
+        MOE_RETURN_IF_ERROR(b.get(p + "ffn_up_exps.weight", {E, F, X}, Kind::MATRIX, &l.up_exps));
+        MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_exps.weight", {E, F, X}, Kind::MATRIX, &l.gate_exps));
+        MOE_RETURN_IF_ERROR(b.get(p + "ffn_down_exps.weight", {F, E, X}, Kind::MATRIX, &l.down_exps));
+        if (oss) {
+            MOE_RETURN_IF_ERROR(b.get(p + "attn_q.bias", {H * D}, Kind::FLOAT_VECTOR, &l.bq));
+            MOE_RETURN_IF_ERROR(b.get(p + "attn_k.bias", {Hkv * D}, Kind::FLOAT_VECTOR, &l.bk));
+            MOE_RETURN_IF_ERROR(b.get(p + "attn_v.bias", {Hkv * D}, Kind::FLOAT_VECTOR, &l.bv));
+            MOE_RETURN_IF_ERROR(b.get(p + "attn_output.bias", {E}, Kind::FLOAT_VECTOR, &l.bo));
+            MOE_RETURN_IF_ERROR(b.get(p + "attn_sinks.weight", {H}, Kind::FLOAT_VECTOR, &l.sinks));
+            MOE_RETURN_IF_ERROR(b.get(p + "post_attention_norm.weight", {E}, Kind::FLOAT_VECTOR, &l.ffn_norm));
+            MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_inp.bias", {X}, Kind::FLOAT_VECTOR, &l.router_bias));
+            MOE_RETURN_IF_ERROR(b.get(p + "ffn_up_exps.bias", {F, X}, Kind::FLOAT_VECTOR, &l.up_exps_bias));
+            MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_exps.bias", {F, X}, Kind::FLOAT_VECTOR, &l.gate_exps_bias));
+            MOE_RETURN_IF_ERROR(b.get(p + "ffn_down_exps.bias", {E, X}, Kind::FLOAT_VECTOR, &l.down_exps_bias));
+        } else {
+            MOE_RETURN_IF_ERROR(b.get(p + "attn_q_norm.weight", {D}, Kind::FLOAT_VECTOR, &l.q_norm));
+            MOE_RETURN_IF_ERROR(b.get(p + "attn_k_norm.weight", {D}, Kind::FLOAT_VECTOR, &l.k_norm));
+            MOE_RETURN_IF_ERROR(b.get(p + "ffn_norm.weight", {E}, Kind::FLOAT_VECTOR, &l.ffn_norm));
+        }
+    }
+    return w;
+}
+
+}  // namespace moe

@@ -1,0 +1,117 @@
+// Tensors and the op set: the nodes of a compute graph.
+//
+// A tensor has a type, a shape ne[0..3] (ne[0] fastest, GGUF order), byte strides nb[0..3], and
+// either data of its own (a weight, a KV cache, an allocated activation) or a view of another
+// tensor's data (view_src + view_offset). A node is a tensor with op != NONE: its value is
+// op(src[0], src[1], ...). Backends compute nodes; they never decide where nodes run.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/types.h"
+
+namespace moe {
+
+// The op set. Semantics (shapes are ne order; activations are F32 unless said otherwise; "rows"
+// are the ne[0]-contiguous vectors; every op writes a contiguous dst unless it is a view):
+enum class Op : int32_t {
+    NONE = 0,     // a leaf: weight, input, KV cache
+    VIEW,         // dst shares src0's data at view_offset with its own shape/strides (no compute)
+    GET_ROWS,     // src0 [K, R] any type, src1 I32 [T] -> [K, T] F32: dst[:, t] = src0[:, src1[t]]
+    RMS_NORM,     // src0 [K, ...]; src1 optional F32 [K] weight -> x / sqrt(mean(x^2) + eps) (* w). f[0] = eps
+    MUL,          // src0 [K, ...] * src1, src1 broadcast: ne of src1 divides ne of src0 in every dim
+    ADD,          // src0 + src1, same broadcasting as MUL
+    MUL_MAT,      // src0 weight [K, N] any type, src1 F32 [K, M, ...] -> [N, M, ...]: dst[n,m] = sum_k src0[k,n] src1[k,m]
+    MUL_MAT_ID,   // src0 experts [K, N, E], src1 F32 [K, B, T] (B = 1: one input row shared by all of the
+                  // token's experts; B = n_used: one row per selected expert), src2 ids I32 [n_used, T]
+                  // -> [N, n_used, T]: dst[:, j, t] = src0[:, :, ids[j,t]] . src1[:, B==1 ? 0 : j, t]
+    MOE_UP_GATE,  // fused expert up+gate+activation: src0 up [K, F, E], src1 gate [K, F, E], src2 x F32 [K, T],
+                  // src3 ids I32 [n_used, T], src4/src5 optional up/gate biases F32 [F, E]
+                  // -> [F, n_used, T] = act(gate_e x + bg_e, up_e x + bu_e), act = i[0] (an Activation)
+    ROPE,         // src0 F32 [D, H, T], src1 positions I32 [T] -> rotated; RopeParams in op_params
+    ATTENTION,    // src0 q F32 [D, H, T], src1 k [D, Hkv, n_kv] (F16 or F32), src2 v [D, Hkv, n_kv],
+                  // src3 query positions I32 [T], src4 optional sinks F32 [H] -> [D, H, T].
+                  // Key j (position j) is visible to a query at position p iff j <= p and
+                  // (window == 0 or j > p - window). f[0] = scale, i[0] = window, i[1] = n_kv used.
+    SOFTMAX,      // row-wise softmax over ne[0]
+    TOPK,         // src0 F32 [E, T] -> I32 [k, T]: indices of the k largest per column, in descending
+                  // order of value, ties to the lower index. i[0] = k
+    GATHER,       // src0 F32 [E, T], src1 I32 [k, T] -> [k, T]: dst[j, t] = src0[src1[j, t], t]
+    WEIGHTED_SUM, // src0 F32 [N, k, T], src1 F32 [k, T] -> [N, T]: sum_j src1[j,t] * src0[:, j, t]
+    SILU,         // x * sigmoid(x)
+    SWIGLU,       // src0 gate, src1 up (same shape) -> silu(gate) * up
+    SWIGLU_OAI,   // src0 gate, src1 up -> (clamp(up, -L, L) + 1) * g * sigmoid(alpha * g), g = min(gate, L);
+                  // f[0] = alpha (1.702), f[1] = L (7)
+    CPY,          // src0 F32 -> src1 (a view of a persistent tensor, e.g. the KV cache; F16 or F32):
+                  // converts and writes src0 into src1's bytes; dst is a view of src1 (for ordering)
+    COUNT,
+};
+
+const char* op_name(Op op);
+
+enum class Activation : int32_t { SILU = 0, SWIGLU_OAI = 1 };
+
+// ROPE parameters (stored in op_params.f / .i): NeoX layout (rotate the two halves of the first
+// n_dims elements). YaRN follows ggml's rope_yarn: ext_factor > 0 blends interpolation and
+// extrapolation per dimension between beta_fast and beta_slow; attn_factor scales cos and sin.
+struct RopeParams {
+    int32_t n_dims = 0;
+    int32_t n_ctx_orig = 0;
+    float freq_base = 10000.0f;
+    float freq_scale = 1.0f;   // 1 / YaRN factor
+    float ext_factor = 0.0f;   // 0 disables YaRN
+    float attn_factor = 1.0f;
+    float beta_fast = 32.0f;
+    float beta_slow = 1.0f;
+};
+
+struct OpParams {
+    int32_t i[8] = {};
+    float f[8] = {};
+};
+
+class Buffer;  // backend memory (core/backend.h)
+
+constexpr int kMaxSrc = 6;
+
+struct Tensor {
+    Type type = Type::F32;
+    int64_t ne[4] = {1, 1, 1, 1};
+    size_t nb[4] = {0, 0, 0, 0};  // byte strides; nb[0] = element (or block) size
+    void* data = nullptr;         // host pointer on host backends, device pointer on devices
+    Buffer* buffer = nullptr;     // where data lives (nullptr until allocated)
+
+    Op op = Op::NONE;
+    Tensor* src[kMaxSrc] = {};
+    OpParams params;
+
+    Tensor* view_src = nullptr;   // VIEW / CPY: the tensor whose data this one shares
+    size_t view_offset = 0;
+
+    bool is_weight = false;       // model weights: placement decides where they live
+    bool is_input = false;        // filled by the runtime before compute (tokens, positions)
+    bool is_output = false;       // read by the runtime after compute (logits)
+    int32_t layer = -1;           // model layer, for stats and placement; -1 = none
+    std::string name;
+
+    int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
+    int64_t n_rows() const { return ne[1] * ne[2] * ne[3]; }
+    size_t n_bytes() const;       // of a contiguous tensor of this shape and type
+    bool is_contiguous() const;
+    RopeParams rope_params() const;
+    void set_rope_params(const RopeParams& p);
+
+    template <typename T> T* as() { return static_cast<T*>(data); }
+    template <typename T> const T* as() const { return static_cast<const T*>(data); }
+    // Pointer to row (i1, i2, i3).
+    uint8_t* row(int64_t i1, int64_t i2 = 0, int64_t i3 = 0) const {
+        return static_cast<uint8_t*>(data) + i1 * nb[1] + i2 * nb[2] + i3 * nb[3];
+    }
+};
+
+// Sets ne and contiguous strides for `type`.
+void set_shape(Tensor& t, Type type, int n_dims, const int64_t* ne);
+
+}  // namespace moe

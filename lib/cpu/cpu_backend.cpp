@@ -1,0 +1,98 @@
+#include "cpu/cpu_backend.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "core/backend_registry.h"
+
+namespace moe::cpu {
+
+StatusOr<std::unique_ptr<Buffer>> HostBuffer::allocate(Backend* backend, size_t size) {
+    const size_t rounded = (std::max<size_t>(size, 1) + 63) & ~size_t{63};
+    void* p = std::aligned_alloc(64, rounded);
+    if (p == nullptr) {
+        return resource_exhausted("cannot allocate " + std::to_string(size) + " bytes of host memory");
+    }
+    return std::unique_ptr<Buffer>(new HostBuffer(backend, p, size));
+}
+
+HostBuffer::~HostBuffer() { std::free(data_); }
+
+namespace {
+int resolve_threads(int n) {
+    if (n > 0) return n;
+    const unsigned hw = std::thread::hardware_concurrency();
+    return hw > 0 ? static_cast<int>(hw) : 1;
+}
+}  // namespace
+
+CpuBackend::CpuBackend(int n_threads) : n_threads_(resolve_threads(n_threads)), arena_(n_threads_) {}
+
+bool CpuBackend::supports_op(const Tensor& node) const {
+    switch (node.op) {
+        case Op::MUL_MAT:
+        case Op::MUL_MAT_ID:
+        case Op::MOE_UP_GATE:
+            return supports_matmul_type(node.src[0]->type);
+        case Op::COUNT:
+            return false;
+        default:
+            return true;
+    }
+}
+
+StatusOr<std::unique_ptr<Buffer>> CpuBackend::alloc_buffer(size_t size) { return HostBuffer::allocate(this, size); }
+
+Status CpuBackend::compute_node(Tensor& node) {
+    switch (node.op) {
+        case Op::NONE:
+        case Op::VIEW: return Status::ok();
+        case Op::GET_ROWS: return get_rows(node);
+        case Op::RMS_NORM: return rms_norm(node);
+        case Op::MUL:
+        case Op::ADD: return binary(node);
+        case Op::MUL_MAT: return mul_mat(node, scratch_);
+        case Op::MUL_MAT_ID: return mul_mat_id(node, scratch_);
+        case Op::MOE_UP_GATE: return moe_up_gate(node, scratch_);
+        case Op::ROPE: return rope(node);
+        case Op::ATTENTION: return attention(node, scratch_);
+        case Op::SOFTMAX: return softmax(node);
+        case Op::TOPK: return topk(node);
+        case Op::GATHER: return gather(node);
+        case Op::WEIGHTED_SUM: return weighted_sum(node);
+        case Op::SILU: return unary(node);
+        case Op::SWIGLU:
+        case Op::SWIGLU_OAI: return glu(node);
+        case Op::CPY: return cpy(node);
+        case Op::COUNT: break;
+    }
+    return unimplemented(std::string("cpu backend: op ") + op_name(node.op));
+}
+
+Status CpuBackend::compute(std::span<Tensor* const> nodes) {
+    Status status;
+    arena_.execute([&] {
+        for (Tensor* node : nodes) {
+            status = compute_node(*node);
+            if (!status.is_ok()) {
+                status = status.with_context(std::string("cpu ") + op_name(node->op) +
+                                             (node->name.empty() ? "" : " '" + node->name + "'"));
+                return;
+            }
+        }
+    });
+    return status;
+}
+
+void register_backend() {
+    register_backend_factory(BackendFactory{
+        "cpu",
+        [] { return 1; },
+        [](const BackendOptions& o) -> StatusOr<std::unique_ptr<Backend>> {
+            return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(o.n_threads));
+        },
+    });
+}
+
+}  // namespace moe::cpu

@@ -1,0 +1,53 @@
+// The CPU backend: host buffers and oneTBB-parallel kernels, run inside a task arena of the
+// requested thread count.
+#pragma once
+
+#include <memory>
+
+#include <tbb/task_arena.h>
+
+#include "core/backend.h"
+#include "cpu/cpu_ops.h"
+
+namespace moe::cpu {
+
+// Plain host memory, 64-byte aligned.
+class HostBuffer final : public Buffer {
+public:
+    static StatusOr<std::unique_ptr<Buffer>> allocate(Backend* backend, size_t size);
+    ~HostBuffer() override;
+    void* data() override { return data_; }
+    size_t size() const override { return size_; }
+    bool is_host() const override { return true; }
+
+private:
+    HostBuffer(Backend* backend, void* data, size_t size) : Buffer(backend), data_(data), size_(size) {}
+    void* data_;
+    size_t size_;
+};
+
+class CpuBackend final : public Backend {
+public:
+    explicit CpuBackend(int n_threads);
+
+    const char* name() const override { return "cpu"; }
+    bool is_host() const override { return true; }
+    bool supports_op(const Tensor& node) const override;
+    StatusOr<std::unique_ptr<Buffer>> alloc_buffer(size_t size) override;
+    Status compute(std::span<Tensor* const> nodes) override;
+    Status synchronize() override { return Status::ok(); }
+
+    int n_threads() const { return n_threads_; }
+
+private:
+    Status compute_node(Tensor& node);
+
+    int n_threads_;
+    tbb::task_arena arena_;
+    Scratch scratch_;
+};
+
+// Registers "cpu" in the backend registry (called by the generated backends_init.cpp).
+void register_backend();
+
+}  // namespace moe::cpu

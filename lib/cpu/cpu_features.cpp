@@ -1,0 +1,68 @@
+#include "cpu/cpu_features.h"
+
+#include <cpuid.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+namespace moe::cpu {
+namespace {
+
+uint64_t read_xcr0() {
+    uint32_t eax = 0, edx = 0;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return (static_cast<uint64_t>(edx) << 32) | eax;
+}
+
+CpuFeatures detect() {
+    CpuFeatures f;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+    const bool osxsave = (c >> 27) & 1;
+    const bool fma = (c >> 12) & 1;
+    const bool f16c = (c >> 29) & 1;
+    const bool avx = (c >> 28) & 1;
+    if (!osxsave || !avx) return f;
+    const uint64_t xcr0 = read_xcr0();
+    const bool os_avx = (xcr0 & 0x6) == 0x6;             // XMM + YMM state
+    const bool os_avx512 = (xcr0 & 0xE6) == 0xE6;        // + opmask, ZMM_Hi256, Hi16_ZMM
+    const bool os_amx = (xcr0 & 0x60000) == 0x60000;     // XTILECFG + XTILEDATA
+    if (!os_avx) return f;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
+    const bool avx2 = (b >> 5) & 1;
+    f.avx2 = avx2 && fma && f16c;
+    const bool avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1, avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1;
+    f.avx512 = f.avx2 && os_avx512 && avx512f && avx512dq && avx512bw && avx512vl;
+    f.avx512_vnni = f.avx512 && ((c >> 11) & 1);
+    f.amx = os_amx && ((d >> 24) & 1) && ((d >> 25) & 1);
+    unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+    if (__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) f.avx512_bf16 = f.avx512 && ((a1 >> 5) & 1);
+
+    // Optional cap, so every kernel family can be tested on one machine.
+    if (const char* cap = std::getenv("MOEINFER_CPU_ISA")) {
+        if (std::strcmp(cap, "scalar") == 0) f = CpuFeatures{};
+        if (std::strcmp(cap, "avx2") == 0) {
+            f.avx512 = f.avx512_vnni = f.avx512_bf16 = f.amx = false;
+        }
+    }
+    return f;
+}
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+    static const CpuFeatures features = detect();
+    return features;
+}
+
+const char* cpu_isa_name() {
+    const CpuFeatures& f = cpu_features();
+    if (f.avx512 && f.avx512_vnni && f.avx512_bf16) return "avx512_vnni+bf16";
+    if (f.avx512 && f.avx512_vnni) return "avx512_vnni";
+    if (f.avx512) return "avx512";
+    if (f.avx2) return "avx2";
+    return "scalar";
+}
+
+}  // namespace moe::cpu

@@ -1,0 +1,21 @@
+// What the CPU we run on can do, detected once at run time (never assumed from the build machine).
+#pragma once
+
+namespace moe::cpu {
+
+struct CpuFeatures {
+    bool avx2 = false;      // AVX2 + FMA + F16C
+    bool avx512 = false;    // AVX-512 F/BW/VL/DQ
+    bool avx512_vnni = false;
+    bool avx512_bf16 = false;
+    bool amx = false;       // AMX tiles (reported only; not used yet)
+};
+
+// Detected with CPUID and XGETBV (the OS must also save the wide registers). Cached.
+const CpuFeatures& cpu_features();
+
+// "avx512_vnni+bf16", "avx2", "scalar": the widest kernel family this CPU will run.
+const char* cpu_isa_name();
+
+// MOEINFER_CPU_ISA=scalar|avx2|avx512 caps the ISA (for tests of every path on one machine).
+}  // namespace moe::cpu

@@ -1,0 +1,49 @@
+// CPU kernels, one function per op family; each computes `dst` (a node) from dst.src[...].
+// All run oneTBB-parallel inside the caller's task arena. Kernels that need temporary memory (e.g.
+// activations quantised to Q8) take it from `Scratch`, which the backend keeps between calls.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace moe::cpu {
+
+// Grow-only temporary memory, 64-byte aligned. Not thread-safe: one node computes at a time, and a
+// kernel splits what it got among its own tasks.
+class Scratch {
+public:
+    void* get(size_t bytes);
+
+private:
+    struct AlignedFree {
+        void operator()(void* p) const;
+    };
+    std::unique_ptr<void, AlignedFree> mem_;
+    size_t size_ = 0;
+};
+
+// Matrix products (cpu/matmul*.cpp).
+Status mul_mat(Tensor& dst, Scratch& scratch);
+Status mul_mat_id(Tensor& dst, Scratch& scratch);
+Status moe_up_gate(Tensor& dst, Scratch& scratch);
+bool supports_matmul_type(Type weight_type);
+
+// Everything else (cpu/ops_*.cpp).
+Status get_rows(Tensor& dst);
+Status rms_norm(Tensor& dst);
+Status binary(Tensor& dst);  // MUL, ADD
+Status rope(Tensor& dst);
+Status attention(Tensor& dst, Scratch& scratch);
+Status softmax(Tensor& dst);
+Status topk(Tensor& dst);
+Status gather(Tensor& dst);
+Status weighted_sum(Tensor& dst);
+Status unary(Tensor& dst);  // SILU
+Status glu(Tensor& dst);    // SWIGLU, SWIGLU_OAI
+Status cpy(Tensor& dst);
+
+}  // namespace moe::cpu

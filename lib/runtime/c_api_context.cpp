@@ -1,0 +1,117 @@
+// C API: contexts, decoding, logits, profiling.
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+#include "moeinfer/moeinfer.h"
+#include "runtime/c_api_guard.h"
+#include "runtime/context.h"
+
+extern "C" {
+
+MOE_API void moe_context_params_init(moe_context_params* params) {
+    if (params == nullptr) return;
+    std::memset(params, 0, sizeof *params);
+    params->struct_size = sizeof *params;
+    params->n_ctx = 4096;
+    params->n_ubatch = 512;
+    params->n_threads = 0;
+}
+
+MOE_API moe_status moe_context_create(moe_model* model, const moe_context_params* params, moe_context** out_ctx) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(model != nullptr, "model is NULL");
+    MOE_CHECK_ARG(out_ctx != nullptr, "out_ctx is NULL");
+    moe_context_params p;
+    moe_context_params_init(&p);
+    if (params != nullptr) {
+        MOE_CHECK_ARG(params->struct_size >= offsetof(moe_context_params, n_ctx) + sizeof(int32_t),
+                      "params->struct_size is too small (call moe_context_params_init first)");
+        std::memcpy(&p, params, std::min<size_t>(params->struct_size, sizeof p));
+        p.struct_size = sizeof p;
+    }
+    MOE_API_ASSIGN(std::unique_ptr<moe_context> ctx, moe::create_context(model, p));
+    *out_ctx = ctx.release();
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+MOE_API void moe_context_free(moe_context* ctx) { delete ctx; }
+
+MOE_API moe_status moe_decode(moe_context* ctx, const int32_t* tokens, const int32_t* positions, int32_t n_tokens,
+                              int32_t logits_all) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
+    MOE_CHECK_ARG(tokens != nullptr, "tokens is NULL");
+    MOE_CHECK_ARG(n_tokens > 0, "n_tokens must be > 0");
+    return moe::api_return(moe::decode(*ctx, tokens, positions, n_tokens, logits_all != 0));
+    MOE_API_END
+}
+
+MOE_API moe_status moe_get_logits(const moe_context* ctx, const float** out_logits, int32_t* out_n_rows,
+                                  int32_t* out_n_vocab) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
+    MOE_CHECK_ARG(out_logits != nullptr, "out_logits is NULL");
+    if (ctx->logits_rows == 0) {
+        return moe::api_return(moe::failed_precondition("no logits: call moe_decode first"));
+    }
+    *out_logits = ctx->logits.data();
+    if (out_n_rows) *out_n_rows = ctx->logits_rows;
+    if (out_n_vocab) *out_n_vocab = ctx->model->hparams.n_vocab;
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+MOE_API moe_status moe_context_n_past(const moe_context* ctx, int32_t* out_n_past) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
+    MOE_CHECK_ARG(out_n_past != nullptr, "out_n_past is NULL");
+    *out_n_past = ctx->n_past;
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+MOE_API moe_status moe_kv_clear(moe_context* ctx) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
+    ctx->n_past = 0;
+    ctx->logits_rows = 0;
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+MOE_API moe_status moe_context_set_profiling(moe_context* ctx, int32_t enabled) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
+    ctx->profiling = enabled != 0;
+    ctx->op_times = {};
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+MOE_API moe_status moe_context_get_profile(const moe_context* ctx, moe_op_profile* entries, int32_t capacity,
+                                           int32_t* out_n) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
+    MOE_CHECK_ARG(out_n != nullptr, "out_n is NULL");
+    MOE_CHECK_ARG(capacity >= 0, "capacity must be >= 0");
+    MOE_CHECK_ARG(capacity == 0 || entries != nullptr, "entries is NULL");
+    int32_t n = 0;
+    for (size_t op = 0; op < ctx->op_times.size(); ++op) {
+        const auto& t = ctx->op_times[op];
+        if (t.count == 0) continue;
+        if (n < capacity) {
+            entries[n].op = moe::op_name(static_cast<moe::Op>(op));
+            entries[n].backend = ctx->cpu->name();
+            entries[n].count = t.count;
+            entries[n].seconds = t.seconds;
+        }
+        ++n;
+    }
+    *out_n = n;
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+}  // extern "C"

@@ -1,0 +1,32 @@
+#include "runtime/model.h"
+
+namespace moe {
+
+StatusOr<std::unique_ptr<moe_model>> load_model(const std::string& path, const moe_model_params& params) {
+    auto report = [&](float fraction) -> Status {
+        if (params.progress != nullptr && params.progress(fraction, params.progress_user_data) == 0) {
+            return cancelled("model load cancelled by the progress callback");
+        }
+        return Status::ok();
+    };
+    MOE_RETURN_IF_ERROR(report(0.0f));
+
+    auto model = std::make_unique<moe_model>();
+    model->path = path;
+    StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::open(path, params.use_mmap != 0);
+    if (!file.is_ok()) return file.status().with_context(path);
+    model->file = std::move(file).value();
+
+    StatusOr<HParams> hp = read_hparams(*model->file);
+    if (!hp.is_ok()) return hp.status().with_context(path);
+    model->hparams = std::move(hp).value();
+
+    for (const GgufTensorInfo& t : model->file->tensors()) {
+        model->n_bytes += t.n_bytes;
+        if (is_expert_tensor_name(t.name)) model->n_expert_bytes += t.n_bytes;
+    }
+    MOE_RETURN_IF_ERROR(report(1.0f));
+    return model;
+}
+
+}  // namespace moe
