@@ -59,15 +59,15 @@ struct TypeTraits {
     const char* name;
     int64_t block_size;   // elements per block
     int64_t block_bytes;  // bytes per block
-    DequantizeRowFn to_float;
-    QuantizeRowFn from_float;  // the reference (bit-exact with ggml) quantiser
+    DequantizeRowFn to_float;  // nullptr for I32, which holds integers, not a float format
+    QuantizeRowFn from_float;  // the reference (bit-exact with ggml) quantiser; nullptr for I32
 };
 
 // nullptr for type ids we do not support.
 const TypeTraits* type_traits(int32_t type_id);
 // By name ("q8_0", "MXFP4", ...), ignoring ASCII case; nullptr for unknown names.
 const TypeTraits* type_traits_by_name(std::string_view name);
-// Every supported type, in type-id order.
+// Every type in the table (the moe_type weight types and the internal I32), in type-id order.
 std::span<const TypeTraits> all_type_traits();
 // REQUIRES: `type` is a supported type.
 const TypeTraits& traits(Type type);
@@ -87,7 +87,9 @@ StatusOr<uint64_t> checked_row_bytes(int32_t type_id, int64_t n);
 // ---- scalar conversions (exact ggml semantics) ----
 
 float fp16_to_fp32(uint16_t h);
-uint16_t fp32_to_fp16(float f);  // round to nearest even, like the F16C instruction
+// Round to nearest even, like the F16C instruction, subnormals included; >= 65520 gives inf; NaN gives the
+// quiet NaN sign|0x7E00 (ggml_compute_fp32_to_fp16).
+uint16_t fp32_to_fp16(float f);
 
 inline float bf16_to_fp32(uint16_t h) {
     uint32_t bits = static_cast<uint32_t>(h) << 16;
