@@ -32,7 +32,7 @@ const char* gguf_value_type_name(GgufValueType t);
 struct GgufValue {
     GgufValueType type = GgufValueType::UINT8;
     // Scalars: integers (and bool) in `i` (uint64 values above INT64_MAX are stored in `u`),
-    // floats in `f`, strings in `s`.
+    // floats in `f`, strings in `s`. Unsigned values and bool are also in `u`.
     int64_t i = 0;
     uint64_t u = 0;
     double f = 0.0;
