@@ -290,7 +290,7 @@ typedef struct moe_synth_params {
     const char* preset;
     int32_t n_layer;        /* Default: 0 (preset) */
     int32_t n_embd;         /* Default: 0 (preset) */
-    int32_t n_vocab;        /* Default: 0 (preset; synthetic files use a small vocabulary) */
+    int32_t n_vocab;        /* Default: 0 (preset: the real model's vocabulary size; "tiny" uses 512) */
     int32_t n_head;
     int32_t n_head_kv;
     int32_t head_dim;

@@ -95,7 +95,7 @@ AllocPlan plan_allocation(const Graph& graph) {
     // Inputs first: they are written before any node runs.
     for (const Tensor* n : nodes) {
         for (const Tensor* s : n->src) {
-            if (s != nullptr && owns_planned_memory(s) && !plan.offsets.count(s)) place(s);
+            if (s != nullptr && s->op == Op::NONE && owns_planned_memory(s) && !plan.offsets.count(s)) place(s);
         }
     }
     std::vector<std::vector<const Tensor*>> dies_at(nodes.size());

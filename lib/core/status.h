@@ -67,6 +67,7 @@ public:
     T* operator->() { return &*value_; }
     const T* operator->() const { return &*value_; }
     T& operator*() & { return *value_; }
+    const T& operator*() const& { return *value_; }
 
 private:
     Status status_;
