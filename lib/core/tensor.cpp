@@ -55,6 +55,7 @@ RopeParams Tensor::rope_params() const {
     p.attn_factor = params.f[3];
     p.beta_fast = params.f[4];
     p.beta_slow = params.f[5];
+    p.yarn_truncate = params.i[2] != 0;
     return p;
 }
 
@@ -67,6 +68,7 @@ void Tensor::set_rope_params(const RopeParams& p) {
     params.f[3] = p.attn_factor;
     params.f[4] = p.beta_fast;
     params.f[5] = p.beta_slow;
+    params.i[2] = p.yarn_truncate ? 1 : 0;
 }
 
 void set_shape(Tensor& t, Type type, int n_dims, const int64_t* ne) {

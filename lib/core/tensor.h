@@ -54,8 +54,10 @@ const char* op_name(Op op);
 enum class Activation : int32_t { SILU = 0, SWIGLU_OAI = 1 };
 
 // ROPE parameters (stored in op_params.f / .i): NeoX layout (rotate the two halves of the first
-// n_dims elements). YaRN follows ggml's rope_yarn: ext_factor > 0 blends interpolation and
-// extrapolation per dimension between beta_fast and beta_slow; attn_factor scales cos and sin.
+// n_dims elements). YaRN: ext_factor > 0 blends interpolation and extrapolation per dimension
+// between the correction dims of beta_fast and beta_slow; mscale = attn_factor * (1 + 0.1 ln(1/freq_scale))
+// scales cos and sin. ggml rounds the correction dims to integers (floor/ceil); Hugging Face does so
+// only when the model's rope config says truncate=true, and gpt-oss says false.
 struct RopeParams {
     int32_t n_dims = 0;
     int32_t n_ctx_orig = 0;
@@ -65,6 +67,7 @@ struct RopeParams {
     float attn_factor = 1.0f;
     float beta_fast = 32.0f;
     float beta_slow = 1.0f;
+    bool yarn_truncate = false;  // round the correction dims (ggml); false = HF with truncate=false
 };
 
 struct OpParams {

@@ -2,6 +2,7 @@
 
 #include <cpuid.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -49,12 +50,32 @@ CpuFeatures detect() {
     return f;
 }
 
+// The detected features and their capped variants, indexed by IsaCap.
+struct FeatureSets {
+    CpuFeatures by_cap[3];
+};
+
+const FeatureSets& feature_sets() {
+    static const FeatureSets sets = [] {
+        FeatureSets s;
+        const CpuFeatures f = detect();
+        s.by_cap[static_cast<int>(IsaCap::kNone)] = f;
+        CpuFeatures avx2 = f;
+        avx2.avx512 = avx2.avx512_vnni = avx2.avx512_bf16 = avx2.amx = false;
+        s.by_cap[static_cast<int>(IsaCap::kAvx2)] = avx2;
+        s.by_cap[static_cast<int>(IsaCap::kScalar)] = CpuFeatures{};
+        return s;
+    }();
+    return sets;
+}
+
+std::atomic<int> g_isa_cap{static_cast<int>(IsaCap::kNone)};
+
 }  // namespace
 
-const CpuFeatures& cpu_features() {
-    static const CpuFeatures features = detect();
-    return features;
-}
+void set_cpu_isa_cap_for_testing(IsaCap cap) { g_isa_cap.store(static_cast<int>(cap), std::memory_order_relaxed); }
+
+const CpuFeatures& cpu_features() { return feature_sets().by_cap[g_isa_cap.load(std::memory_order_relaxed)]; }
 
 const char* cpu_isa_name() {
     const CpuFeatures& f = cpu_features();

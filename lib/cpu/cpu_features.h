@@ -18,4 +18,11 @@ const CpuFeatures& cpu_features();
 const char* cpu_isa_name();
 
 // MOEINFER_CPU_ISA=scalar|avx2|avx512 caps the ISA (for tests of every path on one machine).
+
+// Test hook: caps what cpu_features() reports from now on, on top of detection and MOEINFER_CPU_ISA,
+// so one test process can run every kernel family (kernels choose at each call). kNone lifts the cap.
+// REQUIRES: no kernel is running while the cap changes.
+enum class IsaCap { kNone, kAvx2, kScalar };
+void set_cpu_isa_cap_for_testing(IsaCap cap);
+
 }  // namespace moe::cpu

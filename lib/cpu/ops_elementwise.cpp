@@ -1,0 +1,184 @@
+// Element-wise kernels: MUL / ADD with broadcasting, SILU, SWIGLU / SWIGLU_OAI and CPY (F32 -> F32/F16
+// into a strided view such as a KV-cache slot). Parallel over rows; the inner loops are plain so the
+// compiler vectorises them.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "cpu/cpu_ops.h"
+#include "cpu/ops_common.h"
+
+namespace moe::cpu {
+namespace {
+
+using ops::check_operand;
+using ops::check_same_shape;
+using ops::split_row;
+
+template <bool kMul>
+void binary_row(float* d, const float* a, const float* b, int64_t n, int64_t nb0) {
+    if (nb0 == n) {
+        for (int64_t i = 0; i < n; ++i) d[i] = kMul ? a[i] * b[i] : a[i] + b[i];
+    } else if (nb0 == 1) {
+        const float s = b[0];
+        for (int64_t i = 0; i < n; ++i) d[i] = kMul ? a[i] * s : a[i] + s;
+    } else {
+        // src1's row repeats n / nb0 times along the row.
+        for (int64_t o = 0; o < n; o += nb0) {
+            for (int64_t i = 0; i < nb0; ++i) d[o + i] = kMul ? a[o + i] * b[i] : a[o + i] + b[i];
+        }
+    }
+}
+
+template <bool kMul>
+void binary_impl(Tensor& dst, const Tensor& a, const Tensor& b) {
+    ops::for_each_row(dst, [&](int64_t r) {
+        const ops::RowIndex ri = split_row(dst, r);
+        const auto* ar = reinterpret_cast<const float*>(a.row(ri.i1, ri.i2, ri.i3));
+        const auto* br = reinterpret_cast<const float*>(b.row(ri.i1 % b.ne[1], ri.i2 % b.ne[2], ri.i3 % b.ne[3]));
+        binary_row<kMul>(reinterpret_cast<float*>(dst.row(ri.i1, ri.i2, ri.i3)), ar, br, dst.ne[0], b.ne[0]);
+    });
+}
+
+void silu_row(float* d, const float* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) d[i] = x[i] * ops::sigmoid(x[i]);
+}
+
+void swiglu_row(float* d, const float* g, const float* u, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) d[i] = g[i] * ops::sigmoid(g[i]) * u[i];
+}
+
+// GPT-OSS: the gate is clamped from above only, the up projection on both sides, and up gets +1.
+void swiglu_oai_row(float* d, const float* g, const float* u, int64_t n, float alpha, float limit) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float x = std::min(g[i], limit);
+        const float y = std::clamp(u[i], -limit, limit);
+        d[i] = x * ops::sigmoid(alpha * x) * (y + 1.0f);
+    }
+}
+
+}  // namespace
+
+Status binary(Tensor& dst) {
+    if (dst.op != Op::MUL && dst.op != Op::ADD) {
+        return invalid_argument(std::string("binary: dst.op is ") + op_name(dst.op) + ", expected MUL or ADD");
+    }
+    const char* name = op_name(dst.op);
+    MOE_RETURN_IF_ERROR(check_operand(name, "dst", &dst, Type::F32));
+    MOE_RETURN_IF_ERROR(check_operand(name, "src0", dst.src[0], Type::F32));
+    MOE_RETURN_IF_ERROR(check_operand(name, "src1", dst.src[1], Type::F32));
+    const Tensor& a = *dst.src[0];
+    const Tensor& b = *dst.src[1];
+    MOE_RETURN_IF_ERROR(check_same_shape(name, "src0", a, dst));
+    for (int d = 0; d < 4; ++d) {
+        if (b.ne[d] <= 0 || a.ne[d] % b.ne[d] != 0) {
+            return invalid_argument(std::string(name) + ": src1 shape " + ops::shape_str(b) +
+                                    " does not broadcast to src0 shape " + ops::shape_str(a) + " (dim " +
+                                    std::to_string(d) + ")");
+        }
+    }
+    if (dst.op == Op::MUL) {
+        binary_impl<true>(dst, a, b);
+    } else {
+        binary_impl<false>(dst, a, b);
+    }
+    return Status::ok();
+}
+
+Status unary(Tensor& dst) {
+    if (dst.op != Op::SILU)
+        return invalid_argument(std::string("unary: dst.op is ") + op_name(dst.op) + ", expected SILU");
+    MOE_RETURN_IF_ERROR(check_operand("SILU", "dst", &dst, Type::F32));
+    MOE_RETURN_IF_ERROR(check_operand("SILU", "src0", dst.src[0], Type::F32));
+    const Tensor& x = *dst.src[0];
+    MOE_RETURN_IF_ERROR(check_same_shape("SILU", "src0", x, dst));
+    ops::for_each_row(dst, [&](int64_t r) {
+        const ops::RowIndex ri = split_row(dst, r);
+        silu_row(reinterpret_cast<float*>(dst.row(ri.i1, ri.i2, ri.i3)),
+                 reinterpret_cast<const float*>(x.row(ri.i1, ri.i2, ri.i3)), dst.ne[0]);
+    });
+    return Status::ok();
+}
+
+Status glu(Tensor& dst) {
+    if (dst.op != Op::SWIGLU && dst.op != Op::SWIGLU_OAI) {
+        return invalid_argument(std::string("glu: dst.op is ") + op_name(dst.op) + ", expected SWIGLU or SWIGLU_OAI");
+    }
+    const char* name = op_name(dst.op);
+    MOE_RETURN_IF_ERROR(check_operand(name, "dst", &dst, Type::F32));
+    MOE_RETURN_IF_ERROR(check_operand(name, "src0 (gate)", dst.src[0], Type::F32));
+    MOE_RETURN_IF_ERROR(check_operand(name, "src1 (up)", dst.src[1], Type::F32));
+    const Tensor& g = *dst.src[0];
+    const Tensor& u = *dst.src[1];
+    MOE_RETURN_IF_ERROR(check_same_shape(name, "src0 (gate)", g, dst));
+    MOE_RETURN_IF_ERROR(check_same_shape(name, "src1 (up)", u, dst));
+    const bool oai = dst.op == Op::SWIGLU_OAI;
+    const float alpha = dst.params.f[0];
+    const float limit = dst.params.f[1];
+    if (oai && !(limit > 0.0f)) {
+        return invalid_argument("SWIGLU_OAI: params.f[1] (limit) must be > 0, got " + std::to_string(limit));
+    }
+    ops::for_each_row(dst, [&](int64_t r) {
+        const ops::RowIndex ri = split_row(dst, r);
+        auto* d = reinterpret_cast<float*>(dst.row(ri.i1, ri.i2, ri.i3));
+        const auto* gr = reinterpret_cast<const float*>(g.row(ri.i1, ri.i2, ri.i3));
+        const auto* ur = reinterpret_cast<const float*>(u.row(ri.i1, ri.i2, ri.i3));
+        if (oai) {
+            swiglu_oai_row(d, gr, ur, dst.ne[0], alpha, limit);
+        } else {
+            swiglu_row(d, gr, ur, dst.ne[0]);
+        }
+    });
+    return Status::ok();
+}
+
+// CPY writes src0 into dst's bytes through dst's own strides (dst is a view of src1, typically a
+// KV-cache slot). src0 and dst either have the same shape (src0 may then be strided too), or src0 is
+// contiguous and its elements are taken in order (a reshape on the fly).
+Status cpy(Tensor& dst) {
+    if (dst.op != Op::CPY) return invalid_argument(std::string("cpy: dst.op is ") + op_name(dst.op) + ", expected CPY");
+    MOE_RETURN_IF_ERROR(check_operand("CPY", "src0", dst.src[0], Type::F32));
+    const Tensor& s = *dst.src[0];
+    if (dst.type != Type::F32 && dst.type != Type::F16) {
+        return unimplemented("CPY: dst type " + ops::type_str(dst.type) + " is not supported (F32 or F16)");
+    }
+    if (dst.data == nullptr) return invalid_argument("CPY: dst has no data");
+    if (s.n_elements() != dst.n_elements()) {
+        return invalid_argument("CPY: src0 has " + std::to_string(s.n_elements()) + " elements, dst " +
+                                std::to_string(dst.n_elements()));
+    }
+    const bool same = ops::same_shape(s, dst);
+    if (!same && !s.is_contiguous()) {
+        return unimplemented("CPY: src0 " + ops::shape_str(s) + " must be contiguous when its shape differs from dst " +
+                             ops::shape_str(dst));
+    }
+    const bool to_f16 = dst.type == Type::F16;
+    const size_t esz = ops::elem_size(dst.type);
+    const int64_t n = dst.ne[0];
+    ops::for_each_row(dst, [&](int64_t r) {
+        const ops::RowIndex ri = split_row(dst, r);
+        uint8_t* d = dst.row(ri.i1, ri.i2, ri.i3);
+        const float* x = same ? reinterpret_cast<const float*>(s.row(ri.i1, ri.i2, ri.i3)) : s.as<float>() + r * n;
+        if (dst.nb[0] == esz) {
+            if (to_f16) {
+                auto* h = reinterpret_cast<uint16_t*>(d);
+                for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(x[i]);
+            } else {
+                std::memcpy(d, x, static_cast<size_t>(n) * sizeof(float));
+            }
+        } else {
+            for (int64_t i = 0; i < n; ++i) {
+                uint8_t* p = d + static_cast<size_t>(i) * dst.nb[0];
+                if (to_f16) {
+                    const uint16_t h = fp32_to_fp16(x[i]);
+                    std::memcpy(p, &h, sizeof h);
+                } else {
+                    std::memcpy(p, &x[i], sizeof(float));
+                }
+            }
+        }
+    });
+    return Status::ok();
+}
+
+}  // namespace moe::cpu

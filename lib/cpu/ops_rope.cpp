@@ -1,0 +1,125 @@
+// ROPE, NeoX layout: the pairs are (i, i + n_dims/2) for i < n_dims/2; elements from n_dims on pass
+// through. theta_i = pos * freq_base^(-2i/n_dims), with ggml's YaRN (rope_yarn): the interpolated angle
+// freq_scale * theta is blended with the extrapolated one per pair by a ramp between the correction
+// dims (rounded to integers only with yarn_truncate, see RopeParams), and cos/sin are scaled by mscale = attn_factor * (1 + 0.1 ln(1/freq_scale)) when YaRN is on.
+//
+// Angles are formed in double: at position 30k a float angle is off by ~2e-3 rad. cos/sin are
+// computed once per (token, pair) and applied to every head of that token.
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <string>
+#include <vector>
+
+#include "cpu/cpu_ops.h"
+#include "cpu/ops_common.h"
+
+namespace moe::cpu {
+namespace {
+
+// ggml_rope_yarn_corr_dim: the pair index at which a frequency completes n_rot turns over n_ctx_orig
+// positions. Computed in float as ggml does, so floor/ceil (yarn_truncate) land on the same integers.
+float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
+    return static_cast<float>(n_dims) *
+           std::log(static_cast<float>(n_ctx_orig) / (n_rot * 2.0f * std::numbers::pi_v<float>)) /
+           (2.0f * std::log(base));
+}
+
+// Per pair i: theta_i(pos) = pos * coef[i].
+std::vector<double> angle_coefficients(const RopeParams& p) {
+    const int half = p.n_dims / 2;
+    std::vector<double> coef(static_cast<size_t>(half));
+    float lo = 0.0f, hi = 0.0f;
+    if (p.ext_factor != 0.0f) {
+        lo = yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_fast, p.freq_base);
+        hi = yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_slow, p.freq_base);
+        if (p.yarn_truncate) {
+            lo = std::floor(lo);
+            hi = std::ceil(hi);
+        }
+        lo = std::max(0.0f, lo);
+        hi = std::min(static_cast<float>(p.n_dims - 1), hi);
+    }
+    for (int i = 0; i < half; ++i) {
+        const double inv_freq = std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_dims);
+        double mix = static_cast<double>(p.freq_scale);  // pure interpolation without YaRN
+        if (p.ext_factor != 0.0f) {
+            // In double: at large positions the two angles differ by thousands of radians, so a float
+            // ramp would move the blend by ~1e-4 rad.
+            const double y = (i - static_cast<double>(lo)) / std::max(0.001, static_cast<double>(hi - lo));
+            const double ramp_mix = (1.0 - std::clamp(y, 0.0, 1.0)) * p.ext_factor;
+            mix = p.freq_scale * (1.0 - ramp_mix) + ramp_mix;
+        }
+        coef[static_cast<size_t>(i)] = inv_freq * mix;
+    }
+    return coef;
+}
+
+}  // namespace
+
+Status rope(Tensor& dst) {
+    if (dst.op != Op::ROPE) return invalid_argument(std::string("rope: dst.op is ") + op_name(dst.op));
+    MOE_RETURN_IF_ERROR(ops::check_operand("ROPE", "dst", &dst, Type::F32));
+    MOE_RETURN_IF_ERROR(ops::check_operand("ROPE", "src0", dst.src[0], Type::F32));
+    MOE_RETURN_IF_ERROR(ops::check_operand("ROPE", "src1 (positions)", dst.src[1], Type::I32));
+    const Tensor& x = *dst.src[0];
+    const Tensor& pos = *dst.src[1];
+    MOE_RETURN_IF_ERROR(ops::check_same_shape("ROPE", "src0", x, dst));
+    if (x.ne[3] != 1) return invalid_argument("ROPE: src0 must be [D, H, T], got " + ops::shape_str(x));
+    if (pos.ne[0] != x.ne[2] || pos.n_rows() != 1) {
+        return invalid_argument("ROPE: src1 (positions) has shape " + ops::shape_str(pos) + ", expected [" +
+                                std::to_string(x.ne[2]) + "]");
+    }
+    const RopeParams p = dst.rope_params();
+    if (p.n_dims <= 0 || p.n_dims % 2 != 0 || p.n_dims > x.ne[0]) {
+        return invalid_argument("ROPE: n_dims (params.i[0]) = " + std::to_string(p.n_dims) +
+                                " must be even and in [2, " + std::to_string(x.ne[0]) + "]");
+    }
+    if (!(p.freq_base > 0.0f) || !(p.freq_scale > 0.0f)) {
+        return invalid_argument("ROPE: freq_base (params.f[0]) and freq_scale (params.f[1]) must be > 0");
+    }
+    if (p.ext_factor != 0.0f && p.n_ctx_orig <= 0) {
+        return invalid_argument("ROPE: YaRN (ext_factor != 0) needs n_ctx_orig (params.i[1]) > 0, got " +
+                                std::to_string(p.n_ctx_orig));
+    }
+    const std::vector<double> coef = angle_coefficients(p);
+    float mscale = p.attn_factor;
+    if (p.ext_factor != 0.0f) mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
+    const int64_t half = p.n_dims / 2;
+    const int64_t d_all = x.ne[0];
+    const int64_t n_head = x.ne[1];
+    const auto* positions = pos.as<int32_t>();
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, x.ne[2], ops::row_grain(d_all * n_head, 1 << 15)),
+                      [&](const tbb::blocked_range<int64_t>& r) {
+                          std::vector<float> cs(static_cast<size_t>(2 * half));  // cos then sin, per pair
+                          float* cosv = cs.data();
+                          float* sinv = cs.data() + half;
+                          for (int64_t t = r.begin(); t < r.end(); ++t) {
+                              const double ps = positions[t];
+                              for (int64_t i = 0; i < half; ++i) {
+                                  const double th = ps * coef[static_cast<size_t>(i)];
+                                  cosv[i] = static_cast<float>(std::cos(th)) * mscale;
+                                  sinv[i] = static_cast<float>(std::sin(th)) * mscale;
+                              }
+                              for (int64_t h = 0; h < n_head; ++h) {
+                                  const auto* xs = reinterpret_cast<const float*>(x.row(h, t));
+                                  auto* d = reinterpret_cast<float*>(dst.row(h, t));
+                                  for (int64_t i = 0; i < half; ++i) {
+                                      const float x0 = xs[i];
+                                      const float x1 = xs[i + half];
+                                      d[i] = x0 * cosv[i] - x1 * sinv[i];
+                                      d[i + half] = x0 * sinv[i] + x1 * cosv[i];
+                                  }
+                                  if (d != xs) {
+                                      for (int64_t i = p.n_dims; i < d_all; ++i) d[i] = xs[i];
+                                  }
+                              }
+                          }
+                      });
+    return Status::ok();
+}
+
+}  // namespace moe::cpu
