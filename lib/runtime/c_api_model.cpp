@@ -18,6 +18,16 @@ moe::Status check_struct_size(uint32_t struct_size, size_t min_size, const char*
     return moe::Status::ok();
 }
 
+// The reader calls a type mismatch DATA_CORRUPT (the file disagrees with what a model needs); to a
+// caller asking for a key of the wrong type it is an invalid argument, as the header documents.
+template <typename T>
+moe::StatusOr<T> as_caller_error(moe::StatusOr<T> v) {
+    if (!v.is_ok() && v.status().code() == MOE_STATUS_DATA_CORRUPT) {
+        return moe::invalid_argument(v.status().message());
+    }
+    return v;
+}
+
 }  // namespace
 
 extern "C" {
@@ -155,7 +165,7 @@ MOE_API moe_status moe_model_meta_int(const moe_model* model, const char* key, i
     MOE_CHECK_ARG(model != nullptr, "model is NULL");
     MOE_CHECK_ARG(key != nullptr, "key is NULL");
     MOE_CHECK_ARG(out_value != nullptr, "out_value is NULL");
-    MOE_API_ASSIGN(*out_value, model->file->get_int(key));
+    MOE_API_ASSIGN(*out_value, as_caller_error(model->file->get_int(key)));
     return MOE_STATUS_OK;
     MOE_API_END
 }
@@ -165,7 +175,7 @@ MOE_API moe_status moe_model_meta_float(const moe_model* model, const char* key,
     MOE_CHECK_ARG(model != nullptr, "model is NULL");
     MOE_CHECK_ARG(key != nullptr, "key is NULL");
     MOE_CHECK_ARG(out_value != nullptr, "out_value is NULL");
-    MOE_API_ASSIGN(*out_value, model->file->get_float(key));
+    MOE_API_ASSIGN(*out_value, as_caller_error(model->file->get_float(key)));
     return MOE_STATUS_OK;
     MOE_API_END
 }

@@ -1,0 +1,54 @@
+"""moeinfer: Mixture-of-Experts inference on one machine whose GPU is too small for the model.
+
+The Python face of the moeinfer C library (every call goes through its C API)::
+
+    import moeinfer
+
+    moeinfer.synth_write("tiny.gguf", preset="tiny")      # a synthetic model for experiments
+    model = moeinfer.Model("tiny.gguf")
+    print(model.info.n_layer, model.info.n_expert)
+    for t in model.tensors:
+        print(t.name, t.type, t.shape)
+    w = model.tensor("token_embd.weight")                 # float32, numpy order
+    arch = model.meta("general.architecture")
+
+    q = moeinfer.quantize("q8_0", w)                      # bit-exact with ggml
+    w2 = moeinfer.dequantize("q8_0", q).reshape(w.shape)
+
+Errors raise Python exceptions carrying the library's message: ValueError (bad arguments),
+FileNotFoundError, KeyError (missing tensor or metadata key), MemoryError, NotImplementedError,
+OSError, DataCorruptError (a malformed file; a ValueError), CancelledError (a progress callback
+returned False) and RuntimeError (anything else).
+
+Long calls (loading, writing synthetic models, quantising) release the GIL.
+"""
+
+from ._moeinfer import (
+    CancelledError,
+    DataCorruptError,
+    Model,
+    ModelInfo,
+    TensorInfo,
+    __version__,
+    dequantize,
+    has_cuda,
+    quantize,
+    row_bytes,
+    synth_write,
+    type_info,
+)
+
+__all__ = [
+    "CancelledError",
+    "DataCorruptError",
+    "Model",
+    "ModelInfo",
+    "TensorInfo",
+    "__version__",
+    "dequantize",
+    "has_cuda",
+    "quantize",
+    "row_bytes",
+    "synth_write",
+    "type_info",
+]

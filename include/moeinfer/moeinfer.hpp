@@ -1,0 +1,346 @@
+/*
+ * moeinfer.hpp: a thin, header-only C++17 wrapper over the C API in moeinfer.h.
+ *
+ * It adds only what C++ users expect and nothing else: handles owned by std::unique_ptr, errors
+ * thrown as moeinfer::Error (carrying the moe_status and moe_last_error()), "not found" answered
+ * with std::optional where absence is an ordinary outcome, std::vector helpers, and progress
+ * callbacks as std::function. Structs are the C ones (moe_model_info, moe_tensor_info, ...), so the
+ * wrapper grows with the C API without copying its field lists.
+ *
+ *     auto model = moeinfer::Model::load("model.gguf");
+ *     moe_model_info info = model.info();            // strings borrowed from `model`
+ *     if (auto i = model.find_tensor("token_embd.weight")) {
+ *         std::vector<uint8_t> raw = model.read_tensor(*i);
+ *     }
+ *
+ * Thread safety: as the C API's (a Model may be queried from any number of threads at once).
+ * Exceptions thrown by a progress callback never cross the C ABI: the wrapper catches them, asks
+ * the library to cancel, and rethrows them to the caller once the C call has returned.
+ */
+#ifndef MOEINFER_HPP
+#define MOEINFER_HPP
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "moeinfer/moeinfer.h"
+
+#if __cplusplus >= 202002L && defined(__has_include)
+#  if __has_include(<span>)
+#    include <span>
+#    define MOEINFER_HPP_HAS_SPAN 1
+#  endif
+#endif
+
+namespace moeinfer {
+
+/* ---------------------------------------------------------------------------------------------
+ * Errors
+ * ------------------------------------------------------------------------------------------- */
+
+// A failed moe_ call: what() is the library's message (moe_last_error()), status() its code.
+class Error : public std::runtime_error {
+public:
+    Error(moe_status status, const std::string& message)
+        : std::runtime_error(message.empty() ? std::string(moe_status_string(status)) : message), status_(status) {}
+    moe_status status() const noexcept { return status_; }
+
+private:
+    moe_status status_;
+};
+
+// Throws Error for any status but MOE_STATUS_OK. Call it right after the moe_ call: the message
+// is thread-local and the next moe_ call on this thread replaces it.
+inline void check(moe_status status) {
+    if (status != MOE_STATUS_OK) throw Error(status, moe_last_error());
+}
+
+inline std::string version() { return moe_version(); }
+
+namespace detail {
+
+// unique_ptr deleter for a C handle freed by `Free` (every moe_*_free accepts NULL).
+template <auto Free>
+struct Deleter {
+    template <class T>
+    void operator()(T* p) const noexcept {
+        Free(p);
+    }
+};
+
+template <class T, auto Free>
+using Handle = std::unique_ptr<T, Deleter<Free>>;
+
+// NOT_FOUND -> std::nullopt, OK -> value, anything else throws. Call it after the moe_ call that
+// writes `value` (not in the same expression: argument evaluation order is unspecified).
+template <class T>
+std::optional<T> optional_if_found(moe_status status, const T& value) {
+    if (status == MOE_STATUS_NOT_FOUND) return std::nullopt;
+    check(status);
+    return value;
+}
+
+}  // namespace detail
+
+/* ---------------------------------------------------------------------------------------------
+ * Progress callbacks
+ * ------------------------------------------------------------------------------------------- */
+
+// Receives a fraction in [0, 1]; returns false to cancel (the call then throws Error with
+// MOE_STATUS_CANCELLED). An exception it throws cancels the call and reaches the caller unchanged.
+using ProgressFn = std::function<bool(float)>;
+
+namespace detail {
+
+// Bridges a ProgressFn to moe_progress_fn for the length of one C call.
+class ProgressBridge {
+public:
+    explicit ProgressBridge(const ProgressFn& fn) : fn_(fn) {}
+    ProgressBridge(const ProgressBridge&) = delete;  // the C library holds its address
+    ProgressBridge& operator=(const ProgressBridge&) = delete;
+
+    moe_progress_fn callback() const { return fn_ ? &ProgressBridge::trampoline : nullptr; }
+    void* user_data() { return fn_ ? this : nullptr; }
+
+    // After the C call: a callback's exception wins over the CANCELLED status it caused.
+    void finish(moe_status status) const {
+        if (error_) std::rethrow_exception(error_);
+        check(status);
+    }
+
+private:
+    static int trampoline(float fraction, void* user_data) noexcept {
+        auto* self = static_cast<ProgressBridge*>(user_data);
+        try {
+            return self->fn_(fraction) ? 1 : 0;
+        } catch (...) {
+            self->error_ = std::current_exception();
+            return 0;
+        }
+    }
+
+    const ProgressFn& fn_;
+    std::exception_ptr error_;
+};
+
+}  // namespace detail
+
+/* ---------------------------------------------------------------------------------------------
+ * Element types and quantisation
+ * ------------------------------------------------------------------------------------------- */
+
+struct BlockInfo {
+    int64_t block_size;   // elements per block
+    int64_t block_bytes;  // bytes per block
+};
+
+// "q8_0" -> MOE_TYPE_Q8_0 (case-insensitive); throws Error(NOT_FOUND) for unknown names.
+inline int32_t type_from_name(const std::string& name) {
+    int32_t type = 0;
+    check(moe_type_from_name(name.c_str(), &type));
+    return type;
+}
+
+// MOE_TYPE_Q8_0 -> "q8_0"; std::nullopt for unknown types.
+inline std::optional<std::string> type_name(int32_t type) {
+    const char* name = moe_type_name(type);
+    if (name == nullptr) return std::nullopt;
+    return std::string(name);
+}
+
+inline BlockInfo block_info(int32_t type) {
+    BlockInfo b{0, 0};
+    check(moe_type_block_info(type, &b.block_size, &b.block_bytes));
+    return b;
+}
+
+// Bytes taken by n elements (n a multiple of the block size).
+inline uint64_t row_bytes(int32_t type, int64_t n) {
+    uint64_t bytes = 0;
+    check(moe_type_row_bytes(type, n, &bytes));
+    return bytes;
+}
+
+inline void quantize(int32_t type, const float* src, int64_t n, void* dst, uint64_t dst_size) {
+    check(moe_quantize(type, src, n, dst, dst_size));
+}
+
+inline std::vector<uint8_t> quantize(int32_t type, const float* src, int64_t n) {
+    std::vector<uint8_t> dst(static_cast<size_t>(row_bytes(type, n)));
+    quantize(type, src, n, dst.data(), dst.size());
+    return dst;
+}
+
+inline std::vector<uint8_t> quantize(int32_t type, const std::vector<float>& src) {
+    return quantize(type, src.data(), static_cast<int64_t>(src.size()));
+}
+
+inline void dequantize(int32_t type, const void* src, uint64_t src_size, int64_t n, float* dst) {
+    check(moe_dequantize(type, src, src_size, n, dst));
+}
+
+inline std::vector<float> dequantize(int32_t type, const void* src, uint64_t src_size, int64_t n) {
+    if (n < 0) throw Error(MOE_STATUS_INVALID_ARGUMENT, "dequantize: n must be >= 0, got " + std::to_string(n));
+    std::vector<float> dst(static_cast<size_t>(n));
+    dequantize(type, src, src_size, n, dst.data());
+    return dst;
+}
+
+inline std::vector<float> dequantize(int32_t type, const std::vector<uint8_t>& src, int64_t n) {
+    return dequantize(type, src.data(), src.size(), n);
+}
+
+#ifdef MOEINFER_HPP_HAS_SPAN
+inline std::vector<uint8_t> quantize(int32_t type, std::span<const float> src) {
+    return quantize(type, src.data(), static_cast<int64_t>(src.size()));
+}
+
+inline void quantize(int32_t type, std::span<const float> src, std::span<uint8_t> dst) {
+    quantize(type, src.data(), static_cast<int64_t>(src.size()), dst.data(), dst.size());
+}
+
+// Converts dst.size() elements.
+inline void dequantize(int32_t type, std::span<const uint8_t> src, std::span<float> dst) {
+    dequantize(type, src.data(), src.size(), static_cast<int64_t>(dst.size()), dst.data());
+}
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Models
+ * ------------------------------------------------------------------------------------------- */
+
+// Defaults of the C library (moe_model_params_init); change fields, then pass to Model::load.
+inline moe_model_params model_params() {
+    moe_model_params p;
+    moe_model_params_init(&p);
+    return p;
+}
+
+// An owned moe_model. Movable, not copyable. Every query throws Error on failure.
+class Model {
+public:
+    // Loads a GGUF model. `progress`, when set, replaces params.progress / progress_user_data.
+    static Model load(const std::string& path, const moe_model_params& params = model_params(),
+                      const ProgressFn& progress = {}) {
+        moe_model_params p = params;
+        detail::ProgressBridge bridge(progress);
+        if (progress) {
+            p.progress = bridge.callback();
+            p.progress_user_data = bridge.user_data();
+        }
+        moe_model* raw = nullptr;
+        const moe_status status = moe_model_load(path.c_str(), &p, &raw);
+        Model model(raw);  // owns the handle even if finish() throws
+        bridge.finish(status);
+        return model;
+    }
+
+    // Takes ownership of a handle from moe_model_load (may be NULL).
+    explicit Model(moe_model* model) noexcept : model_(model) {}
+
+    moe_model* get() noexcept { return model_.get(); }
+    const moe_model* get() const noexcept { return model_.get(); }
+    explicit operator bool() const noexcept { return model_ != nullptr; }
+
+    // Strings in the result are borrowed from this model.
+    moe_model_info info() const {
+        moe_model_info info;
+        moe_model_info_init(&info);
+        check(moe_model_get_info(get(), &info));
+        return info;
+    }
+
+    int32_t n_tensors() const { return info().n_tensors; }
+
+    // Tensor `index` in [0, n_tensors); its name is borrowed from this model.
+    moe_tensor_info tensor(int32_t index) const {
+        moe_tensor_info t;
+        moe_tensor_info_init(&t);
+        check(moe_model_get_tensor(get(), index, &t));
+        return t;
+    }
+
+    std::vector<moe_tensor_info> tensors() const {
+        const int32_t n = n_tensors();
+        std::vector<moe_tensor_info> out;
+        out.reserve(static_cast<size_t>(n));
+        for (int32_t i = 0; i < n; ++i) out.push_back(tensor(i));
+        return out;
+    }
+
+    std::optional<int32_t> find_tensor(const std::string& name) const {
+        int32_t index = -1;
+        const moe_status status = moe_model_find_tensor(get(), name.c_str(), &index);
+        return detail::optional_if_found(status, index);
+    }
+
+    // Raw bytes of tensor `index`, in its stored type.
+    void read_tensor(int32_t index, void* dst, uint64_t dst_size) const {
+        check(moe_model_read_tensor(get(), index, dst, dst_size));
+    }
+
+    std::vector<uint8_t> read_tensor(int32_t index) const {
+        std::vector<uint8_t> dst(static_cast<size_t>(tensor(index).n_bytes));
+        read_tensor(index, dst.data(), dst.size());
+        return dst;
+    }
+
+    // Metadata by key: std::nullopt when the key is absent; Error(INVALID_ARGUMENT) when its
+    // value has another type.
+    std::optional<int64_t> meta_int(const std::string& key) const {
+        int64_t v = 0;
+        const moe_status status = moe_model_meta_int(get(), key.c_str(), &v);
+        return detail::optional_if_found(status, v);
+    }
+
+    std::optional<double> meta_float(const std::string& key) const {
+        double v = 0.0;
+        const moe_status status = moe_model_meta_float(get(), key.c_str(), &v);
+        return detail::optional_if_found(status, v);
+    }
+
+    std::optional<std::string> meta_string(const std::string& key) const {
+        const char* v = nullptr;
+        const moe_status status = moe_model_meta_string(get(), key.c_str(), &v);
+        if (status == MOE_STATUS_NOT_FOUND) return std::nullopt;
+        check(status);
+        return std::string(v != nullptr ? v : "");
+    }
+
+private:
+    detail::Handle<moe_model, moe_model_free> model_;
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * Synthetic models
+ * ------------------------------------------------------------------------------------------- */
+
+// Defaults for `architecture` ("qwen3moe" or "gpt-oss"); throws Error for other names.
+inline moe_synth_params synth_params(const std::string& architecture = "qwen3moe") {
+    moe_synth_params p;
+    check(moe_synth_params_init(&p, architecture.c_str()));
+    return p;
+}
+
+// Writes a synthetic model to `path`. The strings in `params` are borrowed during the call.
+// `progress`, when set, replaces params.progress / progress_user_data.
+inline void synth_write(const std::string& path, const moe_synth_params& params, const ProgressFn& progress = {}) {
+    moe_synth_params p = params;
+    detail::ProgressBridge bridge(progress);
+    if (progress) {
+        p.progress = bridge.callback();
+        p.progress_user_data = bridge.user_data();
+    }
+    bridge.finish(moe_synth_write(path.c_str(), &p));
+}
+
+}  // namespace moeinfer
+
+#endif /* MOEINFER_HPP */
