@@ -1,0 +1,316 @@
+"""moeinfer-bench, end to end: runs the tool on tiny synthetic models and checks its text, CSV and JSON
+output (columns, row counts, and the derived numbers against Python's own arithmetic), the synthetic
+model cache, and that bad arguments give one clear line on stderr with exit status 2.
+
+The binary is found through $MOEINFER_TOOLS_DIR, else the newest <repo>/build*/tools/moeinfer-bench;
+every test is skipped (with the reason) when there is none.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TOOL = "moeinfer-bench"
+
+SWEEP_COLUMNS = ["PP", "TG", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s"]
+BENCH_COLUMNS = ["model", "size", "params", "backend", "threads", "test", "t/s"]
+COMMON_FIELDS = ["model", "model_path", "size_bytes", "n_params", "backend", "n_threads", "n_ctx", "n_ubatch",
+                 "version"]
+SWEEP_FIELDS = COMMON_FIELDS + ["pp", "tg", "n_kv", "t_pp_s", "speed_pp_tps", "t_tg_s", "speed_tg_tps"]
+BENCH_FIELDS = COMMON_FIELDS + ["test", "n_prompt", "n_gen", "n_depth", "repetitions", "avg_s", "stdev_s", "avg_ts",
+                                "stdev_ts"]
+
+# Speeds are printed with 9 significant digits: derived values agree with Python's to this much.
+REL = 1e-6
+
+
+def _find_tool() -> Path | None:
+    env = os.environ.get("MOEINFER_TOOLS_DIR")
+    if env:
+        p = Path(env) / TOOL
+        return p if p.is_file() else None
+    found = [p for p in REPO.glob(f"build*/tools/{TOOL}") if p.is_file() and os.access(p, os.X_OK)]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+BIN = _find_tool()
+pytestmark = pytest.mark.skipif(
+    BIN is None, reason=f"{TOOL} not built (set MOEINFER_TOOLS_DIR or build it into {REPO}/build*/tools)")
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    """One synthetic-model cache for the module: each spec is written once, then reused."""
+    return tmp_path_factory.mktemp("bench_synth")
+
+
+def run(*args: str, cache: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    argv = [str(BIN), *args]
+    if cache is not None:
+        argv += ["--synthetic-dir", str(cache)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        pytest.fail(f"{' '.join(argv)} exited {proc.returncode}\nstderr:\n{proc.stderr}\nstdout:\n{proc.stdout}")
+    return proc
+
+
+def tiny(arch: str = "qwen3moe") -> list[str]:
+    return ["--synthetic", f"{arch}:preset=tiny", "-t", "2"]
+
+
+def markdown_table(text: str) -> tuple[list[str], list[list[str]]]:
+    """The first markdown table in `text`: (header cells, data rows); the |---| rule is checked and dropped."""
+    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+    assert len(lines) >= 2, f"no markdown table in:\n{text}"
+    cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines]
+    header, rule, rows = cells[0], cells[1], cells[2:]
+    assert all(re.fullmatch(r":?-+:?", c) for c in rule), f"bad rule line: {lines[1]}"
+    assert all(len(r) == len(header) for r in rows), f"ragged table:\n{text}"
+    return header, rows
+
+
+def close(a: float, b: float, rel: float = REL) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# sweep
+# ---------------------------------------------------------------------------------------------
+
+def test_sweep_text_table(cache_dir):
+    out = run(*tiny(), "-c", "128", "-ub", "32", "--sweep-tg", "4", cache=cache_dir).stdout
+    header, rows = markdown_table(out)
+    assert header == SWEEP_COLUMNS
+    # N_KV = 0, 32, 64, 96: each row needs max(PP, TG) more tokens below n_ctx = 128.
+    assert [int(r[2]) for r in rows] == [0, 32, 64, 96]
+    assert all(int(r[0]) == 32 and int(r[1]) == 4 for r in rows)
+    for r in rows:
+        assert float(r[3]) >= 0 and float(r[4]) > 0 and float(r[5]) >= 0 and float(r[6]) > 0
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])
+def test_sweep_json_records(cache_dir, arch):
+    proc = run(*tiny(arch), "-c", "64", "-ub", "16", "--sweep-pp", "24", "--sweep-tg", "3", "-o", "json",
+               cache=cache_dir)
+    records = json.loads(proc.stdout)
+    # PP 24 (not the ubatch) sets the step: 0, 24 fit (24 + 24 <= 64), 48 does not.
+    assert [r["n_kv"] for r in records] == [0, 24]
+    for r in records:
+        assert list(r)[: len(SWEEP_FIELDS)] == SWEEP_FIELDS
+        assert r["pp"] == 24 and r["tg"] == 3
+        assert r["n_ctx"] == 64 and r["n_ubatch"] == 16 and r["n_threads"] == 2
+        assert r["model"].startswith(arch + " ")
+        assert r["size_bytes"] > 0 and r["n_params"] > 0
+        assert r["t_pp_s"] > 0 and r["t_tg_s"] > 0
+        assert close(r["speed_pp_tps"], r["pp"] / r["t_pp_s"])
+        assert close(r["speed_tg_tps"], r["tg"] / r["t_tg_s"])
+        assert "profile" not in r
+
+
+def test_sweep_csv_rows(cache_dir):
+    out = run(*tiny(), "-c", "96", "-ub", "32", "--sweep-tg", "2", "-o", "csv", cache=cache_dir).stdout
+    reader = csv.DictReader(io.StringIO(out))
+    assert reader.fieldnames == SWEEP_FIELDS
+    rows = list(reader)
+    assert [int(r["n_kv"]) for r in rows] == [0, 32, 64]
+    for r in rows:
+        assert close(float(r["speed_pp_tps"]), int(r["pp"]) / float(r["t_pp_s"]))
+        assert close(float(r["speed_tg_tps"]), int(r["tg"]) / float(r["t_tg_s"]))
+
+
+def test_sweep_is_default_mode(cache_dir):
+    out = run(*tiny(), "-c", "32", "-ub", "16", "--sweep-tg", "2", cache=cache_dir).stdout
+    header, rows = markdown_table(out)
+    assert header == SWEEP_COLUMNS and len(rows) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# llama-bench style tests
+# ---------------------------------------------------------------------------------------------
+
+def test_bench_text_table(cache_dir):
+    out = run(*tiny(), "-p", "16,32", "-n", "4", "-r", "2", cache=cache_dir).stdout
+    header, rows = markdown_table(out)
+    assert header == BENCH_COLUMNS
+    assert [r[5] for r in rows] == ["pp16", "pp32", "tg4"]
+    for r in rows:
+        assert r[0].startswith("qwen3moe ")
+        assert re.fullmatch(r"\d+\.\d\d (MiB|GiB)", r[1]) and re.fullmatch(r"\d+\.\d\d [MB]", r[2])
+        assert r[3] == "CPU" or r[3] == "CUDA"
+        assert r[4] == "2"
+        m = re.fullmatch(r"(\d+\.\d\d) ± (\d+\.\d\d)", r[6])
+        assert m and float(m.group(1)) > 0
+    assert re.search(r"^build: moeinfer \d+\.\d+\.\d+", out, re.M)
+
+
+def test_bench_json_statistics(cache_dir):
+    reps = 3
+    proc = run(*tiny(), "-p", "16", "-n", "4", "-d", "0,8", "-r", str(reps), "-o", "json", cache=cache_dir)
+    records = json.loads(proc.stdout)
+    assert [r["test"] for r in records] == ["pp16", "pp16 @ d8", "tg4", "tg4 @ d8"]
+    assert records[0]["n_ctx"] == 24  # auto: the longest test, pp16 @ d8
+    for r in records:
+        assert list(r)[: len(BENCH_FIELDS)] == BENCH_FIELDS
+        n = r["n_prompt"] or r["n_gen"]
+        assert (r["n_prompt"] == 0) != (r["n_gen"] == 0)
+        assert r["repetitions"] == reps
+        s, ts = r["samples_s"], r["samples_ts"]
+        assert len(s) == reps and len(ts) == reps
+        assert all(x > 0 for x in s)
+        # The tool's statistics against Python's: tokens/s per run, mean, sample standard deviation.
+        assert all(close(t, n / x) for t, x in zip(ts, s))
+        assert close(r["avg_s"], statistics.fmean(s))
+        assert close(r["stdev_s"], statistics.stdev(s))
+        assert close(r["avg_ts"], statistics.fmean(ts))
+        assert close(r["stdev_ts"], statistics.stdev(ts))
+
+
+def test_bench_auto_ctx_fits_longest_test(cache_dir):
+    records = json.loads(run(*tiny(), "-p", "16", "-n", "0", "-d", "8", "-r", "1", "-o", "json",
+                             cache=cache_dir).stdout)
+    assert len(records) == 1 and records[0]["test"] == "pp16 @ d8"
+    assert records[0]["n_ctx"] == 24
+
+
+def test_bench_csv_rows(cache_dir):
+    out = run(*tiny(), "-p", "8", "-n", "2,3", "-r", "1", "-o", "csv", cache=cache_dir).stdout
+    reader = csv.DictReader(io.StringIO(out))
+    assert reader.fieldnames == BENCH_FIELDS
+    rows = list(reader)
+    assert [r["test"] for r in rows] == ["pp8", "tg2", "tg3"]
+    for r in rows:
+        assert int(r["repetitions"]) == 1
+        assert float(r["stdev_s"]) == 0.0  # one run: no spread
+        n = int(r["n_prompt"]) or int(r["n_gen"])
+        assert close(float(r["avg_ts"]), n / float(r["avg_s"]))
+
+
+def test_threads_flag(cache_dir):
+    records = json.loads(run(*tiny()[:2], "-t", "1", "-p", "8", "-n", "0", "-r", "1", "-o", "json",
+                             cache=cache_dir).stdout)
+    assert records[0]["n_threads"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# verbose profile, progress
+# ---------------------------------------------------------------------------------------------
+
+def test_verbose_profile(cache_dir):
+    proc = run(*tiny(), "-p", "16", "-n", "2", "-r", "1", "-v", "-o", "json", cache=cache_dir)
+    records = json.loads(proc.stdout)  # the profile goes to stderr: stdout stays valid JSON
+    for r in records:
+        prof = r["profile"]
+        assert prof, "verbose run without a profile"
+        assert {"op", "backend", "count", "seconds"} <= set(prof[0])
+        assert all(e["count"] > 0 and e["seconds"] >= 0 for e in prof)
+        # Ops of one run cannot take longer than the run (the profile covers the last run only).
+        assert sum(e["seconds"] for e in prof) <= r["samples_s"][-1] * 1.05 + 1e-3
+    assert proc.stderr.count("profile of ") == len(records)
+    assert re.search(r"^\s+op\s+backend\s+count\s+seconds\s+%", proc.stderr, re.M)
+
+
+def test_progress_goes_to_stderr(cache_dir):
+    proc = run(*tiny(), "-c", "32", "-ub", "16", "--sweep-tg", "2", "--progress", "-o", "csv", cache=cache_dir)
+    assert "sweep row" in proc.stderr
+    assert len(list(csv.DictReader(io.StringIO(proc.stdout)))) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# synthetic model cache
+# ---------------------------------------------------------------------------------------------
+
+def test_synthetic_file_written_once_and_reused(tmp_path):
+    args = ["-p", "8", "-n", "0", "-r", "1", "-o", "json", "-t", "2"]
+    first = run("--synthetic", "qwen3moe:preset=tiny:layers=1:experts=q8_0:seed=5", *args, cache=tmp_path)
+    files = list(tmp_path.glob("*.gguf"))
+    assert len(files) == 1 and "writing synthetic model" in first.stderr
+    stamp = files[0].stat().st_mtime_ns
+    # Same spec, other key order and spelling of the type: the same file, not rewritten.
+    second = run("--synthetic", "qwen3moe:seed=5:experts=Q8_0:layers=1:preset=tiny", *args, "-v", cache=tmp_path)
+    assert "writing synthetic model" not in second.stderr and "reusing synthetic model" in second.stderr
+    assert list(tmp_path.glob("*.gguf")) == files and files[0].stat().st_mtime_ns == stamp
+    assert json.loads(second.stdout)[0]["model_path"] == str(files[0])
+    assert not list(tmp_path.glob("*.tmp-*"))
+    # A different spec is a different file.
+    run("--synthetic", "qwen3moe:preset=tiny:layers=1:seed=6", *args, cache=tmp_path)
+    assert len(list(tmp_path.glob("*.gguf"))) == 2
+
+
+def test_gguf_path_positional_and_flag(cache_dir):
+    run(*tiny(), "-p", "8", "-n", "0", "-r", "1", cache=cache_dir)
+    path = next(cache_dir.glob("*qwen3moe_preset-tiny-*.gguf"))
+    for argv in ([str(path)], ["-m", str(path)]):
+        records = json.loads(run(*argv, "-p", "8", "-n", "0", "-r", "1", "-o", "json", "-t", "2").stdout)
+        assert records[0]["model_path"] == str(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# help and errors
+# ---------------------------------------------------------------------------------------------
+
+def test_help_documents_every_flag():
+    proc = run("--help")
+    text = proc.stdout
+    for flag in ["--model", "--synthetic", "--synthetic-dir", "--ctx-size", "--ubatch-size", "--threads", "--sweep",
+                 "--sweep-pp", "--sweep-tg", "--n-prompt", "--n-gen", "--n-depth", "--repetitions", "--output",
+                 "--verbose", "--progress", "--seed", "--no-warmup", "--help", "-ub", "-p", "-n", "-r", "-t", "-o"]:
+        assert re.search(rf"(^|[\s,]){re.escape(flag)}[\s,]", text, re.M), f"--help does not document {flag}"
+    flat = " ".join(text.split())  # help lines are wrapped
+    for default in ["(default: 512)", "(default: 32)", "(default: 3)", "(default: text)", "(default: all cores)"]:
+        assert default in flat
+    assert proc.stderr == ""
+
+
+@pytest.mark.parametrize("argv, needle", [
+    ([], "no model"),
+    (["--bogus"], "--bogus"),
+    (["-t"], "-t"),
+    (["-t", "zero", "x.gguf"], "-t"),
+    (["-t", "0", "x.gguf"], "out of range"),
+    (["-o", "xml", "x.gguf"], "xml"),
+    (["-p", "16,abc", "x.gguf"], "abc"),
+    (["--synthetic", "llama"], "llama"),
+    (["--synthetic", "qwen3moe:layers=0"], "layers"),
+    (["--synthetic", "qwen3moe:experts=q9_9"], "q9_9"),
+    (["--synthetic", "qwen3moe:skew=1.5"], "skew"),
+    (["--synthetic", "qwen3moe:nonsense=1"], "nonsense"),
+    (["--synthetic", "qwen3moe:layers"], "key=value"),
+    (["--synthetic", "qwen3moe:layers=2:layers=3"], "twice"),
+    (["x.gguf", "--synthetic", "qwen3moe"], "not both"),
+    (["x.gguf", "y.gguf"], "y.gguf"),
+    (["x.gguf", "--sweep", "-p", "512"], "--n-prompt"),
+    (["x.gguf", "-n", "8", "--sweep-tg", "4"], "--sweep-tg"),
+    (["x.gguf", "-c", "16", "--sweep-pp", "32"], "ctx-size"),
+    (["x.gguf", "-c", "16", "-p", "32"], "ctx-size"),
+    (["x.gguf", "-p", "0", "-n", "0"], "nothing to run"),
+    (["x.gguf", "--verbose=1"], "takes no value"),
+])
+def test_bad_arguments_exit_2_with_one_line(argv, needle):
+    proc = run(*argv, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("moeinfer-bench: "), proc.stderr
+    assert needle in lines[0]
+
+
+def test_library_error_exit_1(tmp_path):
+    missing = tmp_path / "missing.gguf"
+    proc = run(str(missing), "-p", "8", "-n", "0", check=False)
+    assert proc.returncode == 1
+    assert str(missing) in proc.stderr and proc.stderr.startswith("moeinfer-bench: ")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf file at all" * 4)
+    proc = run(str(bad), "-p", "8", "-n", "0", check=False)
+    assert proc.returncode == 1 and str(bad) in proc.stderr

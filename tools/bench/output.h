@@ -1,0 +1,368 @@
+// Result records of moeinfer-bench and their three printers: text (markdown tables laid out like
+// llama-sweep-bench's and llama-bench's), CSV (one header line, one line per row) and JSON (an array
+// of one object per row). Printers only format: they never time or decode anything.
+#ifndef MOEINFER_TOOLS_BENCH_OUTPUT_H
+#define MOEINFER_TOOLS_BENCH_OUTPUT_H
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace bench {
+
+enum class OutputFormat { text, csv, json };
+
+// What every row shares: the model and the context it ran with.
+struct RunInfo {
+    std::string model;       // "qwen3moe 1.21B Q8_0"
+    std::string model_path;
+    uint64_t size_bytes = 0; // tensor data
+    uint64_t n_params = 0;
+    std::string backend;     // "CPU"
+    int32_t n_threads = 0;
+    int32_t n_ctx = 0;
+    int32_t n_ubatch = 0;
+    std::string version;     // moe_version()
+};
+
+// One op kind's share of a test's time (moe_op_profile, copied).
+struct ProfileEntry {
+    std::string op;
+    std::string backend;
+    int64_t count = 0;
+    double seconds = 0.0;
+};
+
+// A sweep row: `tg` single-token decodes and one `pp`-token prefill, both starting at depth n_kv.
+struct SweepRow {
+    int32_t pp = 0;
+    int32_t tg = 0;
+    int32_t n_kv = 0;
+    double t_pp = 0.0;  // seconds
+    double t_tg = 0.0;  // seconds, all tg tokens
+    std::vector<ProfileEntry> profile;  // empty unless --verbose
+};
+
+// A llama-bench row: a prefill of n_prompt tokens or n_gen single-token decodes after n_depth
+// tokens already in the cache, timed `samples_s.size()` times.
+struct BenchRow {
+    int32_t n_prompt = 0;
+    int32_t n_gen = 0;
+    int32_t n_depth = 0;
+    std::vector<double> samples_s;
+    std::vector<ProfileEntry> profile;  // last repetition's; empty unless --verbose
+};
+
+// Mean and sample standard deviation (n - 1; 0 for a single value), as llama-bench reports them.
+struct MeanSd {
+    double mean = 0.0;
+    double sd = 0.0;
+};
+inline MeanSd mean_sd(const std::vector<double>& v) {
+    MeanSd r;
+    if (v.empty()) return r;
+    for (double x : v) r.mean += x;
+    r.mean /= static_cast<double>(v.size());
+    if (v.size() > 1) {
+        double ss = 0.0;
+        for (double x : v) ss += (x - r.mean) * (x - r.mean);
+        r.sd = std::sqrt(ss / static_cast<double>(v.size() - 1));
+    }
+    return r;
+}
+
+inline std::string test_name(const BenchRow& r) {
+    std::string s = r.n_gen == 0 ? "pp" + std::to_string(r.n_prompt) : "tg" + std::to_string(r.n_gen);
+    if (r.n_depth > 0) s += " @ d" + std::to_string(r.n_depth);
+    return s;
+}
+
+inline std::vector<double> tokens_per_second(const BenchRow& r) {
+    const double n = static_cast<double>(r.n_gen == 0 ? r.n_prompt : r.n_gen);
+    std::vector<double> ts;
+    for (double s : r.samples_s) ts.push_back(s > 0.0 ? n / s : 0.0);
+    return ts;
+}
+
+inline double rate(int32_t tokens, double seconds) { return seconds > 0.0 ? tokens / seconds : 0.0; }
+
+class Printer {
+public:
+    virtual ~Printer() = default;
+    virtual void begin_sweep(const RunInfo& info) = 0;
+    virtual void sweep_row(const RunInfo& info, const SweepRow& row) = 0;
+    virtual void begin_bench(const RunInfo& info) = 0;
+    virtual void bench_row(const RunInfo& info, const BenchRow& row) = 0;
+    virtual void end(const RunInfo& info) = 0;
+};
+
+namespace detail {
+
+inline std::string fmt(const char* format, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, format, v);
+    return buf;
+}
+
+// Numbers for CSV/JSON: enough digits to round-trip timings; JSON has no NaN/Inf, so "null".
+inline std::string number(double v) { return std::isfinite(v) ? fmt("%.9g", v) : "null"; }
+
+inline std::string json_string(const std::string& s) {
+    std::string out = "\"";
+    for (unsigned char c : s) {
+        if (c == '"' || c == '\\') {
+            out += '\\';
+            out += static_cast<char>(c);
+        } else if (c < 0x20) {
+            char buf[8];
+            std::snprintf(buf, sizeof buf, "\\u%04x", c);
+            out += buf;
+        } else {
+            out += static_cast<char>(c);
+        }
+    }
+    return out + "\"";
+}
+
+inline std::string csv_string(const std::string& s) {
+    std::string out = "\"";
+    for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return out + "\"";
+}
+
+// One record as ordered (key, value) pairs; `quoted` marks strings. CSV and JSON print the same
+// scalar fields, so a CSV column always has a JSON key of the same name.
+struct Field {
+    std::string key;
+    std::string value;
+    bool quoted;
+};
+
+inline std::vector<Field> common_fields(const RunInfo& i) {
+    return {{"model", i.model, true},
+            {"model_path", i.model_path, true},
+            {"size_bytes", std::to_string(i.size_bytes), false},
+            {"n_params", std::to_string(i.n_params), false},
+            {"backend", i.backend, true},
+            {"n_threads", std::to_string(i.n_threads), false},
+            {"n_ctx", std::to_string(i.n_ctx), false},
+            {"n_ubatch", std::to_string(i.n_ubatch), false},
+            {"version", i.version, true}};
+}
+
+inline std::vector<Field> sweep_fields(const RunInfo& info, const SweepRow& r) {
+    std::vector<Field> f = common_fields(info);
+    f.push_back({"pp", std::to_string(r.pp), false});
+    f.push_back({"tg", std::to_string(r.tg), false});
+    f.push_back({"n_kv", std::to_string(r.n_kv), false});
+    f.push_back({"t_pp_s", number(r.t_pp), false});
+    f.push_back({"speed_pp_tps", number(rate(r.pp, r.t_pp)), false});
+    f.push_back({"t_tg_s", number(r.t_tg), false});
+    f.push_back({"speed_tg_tps", number(rate(r.tg, r.t_tg)), false});
+    return f;
+}
+
+inline std::vector<Field> bench_fields(const RunInfo& info, const BenchRow& r) {
+    std::vector<Field> f = common_fields(info);
+    const MeanSd s = mean_sd(r.samples_s);
+    const MeanSd ts = mean_sd(tokens_per_second(r));
+    f.push_back({"test", test_name(r), true});
+    f.push_back({"n_prompt", std::to_string(r.n_prompt), false});
+    f.push_back({"n_gen", std::to_string(r.n_gen), false});
+    f.push_back({"n_depth", std::to_string(r.n_depth), false});
+    f.push_back({"repetitions", std::to_string(r.samples_s.size()), false});
+    f.push_back({"avg_s", number(s.mean), false});
+    f.push_back({"stdev_s", number(s.sd), false});
+    f.push_back({"avg_ts", number(ts.mean), false});
+    f.push_back({"stdev_ts", number(ts.sd), false});
+    return f;
+}
+
+inline std::string json_numbers(const std::vector<double>& v) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + number(v[i]);
+    return out + "]";
+}
+
+inline std::string json_profile(const std::vector<ProfileEntry>& p) {
+    std::string out = "[";
+    for (size_t i = 0; i < p.size(); ++i) {
+        out += (i ? ", " : "") + std::string("{\"op\": ") + json_string(p[i].op) +
+               ", \"backend\": " + json_string(p[i].backend) + ", \"count\": " + std::to_string(p[i].count) +
+               ", \"seconds\": " + number(p[i].seconds) + "}";
+    }
+    return out + "]";
+}
+
+// ---- text: markdown tables ----
+
+class TextPrinter : public Printer {
+public:
+    explicit TextPrinter(FILE* out) : out_(out) {}
+
+    void begin_sweep(const RunInfo& i) override {
+        std::fprintf(out_, "moeinfer-bench: %s, n_ctx = %d, n_ubatch = %d, n_threads = %d, backend = %s\n\n",
+                     i.model.c_str(), i.n_ctx, i.n_ubatch, i.n_threads, i.backend.c_str());
+        std::fprintf(out_, "|%6s | %6s | %6s | %8s | %8s | %8s | %8s |\n", "PP", "TG", "N_KV", "T_PP s", "S_PP t/s",
+                     "T_TG s", "S_TG t/s");
+        std::fprintf(out_, "|%6s-|-%6s-|-%6s-|-%8s-|-%8s-|-%8s-|-%8s-|\n", "------", "------", "------", "--------",
+                     "--------", "--------", "--------");
+        std::fflush(out_);
+    }
+
+    void sweep_row(const RunInfo&, const SweepRow& r) override {
+        std::fprintf(out_, "|%6d | %6d | %6d | %8.3f | %8.2f | %8.3f | %8.2f |\n", r.pp, r.tg, r.n_kv, r.t_pp,
+                     rate(r.pp, r.t_pp), r.t_tg, rate(r.tg, r.t_tg));
+        std::fflush(out_);
+    }
+
+    // Column widths as llama-bench's: negative = left-aligned; a ':' in the rule marks right alignment.
+    void begin_bench(const RunInfo&) override {
+        bench_ = true;
+        std::fputc('|', out_);
+        for (const Column& c : kColumns) std::fprintf(out_, " %*s |", c.width, c.name);
+        std::fputs("\n|", out_);
+        for (const Column& c : kColumns) {
+            std::fprintf(out_, " %s%s |", std::string(static_cast<size_t>(std::abs(c.width)) - 1, '-').c_str(),
+                         c.width > 0 ? ":" : "-");
+        }
+        std::fputc('\n', out_);
+        std::fflush(out_);
+    }
+
+    void bench_row(const RunInfo& i, const BenchRow& r) override {
+        const MeanSd ts = mean_sd(tokens_per_second(r));
+        const double gib = 1024.0 * 1024.0 * 1024.0;
+        const std::string size = i.size_bytes < gib ? fmt("%.2f MiB", i.size_bytes / (1024.0 * 1024.0))
+                                                    : fmt("%.2f GiB", i.size_bytes / gib);
+        const std::string params = i.n_params < 1000000000ull ? fmt("%.2f M", i.n_params / 1e6)
+                                                              : fmt("%.2f B", i.n_params / 1e9);
+        char speed[64];
+        std::snprintf(speed, sizeof speed, "%.2f ± %.2f", ts.mean, ts.sd);
+        const std::string values[] = {i.model, size, params, i.backend, std::to_string(i.n_threads), test_name(r),
+                                      speed};
+        std::fputc('|', out_);
+        for (size_t c = 0; c < std::size(kColumns); ++c) {
+            // "±" is two bytes in UTF-8 but one column on screen.
+            const int width = kColumns[c].width + (c + 1 == std::size(kColumns) ? 1 : 0);
+            std::fprintf(out_, " %*s |", width, values[c].c_str());
+        }
+        std::fputc('\n', out_);
+        std::fflush(out_);
+    }
+
+    void end(const RunInfo& i) override {
+        if (bench_) std::fprintf(out_, "\nbuild: moeinfer %s\n", i.version.c_str());
+        std::fflush(out_);
+    }
+
+private:
+    struct Column {
+        const char* name;
+        int width;
+    };
+    static constexpr Column kColumns[] = {{"model", -30}, {"size", 10},  {"params", 10}, {"backend", -10},
+                                          {"threads", 7}, {"test", 15},  {"t/s", 20}};
+    FILE* out_;
+    bool bench_ = false;
+};
+
+// ---- CSV ----
+
+class CsvPrinter : public Printer {
+public:
+    explicit CsvPrinter(FILE* out) : out_(out) {}
+    void begin_sweep(const RunInfo& i) override { header(sweep_fields(i, SweepRow{})); }
+    void sweep_row(const RunInfo& i, const SweepRow& r) override { line(sweep_fields(i, r)); }
+    void begin_bench(const RunInfo& i) override { header(bench_fields(i, BenchRow{})); }
+    void bench_row(const RunInfo& i, const BenchRow& r) override { line(bench_fields(i, r)); }
+    void end(const RunInfo&) override { std::fflush(out_); }
+
+private:
+    void header(const std::vector<Field>& f) {
+        for (size_t i = 0; i < f.size(); ++i) std::fprintf(out_, "%s%s", i ? "," : "", f[i].key.c_str());
+        std::fputc('\n', out_);
+        std::fflush(out_);
+    }
+    void line(const std::vector<Field>& f) {
+        for (size_t i = 0; i < f.size(); ++i) {
+            const std::string v = f[i].quoted ? csv_string(f[i].value) : f[i].value;
+            std::fprintf(out_, "%s%s", i ? "," : "", v.c_str());
+        }
+        std::fputc('\n', out_);
+        std::fflush(out_);
+    }
+    FILE* out_;
+};
+
+// ---- JSON: written row by row, so an interrupted run still shows what it measured ----
+
+class JsonPrinter : public Printer {
+public:
+    explicit JsonPrinter(FILE* out) : out_(out) {}
+    void begin_sweep(const RunInfo&) override { std::fputs("[\n", out_); }
+    void sweep_row(const RunInfo& i, const SweepRow& r) override {
+        record(sweep_fields(i, r), r.profile.empty() ? "" : ", \"profile\": " + json_profile(r.profile));
+    }
+    void begin_bench(const RunInfo&) override { std::fputs("[\n", out_); }
+    void bench_row(const RunInfo& i, const BenchRow& r) override {
+        std::string extra = ", \"samples_s\": " + json_numbers(r.samples_s) +
+                            ", \"samples_ts\": " + json_numbers(tokens_per_second(r));
+        if (!r.profile.empty()) extra += ", \"profile\": " + json_profile(r.profile);
+        record(bench_fields(i, r), extra);
+    }
+    void end(const RunInfo&) override {
+        std::fputs(first_ ? "]\n" : "\n]\n", out_);
+        std::fflush(out_);
+    }
+
+private:
+    void record(const std::vector<Field>& f, const std::string& extra) {
+        std::fputs(first_ ? "  {" : ",\n  {", out_);
+        first_ = false;
+        for (size_t i = 0; i < f.size(); ++i) {
+            const std::string v = f[i].quoted ? json_string(f[i].value) : f[i].value;
+            std::fprintf(out_, "%s\"%s\": %s", i ? ", " : "", f[i].key.c_str(), v.c_str());
+        }
+        std::fprintf(out_, "%s}", extra.c_str());
+        std::fflush(out_);
+    }
+    FILE* out_;
+    bool first_ = true;
+};
+
+}  // namespace detail
+
+inline std::unique_ptr<Printer> make_printer(OutputFormat format, FILE* out) {
+    switch (format) {
+        case OutputFormat::csv: return std::make_unique<detail::CsvPrinter>(out);
+        case OutputFormat::json: return std::make_unique<detail::JsonPrinter>(out);
+        case OutputFormat::text: break;
+    }
+    return std::make_unique<detail::TextPrinter>(out);
+}
+
+// The --verbose profile of one test, on stderr (stdout stays a clean table / CSV / JSON).
+inline void print_profile(FILE* out, const std::string& title, std::vector<ProfileEntry> entries) {
+    double total = 0.0;
+    for (const ProfileEntry& e : entries) total += e.seconds;
+    std::sort(entries.begin(), entries.end(),
+              [](const ProfileEntry& a, const ProfileEntry& b) { return a.seconds > b.seconds; });
+    std::fprintf(out, "profile of %s:\n  %-16s %-8s %10s %12s %7s\n", title.c_str(), "op", "backend", "count",
+                 "seconds", "%");
+    for (const ProfileEntry& e : entries) {
+        std::fprintf(out, "  %-16s %-8s %10lld %12.6f %6.1f%%\n", e.op.c_str(), e.backend.c_str(),
+                     static_cast<long long>(e.count), e.seconds, total > 0.0 ? 100.0 * e.seconds / total : 0.0);
+    }
+    std::fprintf(out, "  %-16s %-8s %10s %12.6f %6.1f%%\n", "total", "", "", total, total > 0.0 ? 100.0 : 0.0);
+}
+
+}  // namespace bench
+
+#endif  // MOEINFER_TOOLS_BENCH_OUTPUT_H

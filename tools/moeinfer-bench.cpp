@@ -1,0 +1,188 @@
+// moeinfer-bench: prefill / decode throughput of a model, as llama.cpp users know it:
+//  - the sweep table of llama-sweep-bench (PP | TG | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s), and
+//  - llama-bench's rows (pp512, tg128, ... with -r repetitions, mean ± sd),
+// as markdown text, CSV or JSON, on a GGUF file or a synthetic model (--synthetic qwen3moe:layers=4).
+// Written on the public C API only, like any user of the library.
+#include <sched.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "bench/args.h"
+#include "bench/cli.h"
+#include "bench/output.h"
+#include "bench/runner.h"
+#include "bench/synthetic.h"
+#include "moeinfer/moeinfer.h"
+
+namespace {
+
+using bench::Config;
+using bench::Failure;
+
+void print_help(const std::vector<bench::Option>& options) {
+    std::printf(
+        "usage: moeinfer-bench [options] MODEL.gguf\n"
+        "       moeinfer-bench [options] --synthetic ARCH[:key=value...]\n"
+        "\n"
+        "Measures prompt processing (PP, prefill) and token generation (TG, decode) speed.\n"
+        "Without -p/-n/-d/-r it runs a sweep over the context, as llama-sweep-bench does; with any of them\n"
+        "it runs llama-bench style tests (pp512, tg128, ...). Tokens are random ids (see --seed).\n");
+    bench::print_options(stdout, options);
+    std::printf("\nsynthetic spec keys:\n");
+    for (const bench::SyntheticKey& k : bench::synthetic_keys()) std::printf("  %-16s %s\n", k.name, k.help);
+    std::printf(
+        "\nexamples:\n"
+        "  moeinfer-bench --synthetic qwen3moe:preset=tiny -c 1024 -ub 128      # a short sweep\n"
+        "  moeinfer-bench -m model.gguf -p 512,2048 -n 128 -r 5 -o json\n"
+        "\nexit status: 0 on success, 1 when the library fails (its message is printed), 2 on bad arguments.\n");
+}
+
+// CPUs this process may run on (the affinity mask, as taskset / cgroups set it).
+int32_t available_cores() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        const int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+    const unsigned n = std::thread::hardware_concurrency();
+    return n > 0 ? static_cast<int32_t>(n) : 1;
+}
+
+struct ModelDeleter {
+    void operator()(moe_model* m) const { moe_model_free(m); }
+};
+struct ContextDeleter {
+    void operator()(moe_context* c) const { moe_context_free(c); }
+};
+using ModelPtr = std::unique_ptr<moe_model, ModelDeleter>;
+using ContextPtr = std::unique_ptr<moe_context, ContextDeleter>;
+
+int on_load_progress(float fraction, void*) {
+    std::fprintf(stderr, "\r\033[Kmoeinfer-bench: loading model: %3d%%", static_cast<int>(fraction * 100.0f));
+    std::fflush(stderr);
+    return 1;
+}
+
+// "qwen3moe 30.53B Q8_0": architecture, parameter count and expert type, like llama-bench's model column.
+std::string describe(const moe_model_info& info, uint64_t n_params, int32_t expert_type) {
+    char size[32];
+    if (n_params >= 1000000000ull) {
+        std::snprintf(size, sizeof size, "%.2fB", static_cast<double>(n_params) / 1e9);
+    } else {
+        std::snprintf(size, sizeof size, "%.2fM", static_cast<double>(n_params) / 1e6);
+    }
+    std::string d = std::string(info.architecture != nullptr ? info.architecture : "?") + " " + size;
+    const char* type = expert_type >= 0 ? moe_type_name(expert_type) : nullptr;
+    if (type != nullptr) {
+        std::string upper = type;
+        for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+        d += " " + upper;
+    }
+    return d;
+}
+
+// Fills what every output row repeats: the model's description, size and parameter count.
+std::optional<Failure> describe_model(const moe_model* model, const moe_model_info& info, bench::RunInfo& run) {
+    uint64_t n_params = 0;
+    int32_t expert_type = -1;
+    for (int32_t i = 0; i < info.n_tensors; ++i) {
+        moe_tensor_info t;
+        moe_tensor_info_init(&t);
+        if (moe_model_get_tensor(model, i, &t) != MOE_STATUS_OK) return bench::library_error("reading tensor table");
+        uint64_t n = 1;
+        for (int32_t d = 0; d < t.n_dims && d < MOE_MAX_DIMS; ++d) n *= static_cast<uint64_t>(t.ne[d]);
+        n_params += n;
+        if (expert_type < 0 && t.name != nullptr && std::strstr(t.name, "_exps.") != nullptr) expert_type = t.type;
+    }
+    run.model = describe(info, n_params, expert_type);
+    run.size_bytes = info.n_bytes;
+    run.n_params = n_params;
+    return std::nullopt;
+}
+
+std::optional<Failure> run(Config& cfg) {
+    const bool live = cfg.progress.value_or(isatty(STDERR_FILENO) != 0);
+    if (cfg.synthetic) {
+        if (auto f = bench::ensure_synthetic_file(*cfg.synthetic, cfg.synthetic_dir, live, cfg.verbose,
+                                                  cfg.model_path)) {
+            return f;
+        }
+    }
+
+    moe_model_params mp;
+    moe_model_params_init(&mp);
+    if (live) mp.progress = &on_load_progress;
+    moe_model* raw_model = nullptr;
+    const moe_status load_status = moe_model_load(cfg.model_path.c_str(), &mp, &raw_model);
+    if (live) std::fprintf(stderr, "\r\033[K");
+    if (load_status != MOE_STATUS_OK) return bench::library_error("cannot load model '" + cfg.model_path + "'");
+    const ModelPtr model(raw_model);
+
+    moe_model_info info;
+    moe_model_info_init(&info);
+    if (moe_model_get_info(model.get(), &info) != MOE_STATUS_OK) return bench::library_error("moe_model_get_info");
+    if (info.n_vocab <= 0) return Failure{1, "model '" + cfg.model_path + "' reports no vocabulary (n_vocab = 0)"};
+
+    moe_context_params cp;
+    moe_context_params_init(&cp);
+    cp.n_ctx = cfg.n_ctx;
+    cp.n_ubatch = cfg.n_ubatch;
+    cp.n_threads = cfg.n_threads > 0 ? cfg.n_threads : available_cores();
+    moe_context* raw_ctx = nullptr;
+    if (moe_context_create(model.get(), &cp, &raw_ctx) != MOE_STATUS_OK) {
+        return bench::library_error("cannot create a context (n_ctx " + std::to_string(cp.n_ctx) + ", n_ubatch " +
+                                    std::to_string(cp.n_ubatch) + ")");
+    }
+    const ContextPtr ctx(raw_ctx);
+
+    bench::RunInfo run;
+    if (auto f = describe_model(model.get(), info, run)) return f;
+    run.model_path = cfg.model_path;
+    // No device flag yet: a CUDA build's default placement uses the GPU, a CPU build only the CPU.
+    run.backend = MOEINFER_HAS_CUDA ? "CUDA" : "CPU";
+    run.n_threads = cp.n_threads;
+    run.n_ctx = cp.n_ctx;
+    run.n_ubatch = cp.n_ubatch;
+    run.version = moe_version();
+
+    const std::unique_ptr<bench::Printer> printer = bench::make_printer(cfg.output, stdout);
+    bench::Progress progress(live);
+    bench::Runner runner(ctx.get(), info.n_vocab, cfg, run, *printer, progress);
+    return cfg.mode == bench::Mode::sweep ? runner.sweep() : runner.tests();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Config cfg;
+    const std::vector<bench::Option> options = bench::make_options(cfg);
+    auto positional = [&cfg](const std::string& arg) -> std::optional<std::string> {
+        if (!cfg.model_path.empty()) return "unexpected argument '" + arg + "' (the model is already '" + cfg.model_path + "')";
+        cfg.model_path = arg;
+        return std::nullopt;
+    };
+    std::optional<std::string> err = bench::parse_command_line(argc, argv, options, positional, cfg.given);
+    if (!err && cfg.help) {
+        print_help(options);
+        return 0;
+    }
+    if (!err) err = bench::finish_config(cfg);
+    if (err) {
+        std::fprintf(stderr, "moeinfer-bench: %s (see --help)\n", err->c_str());
+        return 2;
+    }
+    if (std::optional<Failure> f = run(cfg)) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "moeinfer-bench: %s\n", f->message.c_str());
+        return f->exit_code;
+    }
+    return 0;
+}
