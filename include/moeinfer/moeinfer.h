@@ -299,7 +299,7 @@ typedef struct moe_synth_params {
     int32_t n_ff_expert;
     /* Type of the expert tensors (a moe_type). Default: -1 (preset: Q8_0 for qwen3moe, MXFP4 for gpt-oss). */
     int32_t expert_type;
-    /* Type of the other 2-D weights (attention, router, embeddings, output). Default: -1 (F16). */
+    /* Type of the other 2-D weights (attention, embeddings, output; routers stay F32). Default: -1 (F16). */
     int32_t dense_type;
     /* Seed of the deterministic random weights. Default: 42. */
     uint64_t seed;

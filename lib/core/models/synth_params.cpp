@@ -1,0 +1,211 @@
+// Presets and parameter validation of synthetic models.
+//
+// Real shapes are from the Hugging Face configs (Qwen/Qwen3-30B-A3B, openai/gpt-oss-20b and -120b).
+// The "tiny" presets keep each architecture's features (head_dim != n_embd / n_head, GQA, YaRN,
+// sliding window) at a size small enough for numpy reference tests (a few hundred KB).
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <iterator>
+#include <string>
+#include <string_view>
+
+#include "core/models/synth.h"
+#include "core/models/synth_model.h"
+
+namespace moe {
+namespace {
+
+struct Preset {
+    const char* arch;
+    const char* name;
+    int n_layer, n_embd, n_vocab, n_head, n_head_kv, head_dim, n_expert, n_expert_used, n_ff_expert;
+    int n_ctx_train, sliding_window;
+    float rope_theta, rms_eps, yarn_factor;
+    int yarn_orig_ctx;
+};
+
+constexpr Preset kPresets[] = {
+    // arch       name             layers embd  vocab   head kv hd  exp top ff    ctx     swa  theta    eps   yarn  orig
+    {"qwen3moe", "qwen3-30b-a3b",  48, 2048, 151936, 32, 4, 128, 128, 8,  768, 40960,  0,   1.0e6f,  1e-6f, 0.0f,  0},
+    {"qwen3moe", "tiny",           2,  64,   512,    4,  2, 16,  8,   2,  64,  40960,  0,   1.0e6f,  1e-6f, 0.0f,  0},
+    {"gpt-oss",  "gpt-oss-20b",    24, 2880, 201088, 64, 8, 64,  32,  4,  2880, 131072, 128, 150000.f, 1e-5f, 32.0f, 4096},
+    {"gpt-oss",  "gpt-oss-120b",   36, 2880, 201088, 64, 8, 64,  128, 4,  2880, 131072, 128, 150000.f, 1e-5f, 32.0f, 4096},
+    {"gpt-oss",  "tiny",           2,  64,   512,    4,  2, 16,  8,   2,  64,  131072, 8,   150000.f, 1e-5f, 32.0f, 4096},
+};
+
+constexpr const char* kDefaultPreset[][2] = {{"qwen3moe", "qwen3-30b-a3b"}, {"gpt-oss", "gpt-oss-20b"}};
+
+// The smallest vocabulary of the synthetic tokenizer: <unk>, <s>, </s> and the 256 byte tokens.
+constexpr int kMinVocab = 3 + 256;
+constexpr int kMaxDim = 1 << 20;
+
+const char* canonical_arch(std::string_view a) {
+    for (const auto& d : kDefaultPreset) {
+        if (a == d[0]) return d[0];
+    }
+    return nullptr;
+}
+
+const Preset* find_preset(std::string_view arch, std::string_view name) {
+    for (const Preset& p : kPresets) {
+        if (arch == p.arch && name == p.name) return &p;
+    }
+    return nullptr;
+}
+
+std::string preset_names(std::string_view arch) {
+    std::string s;
+    for (const Preset& p : kPresets) {
+        if (arch != p.arch) continue;
+        if (!s.empty()) s += ", ";
+        s += p.name;
+    }
+    return s;
+}
+
+// A shape field: 0 keeps the preset's value, > 0 overrides it, < 0 is an error.
+Status merge_dim(const char* field, int32_t given, int preset_value, int* out) {
+    if (given < 0) {
+        return invalid_argument(std::string(field) + ": " + std::to_string(given) +
+                                " is negative (0 uses the preset's value)");
+    }
+    if (given > kMaxDim) {
+        return invalid_argument(std::string(field) + ": " + std::to_string(given) + " is larger than " +
+                                std::to_string(kMaxDim));
+    }
+    *out = given > 0 ? given : preset_value;
+    return Status::ok();
+}
+
+Status resolve_type(const char* field, int32_t given, Type fallback, Type* out) {
+    if (given == -1) {
+        *out = fallback;
+        return Status::ok();
+    }
+    // Weight types only (the traits table may also hold internal types such as I32).
+    constexpr int32_t kWeightTypes[] = {MOE_TYPE_F32, MOE_TYPE_F16, MOE_TYPE_BF16,
+                                        MOE_TYPE_Q8_0, MOE_TYPE_Q4_0, MOE_TYPE_MXFP4};
+    if (std::find(std::begin(kWeightTypes), std::end(kWeightTypes), given) == std::end(kWeightTypes) ||
+        type_traits(given) == nullptr) {
+        return invalid_argument(std::string(field) + ": " + std::to_string(given) +
+                                " is not a weight type (f32, f16, bf16, q8_0, q4_0 or mxfp4; -1 for the default)");
+    }
+    *out = static_cast<Type>(given);
+    return Status::ok();
+}
+
+// Rows of `type` need lengths that are whole blocks.
+Status check_block(const char* type_field, Type type, const char* dim_field, int64_t dim) {
+    const int64_t bs = traits(type).block_size;
+    if (dim % bs != 0) {
+        return invalid_argument(std::string(dim_field) + ": " + std::to_string(dim) + " is not a multiple of " +
+                                std::to_string(bs) + ", which " + type_field + " " + type_name(type) + " needs");
+    }
+    return Status::ok();
+}
+
+}  // namespace
+
+Status synth_params_init(moe_synth_params* p, const char* arch) {
+    if (p == nullptr) return invalid_argument("params: must not be NULL");
+    const char* a = canonical_arch(arch != nullptr ? arch : "qwen3moe");
+    if (a == nullptr) {
+        return invalid_argument(std::string("architecture: unknown '") + arch + "' (expected qwen3moe or gpt-oss)");
+    }
+    std::memset(p, 0, sizeof *p);
+    p->struct_size = sizeof *p;
+    p->architecture = a;
+    p->preset = nullptr;
+    for (const auto& d : kDefaultPreset) {
+        if (std::strcmp(d[0], a) == 0) p->preset = d[1];
+    }
+    p->expert_type = -1;
+    p->dense_type = -1;
+    p->seed = 42;
+    p->routing_skew = 0.0f;
+    return Status::ok();
+}
+
+namespace synth {
+
+StatusOr<Config> resolve_config(const moe_synth_params& given) {
+    // Read only the caller's fields: start from the defaults and copy what the caller's struct has.
+    constexpr size_t kMinSize = offsetof(moe_synth_params, architecture) + sizeof(const char*);
+    if (given.struct_size < kMinSize) {
+        return invalid_argument("struct_size: " + std::to_string(given.struct_size) + " is too small (at least " +
+                                std::to_string(kMinSize) + "; call moe_synth_params_init first)");
+    }
+    moe_synth_params p;
+    const char* arch_in = given.architecture != nullptr ? given.architecture : "qwen3moe";
+    if (canonical_arch(arch_in) == nullptr) {
+        return invalid_argument(std::string("architecture: unknown '") + arch_in + "' (expected qwen3moe or gpt-oss)");
+    }
+    MOE_RETURN_IF_ERROR(synth_params_init(&p, arch_in));
+    std::memcpy(&p, &given, std::min<size_t>(given.struct_size, sizeof p));
+    p.architecture = canonical_arch(arch_in);
+    if (p.preset == nullptr) {  // NULL selects the architecture's default preset, as after _init
+        moe_synth_params d;
+        MOE_RETURN_IF_ERROR(synth_params_init(&d, p.architecture));
+        p.preset = d.preset;
+    }
+
+    Config c;
+    c.arch_name = p.architecture;
+    c.arch = c.arch_name == "gpt-oss" ? Arch::GPT_OSS : Arch::QWEN3MOE;
+    const Preset* pr = find_preset(c.arch_name, p.preset);
+    if (pr == nullptr) {
+        return invalid_argument(std::string("preset: unknown '") + p.preset + "' for architecture '" + c.arch_name +
+                                "' (expected " + preset_names(c.arch_name) + ")");
+    }
+    c.preset = pr->name;
+    MOE_RETURN_IF_ERROR(merge_dim("n_layer", p.n_layer, pr->n_layer, &c.n_layer));
+    MOE_RETURN_IF_ERROR(merge_dim("n_embd", p.n_embd, pr->n_embd, &c.n_embd));
+    MOE_RETURN_IF_ERROR(merge_dim("n_vocab", p.n_vocab, pr->n_vocab, &c.n_vocab));
+    MOE_RETURN_IF_ERROR(merge_dim("n_head", p.n_head, pr->n_head, &c.n_head));
+    MOE_RETURN_IF_ERROR(merge_dim("n_head_kv", p.n_head_kv, pr->n_head_kv, &c.n_head_kv));
+    MOE_RETURN_IF_ERROR(merge_dim("head_dim", p.head_dim, pr->head_dim, &c.head_dim));
+    MOE_RETURN_IF_ERROR(merge_dim("n_expert", p.n_expert, pr->n_expert, &c.n_expert));
+    MOE_RETURN_IF_ERROR(merge_dim("n_expert_used", p.n_expert_used, pr->n_expert_used, &c.n_expert_used));
+    MOE_RETURN_IF_ERROR(merge_dim("n_ff_expert", p.n_ff_expert, pr->n_ff_expert, &c.n_ff_expert));
+    c.n_ctx_train = pr->n_ctx_train;
+    c.sliding_window = pr->sliding_window;
+    c.rope_theta = pr->rope_theta;
+    c.rms_eps = pr->rms_eps;
+    c.yarn_factor = pr->yarn_factor;
+    c.yarn_orig_ctx = pr->yarn_orig_ctx;
+    const Type default_expert = c.arch == Arch::GPT_OSS ? Type::MXFP4 : Type::Q8_0;
+    MOE_RETURN_IF_ERROR(resolve_type("expert_type", p.expert_type, default_expert, &c.expert_type));
+    MOE_RETURN_IF_ERROR(resolve_type("dense_type", p.dense_type, Type::F16, &c.dense_type));
+    c.seed = p.seed;
+    c.routing_skew = p.routing_skew;
+
+    if (c.n_layer > 9999) return invalid_argument("n_layer: " + std::to_string(c.n_layer) + " is more than 9999");
+    if (c.n_vocab < kMinVocab) {
+        return invalid_argument("n_vocab: " + std::to_string(c.n_vocab) + " is too small (at least " +
+                                std::to_string(kMinVocab) + ": <unk>, <s>, </s> and the 256 byte tokens)");
+    }
+    if (c.n_head % c.n_head_kv != 0) {
+        return invalid_argument("n_head: " + std::to_string(c.n_head) + " is not a multiple of n_head_kv " +
+                                std::to_string(c.n_head_kv));
+    }
+    if (c.head_dim % 2 != 0) {
+        return invalid_argument("head_dim: " + std::to_string(c.head_dim) + " is odd (RoPE rotates pairs)");
+    }
+    if (c.n_expert_used > c.n_expert) {
+        return invalid_argument("n_expert_used: " + std::to_string(c.n_expert_used) + " exceeds n_expert " +
+                                std::to_string(c.n_expert));
+    }
+    MOE_RETURN_IF_ERROR(check_block("expert_type", c.expert_type, "n_embd", c.n_embd));
+    MOE_RETURN_IF_ERROR(check_block("expert_type", c.expert_type, "n_ff_expert", c.n_ff_expert));
+    MOE_RETURN_IF_ERROR(check_block("dense_type", c.dense_type, "n_embd", c.n_embd));
+    MOE_RETURN_IF_ERROR(check_block("dense_type", c.dense_type, "n_head * head_dim", int64_t{c.n_head} * c.head_dim));
+    if (!std::isfinite(c.routing_skew) || c.routing_skew < 0.0f || c.routing_skew >= 1.0f) {
+        return invalid_argument("routing_skew: " + std::to_string(c.routing_skew) + " is outside [0, 1)");
+    }
+    return c;
+}
+
+}  // namespace synth
+}  // namespace moe
