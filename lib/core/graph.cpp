@@ -111,6 +111,10 @@ Tensor* Graph::moe_up_gate(Tensor* up, Tensor* gate, Tensor* x, Tensor* ids, Ten
     Tensor* t = new_node(Op::MOE_UP_GATE, Type::F32, {up->ne[1], ids->ne[0], ids->ne[1]},
                          {up, gate, x, ids, up_bias, gate_bias});
     t->params.i[0] = static_cast<int32_t>(act);
+    if (act == Activation::SWIGLU_OAI) {
+        t->params.f[0] = 1.702f;  // alpha
+        t->params.f[1] = 7.0f;    // limit
+    }
     return t;
 }
 

@@ -29,7 +29,8 @@ enum class Op : int32_t {
                   // -> [N, n_used, T]: dst[:, j, t] = src0[:, :, ids[j,t]] . src1[:, B==1 ? 0 : j, t]
     MOE_UP_GATE,  // fused expert up+gate+activation: src0 up [K, F, E], src1 gate [K, F, E], src2 x F32 [K, T],
                   // src3 ids I32 [n_used, T], src4/src5 optional up/gate biases F32 [F, E]
-                  // -> [F, n_used, T] = act(gate_e x + bg_e, up_e x + bu_e), act = i[0] (an Activation)
+                  // -> [F, n_used, T] = act(gate_e x + bg_e, up_e x + bu_e), act = i[0] (an Activation);
+                  // SWIGLU_OAI takes alpha = f[0], limit = f[1] as SWIGLU_OAI below (0 = 1.702 / 7)
     ROPE,         // src0 F32 [D, H, T], src1 positions I32 [T] -> rotated; RopeParams in op_params
     ATTENTION,    // src0 q F32 [D, H, T], src1 k [D, Hkv, n_kv] (F16 or F32), src2 v [D, Hkv, n_kv],
                   // src3 query positions I32 [T], src4 optional sinks F32 [H] -> [D, H, T].

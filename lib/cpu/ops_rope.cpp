@@ -32,16 +32,24 @@ float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
 std::vector<double> angle_coefficients(const RopeParams& p) {
     const int half = p.n_dims / 2;
     std::vector<double> coef(static_cast<size_t>(half));
-    float lo = 0.0f, hi = 0.0f;
+    double lo = 0.0, hi = 0.0;
     if (p.ext_factor != 0.0f) {
-        lo = yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_fast, p.freq_base);
-        hi = yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_slow, p.freq_base);
         if (p.yarn_truncate) {
-            lo = std::floor(lo);
-            hi = std::ceil(hi);
+            // ggml: float corr dims, floor/ceil'd (so the integers match ggml's exactly).
+            lo = std::floor(yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_fast, p.freq_base));
+            hi = std::ceil(yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_slow, p.freq_base));
+        } else {
+            // HF with truncate=false (Python floats, i.e. double): at large positions the angle
+            // difference is thousands of radians, so a float corr dim would shift the blend visibly.
+            auto corr = [&](double n_rot) {
+                return p.n_dims * std::log(p.n_ctx_orig / (n_rot * 2.0 * std::numbers::pi)) /
+                       (2.0 * std::log(static_cast<double>(p.freq_base)));
+            };
+            lo = corr(p.beta_fast);
+            hi = corr(p.beta_slow);
         }
-        lo = std::max(0.0f, lo);
-        hi = std::min(static_cast<float>(p.n_dims - 1), hi);
+        lo = std::max(0.0, lo);
+        hi = std::min(static_cast<double>(p.n_dims - 1), hi);
     }
     for (int i = 0; i < half; ++i) {
         const double inv_freq = std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_dims);
@@ -49,7 +57,7 @@ std::vector<double> angle_coefficients(const RopeParams& p) {
         if (p.ext_factor != 0.0f) {
             // In double: at large positions the two angles differ by thousands of radians, so a float
             // ramp would move the blend by ~1e-4 rad.
-            const double y = (i - static_cast<double>(lo)) / std::max(0.001, static_cast<double>(hi - lo));
+            const double y = (i - lo) / std::max(0.001, hi - lo);
             const double ramp_mix = (1.0 - std::clamp(y, 0.0, 1.0)) * p.ext_factor;
             mix = p.freq_scale * (1.0 - ramp_mix) + ramp_mix;
         }

@@ -449,7 +449,7 @@ void rope_ref(const moe::RopeParams& p, const float* x, int64_t d, int32_t pos, 
     if (p.ext_factor != 0.0f) {
         const double pi = 3.14159265358979323846;
         auto corr = [&](double b) {
-            return p.n_dims * std::log(p.n_ctx_orig / (2 * pi * b)) / (2 * std::log(p.freq_base));
+            return p.n_dims * std::log(p.n_ctx_orig / (2 * pi * b)) / (2 * std::log(static_cast<double>(p.freq_base)));
         };
         lo = corr(p.beta_fast);
         hi = corr(p.beta_slow);
@@ -518,7 +518,8 @@ TEST_CASE("ROPE NeoX, with and without YaRN, against float64", "[ops]") {
             for (int64_t h = 0; h < H; ++h) {
                 rope_ref(p, elem<float>(*x, 0, h, t), c.d, *elem<int32_t>(*pos, t), want.data());
                 for (int64_t i = 0; i < c.d; ++i) {
-                    INFO("t " << t << " h " << h << " i " << i);
+                    INFO("t " << t << " h " << h << " i " << i << " got " << value(*d, i, h, t) << " want "
+                                << want[static_cast<size_t>(i)]);
                     REQUIRE(close(value(*d, i, h, t), want[static_cast<size_t>(i)], 0.0, 4e-6 * mscale));
                 }
             }

@@ -33,8 +33,10 @@ public:
             if (t->ne[d] != w) ok = false;
         }
         if (!ok) {
+            int got_dims = 4;  // print as many dims as expected, more only where they are not 1
+            while (got_dims > static_cast<int>(want.size()) && t->ne[got_dims - 1] == 1) --got_dims;
             return data_corrupt("tensor '" + name + "': expected shape " + shape_str(want.data(), (int)want.size()) +
-                                ", got " + shape_str(t->ne, 4));
+                                ", got " + shape_str(t->ne, got_dims));
         }
         if (kind == Kind::FLOAT_VECTOR && t->type != Type::F32) {
             return data_corrupt("tensor '" + name + "': expected type f32, got " + type_name(t->type));

@@ -1,0 +1,623 @@
+// CPU matrix products (MUL_MAT, MUL_MAT_ID, MOE_UP_GATE) on every weight type and every kernel
+// family this machine can run (scalar, AVX2, AVX-512 VNNI), against a float64 reference computed from
+// the dequantised weights (the type table's to_float) and the F32 activations.
+//
+// Tolerances, per output element of weight row w and activation row x:
+// - F32 / F16 / BF16 weights: the kernels multiply exact weights by exact F32 activations, so only
+//   float summation errs: 1e-5 * sum|w||x|.
+// - Q8_0 / Q4_0 / MXFP4: activations are quantised to int8 per block of 32 with scale d = amax / 127,
+//   so each x_j moves by at most d / 2: the bound is sum over blocks of (sum |w_j|) * d_b / 2, plus
+//   the float summation term above.
+// - Different kernel families agree within the float summation term alone (their integer block dots
+//   are exact, and the quantised activations are bit-identical, which is tested directly).
+#include <catch2/catch.hpp>
+
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/types.h"
+#include "cpu/cpu_features.h"
+#include "cpu/cpu_ops.h"
+#include "cpu/matmul_kernels.h"
+
+namespace {
+
+using moe::Activation;
+using moe::Op;
+using moe::Tensor;
+using moe::Type;
+namespace cpu = moe::cpu;
+
+// ---- kernel families ----
+
+struct Isa {
+    const char* name;
+    cpu::IsaCap cap;
+    const moe::cpu::mm::KernelTable* table;
+};
+
+std::vector<Isa> available_isas() {
+    cpu::set_cpu_isa_cap_for_testing(cpu::IsaCap::kNone);
+    const cpu::CpuFeatures& f = cpu::cpu_features();
+    std::vector<Isa> isas = {{"scalar", cpu::IsaCap::kScalar, &moe::cpu::mm::kScalarKernels}};
+    if (f.avx2) isas.push_back({"avx2", cpu::IsaCap::kAvx2, &moe::cpu::mm::kAvx2Kernels});
+    if (f.avx512 && f.avx512_vnni) isas.push_back({"avx512", cpu::IsaCap::kNone, &moe::cpu::mm::kAvx512Kernels});
+    return isas;
+}
+
+// Selects a kernel family for the scope.
+class IsaScope {
+public:
+    explicit IsaScope(const Isa& isa) { cpu::set_cpu_isa_cap_for_testing(isa.cap); }
+    ~IsaScope() { cpu::set_cpu_isa_cap_for_testing(cpu::IsaCap::kNone); }
+    IsaScope(const IsaScope&) = delete;
+    IsaScope& operator=(const IsaScope&) = delete;
+};
+
+const Type kAllTypes[] = {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q4_0, Type::MXFP4};
+
+// ---- data ----
+
+std::mt19937& rng() {
+    static std::mt19937 g(Catch::rngSeed() + 12345u);
+    return g;
+}
+
+// Normal values whose magnitude changes from block to block (2^-3 .. 2^3), so block scales differ.
+std::vector<float> random_floats(int64_t n) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_real_distribution<float> expo(-3.0f, 3.0f);
+    std::vector<float> v(static_cast<size_t>(n));
+    float scale = 1.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        if (i % 32 == 0) scale = std::exp2(expo(rng()));
+        v[static_cast<size_t>(i)] = normal(rng()) * scale;
+    }
+    return v;
+}
+
+// A host tensor that owns its bytes.
+struct HostTensor {
+    Tensor t;
+    std::vector<uint8_t> bytes;
+};
+
+HostTensor make_tensor(Type type, std::initializer_list<int64_t> shape) {
+    HostTensor h;
+    moe::set_shape(h.t, type, static_cast<int>(shape.size()), shape.begin());
+    h.bytes.resize(h.t.n_bytes());
+    h.t.data = h.bytes.data();
+    return h;
+}
+
+// Weights of `type` from random floats through the reference quantiser, then a few extra edge cases
+// the quantiser never produces but files may hold: Q8_0 values of -128, MXFP4 scales at the ends of
+// the e8m0 range.
+HostTensor random_weights(Type type, int64_t k, int64_t n, int64_t e = 1) {
+    HostTensor h = make_tensor(type, {k, n, e});
+    const std::vector<float> f = random_floats(k * n * e);
+    moe::traits(type).from_float(f.data(), h.bytes.data(), k * n * e);
+    std::uniform_int_distribution<int> pick(0, 99);
+    const int64_t n_blocks = k * n * e / 32;
+    if (type == Type::Q8_0) {
+        auto* b = reinterpret_cast<moe::BlockQ8_0*>(h.bytes.data());
+        for (int64_t i = 0; i < n_blocks; ++i) {
+            if (pick(rng()) < 3) b[i].qs[pick(rng()) % 32] = -128;
+        }
+    }
+    if (type == Type::MXFP4) {
+        auto* b = reinterpret_cast<moe::BlockMXFP4*>(h.bytes.data());
+        const uint8_t extremes[] = {0, 1, 2, 3, 150};
+        for (int64_t i = 0; i < n_blocks; ++i) {
+            if (pick(rng()) < 2) b[i].e = extremes[pick(rng()) % 5];
+        }
+    }
+    return h;
+}
+
+// Row r of expert e of a weight tensor, dequantised.
+std::vector<float> dequant_row(const Tensor& w, int64_t r, int64_t e = 0) {
+    std::vector<float> out(static_cast<size_t>(w.ne[0]));
+    moe::traits(w.type).to_float(w.row(r, e), out.data(), w.ne[0]);
+    return out;
+}
+
+HostTensor random_acts(std::initializer_list<int64_t> shape) {
+    HostTensor h = make_tensor(Type::F32, shape);
+    const std::vector<float> f = random_floats(h.t.n_elements());
+    std::memcpy(h.bytes.data(), f.data(), f.size() * sizeof(float));
+    return h;
+}
+
+// ids I32 [n_used, T] (built by hand: I32 has no entry in the type table).
+struct Ids {
+    std::vector<int32_t> v;
+    Tensor t;
+};
+Ids make_ids(int64_t n_used, int64_t n_tokens, const std::vector<int32_t>& allowed) {
+    Ids ids;
+    ids.v.resize(static_cast<size_t>(n_used * n_tokens));
+    std::uniform_int_distribution<size_t> pick(0, allowed.size() - 1);
+    for (auto& x : ids.v) x = allowed[pick(rng())];
+    ids.t.type = Type::I32;
+    ids.t.ne[0] = n_used;
+    ids.t.ne[1] = n_tokens;
+    ids.t.nb[0] = 4;
+    ids.t.nb[1] = static_cast<size_t>(4 * n_used);
+    ids.t.nb[2] = ids.t.nb[3] = ids.t.nb[1] * static_cast<size_t>(n_tokens);
+    ids.t.data = ids.v.data();
+    return ids;
+}
+
+// ---- reference ----
+
+struct Ref {
+    double value;
+    double tol;        // against the reference
+    double sum_tol;    // float-summation part only (for comparing kernel families)
+};
+
+Ref ref_dot(Type type, const std::vector<float>& w, const float* x) {
+    double dot = 0.0, mag = 0.0, qerr = 0.0;
+    const int64_t k = static_cast<int64_t>(w.size());
+    for (int64_t i = 0; i < k; ++i) {
+        dot += static_cast<double>(w[i]) * x[i];
+        mag += std::fabs(static_cast<double>(w[i]) * x[i]);
+    }
+    if (moe::is_quantized(type)) {
+        for (int64_t b = 0; b < k / 32; ++b) {
+            double wsum = 0.0, amax = 0.0;
+            for (int j = 0; j < 32; ++j) {
+                wsum += std::fabs(static_cast<double>(w[b * 32 + j]));
+                amax = std::max(amax, std::fabs(static_cast<double>(x[b * 32 + j])));
+            }
+            qerr += wsum * amax / 127.0 * 0.5 * (1.0 + 1e-4);
+        }
+    }
+    const double sum_tol = 1e-5 * mag + 1e-30;
+    return {dot, qerr + sum_tol, sum_tol};
+}
+
+void fill_nan(HostTensor& h) {
+    std::fill(reinterpret_cast<float*>(h.bytes.data()),
+              reinterpret_cast<float*>(h.bytes.data() + h.bytes.size()), std::numeric_limits<float>::quiet_NaN());
+}
+
+// Checks got against the reference; returns how many elements failed (reports the first few).
+int check_close(const std::string& what, const std::vector<float>& got, const std::vector<Ref>& ref,
+                bool sum_tol_only = false) {
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        const double tol = sum_tol_only ? ref[i].sum_tol : ref[i].tol;
+        const double err = std::fabs(static_cast<double>(got[i]) - ref[i].value);
+        if (!(err <= tol)) {
+            if (bad < 3) UNSCOPED_INFO(what << ": element " << i << " got " << got[i] << " want " << ref[i].value
+                                            << " |err| " << err << " > tol " << tol);
+            ++bad;
+        }
+    }
+    return bad;
+}
+
+std::vector<float> as_vector(const HostTensor& h) {
+    const auto* p = reinterpret_cast<const float*>(h.bytes.data());
+    return std::vector<float>(p, p + h.t.n_elements());
+}
+
+// ---- MUL_MAT ----
+
+struct MatShape {
+    int64_t k, n, m;
+};
+
+void run_mul_mat_case(Type type, MatShape s, const std::vector<Isa>& isas) {
+    HostTensor w = random_weights(type, s.k, s.n);
+    HostTensor x = random_acts({s.k, s.m});
+    if (s.k >= 64 && s.m >= 2) {
+        // one all-zero activation block exercises the amax = 0 path of the quantiser
+        std::fill_n(reinterpret_cast<float*>(x.bytes.data()) + s.k + 32, 32, 0.0f);
+    }
+    std::vector<Ref> ref(static_cast<size_t>(s.n * s.m));
+    for (int64_t r = 0; r < s.n; ++r) {
+        const std::vector<float> wr = dequant_row(w.t, r);
+        for (int64_t c = 0; c < s.m; ++c) {
+            ref[static_cast<size_t>(c * s.n + r)] = ref_dot(type, wr, reinterpret_cast<const float*>(x.t.row(c)));
+        }
+    }
+    std::vector<std::vector<float>> outs;
+    for (const Isa& isa : isas) {
+        IsaScope scope(isa);
+        HostTensor dst = make_tensor(Type::F32, {s.n, s.m});
+        fill_nan(dst);
+        dst.t.op = Op::MUL_MAT;
+        dst.t.src[0] = &w.t;
+        dst.t.src[1] = &x.t;
+        cpu::Scratch scratch;
+        const moe::Status st = cpu::mul_mat(dst.t, scratch);
+        INFO("mul_mat " << moe::type_name(type) << " " << isa.name << " K=" << s.k << " N=" << s.n << " M=" << s.m);
+        REQUIRE(st.is_ok());
+        outs.push_back(as_vector(dst));
+        CHECK(check_close(isa.name, outs.back(), ref) == 0);
+    }
+    // Kernel families agree within float summation error around each other: compare with the first.
+    for (size_t i = 1; i < outs.size(); ++i) {
+        std::vector<Ref> around(ref.size());
+        for (size_t j = 0; j < ref.size(); ++j) around[j] = {outs[0][j], ref[j].sum_tol, ref[j].sum_tol};
+        INFO("mul_mat " << moe::type_name(type) << " " << isas[i].name << " vs " << isas[0].name << " K=" << s.k
+                        << " N=" << s.n << " M=" << s.m);
+        CHECK(check_close("cross-isa", outs[i], around, true) == 0);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("matmul: supported weight types", "[matmul]") {
+    for (Type t : kAllTypes) CHECK(cpu::supports_matmul_type(t));
+    CHECK_FALSE(cpu::supports_matmul_type(Type::I32));
+}
+
+TEST_CASE("matmul: Q8A activation rows are bit-identical on every ISA", "[matmul]") {
+    namespace mm = moe::cpu::mm;
+    const std::vector<Isa> isas = available_isas();
+    for (mm::WeightKind kind : {mm::kQ8_0, mm::kQ4_0, mm::kMXFP4}) {
+        for (int64_t k : {32, 64, 96, 160, 2880}) {
+            std::vector<float> x = random_floats(k);
+            if (k >= 96) {
+                std::fill_n(x.begin() + 32, 32, 0.0f);  // amax = 0
+                x[70] = std::numeric_limits<float>::infinity();
+                if (k > 96) x[100] = std::numeric_limits<float>::quiet_NaN();
+            }
+            const size_t bytes = mm::q8a_row_bytes(k);
+            std::vector<std::vector<uint8_t>> rows;
+            for (const Isa& isa : isas) {
+                std::vector<uint8_t> row(bytes, 0xAB);
+                isa.table->quantize_q8a(x.data(), k, kind, row.data());
+                rows.push_back(row);
+            }
+            for (size_t i = 1; i < rows.size(); ++i) {
+                INFO("kind " << kind << " K=" << k << " " << isas[i].name << " vs scalar");
+                // NaN scales compare by bits: every ISA writes the same quiet NaN.
+                CHECK(std::equal(rows[i].begin(), rows[i].begin() + static_cast<int64_t>(mm::q8a_blocks(k) * 40),
+                                 rows[0].begin()));
+            }
+            // The scalar row is a correct quantisation: |x - q d| <= d / 2, corr = -offset * sum(q), and
+            // every block's halves sit where q8a_half says.
+            const int64_t nbp = mm::q8a_blocks(k);
+            const auto* qs = reinterpret_cast<const int8_t*>(rows[0].data());
+            const auto* d = reinterpret_cast<const float*>(rows[0].data() + nbp * 32);
+            const auto* corr = reinterpret_cast<const int32_t*>(rows[0].data() + nbp * 36);
+            INFO("kind " << kind << " K=" << k);
+            for (int64_t b = 0; b < nbp; ++b) {
+                auto q = [&](int j) { return qs[mm::q8a_half(b, j / 16) + j % 16]; };
+                if (b >= k / 32) {  // padding
+                    for (int j = 0; j < 32; ++j) CHECK(q(j) == 0);
+                    CHECK(d[b] == 0.0f);
+                    CHECK(corr[b] == 0);
+                    continue;
+                }
+                bool finite = true;
+                int32_t sum = 0;
+                for (int j = 0; j < 32; ++j) finite = finite && std::isfinite(x[b * 32 + j]);
+                if (!finite) {
+                    CHECK(std::isnan(d[b]));
+                    continue;
+                }
+                for (int j = 0; j < 32; ++j) {
+                    CHECK(std::fabs(x[b * 32 + j] - q(j) * d[b]) <= d[b] * 0.5001f);
+                    sum += q(j);
+                }
+                CHECK(corr[b] == -mm::q8a_offset(kind) * sum);
+            }
+        }
+    }
+}
+
+TEST_CASE("matmul: MUL_MAT matches the float64 reference for every type, ISA and shape", "[matmul]") {
+    const std::vector<Isa> isas = available_isas();
+    const MatShape shapes[] = {{32, 5, 1},   {32, 77, 130}, {96, 5, 33},   {64, 77, 2},    {160, 5, 3},
+                               {2880, 77, 1}, {2880, 5, 7},  {2880, 77, 33}, {2880, 5, 130}};
+    for (Type type : kAllTypes) {
+        for (const MatShape& s : shapes) run_mul_mat_case(type, s, isas);
+    }
+    // Float weights have no block size: odd row lengths exercise the kernels' tails.
+    const MatShape odd[] = {{1, 5, 3}, {19, 77, 7}, {45, 5, 130}, {100, 6, 2}};
+    for (Type type : {Type::F32, Type::F16, Type::BF16}) {
+        for (const MatShape& s : odd) run_mul_mat_case(type, s, isas);
+    }
+}
+
+TEST_CASE("matmul: MUL_MAT with batched, strided activations", "[matmul]") {
+    const std::vector<Isa> isas = available_isas();
+    const int64_t k = 96, n = 13;
+    for (Type type : {Type::Q4_0, Type::F16}) {
+        HostTensor w = random_weights(type, k, n);
+        // src1 [K, 3, 2, 2] as a view whose rows are 128 floats apart.
+        const int64_t pitch = 128;
+        std::vector<float> storage = random_floats(pitch * 3 * 2 * 2);
+        Tensor x;
+        x.type = Type::F32;
+        x.ne[0] = k;
+        x.ne[1] = 3;
+        x.ne[2] = 2;
+        x.ne[3] = 2;
+        x.nb[0] = 4;
+        x.nb[1] = pitch * 4;
+        x.nb[2] = x.nb[1] * 3;
+        x.nb[3] = x.nb[2] * 2;
+        x.data = storage.data();
+        for (const Isa& isa : isas) {
+            IsaScope scope(isa);
+            HostTensor dst = make_tensor(Type::F32, {n, 3, 2, 2});
+            fill_nan(dst);
+            dst.t.op = Op::MUL_MAT;
+            dst.t.src[0] = &w.t;
+            dst.t.src[1] = &x;
+            cpu::Scratch scratch;
+            REQUIRE(cpu::mul_mat(dst.t, scratch).is_ok());
+            const std::vector<float> got = as_vector(dst);
+            std::vector<Ref> ref(got.size());
+            for (int64_t i = 0; i < 12; ++i) {
+                const float* xr = storage.data() + i * pitch;
+                for (int64_t r = 0; r < n; ++r) {
+                    ref[static_cast<size_t>(i * n + r)] = ref_dot(type, dequant_row(w.t, r), xr);
+                }
+            }
+            INFO(moe::type_name(type) << " " << isa.name);
+            CHECK(check_close(isa.name, got, ref) == 0);
+        }
+    }
+}
+
+namespace {
+
+// MUL_MAT_ID over E experts, of which only `allowed` are ever selected (the others get no tokens).
+void run_mul_mat_id_case(Type type, int64_t k, int64_t n, int64_t n_tokens, bool per_slot_input,
+                         const std::vector<Isa>& isas) {
+    const int64_t n_expert = 7, n_used = 4;
+    const std::vector<int32_t> allowed = {0, 2, 3, 5};
+    HostTensor w = random_weights(type, k, n, n_expert);
+    const int64_t b = per_slot_input ? n_used : 1;
+    HostTensor x = random_acts({k, b, n_tokens});
+    Ids ids = make_ids(n_used, n_tokens, allowed);
+    std::vector<Ref> ref(static_cast<size_t>(n * n_used * n_tokens));
+    std::vector<std::vector<float>> rows(static_cast<size_t>(n * n_expert));
+    for (int64_t e = 0; e < n_expert; ++e) {
+        for (int64_t r = 0; r < n; ++r) rows[static_cast<size_t>(e * n + r)] = dequant_row(w.t, r, e);
+    }
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        for (int64_t j = 0; j < n_used; ++j) {
+            const int32_t e = ids.v[static_cast<size_t>(t * n_used + j)];
+            const auto* xr = reinterpret_cast<const float*>(x.t.row(per_slot_input ? j : 0, t));
+            for (int64_t r = 0; r < n; ++r) {
+                const std::vector<float>& wr = rows[static_cast<size_t>(e * n + r)];
+                ref[static_cast<size_t>((t * n_used + j) * n + r)] = ref_dot(type, wr, xr);
+            }
+        }
+    }
+    for (const Isa& isa : isas) {
+        IsaScope scope(isa);
+        HostTensor dst = make_tensor(Type::F32, {n, n_used, n_tokens});
+        fill_nan(dst);
+        dst.t.op = Op::MUL_MAT_ID;
+        dst.t.src[0] = &w.t;
+        dst.t.src[1] = &x.t;
+        dst.t.src[2] = &ids.t;
+        cpu::Scratch scratch;
+        const moe::Status st = cpu::mul_mat_id(dst.t, scratch);
+        INFO("mul_mat_id " << moe::type_name(type) << " " << isa.name << " K=" << k << " N=" << n << " T=" << n_tokens
+                           << " B=" << b << ": " << st.message());
+        REQUIRE(st.is_ok());
+        CHECK(check_close(isa.name, as_vector(dst), ref) == 0);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("matmul: MUL_MAT_ID matches the reference (B = 1 and B = n_used, idle experts)", "[matmul]") {
+    const std::vector<Isa> isas = available_isas();
+    for (Type type : kAllTypes) {
+        for (bool per_slot : {false, true}) {
+            run_mul_mat_id_case(type, 64, 77, 1, per_slot, isas);
+            run_mul_mat_id_case(type, 96, 5, 3, per_slot, isas);
+            run_mul_mat_id_case(type, 2880, 5, 7, per_slot, isas);
+            run_mul_mat_id_case(type, 32, 77, 130, per_slot, isas);
+        }
+    }
+    // More threads than this machine has cores change the job plan (smaller row blocks).
+    tbb::task_arena arena(8);
+    arena.execute([&] { run_mul_mat_id_case(Type::Q8_0, 96, 77, 33, true, isas); });
+}
+
+namespace {
+
+// d/dg and d/du bounds of the activations, for propagating the input errors of up and gate.
+double act_ref(Activation act, double g, double u) {
+    if (act == Activation::SILU) return g / (1.0 + std::exp(-g)) * u;
+    const double x = std::min(g, 7.0);
+    const double y = std::clamp(u, -7.0, 7.0);
+    return x / (1.0 + std::exp(-1.702 * x)) * (y + 1.0);
+}
+
+void run_up_gate_case(Type up_type, Type gate_type, Activation act, bool biases, int64_t k, int64_t f,
+                      int64_t n_tokens, const std::vector<Isa>& isas) {
+    const int64_t n_expert = 6, n_used = 3;
+    HostTensor up = random_weights(up_type, k, f, n_expert);
+    HostTensor gate = random_weights(gate_type, k, f, n_expert);
+    HostTensor x = random_acts({k, n_tokens});
+    Ids ids = make_ids(n_used, n_tokens, {1, 2, 4, 5});
+    HostTensor up_bias = random_acts({f, n_expert});
+    HostTensor gate_bias = random_acts({f, n_expert});
+    std::vector<Ref> ref(static_cast<size_t>(f * n_used * n_tokens));
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        const auto* xr = reinterpret_cast<const float*>(x.t.row(t));
+        for (int64_t j = 0; j < n_used; ++j) {
+            const int32_t e = ids.v[static_cast<size_t>(t * n_used + j)];
+            for (int64_t r = 0; r < f; ++r) {
+                Ref u = ref_dot(up_type, dequant_row(up.t, r, e), xr);
+                Ref g = ref_dot(gate_type, dequant_row(gate.t, r, e), xr);
+                if (biases) {
+                    u.value += reinterpret_cast<const float*>(up_bias.t.row(e))[r];
+                    g.value += reinterpret_cast<const float*>(gate_bias.t.row(e))[r];
+                }
+                const double out = act_ref(act, g.value, u.value);
+                // |d out/d u| <= |g| (SILU: |silu(g)| <= |g|; OAI: |x sigmoid| <= |x|); |d out/d g| <= 1.1 |u (+1)|.
+                const double du = std::fabs(g.value) + g.tol;
+                const double dg = 1.1 * (std::fabs(u.value) + u.tol + (act == Activation::SWIGLU_OAI ? 1.0 : 0.0));
+                const double tol = du * u.tol + dg * g.tol + 1e-5 * std::fabs(out) + 1e-6;
+                ref[static_cast<size_t>((t * n_used + j) * f + r)] = {out, tol, tol};
+            }
+        }
+    }
+    for (const Isa& isa : isas) {
+        IsaScope scope(isa);
+        HostTensor dst = make_tensor(Type::F32, {f, n_used, n_tokens});
+        fill_nan(dst);
+        dst.t.op = Op::MOE_UP_GATE;
+        dst.t.src[0] = &up.t;
+        dst.t.src[1] = &gate.t;
+        dst.t.src[2] = &x.t;
+        dst.t.src[3] = &ids.t;
+        if (biases) {
+            dst.t.src[4] = &up_bias.t;
+            dst.t.src[5] = &gate_bias.t;
+        }
+        dst.t.params.i[0] = static_cast<int32_t>(act);
+        if (act == Activation::SWIGLU_OAI) {
+            dst.t.params.f[0] = 1.702f;
+            dst.t.params.f[1] = 7.0f;
+        }
+        cpu::Scratch scratch;
+        const moe::Status st = cpu::moe_up_gate(dst.t, scratch);
+        INFO("moe_up_gate up " << moe::type_name(up_type) << " gate " << moe::type_name(gate_type) << " act "
+                               << static_cast<int>(act) << " biases " << biases << " " << isa.name << " K=" << k
+                               << " F=" << f << " T=" << n_tokens << ": " << st.message());
+        REQUIRE(st.is_ok());
+        CHECK(check_close(isa.name, as_vector(dst), ref) == 0);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("matmul: MOE_UP_GATE matches the reference (SILU, SWIGLU_OAI, biases)", "[matmul]") {
+    const std::vector<Isa> isas = available_isas();
+    for (Type type : kAllTypes) {
+        run_up_gate_case(type, type, Activation::SILU, false, 64, 77, 1, isas);
+        run_up_gate_case(type, type, Activation::SWIGLU_OAI, true, 96, 5, 7, isas);
+        run_up_gate_case(type, type, Activation::SILU, true, 2880, 5, 3, isas);
+        run_up_gate_case(type, type, Activation::SWIGLU_OAI, false, 32, 77, 33, isas);
+    }
+    // Up and gate of different types need differently prepared activations.
+    run_up_gate_case(Type::Q8_0, Type::MXFP4, Activation::SWIGLU_OAI, true, 64, 9, 5, isas);
+    run_up_gate_case(Type::BF16, Type::Q4_0, Activation::SILU, false, 64, 9, 5, isas);
+}
+
+TEST_CASE("matmul: bad expert ids are INVALID_ARGUMENT and leave dst alone", "[matmul]") {
+    const int64_t k = 64, n = 8, n_expert = 4, n_used = 2, n_tokens = 3;
+    HostTensor w = random_weights(Type::Q8_0, k, n, n_expert);
+    HostTensor x = random_acts({k, 1, n_tokens});
+    for (int32_t bad : {-1, 4, 1000}) {
+        Ids ids = make_ids(n_used, n_tokens, {0, 1, 2, 3});
+        ids.v[3] = bad;  // slot 1 of token 1
+        HostTensor dst = make_tensor(Type::F32, {n, n_used, n_tokens});
+        fill_nan(dst);
+        dst.t.op = Op::MUL_MAT_ID;
+        dst.t.src[0] = &w.t;
+        dst.t.src[1] = &x.t;
+        dst.t.src[2] = &ids.t;
+        cpu::Scratch scratch;
+        const moe::Status st = cpu::mul_mat_id(dst.t, scratch);
+        CHECK(st.code() == MOE_STATUS_INVALID_ARGUMENT);
+        CHECK_THAT(st.message(), Catch::Contains("[1, 1] = " + std::to_string(bad)));
+        for (float v : as_vector(dst)) CHECK(std::isnan(v));
+
+        HostTensor gate = random_weights(Type::Q8_0, k, n, n_expert);
+        HostTensor x2 = random_acts({k, n_tokens});
+        HostTensor dst2 = make_tensor(Type::F32, {n, n_used, n_tokens});
+        dst2.t.op = Op::MOE_UP_GATE;
+        dst2.t.src[0] = &w.t;
+        dst2.t.src[1] = &gate.t;
+        dst2.t.src[2] = &x2.t;
+        dst2.t.src[3] = &ids.t;
+        const moe::Status st2 = cpu::moe_up_gate(dst2.t, scratch);
+        CHECK(st2.code() == MOE_STATUS_INVALID_ARGUMENT);
+        CHECK_THAT(st2.message(), Catch::Contains(std::to_string(bad)));
+    }
+}
+
+TEST_CASE("matmul: shape and type errors name the operand", "[matmul]") {
+    cpu::Scratch scratch;
+    HostTensor w = random_weights(Type::Q4_0, 64, 8);
+    SECTION("row length mismatch") {
+        HostTensor x = random_acts({32, 2});
+        HostTensor dst = make_tensor(Type::F32, {8, 2});
+        dst.t.op = Op::MUL_MAT;
+        dst.t.src[0] = &w.t;
+        dst.t.src[1] = &x.t;
+        const moe::Status st = cpu::mul_mat(dst.t, scratch);
+        CHECK(st.code() == MOE_STATUS_INVALID_ARGUMENT);
+        CHECK_THAT(st.message(), Catch::Contains("src1"));
+    }
+    SECTION("wrong dst shape") {
+        HostTensor x = random_acts({64, 2});
+        HostTensor dst = make_tensor(Type::F32, {7, 2});
+        dst.t.op = Op::MUL_MAT;
+        dst.t.src[0] = &w.t;
+        dst.t.src[1] = &x.t;
+        const moe::Status st = cpu::mul_mat(dst.t, scratch);
+        CHECK(st.code() == MOE_STATUS_INVALID_ARGUMENT);
+        CHECK_THAT(st.message(), Catch::Contains("dst"));
+    }
+    SECTION("non-F32 activations") {
+        HostTensor x = make_tensor(Type::F16, {64, 2});
+        HostTensor dst = make_tensor(Type::F32, {8, 2});
+        dst.t.op = Op::MUL_MAT;
+        dst.t.src[0] = &w.t;
+        dst.t.src[1] = &x.t;
+        const moe::Status st = cpu::mul_mat(dst.t, scratch);
+        CHECK_FALSE(st.is_ok());
+        CHECK_THAT(st.message(), Catch::Contains("src1"));
+    }
+    SECTION("MUL_MAT_ID with B neither 1 nor n_used") {
+        HostTensor we = random_weights(Type::Q4_0, 64, 8, 3);
+        HostTensor x = random_acts({64, 2, 5});
+        Ids ids = make_ids(3, 5, {0, 1, 2});
+        HostTensor dst = make_tensor(Type::F32, {8, 3, 5});
+        dst.t.op = Op::MUL_MAT_ID;
+        dst.t.src[0] = &we.t;
+        dst.t.src[1] = &x.t;
+        dst.t.src[2] = &ids.t;
+        const moe::Status st = cpu::mul_mat_id(dst.t, scratch);
+        CHECK(st.code() == MOE_STATUS_INVALID_ARGUMENT);
+        CHECK_THAT(st.message(), Catch::Contains("n_used"));
+    }
+    SECTION("MOE_UP_GATE with an unknown activation or a bias of the wrong shape") {
+        HostTensor up = random_weights(Type::Q4_0, 64, 8, 3);
+        HostTensor gate = random_weights(Type::Q4_0, 64, 8, 3);
+        HostTensor x = random_acts({64, 5});
+        Ids ids = make_ids(2, 5, {0, 1, 2});
+        HostTensor dst = make_tensor(Type::F32, {8, 2, 5});
+        dst.t.op = Op::MOE_UP_GATE;
+        dst.t.src[0] = &up.t;
+        dst.t.src[1] = &gate.t;
+        dst.t.src[2] = &x.t;
+        dst.t.src[3] = &ids.t;
+        dst.t.params.i[0] = 7;
+        moe::Status st = cpu::moe_up_gate(dst.t, scratch);
+        CHECK(st.code() == MOE_STATUS_INVALID_ARGUMENT);
+        CHECK_THAT(st.message(), Catch::Contains("params.i[0]"));
+        dst.t.params.i[0] = 0;
+        HostTensor bias = random_acts({8, 2});
+        dst.t.src[4] = &bias.t;
+        st = cpu::moe_up_gate(dst.t, scratch);
+        CHECK(st.code() == MOE_STATUS_INVALID_ARGUMENT);
+        CHECK_THAT(st.message(), Catch::Contains("src4"));
+    }
+}
