@@ -1,6 +1,9 @@
 #include "core/tensor.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <numbers>
 
 namespace moe {
 
@@ -69,6 +72,30 @@ void Tensor::set_rope_params(const RopeParams& p) {
     params.f[4] = p.beta_fast;
     params.f[5] = p.beta_slow;
     params.i[2] = p.yarn_truncate ? 1 : 0;
+}
+
+YarnRamp yarn_ramp(const RopeParams& p) {
+    double lo = 0.0, hi = 0.0;
+    if (p.yarn_truncate) {
+        // ggml_rope_yarn_corr_dims: float arithmetic, then floor / ceil.
+        auto corr = [&](float n_rot) {
+            return static_cast<float>(p.n_dims) *
+                   std::log(static_cast<float>(p.n_ctx_orig) / (n_rot * 2.0f * std::numbers::pi_v<float>)) /
+                   (2.0f * std::log(p.freq_base));
+        };
+        lo = std::floor(corr(p.beta_fast));
+        hi = std::ceil(corr(p.beta_slow));
+    } else {
+        auto corr = [&](double n_rot) {
+            return p.n_dims * std::log(p.n_ctx_orig / (n_rot * 2.0 * std::numbers::pi)) /
+                   (2.0 * std::log(static_cast<double>(p.freq_base)));
+        };
+        lo = corr(p.beta_fast);
+        hi = corr(p.beta_slow);
+    }
+    lo = std::max(0.0, lo);
+    hi = std::min(static_cast<double>(p.n_dims - 1), hi);
+    return YarnRamp{lo, std::max(0.001, hi - lo)};
 }
 
 void set_shape(Tensor& t, Type type, int n_dims, const int64_t* ne) {

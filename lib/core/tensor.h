@@ -71,6 +71,16 @@ struct RopeParams {
     bool yarn_truncate = false;  // round the correction dims (ggml); false = HF with truncate=false
 };
 
+// The YaRN ramp over pair indices i: ramp(i) = 1 - clamp((i - lo) / den, 0, 1). One definition for
+// every backend: corr dims in float and floor/ceil'd with yarn_truncate (ggml's integers), in double
+// otherwise (HF computes them in Python floats; at large positions the angles differ by thousands of
+// radians, so a float corr dim would shift the blend visibly).
+struct YarnRamp {
+    double lo = 0.0;
+    double den = 1.0;  // max(0.001, hi - lo)
+};
+YarnRamp yarn_ramp(const RopeParams& p);
+
 struct OpParams {
     int32_t i[8] = {};
     float f[8] = {};

@@ -1,7 +1,8 @@
 // ROPE, NeoX layout: the pairs are (i, i + n_dims/2) for i < n_dims/2; elements from n_dims on pass
 // through. theta_i = pos * freq_base^(-2i/n_dims), with ggml's YaRN (rope_yarn): the interpolated angle
 // freq_scale * theta is blended with the extrapolated one per pair by a ramp between the correction
-// dims (rounded to integers only with yarn_truncate, see RopeParams), and cos/sin are scaled by mscale = attn_factor * (1 + 0.1 ln(1/freq_scale)) when YaRN is on.
+// dims (core's yarn_ramp(): rounded to integers only with yarn_truncate), and cos/sin are scaled by
+// mscale = attn_factor * (1 + 0.1 ln(1/freq_scale)) when YaRN is on.
 //
 // Angles are formed in double: at position 30k a float angle is off by ~2e-3 rad. cos/sin are
 // computed once per (token, pair) and applied to every head of that token.
@@ -20,44 +21,18 @@
 namespace moe::cpu {
 namespace {
 
-// ggml_rope_yarn_corr_dim: the pair index at which a frequency completes n_rot turns over n_ctx_orig
-// positions. Computed in float as ggml does, so floor/ceil (yarn_truncate) land on the same integers.
-float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
-    return static_cast<float>(n_dims) *
-           std::log(static_cast<float>(n_ctx_orig) / (n_rot * 2.0f * std::numbers::pi_v<float>)) /
-           (2.0f * std::log(base));
-}
-
 // Per pair i: theta_i(pos) = pos * coef[i].
 std::vector<double> angle_coefficients(const RopeParams& p) {
     const int half = p.n_dims / 2;
     std::vector<double> coef(static_cast<size_t>(half));
-    double lo = 0.0, hi = 0.0;
-    if (p.ext_factor != 0.0f) {
-        if (p.yarn_truncate) {
-            // ggml: float corr dims, floor/ceil'd (so the integers match ggml's exactly).
-            lo = std::floor(yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_fast, p.freq_base));
-            hi = std::ceil(yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_slow, p.freq_base));
-        } else {
-            // HF with truncate=false (Python floats, i.e. double): at large positions the angle
-            // difference is thousands of radians, so a float corr dim would shift the blend visibly.
-            auto corr = [&](double n_rot) {
-                return p.n_dims * std::log(p.n_ctx_orig / (n_rot * 2.0 * std::numbers::pi)) /
-                       (2.0 * std::log(static_cast<double>(p.freq_base)));
-            };
-            lo = corr(p.beta_fast);
-            hi = corr(p.beta_slow);
-        }
-        lo = std::max(0.0, lo);
-        hi = std::min(static_cast<double>(p.n_dims - 1), hi);
-    }
+    const YarnRamp ramp = yarn_ramp(p);
     for (int i = 0; i < half; ++i) {
         const double inv_freq = std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_dims);
         double mix = static_cast<double>(p.freq_scale);  // pure interpolation without YaRN
         if (p.ext_factor != 0.0f) {
             // In double: at large positions the two angles differ by thousands of radians, so a float
             // ramp would move the blend by ~1e-4 rad.
-            const double y = (i - lo) / std::max(0.001, hi - lo);
+            const double y = (i - ramp.lo) / ramp.den;
             const double ramp_mix = (1.0 - std::clamp(y, 0.0, 1.0)) * p.ext_factor;
             mix = p.freq_scale * (1.0 - ramp_mix) + ramp_mix;
         }

@@ -1,6 +1,10 @@
+#include <algorithm>
+#include <string>
+
 #include "core/backend_registry.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_common.cuh"
+#include "cuda/cuda_ops.cuh"
 
 namespace moe::cuda {
 
@@ -46,19 +50,89 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device) {
     }
     std::unique_ptr<CudaBackend> b(new CudaBackend(device));
     MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    MOE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&b->n_sm_, cudaDevAttrMultiProcessorCount, device));
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->compute_stream_, cudaStreamNonBlocking));
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->copy_stream_, cudaStreamNonBlocking));
+    MOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->compute_mark_, cudaEventDisableTiming));
+    MOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->copy_mark_, cudaEventDisableTiming));
+    MOE_CUBLAS_RETURN_IF_ERROR(cublasCreate(&b->cublas_));
+    MOE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(b->cublas_, b->compute_stream_));
+    // The error word is mapped host memory, so that synchronize() reads it without a copy.
+    void* flags = nullptr;
+    MOE_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&flags, sizeof(unsigned int), cudaHostAllocMapped | cudaHostAllocPortable));
+    b->error_flags_ = static_cast<unsigned int*>(flags);
+    *b->error_flags_ = 0;
+    void* flags_dev = nullptr;
+    MOE_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&flags_dev, flags, 0));
+    b->error_flags_dev_ = static_cast<unsigned int*>(flags_dev);
     return std::unique_ptr<Backend>(std::move(b));
 }
 
 CudaBackend::~CudaBackend() {
+    // Nothing queued may outlive the memory it uses.
+    if (compute_stream_) cudaStreamSynchronize(compute_stream_);
+    if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+    if (cublas_) cublasDestroy(cublas_);
+    if (scratch_) cudaFree(scratch_);
+    if (error_flags_) cudaFreeHost(error_flags_);
+    if (compute_mark_) cudaEventDestroy(compute_mark_);
+    if (copy_mark_) cudaEventDestroy(copy_mark_);
     if (compute_stream_) cudaStreamDestroy(compute_stream_);
     if (copy_stream_) cudaStreamDestroy(copy_stream_);
 }
 
-// The op kernels arrive with the CUDA backend issue; until then the backend offers memory and
-// streams but computes nothing, so every op stays on the CPU.
-bool CudaBackend::supports_op(const Tensor&) const { return false; }
+namespace {
+
+// Head sizes ops_attention.cu has kernels for.
+bool attention_head_size_ok(int64_t d) { return d == 32 || d == 64 || d == 96 || d == 128 || d == 256; }
+
+bool get_rows_type_ok(Type t) {
+    switch (t) {
+        case Type::F32:
+        case Type::F16:
+        case Type::BF16:
+        case Type::Q8_0:
+        case Type::Q4_0:
+        case Type::MXFP4: return true;
+        default: return false;
+    }
+}
+
+}  // namespace
+
+// Answers from types and the shape limits of the kernels; argument errors that the kernels detect
+// (mismatched shapes, bad params) come back from compute() as a Status naming the operand.
+bool CudaBackend::supports_op(const Tensor& node) const {
+    const Tensor* s0 = node.src[0];
+    switch (node.op) {
+        case Op::NONE:
+        case Op::VIEW: return true;
+        case Op::MUL_MAT:
+        case Op::MUL_MAT_ID:
+        case Op::MOE_UP_GATE: return s0 != nullptr && supports_matmul_type(s0->type);
+        case Op::GET_ROWS: return s0 != nullptr && get_rows_type_ok(s0->type);
+        case Op::ATTENTION: {
+            const Tensor* k = node.src[1];
+            const Tensor* v = node.src[2];
+            return s0 != nullptr && k != nullptr && v != nullptr && k->type == v->type &&
+                   (k->type == Type::F16 || k->type == Type::F32) && attention_head_size_ok(s0->ne[0]);
+        }
+        case Op::CPY: return node.type == Type::F32 || node.type == Type::F16;
+        case Op::RMS_NORM:
+        case Op::MUL:
+        case Op::ADD:
+        case Op::ROPE:
+        case Op::SOFTMAX:
+        case Op::TOPK:
+        case Op::GATHER:
+        case Op::WEIGHTED_SUM:
+        case Op::SILU:
+        case Op::SWIGLU:
+        case Op::SWIGLU_OAI: return true;
+        case Op::COUNT: break;
+    }
+    return false;
+}
 
 StatusOr<std::unique_ptr<Buffer>> CudaBackend::alloc_buffer(size_t size) {
     return DeviceBuffer::allocate(this, device_, size);
@@ -68,10 +142,105 @@ StatusOr<std::unique_ptr<Buffer>> CudaBackend::alloc_pinned_host_buffer(size_t s
     return PinnedHostBuffer::allocate(this, size);
 }
 
-Status CudaBackend::compute(std::span<Tensor* const> nodes) {
-    if (!nodes.empty()) {
-        return unimplemented(std::string("cuda backend: op ") + op_name(nodes.front()->op) + " has no CUDA kernel yet");
+// Grow-only. Kernels queued earlier may still use the old block, so the compute stream is drained
+// before it is freed; growth happens only on the first large shapes, not per step.
+Status CudaBackend::ensure_scratch(size_t bytes) {
+    if (bytes <= scratch_size_) return Status::ok();
+    const size_t grown = std::max(bytes, scratch_size_ + scratch_size_ / 2);
+    const size_t rounded = (grown + (size_t{1} << 20) - 1) & ~((size_t{1} << 20) - 1);
+    MOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_stream_));
+    if (scratch_ != nullptr) {
+        MOE_CUDA_RETURN_IF_ERROR(cudaFree(scratch_));
+        scratch_ = nullptr;
+        scratch_size_ = 0;
     }
+    const cudaError_t err = cudaMalloc(&scratch_, rounded);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        scratch_ = nullptr;
+        return cuda_status(err, ("cudaMalloc of " + std::to_string(rounded) + " bytes of kernel scratch").c_str());
+    }
+    scratch_size_ = rounded;
+    return Status::ok();
+}
+
+Status CudaBackend::compute_node(Tensor& node) {
+    size_t need = 0;
+    switch (node.op) {
+        case Op::MUL_MAT:
+        case Op::MUL_MAT_ID:
+        case Op::MOE_UP_GATE: need = matmul_scratch_bytes(node); break;
+        case Op::ATTENTION: need = attention_scratch_bytes(node, n_sm_); break;
+        default: break;
+    }
+    MOE_RETURN_IF_ERROR(ensure_scratch(need));
+    OpContext ctx;
+    ctx.stream = compute_stream_;
+    ctx.cublas = cublas_;
+    ctx.scratch = scratch_;
+    ctx.scratch_size = scratch_size_;
+    ctx.n_sm = n_sm_;
+    ctx.error_flags = error_flags_dev_;
+    switch (node.op) {
+        case Op::NONE:
+        case Op::VIEW: return Status::ok();
+        case Op::GET_ROWS: return get_rows(node, ctx);
+        case Op::RMS_NORM: return rms_norm(node, ctx);
+        case Op::MUL:
+        case Op::ADD: return binary(node, ctx);
+        case Op::MUL_MAT: return mul_mat(node, ctx);
+        case Op::MUL_MAT_ID: return mul_mat_id(node, ctx);
+        case Op::MOE_UP_GATE: return moe_up_gate(node, ctx);
+        case Op::ROPE: return rope(node, ctx);
+        case Op::ATTENTION: return attention(node, ctx);
+        case Op::SOFTMAX: return softmax(node, ctx);
+        case Op::TOPK: return topk(node, ctx);
+        case Op::GATHER: return gather(node, ctx);
+        case Op::WEIGHTED_SUM: return weighted_sum(node, ctx);
+        case Op::SILU: return unary(node, ctx);
+        case Op::SWIGLU:
+        case Op::SWIGLU_OAI: return glu(node, ctx);
+        case Op::CPY: return cpy(node, ctx);
+        case Op::COUNT: break;
+    }
+    return unimplemented(std::string("cuda backend: op ") + op_name(node.op));
+}
+
+Status CudaBackend::compute(std::span<Tensor* const> nodes) {
+    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    for (Tensor* node : nodes) {
+        const Status s = compute_node(*node);
+        if (!s.is_ok()) {
+            return s.with_context(std::string("cuda ") + op_name(node->op) +
+                                  (node->name.empty() ? "" : " '" + node->name + "'"));
+        }
+    }
+    return Status::ok();
+}
+
+Status CudaBackend::copy_to_device(void* dst_dev, const void* src_host, size_t n) {
+    if (n == 0) return Status::ok();
+    if (dst_dev == nullptr || src_host == nullptr) {
+        return invalid_argument("copy_to_device: dst_dev and src_host must not be null");
+    }
+    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_mark_, compute_stream_));
+    MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, compute_mark_, 0));
+    MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_dev, src_host, n, cudaMemcpyHostToDevice, copy_stream_));
+    MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_mark_, copy_stream_));
+    MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, copy_mark_, 0));
+    return Status::ok();
+}
+
+Status CudaBackend::copy_to_host(void* dst_host, const void* src_dev, size_t n) {
+    if (n == 0) return Status::ok();
+    if (dst_host == nullptr || src_dev == nullptr) {
+        return invalid_argument("copy_to_host: dst_host and src_dev must not be null");
+    }
+    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_mark_, compute_stream_));
+    MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, compute_mark_, 0));
+    MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_host, src_dev, n, cudaMemcpyDeviceToHost, copy_stream_));
     return Status::ok();
 }
 
@@ -79,6 +248,15 @@ Status CudaBackend::synchronize() {
     MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_stream_));
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_stream_));
+    const unsigned int flags = *reinterpret_cast<volatile unsigned int*>(error_flags_);
+    if (flags != 0) {
+        *error_flags_ = 0;
+        if (flags & kErrorBadIndex) {
+            return out_of_range("cuda: a GET_ROWS / GATHER id was out of range since the last synchronize; "
+                                "the outputs it selected are NaN");
+        }
+        return internal_error("cuda: a kernel raised error flags 0x" + std::to_string(flags));
+    }
     return Status::ok();
 }
 

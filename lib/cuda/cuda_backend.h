@@ -1,6 +1,7 @@
 // The CUDA backend: device buffers, pinned host buffers, a compute stream and a copy stream.
 #pragma once
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <memory>
@@ -40,6 +41,10 @@ private:
     size_t size_;
 };
 
+// The CUDA backend. compute() queues each node's kernels on the compute stream (asynchronously; a
+// node's Status covers its arguments and launch); synchronize() waits and reports what only the device
+// could find (an out-of-range id). The copy helpers run on the copy stream and are ordered against the
+// compute stream with events, never with a device-wide synchronisation.
 class CudaBackend final : public Backend {
 public:
     static StatusOr<std::unique_ptr<Backend>> create(int device);
@@ -53,14 +58,36 @@ public:
     Status compute(std::span<Tensor* const> nodes) override;
     Status synchronize() override;
 
+    // Queues a copy of n bytes from host memory to device memory of this backend on the copy stream.
+    // Ordered after every compute queued before the call (a buffer still being read is not
+    // overwritten) and before every compute queued after it. src_host must stay valid and unchanged
+    // until synchronize() (for pinned memory the copy is truly asynchronous).
+    Status copy_to_device(void* dst_dev, const void* src_host, size_t n);
+    // Queues a copy of n bytes from device memory to host memory on the copy stream, ordered after
+    // every compute queued before the call. The bytes are in place after synchronize().
+    Status copy_to_host(void* dst_host, const void* src_dev, size_t n);
+
     cudaStream_t compute_stream() const { return compute_stream_; }
     cudaStream_t copy_stream() const { return copy_stream_; }
+    int device() const { return device_; }
+    int n_sm() const { return n_sm_; }
 
 private:
     explicit CudaBackend(int device) : device_(device) {}
+    Status compute_node(Tensor& node);
+    Status ensure_scratch(size_t bytes);
+
     int device_;
+    int n_sm_ = 0;
     cudaStream_t compute_stream_ = nullptr;
     cudaStream_t copy_stream_ = nullptr;
+    cudaEvent_t compute_mark_ = nullptr;  // recorded on the compute stream; the copy stream waits on it
+    cudaEvent_t copy_mark_ = nullptr;     // recorded on the copy stream; the compute stream waits on it
+    cublasHandle_t cublas_ = nullptr;     // bound to compute_stream_
+    void* scratch_ = nullptr;             // device memory for kernels' temporaries, grow-only
+    size_t scratch_size_ = 0;
+    unsigned int* error_flags_ = nullptr;      // mapped pinned host word (host address)
+    unsigned int* error_flags_dev_ = nullptr;  // the same word's device address
 };
 
 // Number of usable CUDA devices (0 when there is no driver or no GPU).

@@ -167,7 +167,7 @@ TEST_CASE("GgufWriter: random files read back by the GGUF reader", "[synth][gguf
         const int n_tensors = static_cast<int>(rng() % 8);  // files without tensors too
         for (int t = 0; t < n_tensors; ++t) {
             ExpectedTensor et;
-            et.name = "t" + std::to_string(t) + ".weight";
+            et.name = std::string("t").append(std::to_string(t)).append(".weight");  // (GCC 12 false -Wrestrict)
             et.type = kTypes[rng() % 6];
             const auto& tt = moe::traits(et.type);
             et.ne.push_back(tt.block_size * static_cast<int64_t>(1 + rng() % 6));

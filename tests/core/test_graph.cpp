@@ -76,7 +76,7 @@ TEST_CASE("allocator reuses memory without overlapping live tensors", "[graph]")
                 case 2: r = g.silu(a); break;
                 default: r = g.rms_norm(a, nullptr, 1e-6f); break;
             }
-            r->name = "n" + std::to_string(i);
+            r->name = std::string("n").append(std::to_string(i));  // (not "n" + ...: GCC 12 false -Wrestrict)
             pool.push_back(r);
         }
         g.set_output(pool.back());

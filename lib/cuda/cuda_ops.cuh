@@ -1,0 +1,60 @@
+// CUDA kernels, one function per op family; each computes `dst` (a node) from dst.src[...] on
+// ctx.stream. Every data pointer (dst and srcs) is a device pointer of this backend's device.
+// The list mirrors lib/cpu/cpu_ops.h so that the two backends stay op-for-op comparable.
+//
+// Launches are asynchronous: a function returns once its kernels are queued (launch errors are
+// checked and returned as Status); results are visible after the stream is synchronised.
+// Kernels never allocate: temporary device memory comes from ctx.scratch, which the backend
+// grows to at least scratch_bytes(node) before calling.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace moe::cuda {
+
+struct OpContext {
+    cudaStream_t stream = nullptr;
+    cublasHandle_t cublas = nullptr;  // bound to `stream` (cublasSetStream) by the backend
+    void* scratch = nullptr;          // device memory, 256-byte aligned
+    size_t scratch_size = 0;
+    int n_sm = 0;                     // multiprocessors of the device, for grid sizing
+    // Device-visible error word (mapped pinned host memory). A kernel that meets bad data it cannot
+    // report synchronously (an out-of-range id read on the device) ORs a kError* bit here, writes NaN
+    // instead of reading out of bounds, and the backend turns the word into a Status at synchronize().
+    unsigned int* error_flags = nullptr;
+};
+
+constexpr unsigned int kErrorBadIndex = 1u;  // an id / row index outside its valid range
+
+// Matrix products (cuda/matmul*.cu; written separately).
+Status mul_mat(Tensor& dst, const OpContext& ctx);
+Status mul_mat_id(Tensor& dst, const OpContext& ctx);
+Status moe_up_gate(Tensor& dst, const OpContext& ctx);
+bool supports_matmul_type(Type weight_type);
+// Device scratch a MUL_MAT / MUL_MAT_ID / MOE_UP_GATE node needs (0 if none).
+size_t matmul_scratch_bytes(const Tensor& node);
+
+// Everything else (cuda/ops_*.cu).
+Status get_rows(Tensor& dst, const OpContext& ctx);
+Status rms_norm(Tensor& dst, const OpContext& ctx);
+Status binary(Tensor& dst, const OpContext& ctx);  // MUL, ADD
+Status rope(Tensor& dst, const OpContext& ctx);
+Status attention(Tensor& dst, const OpContext& ctx);
+Status softmax(Tensor& dst, const OpContext& ctx);
+Status topk(Tensor& dst, const OpContext& ctx);
+Status gather(Tensor& dst, const OpContext& ctx);
+Status weighted_sum(Tensor& dst, const OpContext& ctx);
+Status unary(Tensor& dst, const OpContext& ctx);  // SILU
+Status glu(Tensor& dst, const OpContext& ctx);    // SWIGLU, SWIGLU_OAI
+Status cpy(Tensor& dst, const OpContext& ctx);
+
+// Device scratch an ATTENTION node needs on a device with n_sm multiprocessors (split-K partials).
+size_t attention_scratch_bytes(const Tensor& node, int n_sm);
+
+}  // namespace moe::cuda

@@ -1,0 +1,151 @@
+// Internal interface between the CUDA matrix-product files:
+//   matmul.cu       argument checks and dispatch of MUL_MAT / MUL_MAT_ID / MOE_UP_GATE by batch size
+//   matmul_gemv.cu  small batches: warp-per-row GEMV that reads the weights directly (Q types with
+//                   activations quantised to Q8 and dp4a, float types with F32 activations)
+//   matmul_gemm.cu  large batches: BF16 tensor-core kernel that dequantises weight tiles on the way
+//                   into shared memory (dense or grouped by expert), and the cuBLAS paths
+//   matmul_moe.cu   MUL_MAT_ID / MOE_UP_GATE: routing on the device (count, scan, permutation) and
+//                   the per-expert products
+// Everything here is asynchronous on the given stream; nothing synchronises with the host.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "cuda/cuda_ops.cuh"
+#include "cuda/matmul_device.cuh"
+
+namespace moe::cuda::mm {
+
+// Batches of at most this many activation rows (MUL_MAT) or tokens (MoE ops) take the GEMV path.
+constexpr int64_t kGemvMaxCols = 8;
+
+// Hands out 256-byte aligned pieces of one scratch allocation. With base == nullptr it only counts,
+// so the same code computes matmul_scratch_bytes() and carves the real scratch.
+class Carver {
+public:
+    explicit Carver(void* base) : base_(static_cast<uint8_t*>(base)) {}
+    template <typename T>
+    T* take(size_t count) {
+        off_ = (off_ + 255) & ~size_t{255};
+        T* p = base_ != nullptr ? reinterpret_cast<T*>(base_ + off_) : nullptr;
+        off_ += count * sizeof(T);
+        return p;
+    }
+    size_t used() const { return off_; }
+
+private:
+    uint8_t* base_;
+    size_t off_ = 0;
+};
+
+// A weight tensor [K, N, E] as kernels read it: rows of K / 32 blocks, nb1 bytes apart, experts nb2
+// bytes apart; [data, end) are the tensor's bytes, which no load leaves.
+struct WeightArg {
+    const uint8_t* data = nullptr;
+    const uint8_t* end = nullptr;
+    Type type = Type::F32;
+    int64_t k = 0, n = 0, n_expert = 1;
+    int64_t nb1 = 0, nb2 = 0;
+};
+
+WeightArg weight_arg(const Tensor& w);
+
+// Calls f(std::integral_constant<Type, W>{}) for the weight type t: kernels are templates on the type.
+template <typename F>
+Status with_weight_type(Type t, F&& f) {
+    switch (t) {
+        case Type::F32: return f(std::integral_constant<Type, Type::F32>{});
+        case Type::F16: return f(std::integral_constant<Type, Type::F16>{});
+        case Type::BF16: return f(std::integral_constant<Type, Type::BF16>{});
+        case Type::Q8_0: return f(std::integral_constant<Type, Type::Q8_0>{});
+        case Type::Q4_0: return f(std::integral_constant<Type, Type::Q4_0>{});
+        case Type::MXFP4: return f(std::integral_constant<Type, Type::MXFP4>{});
+        default: break;
+    }
+    return unimplemented("cuda matmul: weight type id " + std::to_string(static_cast<int>(t)) + " has no kernel");
+}
+RowsF32 rows_f32(const Tensor& x);
+
+// ---- GEMV (matmul_gemv.cu) ----
+
+// Bytes of one prepared activation row for weights of type w: Q8 rows (int8 qs[K], float d[K/32])
+// for quantised weights, F32 rows otherwise; a multiple of 16.
+size_t gemv_act_row_bytes(Type w, int64_t k);
+// Prepares `rows` rows of x (K = k) for weights of type w into dst (rows * gemv_act_row_bytes).
+Status gemv_prepare(const RowsF32& x, int64_t rows, int64_t k, Type w, void* dst, cudaStream_t stream);
+
+// Expert routing of the GEMV: one job per (token, slot) pair p = j + n_used * t; its expert is
+// ids[t * ids_stride + j], its activation row t (b_rows == 1) or p, its output column p.
+struct GemvRoute {
+    const int32_t* ids = nullptr;
+    int64_t ids_stride = 0;
+    int n_used = 1;
+    int b_rows = 1;
+    int64_t n_pairs = 0;
+    unsigned int* error_flags = nullptr;  // kErrorBadIndex for an id outside [0, E); its column is NaN
+};
+
+// dst[c * w.n + r] = dot(row r of w, prepared activation row c) for c < n_cols (route == nullptr,
+// n_cols <= kGemvMaxCols), or per routed pair. With gate != nullptr (MOE_UP_GATE), w is `up` and the
+// output is glu(gate . x + bg, up . x + bu).
+Status gemv(const WeightArg& w, const WeightArg* gate, const void* acts, int64_t n_cols, const GemvRoute* route,
+            const GluParams* glu, float* dst, cudaStream_t stream);
+
+// ---- tensor-core GEMM (matmul_gemm.cu) ----
+
+// Converts `rows` rows of x to BF16 rows of k elements, contiguous, into dst.
+Status prepare_bf16(const RowsF32& x, int64_t rows, int64_t k, void* dst, cudaStream_t stream);
+
+// Expert grouping for the grouped kernel: the pairs of expert e are perm[seg_off[e] .. seg_off[e+1])
+// and own column tiles tile_off[e] .. tile_off[e+1] of `bn` columns.
+struct MmaRoute {
+    const int32_t* tile_off = nullptr;
+    const int32_t* seg_off = nullptr;
+    const int32_t* perm = nullptr;
+    int n_expert = 1;
+    int n_used = 1;
+    int b_rows = 1;
+    int64_t max_tiles = 0;  // an upper bound of tile_off[n_expert], known on the host
+};
+
+// Columns per tile of the tensor-core kernel (32, 64 or 128) for ~cols_per_group columns per expert.
+int mma_tile_cols(double cols_per_group);
+
+// dst[col * w.n + r] = dot(row r of w (or of its routed expert), BF16 activation row of col).
+// Dense: route == nullptr, columns 0 .. n_cols - 1 read rows 0 .. n_cols - 1 of xb. Routed: columns
+// are pairs (see MmaRoute). gate != nullptr: fused up/gate with glu as in gemv().
+Status mma_gemm(const WeightArg& w, const WeightArg* gate, const void* xb, int64_t n_cols, const MmaRoute* route,
+                int bn, const GluParams* glu, float* dst, cudaStream_t stream);
+
+// MUL_MAT with more than kGemvMaxCols activation rows: cuBLAS (F32 and BF16 weights, and other
+// weights dequantised to BF16 tiles for large batches) or the tensor-core kernel.
+size_t gemm_dense_scratch(const WeightArg& w, const Tensor& x);
+Status gemm_dense(const WeightArg& w, const Tensor& x, float* dst, const OpContext& ctx);
+
+// ---- expert products (matmul_moe.cu) ----
+
+struct MoeArgs {
+    WeightArg w;                 // MUL_MAT_ID: the experts; MOE_UP_GATE: up
+    bool fused = false;          // MOE_UP_GATE
+    WeightArg gate;              // MOE_UP_GATE only
+    GluParams glu{};             // MOE_UP_GATE only
+    RowsF32 x{};                 // activation rows: b_rows per token
+    int64_t b_rows = 1;
+    const int32_t* ids = nullptr;
+    int64_t ids_stride = 0;      // ints between tokens
+    int64_t n_used = 1;
+    int64_t n_tokens = 0;
+    float* dst = nullptr;        // [n, n_used, n_tokens], contiguous
+};
+
+size_t moe_scratch(const MoeArgs& a);
+Status moe_run(const MoeArgs& a, const OpContext& ctx);
+
+}  // namespace moe::cuda::mm

@@ -1,0 +1,300 @@
+// Device-side pieces shared by the CUDA matrix-product kernels (cuda/matmul_*.cu): how a 32-element
+// block of each weight type is decoded from bytes staged in shared memory, bounds-guarded loads of
+// weight bytes, BF16 packing, the gated activations, and the tensor-core primitives.
+//
+// Weight blocks are 34 (Q8_0), 18 (Q4_0) or 17 (MXFP4) bytes, so a block can start at any byte
+// address. Kernels therefore copy weight bytes with aligned 16- or 4-byte loads into shared memory,
+// keeping the source misalignment, and decode each block from there with funnel shifts
+// (extract_words), which turn any byte offset into aligned 32-bit words.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "core/types.h"
+
+namespace moe::cuda::mm {
+
+// Bytes of one 32-element block (for float types: 32 elements).
+__host__ __device__ constexpr int block_bytes(Type t) {
+    return t == Type::F32 ? 128 : t == Type::F16 || t == Type::BF16 ? 64 : t == Type::Q8_0 ? 34 : t == Type::Q4_0 ? 18 : 17;
+}
+__host__ __device__ constexpr bool is_quant(Type t) { return t == Type::Q8_0 || t == Type::Q4_0 || t == Type::MXFP4; }
+
+// ---- bytes ----
+
+// out[i] = the 4 bytes at byte offset off + 4 i of the word array s, for any alignment of off.
+// Reads s[(off >> 2) + N]: callers keep a spare word after their data.
+template <int N>
+__device__ __forceinline__ void extract_words(const uint32_t* s, int off, uint32_t (&out)[N]) {
+    const uint32_t* p = s + (off >> 2);
+    const uint32_t sh = static_cast<uint32_t>(off & 3) * 8u;
+    uint32_t lo = p[0];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const uint32_t hi = p[i + 1];
+        out[i] = __funnelshift_r(lo, hi, sh);
+        lo = hi;
+    }
+}
+
+__device__ __forceinline__ uint32_t extract_u32(const uint32_t* s, int off) {
+    uint32_t w[1];
+    extract_words<1>(s, off, w);
+    return w[0];
+}
+
+// The 16 bytes at p (16-byte aligned); where [p, p + 16) leaves [lo, hi), only the bytes inside are
+// read and the others are 0. Weights are streamed once, hence the non-coherent path.
+__device__ __forceinline__ uint4 load16_guarded(const uint8_t* p, const uint8_t* lo, const uint8_t* hi) {
+    if (p >= lo && p + 16 <= hi) return __ldg(reinterpret_cast<const uint4*>(p));
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        if (p + i >= lo && p + i < hi) w[i / 4] |= static_cast<uint32_t>(p[i]) << (8 * (i % 4));
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The same for 4 bytes at a 4-byte aligned p.
+__device__ __forceinline__ uint32_t load4_guarded(const uint8_t* p, const uint8_t* lo, const uint8_t* hi) {
+    if (p >= lo && p + 4 <= hi) return __ldg(reinterpret_cast<const uint32_t*>(p));
+    uint32_t w = 0u;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if (p + i >= lo && p + i < hi) w |= static_cast<uint32_t>(p[i]) << (8 * i);
+    }
+    return w;
+}
+
+template <int A, typename T>
+__device__ __forceinline__ const uint8_t* align_down(const T* p) {
+    return reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) & ~static_cast<uintptr_t>(A - 1));
+}
+
+// ---- scalar formats ----
+
+__device__ __forceinline__ float fp16_bits_to_float(uint32_t bits) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits & 0xFFFFu)));
+}
+__device__ __forceinline__ float bf16_bits_to_float(uint32_t bits) { return __uint_as_float((bits & 0xFFFFu) << 16); }
+
+// MXFP4's scale 2^(e - 128) (the e2m1 values are stored doubled), as core/types.cpp computes it.
+__device__ __forceinline__ float e8m0_half(uint32_t e) {
+    return __uint_as_float(e < 2u ? (0x00200000u << e) : ((e - 1u) << 23));
+}
+
+// Four e2m1 nibbles (one per byte, values 0..15) -> their doubled values as four int8 bytes
+// (kMxfp4Values): two byte permutes over the 16-entry table, chosen per byte by the nibble's bit 3.
+__device__ __forceinline__ uint32_t mxfp4_lut4(uint32_t nib4) {
+    const uint32_t lo3 = nib4 & 0x07070707u;
+    const uint32_t y = lo3 | (lo3 >> 4);
+    const uint32_t sel = (y & 0xFFu) | ((y >> 8) & 0xFF00u);
+    const uint32_t pos = __byte_perm(0x03020100u, 0x0C080604u, sel);  // 0 1 2 3 4 6 8 12
+    const uint32_t neg = __byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, sel);  // 0 -1 -2 -3 -4 -6 -8 -12
+    const uint32_t m = ((nib4 >> 3) & 0x01010101u) * 0xFFu;
+    return (pos & ~m) | (neg & m);
+}
+
+__device__ __forceinline__ int sbyte(uint32_t w, int b) { return static_cast<int8_t>((w >> (8 * b)) & 0xFFu); }
+
+// ---- a quantised block against Q8 activations (GEMV) ----
+
+// Weight block as 8 words of int8 values in element order (words 0-3: elements 0-15, 4-7: 16-31)
+// and its float scale: dot = scale * sum(dp4a(w, x)).
+struct QBlock {
+    int w[8];
+    float scale;
+};
+
+template <Type W>
+__device__ __forceinline__ QBlock load_qblock(const uint32_t* s, int off) {
+    QBlock b;
+    if constexpr (W == Type::Q8_0) {
+        b.scale = fp16_bits_to_float(extract_u32(s, off));
+        uint32_t q[8];
+        extract_words<8>(s, off + 2, q);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) b.w[i] = static_cast<int>(q[i]);
+    } else {
+        uint32_t q[4];
+        if constexpr (W == Type::Q4_0) {
+            b.scale = fp16_bits_to_float(extract_u32(s, off));
+            extract_words<4>(s, off + 2, q);
+        } else {
+            b.scale = e8m0_half(extract_u32(s, off) & 0xFFu);
+            extract_words<4>(s, off + 1, q);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t lo = q[i] & 0x0F0F0F0Fu;
+            const uint32_t hi = (q[i] >> 4) & 0x0F0F0F0Fu;
+            if constexpr (W == Type::Q4_0) {
+                b.w[i] = static_cast<int>(__vsub4(lo, 0x08080808u));
+                b.w[i + 4] = static_cast<int>(__vsub4(hi, 0x08080808u));
+            } else {
+                b.w[i] = static_cast<int>(mxfp4_lut4(lo));
+                b.w[i + 4] = static_cast<int>(mxfp4_lut4(hi));
+            }
+        }
+    }
+    return b;
+}
+
+__device__ __forceinline__ int qblock_dot(const QBlock& b, const int4& x0, const int4& x1) {
+    int s = __dp4a(b.w[0], x0.x, 0);
+    s = __dp4a(b.w[1], x0.y, s);
+    s = __dp4a(b.w[2], x0.z, s);
+    s = __dp4a(b.w[3], x0.w, s);
+    s = __dp4a(b.w[4], x1.x, s);
+    s = __dp4a(b.w[5], x1.y, s);
+    s = __dp4a(b.w[6], x1.z, s);
+    s = __dp4a(b.w[7], x1.w, s);
+    return s;
+}
+
+// ---- any block to floats (GEMV float weights, dequantisation, tensor-core tiles) ----
+
+// v[j] = element 16 h + j of the block at byte offset off of s (h = 0 or 1).
+template <Type W>
+__device__ __forceinline__ void decode_half(const uint32_t* s, int off, int h, float (&v)[16]) {
+    if constexpr (W == Type::F32) {
+        uint32_t w[16];
+        extract_words<16>(s, off + 64 * h, w);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = __uint_as_float(w[i]);
+    } else if constexpr (W == Type::F16 || W == Type::BF16) {
+        uint32_t w[8];
+        extract_words<8>(s, off + 32 * h, w);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            if constexpr (W == Type::F16) {
+                v[2 * i] = fp16_bits_to_float(w[i]);
+                v[2 * i + 1] = fp16_bits_to_float(w[i] >> 16);
+            } else {
+                v[2 * i] = bf16_bits_to_float(w[i]);
+                v[2 * i + 1] = bf16_bits_to_float(w[i] >> 16);
+            }
+        }
+    } else if constexpr (W == Type::Q8_0) {
+        const float d = fp16_bits_to_float(extract_u32(s, off));
+        uint32_t q[4];
+        extract_words<4>(s, off + 2 + 16 * h, q);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+            for (int b = 0; b < 4; ++b) v[4 * i + b] = static_cast<float>(sbyte(q[i], b)) * d;
+        }
+    } else {
+        uint32_t q[4];
+        float d;
+        if constexpr (W == Type::Q4_0) {
+            d = fp16_bits_to_float(extract_u32(s, off));
+            extract_words<4>(s, off + 2, q);
+        } else {
+            d = e8m0_half(extract_u32(s, off) & 0xFFu);
+            extract_words<4>(s, off + 1, q);
+        }
+        const int sh = 4 * h;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t nib = (q[i] >> sh) & 0x0F0F0F0Fu;
+            const uint32_t vals = W == Type::Q4_0 ? __vsub4(nib, 0x08080808u) : mxfp4_lut4(nib);
+#pragma unroll
+            for (int b = 0; b < 4; ++b) v[4 * i + b] = static_cast<float>(sbyte(vals, b)) * d;
+        }
+    }
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// 16 floats -> 16 BF16 as two 16-byte stores (dst 16-byte aligned).
+__device__ __forceinline__ void store_bf16x16(void* dst, const float (&v)[16]) {
+    uint4 a, b;
+    a.x = pack_bf16x2(v[0], v[1]);
+    a.y = pack_bf16x2(v[2], v[3]);
+    a.z = pack_bf16x2(v[4], v[5]);
+    a.w = pack_bf16x2(v[6], v[7]);
+    b.x = pack_bf16x2(v[8], v[9]);
+    b.y = pack_bf16x2(v[10], v[11]);
+    b.z = pack_bf16x2(v[12], v[13]);
+    b.w = pack_bf16x2(v[14], v[15]);
+    reinterpret_cast<uint4*>(dst)[0] = a;
+    reinterpret_cast<uint4*>(dst)[1] = b;
+}
+
+// ---- gated activations (MOE_UP_GATE), the CPU's formulas ----
+
+struct GluParams {
+    const float* bias_up;    // [F, E] rows of bias_stride floats, or nullptr
+    const float* bias_gate;
+    int64_t bias_stride;
+    int act;                 // Activation
+    float alpha;
+    float limit;
+};
+
+__device__ __forceinline__ float sigmoidf_(float x) {
+    const float e = expf(-fabsf(x));
+    const float inv = 1.0f / (1.0f + e);
+    return x >= 0.0f ? inv : e * inv;
+}
+
+__device__ __forceinline__ float glu_apply(const GluParams& p, float g, float u) {
+    if (p.act == static_cast<int>(Activation::SILU)) return g * sigmoidf_(g) * u;
+    const float x = p.limit < g ? p.limit : g;                              // std::min(g, limit)
+    const float y = u < -p.limit ? -p.limit : (p.limit < u ? p.limit : u);  // std::clamp
+    return x * sigmoidf_(p.alpha * x) * (y + 1.0f);
+}
+
+// ---- tensor-core primitives (sm_80+) ----
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, asynchronously; src_bytes = 0 fills the destination with zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// c += a (16x16, row-major) * b (16x8, column-major), BF16 inputs, F32 accumulators.
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- F32 activation rows ----
+
+// An F32 tensor [K, ne1, ne2, ne3] with contiguous rows, as its rows 0 .. ne1*ne2*ne3 - 1.
+struct RowsF32 {
+    const uint8_t* data;
+    int64_t ne1, ne2;
+    int64_t nb1, nb2, nb3;
+};
+
+__device__ __forceinline__ const float* row_f32(const RowsF32& x, int64_t r) {
+    const int64_t i1 = r % x.ne1;
+    const int64_t i23 = r / x.ne1;
+    return reinterpret_cast<const float*>(x.data + i1 * x.nb1 + (i23 % x.ne2) * x.nb2 + (i23 / x.ne2) * x.nb3);
+}
+
+}  // namespace moe::cuda::mm

@@ -1,0 +1,514 @@
+// Large-batch matrix products on the tensor cores (BF16 inputs, F32 accumulation and output).
+//
+// mma_gemm: our own kernel, used for every expert product (grouped by expert, see matmul_moe.cu) and
+// for dense products of quantised / F16 weights at moderate batch sizes. A CTA of 8 warps computes a
+// 128-row x BN-column tile with mma.sync m16n8k16; per k-step of 32 (one quantised block per row):
+//   - the weight tile's raw bytes (128 rows x one block, any alignment) come from HBM as coalesced
+//     4-byte loads into registers, one step ahead, then through shared memory, where each thread
+//     decodes half a block to BF16 (so no dequantised copy of the weights is ever written);
+//   - the activation tile (BF16 rows, gathered through the column -> row table for routed pairs)
+//     arrives with cp.async, one step ahead, zero-filled past the last column;
+//   - two stages of A and B tiles; ldmatrix feeds the MMAs; rows padded to 40 BF16 so the ldmatrix
+//     reads are free of bank conflicts.
+// Routed mode: a CTA's blockIdx.x is a column tile of one expert, found by binary search in the
+// per-expert tile prefix (built on the device); CTAs past the last tile exit at once, so the grid can
+// be sized on the host from an upper bound without reading the routing back.
+// Fused MOE_UP_GATE: rows 0-63 of the A tile are up rows, 64-127 the same gate rows; each warp's
+// m-fragments pair an up block with its gate block, so one thread holds u and g of the same output
+// and applies bias + activation in registers.
+//
+// gemm_dense: cuBLAS for F32 weights (FP32 GEMM: routers and other small F32 matrices keep full
+// precision), BF16 weights (read in place), and other weights at large batches (dequantised to BF16
+// in tiles of <= 64 MiB of scratch, where cuBLAS's Hopper kernels outrun the mma.sync kernel).
+#include <algorithm>
+#include <string>
+
+#include "cuda/cuda_common.cuh"
+#include "cuda/matmul.cuh"
+#include "cuda/ops_common.cuh"
+
+namespace moe::cuda::mm {
+namespace {
+
+constexpr int kMmaThreads = 256;
+constexpr int kBM = 128;  // A-tile rows
+constexpr int kLds = 40;  // BF16 per shared-memory tile row: 32 + 8 of padding
+
+struct MmaParams {
+    const uint8_t* w0;
+    const uint8_t* w1;  // gate (fused) or w0
+    const uint8_t* lo0;
+    const uint8_t* hi0;
+    const uint8_t* lo1;
+    const uint8_t* hi1;
+    int64_t nb1, nb2;
+    int64_t n_rows;
+    int nblk;
+    const __nv_bfloat16* x;
+    int64_t x_stride;  // elements between activation rows
+    int64_t n_cols;    // dense mode
+    const int32_t* tile_off;
+    const int32_t* seg_off;
+    const int32_t* perm;  // nullptr: dense mode
+    int n_expert;
+    int n_used;
+    int b_rows;
+    float* dst;
+    int64_t dst_stride;
+    GluParams glu;
+};
+
+template <Type W, int BN>
+struct MmaShape {
+    static constexpr int kBB = block_bytes(W);
+    static constexpr int kWR = (kBB + 6) / 4;  // raw words per row: one block at any alignment
+    static constexpr int kRawWords = kBM * kWR;
+    static constexpr int kRpt = (kRawWords + kMmaThreads - 1) / kMmaThreads;
+    static constexpr size_t kSmemA = size_t{2} * kBM * kLds * 2;
+    static constexpr size_t kSmemB = size_t{2} * BN * kLds * 2;
+    static constexpr size_t kSmemRaw = (size_t{kRawWords} + 4) * 4;
+    static constexpr size_t kSmem = kSmemA + kSmemB + kSmemRaw + size_t{2} * BN * 4;
+};
+
+template <Type W, int BN, int WARPS_M, int WARPS_N, bool FUSED>
+__global__ void __launch_bounds__(kMmaThreads) mma_kernel(const MmaParams p) {
+    using S = MmaShape<W, BN>;
+    constexpr int WM = kBM / WARPS_M;
+    constexpr int WN = BN / WARPS_N;
+    constexpr int MI = WM / 16;
+    constexpr int NI = WN / 8;
+    static_assert(WARPS_M * WARPS_N * 32 == kMmaThreads, "8 warps");
+    static_assert(MI * 16 == WM && NI * 8 == WN && NI % 2 == 0, "warp tile");
+    static_assert(!FUSED || MI % 2 == 0, "fused tiles pair up and gate fragments");
+    constexpr int kOutRows = FUSED ? kBM / 2 : kBM;
+    constexpr int kHalf = kBM / 2;
+
+    extern __shared__ __align__(16) uint8_t smem[];
+    auto* a_s = reinterpret_cast<__nv_bfloat16*>(smem);
+    auto* b_s = reinterpret_cast<__nv_bfloat16*>(smem + S::kSmemA);
+    auto* raw_s = reinterpret_cast<uint32_t*>(smem + S::kSmemA + S::kSmemB);
+    auto* col_act = reinterpret_cast<int32_t*>(smem + S::kSmemA + S::kSmemB + S::kSmemRaw);
+    int32_t* col_out = col_act + BN;
+
+    const int tid = static_cast<int>(threadIdx.x);
+
+    // ---- which expert and which columns ----
+    int expert = 0;
+    int64_t col0, col_end;
+    if (p.perm != nullptr) {
+        const int tile = static_cast<int>(blockIdx.x);
+        if (tile >= p.tile_off[p.n_expert]) return;  // the whole CTA: the grid is an upper bound
+        int lo = 0, hi = p.n_expert;                  // tile_off[lo] <= tile < tile_off[hi]
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (p.tile_off[mid] <= tile) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        expert = lo;
+        col0 = p.seg_off[lo] + static_cast<int64_t>(tile - p.tile_off[lo]) * BN;
+        col_end = p.seg_off[lo + 1];
+    } else {
+        col0 = static_cast<int64_t>(blockIdx.x) * BN;
+        col_end = p.n_cols;
+    }
+    const int ncols = static_cast<int>(min(static_cast<int64_t>(BN), col_end - col0));
+    for (int c = tid; c < BN; c += kMmaThreads) {
+        int32_t a = -1, o = -1;
+        if (c < ncols) {
+            const int64_t pair = p.perm != nullptr ? p.perm[col0 + c] : col0 + c;
+            a = static_cast<int32_t>(p.perm != nullptr && p.b_rows == 1 ? pair / p.n_used : pair);
+            o = static_cast<int32_t>(pair);
+        }
+        col_act[c] = a;
+        col_out[c] = o;
+    }
+    const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kOutRows;
+    const int64_t expert_off = static_cast<int64_t>(expert) * p.nb2;
+
+    // ---- A: raw weight bytes -> registers -> shared -> BF16 tile ----
+    uint32_t raw[S::kRpt];
+    auto load_raw = [&](int kb) {
+#pragma unroll
+        for (int i = 0; i < S::kRpt; ++i) {
+            const int idx = tid + i * kMmaThreads;
+            uint32_t v = 0;
+            if (idx < S::kRawWords) {
+                const int r = idx / S::kWR;
+                const int wi = idx - r * S::kWR;
+                const bool g1 = FUSED && r >= kHalf;
+                const int64_t gr = n0 + (FUSED ? (r & (kHalf - 1)) : r);
+                if (gr < p.n_rows) {
+                    const uint8_t* src = (g1 ? p.w1 : p.w0) + expert_off + gr * p.nb1 + static_cast<int64_t>(kb) * S::kBB;
+                    v = load4_guarded(align_down<4>(src) + 4 * wi, g1 ? p.lo1 : p.lo0, g1 ? p.hi1 : p.hi0);
+                }
+            }
+            raw[i] = v;
+        }
+    };
+    auto store_raw = [&]() {
+#pragma unroll
+        for (int i = 0; i < S::kRpt; ++i) {
+            const int idx = tid + i * kMmaThreads;
+            if (idx < S::kRawWords) raw_s[idx] = raw[i];
+        }
+    };
+    // Thread -> (tile row, half block): 128 rows x 2 halves = 256 threads.
+    const int dq_row = tid >> 1;
+    const int dq_half = tid & 1;
+    const uint8_t* dq_src = ((FUSED && dq_row >= kHalf) ? p.w1 : p.w0) + expert_off +
+                            (n0 + (FUSED ? (dq_row & (kHalf - 1)) : dq_row)) * p.nb1;
+    auto dequant = [&](int kb, int st) {
+        const int off = static_cast<int>(reinterpret_cast<uintptr_t>(dq_src + static_cast<int64_t>(kb) * S::kBB) & 3);
+        float v[16];
+        decode_half<W>(raw_s + dq_row * S::kWR, off, dq_half, v);
+        store_bf16x16(a_s + (st * kBM + dq_row) * kLds + 16 * dq_half, v);
+    };
+
+    // ---- B: activation rows -> BF16 tile ----
+    auto load_b = [&](int kb, int st) {
+        for (int i = tid; i < BN * 4; i += kMmaThreads) {
+            const int c = i >> 2;
+            const int q = i & 3;
+            const int32_t a = col_act[c];
+            const __nv_bfloat16* src = a >= 0 ? p.x + static_cast<int64_t>(a) * p.x_stride + kb * 32 + q * 8 : p.x;
+            cp_async16(b_s + (st * BN + c) * kLds + q * 8, src, a >= 0 ? 16 : 0);
+        }
+    };
+
+    const int warp = tid >> 5;
+    const int lane = tid & 31;
+    const int wm = warp % WARPS_M;
+    const int wn = warp / WARPS_M;
+    auto frag_row = [&](int i) -> int {
+        if constexpr (FUSED) {
+            return i < MI / 2 ? wm * (WM / 2) + i * 16 : kHalf + wm * (WM / 2) + (i - MI / 2) * 16;
+        } else {
+            return wm * WM + i * 16;
+        }
+    };
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i) {
+#pragma unroll
+        for (int j = 0; j < NI; ++j) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+        }
+    }
+
+    __syncthreads();  // col_act / col_out
+    load_raw(0);
+    store_raw();
+    load_b(0, 0);
+    cp_async_commit();
+    __syncthreads();
+    dequant(0, 0);
+    cp_async_wait_all();
+    __syncthreads();
+
+    for (int kb = 0; kb < p.nblk; ++kb) {
+        const int cur = kb & 1;
+        const bool more = kb + 1 < p.nblk;
+        if (more) {
+            load_raw(kb + 1);
+            load_b(kb + 1, cur ^ 1);
+            cp_async_commit();
+        }
+        const __nv_bfloat16* as = a_s + cur * kBM * kLds;
+        const __nv_bfloat16* bs = b_s + cur * BN * kLds;
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+            uint32_t af[MI][4];
+            uint32_t bf[NI][2];
+#pragma unroll
+            for (int i = 0; i < MI; ++i) {
+                ldmatrix_x4(af[i], as + (frag_row(i) + (lane & 15)) * kLds + ks * 16 + (lane >> 4) * 8);
+            }
+#pragma unroll
+            for (int jj = 0; jj < NI / 2; ++jj) {
+                uint32_t r[4];
+                ldmatrix_x4(r, bs + (wn * WN + jj * 16 + ((lane >> 4) & 1) * 8 + (lane & 7)) * kLds + ks * 16 +
+                                   ((lane >> 3) & 1) * 8);
+                bf[2 * jj][0] = r[0];
+                bf[2 * jj][1] = r[1];
+                bf[2 * jj + 1][0] = r[2];
+                bf[2 * jj + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < MI; ++i) {
+#pragma unroll
+                for (int j = 0; j < NI; ++j) mma_bf16_16816(acc[i][j], af[i], bf[j][0], bf[j][1]);
+            }
+        }
+        if (more) {
+            store_raw();  // raw_s was last read by the dequantisation before the previous barrier
+            __syncthreads();
+            dequant(kb + 1, cur ^ 1);
+            cp_async_wait_all();
+        }
+        __syncthreads();
+    }
+
+    // ---- epilogue ----
+    const int g = lane >> 2;
+    const int c4 = lane & 3;
+    constexpr int kIM = FUSED ? MI / 2 : MI;
+#pragma unroll
+    for (int i = 0; i < kIM; ++i) {
+#pragma unroll
+        for (int j = 0; j < NI; ++j) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int lr = frag_row(i) + g + (q >= 2 ? 8 : 0);
+                const int col = wn * WN + j * 8 + 2 * c4 + (q & 1);
+                const int64_t gr = n0 + lr;
+                if (col < ncols && gr < p.n_rows) {
+                    float v = acc[i][j][q];
+                    if constexpr (FUSED) {
+                        float gt = acc[i + MI / 2][j][q];
+                        if (p.glu.bias_up != nullptr) v += p.glu.bias_up[expert * p.glu.bias_stride + gr];
+                        if (p.glu.bias_gate != nullptr) gt += p.glu.bias_gate[expert * p.glu.bias_stride + gr];
+                        v = glu_apply(p.glu, gt, v);
+                    }
+                    p.dst[static_cast<int64_t>(col_out[col]) * p.dst_stride + gr] = v;
+                }
+            }
+        }
+    }
+}
+
+template <Type W, int BN, int WARPS_M, int WARPS_N, bool FUSED>
+Status launch_mma(const MmaParams& p, int64_t n_col_tiles, cudaStream_t stream) {
+    constexpr size_t smem = MmaShape<W, BN>::kSmem;
+    auto kernel = mma_kernel<W, BN, WARPS_M, WARPS_N, FUSED>;
+    if (smem > 48 * 1024) {
+        MOE_CUDA_RETURN_IF_ERROR(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    }
+    constexpr int kOutRows = FUSED ? kBM / 2 : kBM;
+    const int64_t row_tiles = (p.n_rows + kOutRows - 1) / kOutRows;
+    if (row_tiles > static_cast<int64_t>(ops::kMaxGridYZ) || n_col_tiles > int64_t{0x7FFFFFFF}) {
+        return internal_error("cuda mma_gemm: grid of " + std::to_string(n_col_tiles) + " x " +
+                              std::to_string(row_tiles) + " tiles is too large");
+    }
+    const dim3 grid(static_cast<unsigned int>(n_col_tiles), static_cast<unsigned int>(row_tiles));
+    kernel<<<grid, kMmaThreads, smem, stream>>>(p);
+    return ops::launch_status("mma_kernel");
+}
+
+template <Type W, bool FUSED>
+Status launch_mma_bn(const MmaParams& p, int bn, int64_t n_col_tiles, cudaStream_t stream) {
+    if (bn == 128) return launch_mma<W, 128, 2, 4, FUSED>(p, n_col_tiles, stream);
+    if (bn == 64) return launch_mma<W, 64, 4, 2, FUSED>(p, n_col_tiles, stream);
+    return launch_mma<W, 32, 4, 2, FUSED>(p, n_col_tiles, stream);
+}
+
+// Two F32 per thread -> packed BF16.
+__global__ void to_bf16_kernel(const RowsF32 x, int64_t rows, int64_t k, uint32_t* dst) {
+    const int64_t half_k = k / 2;
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= rows * half_k) return;
+    const int64_t r = i / half_k;
+    const float* s = row_f32(x, r) + 2 * (i - r * half_k);
+    dst[i] = pack_bf16x2(s[0], s[1]);
+}
+
+// One warp per (weight row, chunk of 32 blocks): weight rows -> contiguous BF16 rows of K.
+template <Type W>
+__global__ void __launch_bounds__(128) dequant_bf16_kernel(const uint8_t* w, const uint8_t* lo, const uint8_t* hi,
+                                                           int64_t nb1, int64_t n_rows, int nblk, __nv_bfloat16* dst) {
+    constexpr int kBB = block_bytes(W);
+    constexpr int kChunk = 32 * kBB;
+    constexpr int kVecs = (kChunk + 30) / 16;
+    constexpr int kVpl = (kVecs + 31) / 32;
+    __shared__ uint4 stage[4][kVpl * 32 + 1];
+    const int warp = static_cast<int>(threadIdx.x) >> 5;
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + warp;
+    if (row >= n_rows) return;
+    const int c = static_cast<int>(blockIdx.y);
+    const int nb_c = min(32, nblk - 32 * c);
+    const uint8_t* base = w + row * nb1 + static_cast<int64_t>(c) * kChunk;
+    const uint8_t* end = base + nb_c * kBB;
+    const uint8_t* a0 = align_down<16>(base);
+#pragma unroll
+    for (int v = 0; v < kVpl; ++v) {
+        const uint8_t* q = a0 + 16 * (lane + 32 * v);
+        stage[warp][lane + 32 * v] = q < end ? load16_guarded(q, lo, hi) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    __syncwarp();
+    if (lane < nb_c) {
+        const int off = static_cast<int>(reinterpret_cast<uintptr_t>(base) & 15) + lane * kBB;
+        const auto* s = reinterpret_cast<const uint32_t*>(stage[warp]);
+        __nv_bfloat16* out = dst + row * (static_cast<int64_t>(nblk) * 32) + (32 * static_cast<int64_t>(c) + lane) * 32;
+        float v[16];
+        decode_half<W>(s, off, 0, v);
+        store_bf16x16(out, v);
+        decode_half<W>(s, off, 1, v);
+        store_bf16x16(out + 16, v);
+    }
+}
+
+// Below this many activation rows, quantised / F16 weights go through mma_gemm (no dequantised copy);
+// from here on the dequantisation pass is small next to the product and cuBLAS's kernels are faster.
+constexpr int64_t kCublasMinCols = 256;
+constexpr size_t kDequantTileBytes = size_t{64} << 20;
+
+// x as a column-major K x M F32 matrix without a copy: fully contiguous.
+bool rows_contiguous(const Tensor& x) {
+    size_t expect = static_cast<size_t>(x.ne[0]) * 4;
+    for (int d = 1; d < 4; ++d) {
+        if (x.ne[d] > 1 && x.nb[d] != expect) return false;
+        expect *= static_cast<size_t>(x.ne[d]);
+    }
+    return true;
+}
+
+struct DenseLayout {
+    void* xb = nullptr;      // BF16 activations [M][K]
+    float* xf = nullptr;     // compacted F32 activations (F32 weights with non-uniform rows)
+    void* wtile = nullptr;   // BF16 weight tile [tile_rows][K]
+    int64_t tile_rows = 0;
+};
+
+DenseLayout dense_layout(const WeightArg& w, const Tensor& x, Carver& c) {
+    DenseLayout l;
+    const int64_t m = x.n_rows();
+    if (w.type == Type::F32) {
+        if (!rows_contiguous(x)) l.xf = c.take<float>(static_cast<size_t>(m * w.k));
+        return l;
+    }
+    l.xb = c.take<uint16_t>(static_cast<size_t>(m * w.k));
+    if (w.type != Type::BF16 && m >= kCublasMinCols) {
+        l.tile_rows = std::min<int64_t>(w.n, std::max<int64_t>(128, static_cast<int64_t>(kDequantTileBytes / (w.k * 2))));
+        l.wtile = c.take<uint16_t>(static_cast<size_t>(l.tile_rows * w.k));
+    }
+    return l;
+}
+
+Status dequant_bf16(const WeightArg& w, int64_t r0, int64_t rows, void* dst, cudaStream_t stream) {
+    const int nblk = static_cast<int>(w.k / 32);
+    return with_weight_type(w.type, [&](auto wt) -> Status {
+        constexpr Type W = decltype(wt)::value;
+        const dim3 grid(static_cast<unsigned int>((rows + 3) / 4), static_cast<unsigned int>((nblk + 31) / 32));
+        dequant_bf16_kernel<W><<<grid, 128, 0, stream>>>(w.data + r0 * w.nb1, w.data, w.end, w.nb1, rows, nblk,
+                                                         static_cast<__nv_bfloat16*>(dst));
+        return ops::launch_status("dequant_bf16_kernel");
+    });
+}
+
+}  // namespace
+
+int mma_tile_cols(double cols_per_group) {
+    if (cols_per_group >= 96.0) return 128;
+    if (cols_per_group >= 40.0) return 64;
+    return 32;
+}
+
+Status prepare_bf16(const RowsF32& x, int64_t rows, int64_t k, void* dst, cudaStream_t stream) {
+    const int64_t n = rows * (k / 2);
+    if (n == 0) return Status::ok();
+    constexpr int kThreads = 256;
+    to_bf16_kernel<<<static_cast<unsigned int>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        x, rows, k, static_cast<uint32_t*>(dst));
+    return ops::launch_status("to_bf16_kernel");
+}
+
+Status mma_gemm(const WeightArg& w, const WeightArg* gate, const void* xb, int64_t n_cols, const MmaRoute* route,
+                int bn, const GluParams* glu, float* dst, cudaStream_t stream) {
+    if (w.n == 0) return Status::ok();
+    MmaParams p{};
+    p.w0 = w.data;
+    p.lo0 = w.data;
+    p.hi0 = w.end;
+    p.w1 = gate != nullptr ? gate->data : w.data;
+    p.lo1 = gate != nullptr ? gate->data : w.data;
+    p.hi1 = gate != nullptr ? gate->end : w.end;
+    p.nb1 = w.nb1;
+    p.nb2 = w.nb2;
+    p.n_rows = w.n;
+    p.nblk = static_cast<int>(w.k / 32);
+    p.x = static_cast<const __nv_bfloat16*>(xb);
+    p.x_stride = w.k;
+    p.n_cols = n_cols;
+    p.dst = dst;
+    p.dst_stride = w.n;
+    if (glu != nullptr) p.glu = *glu;
+    int64_t n_col_tiles = (n_cols + bn - 1) / bn;
+    if (route != nullptr) {
+        p.tile_off = route->tile_off;
+        p.seg_off = route->seg_off;
+        p.perm = route->perm;
+        p.n_expert = route->n_expert;
+        p.n_used = route->n_used;
+        p.b_rows = route->b_rows;
+        n_col_tiles = route->max_tiles;
+    }
+    if (n_col_tiles == 0) return Status::ok();
+    const bool fused = gate != nullptr;
+    return with_weight_type(w.type, [&](auto wt) -> Status {
+        constexpr Type W = decltype(wt)::value;
+        return fused ? launch_mma_bn<W, true>(p, bn, n_col_tiles, stream)
+                     : launch_mma_bn<W, false>(p, bn, n_col_tiles, stream);
+    });
+}
+
+size_t gemm_dense_scratch(const WeightArg& w, const Tensor& x) {
+    Carver c(nullptr);
+    (void)dense_layout(w, x, c);
+    return c.used();
+}
+
+Status gemm_dense(const WeightArg& w, const Tensor& x, float* dst, const OpContext& ctx) {
+    const int64_t m = x.n_rows();
+    const int64_t k = w.k;
+    const int64_t n = w.n;
+    Carver c(ctx.scratch);
+    const DenseLayout l = dense_layout(w, x, c);
+    if (c.used() > ctx.scratch_size) {
+        return internal_error("cuda MUL_MAT: scratch of " + std::to_string(ctx.scratch_size) + " bytes, " +
+                              std::to_string(c.used()) + " needed");
+    }
+    const RowsF32 xr = rows_f32(x);
+    const bool uses_cublas = w.type == Type::F32 || w.type == Type::BF16 || l.wtile != nullptr;
+    if (uses_cublas) {
+        if (ctx.cublas == nullptr) return invalid_argument("cuda MUL_MAT: OpContext.cublas is null");
+        MOE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(ctx.cublas, ctx.stream));
+    }
+    const float one = 1.0f;
+    const float zero = 0.0f;
+    auto gemm = [&](const void* a, cudaDataType at, int64_t lda, const void* b, cudaDataType bt, int64_t ldb,
+                    int64_t rows, float* out) -> Status {
+        MOE_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows),
+                                                static_cast<int>(m), static_cast<int>(k), &one, a, at,
+                                                static_cast<int>(lda), b, bt, static_cast<int>(ldb), &zero, out,
+                                                CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return Status::ok();
+    };
+
+    if (w.type == Type::F32) {
+        const float* xf = static_cast<const float*>(x.data);
+        if (l.xf != nullptr) {
+            MOE_RETURN_IF_ERROR(gemv_prepare(xr, m, k, Type::F32, l.xf, ctx.stream));  // a compacting copy
+            xf = l.xf;
+        }
+        return gemm(w.data, CUDA_R_32F, w.nb1 / 4, xf, CUDA_R_32F, k, n, dst);
+    }
+    MOE_RETURN_IF_ERROR(prepare_bf16(xr, m, k, l.xb, ctx.stream));
+    if (w.type == Type::BF16) return gemm(w.data, CUDA_R_16BF, w.nb1 / 2, l.xb, CUDA_R_16BF, k, n, dst);
+    if (l.wtile == nullptr) {
+        return mma_gemm(w, nullptr, l.xb, m, nullptr, mma_tile_cols(static_cast<double>(m)), nullptr, dst, ctx.stream);
+    }
+    for (int64_t r0 = 0; r0 < n; r0 += l.tile_rows) {
+        const int64_t rows = std::min(l.tile_rows, n - r0);
+        MOE_RETURN_IF_ERROR(dequant_bf16(w, r0, rows, l.wtile, ctx.stream));
+        MOE_RETURN_IF_ERROR(gemm(l.wtile, CUDA_R_16BF, k, l.xb, CUDA_R_16BF, k, rows, dst + r0));
+    }
+    return Status::ok();
+}
+
+}  // namespace moe::cuda::mm

@@ -1,0 +1,215 @@
+// MUL_MAT_ID and MOE_UP_GATE: products with the experts that the router picked, with no host round
+// trip and no host synchronisation.
+//
+// Small batches (<= kGemvMaxCols tokens) run one GEMV job per (token, slot) pair that reads its
+// expert id on the device (matmul_gemv.cu). Larger batches are grouped by expert on the device:
+//   1. count pairs per expert (atomics) and remember each pair's expert; an id outside [0, E) raises
+//      kErrorBadIndex, its output column becomes NaN and the pair joins no group (nothing reads out
+//      of bounds);
+//   2. one block scans the counts into group offsets and per-expert tile offsets (tiles of bn
+//      columns);
+//   3. each pair takes a slot in its group (atomics): perm lists the pairs sorted by expert. The
+//      order inside a group varies from run to run, but every output column is computed on its own,
+//      so results do not;
+//   4. activations are converted to BF16 once (per token, or per pair row when B = n_used); the
+//      grouped tensor-core kernel gathers them through perm while loading its tiles and scatters the
+//      results straight into [N, n_used, T], so there is no separate gather or scatter pass.
+// The grid of step 4 is sized on the host from an upper bound of the number of tiles; CTAs past the
+// real count exit at once.
+#include <algorithm>
+#include <string>
+
+#include "cuda/cuda_common.cuh"
+#include "cuda/matmul.cuh"
+#include "cuda/ops_common.cuh"
+
+namespace moe::cuda::mm {
+namespace {
+
+constexpr int kScanThreads = 1024;
+
+__global__ void route_count_kernel(const int32_t* ids, int64_t ids_stride, int n_used, int64_t n_pairs, int n_expert,
+                                   int32_t* counts, int32_t* pair_expert, float* dst, int64_t n_out,
+                                   unsigned int* error_flags) {
+    const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (p >= n_pairs) return;
+    const int64_t t = p / n_used;
+    const int64_t j = p - t * n_used;
+    const int32_t e = ids[t * ids_stride + j];
+    if (e < 0 || e >= n_expert) {
+        ops::flag_error(error_flags, kErrorBadIndex);
+        pair_expert[p] = -1;
+        for (int64_t r = 0; r < n_out; ++r) dst[p * n_out + r] = __int_as_float(0x7FC00000);
+        return;
+    }
+    pair_expert[p] = e;
+    atomicAdd(&counts[e], 1);
+}
+
+// seg_off[e + 1] = sum of counts[0..e]; tile_off[e + 1] = sum of ceil(counts / bn); both start at 0.
+__global__ void __launch_bounds__(kScanThreads) route_scan_kernel(const int32_t* counts, int n_expert, int bn,
+                                                                  int32_t* seg_off, int32_t* tile_off) {
+    __shared__ int s_seg[32];
+    __shared__ int s_tile[32];
+    __shared__ int carry_seg;
+    __shared__ int carry_tile;
+    const int tid = static_cast<int>(threadIdx.x);
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    if (tid == 0) {
+        carry_seg = 0;
+        carry_tile = 0;
+        seg_off[0] = 0;
+        tile_off[0] = 0;
+    }
+    __syncthreads();
+    for (int base = 0; base < n_expert; base += kScanThreads) {
+        const int e = base + tid;
+        const int c = e < n_expert ? counts[e] : 0;
+        int sc = c;
+        int st = (c + bn - 1) / bn;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a = __shfl_up_sync(0xffffffffu, sc, o);
+            const int b = __shfl_up_sync(0xffffffffu, st, o);
+            if (lane >= o) {
+                sc += a;
+                st += b;
+            }
+        }
+        if (lane == 31) {
+            s_seg[warp] = sc;
+            s_tile[warp] = st;
+        }
+        __syncthreads();
+        if (warp == 0) {
+            int ws = s_seg[lane];
+            int wt = s_tile[lane];
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int a = __shfl_up_sync(0xffffffffu, ws, o);
+                const int b = __shfl_up_sync(0xffffffffu, wt, o);
+                if (lane >= o) {
+                    ws += a;
+                    wt += b;
+                }
+            }
+            s_seg[lane] = ws;
+            s_tile[lane] = wt;
+        }
+        __syncthreads();
+        if (e < n_expert) {
+            seg_off[e + 1] = carry_seg + (warp > 0 ? s_seg[warp - 1] : 0) + sc;
+            tile_off[e + 1] = carry_tile + (warp > 0 ? s_tile[warp - 1] : 0) + st;
+        }
+        __syncthreads();
+        if (tid == 0) {
+            carry_seg += s_seg[31];
+            carry_tile += s_tile[31];
+        }
+        __syncthreads();
+    }
+}
+
+__global__ void route_scatter_kernel(const int32_t* pair_expert, int64_t n_pairs, const int32_t* seg_off,
+                                     int32_t* cursor, int32_t* perm) {
+    const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (p >= n_pairs) return;
+    const int32_t e = pair_expert[p];
+    if (e < 0) return;
+    perm[seg_off[e] + atomicAdd(&cursor[e], 1)] = static_cast<int32_t>(p);
+}
+
+bool use_gemv(const MoeArgs& a) {
+    return a.n_tokens <= kGemvMaxCols && a.n_used * a.n_tokens <= static_cast<int64_t>(ops::kMaxGridYZ);
+}
+
+struct MoeLayout {
+    void* acts = nullptr;
+    int32_t* counts = nullptr;  // [2 E]: counts, then the scatter cursors
+    int32_t* seg_off = nullptr;
+    int32_t* tile_off = nullptr;
+    int32_t* pair_expert = nullptr;
+    int32_t* perm = nullptr;
+};
+
+MoeLayout moe_layout(const MoeArgs& a, Carver& c) {
+    MoeLayout l;
+    const int64_t x_rows = a.b_rows * a.n_tokens;
+    if (use_gemv(a)) {
+        l.acts = c.take<uint8_t>(static_cast<size_t>(x_rows) * gemv_act_row_bytes(a.w.type, a.w.k));
+        return l;
+    }
+    const size_t e = static_cast<size_t>(a.w.n_expert);
+    const size_t pairs = static_cast<size_t>(a.n_used * a.n_tokens);
+    l.acts = c.take<uint16_t>(static_cast<size_t>(x_rows * a.w.k));
+    l.counts = c.take<int32_t>(2 * e);
+    l.seg_off = c.take<int32_t>(e + 1);
+    l.tile_off = c.take<int32_t>(e + 1);
+    l.pair_expert = c.take<int32_t>(pairs);
+    l.perm = c.take<int32_t>(pairs);
+    return l;
+}
+
+}  // namespace
+
+size_t moe_scratch(const MoeArgs& a) {
+    Carver c(nullptr);
+    (void)moe_layout(a, c);
+    return c.used();
+}
+
+Status moe_run(const MoeArgs& a, const OpContext& ctx) {
+    const int64_t n_pairs = a.n_used * a.n_tokens;
+    if (n_pairs == 0 || a.w.n == 0) return Status::ok();
+    Carver c(ctx.scratch);
+    const MoeLayout l = moe_layout(a, c);
+    if (c.used() > ctx.scratch_size) {
+        return internal_error("cuda expert matmul: scratch of " + std::to_string(ctx.scratch_size) + " bytes, " +
+                              std::to_string(c.used()) + " needed");
+    }
+    const int64_t x_rows = a.b_rows * a.n_tokens;
+    const WeightArg* gate = a.fused ? &a.gate : nullptr;
+    const GluParams* glu = a.fused ? &a.glu : nullptr;
+
+    if (use_gemv(a)) {
+        MOE_RETURN_IF_ERROR(gemv_prepare(a.x, x_rows, a.w.k, a.w.type, l.acts, ctx.stream));
+        GemvRoute r;
+        r.ids = a.ids;
+        r.ids_stride = a.ids_stride;
+        r.n_used = static_cast<int>(a.n_used);
+        r.b_rows = static_cast<int>(a.b_rows);
+        r.n_pairs = n_pairs;
+        r.error_flags = ctx.error_flags;
+        return gemv(a.w, gate, l.acts, 1, &r, glu, a.dst, ctx.stream);
+    }
+
+    const int n_expert = static_cast<int>(a.w.n_expert);
+    const int bn = mma_tile_cols(static_cast<double>(n_pairs) / static_cast<double>(std::min<int64_t>(n_expert, n_pairs)));
+    constexpr int kThreads = 256;
+    const auto pair_blocks = static_cast<unsigned int>((n_pairs + kThreads - 1) / kThreads);
+    MOE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.counts, 0, sizeof(int32_t) * 2 * static_cast<size_t>(n_expert), ctx.stream));
+    route_count_kernel<<<pair_blocks, kThreads, 0, ctx.stream>>>(a.ids, a.ids_stride, static_cast<int>(a.n_used),
+                                                                 n_pairs, n_expert, l.counts, l.pair_expert, a.dst,
+                                                                 a.w.n, ctx.error_flags);
+    MOE_RETURN_IF_ERROR(ops::launch_status("route_count_kernel"));
+    route_scan_kernel<<<1, kScanThreads, 0, ctx.stream>>>(l.counts, n_expert, bn, l.seg_off, l.tile_off);
+    MOE_RETURN_IF_ERROR(ops::launch_status("route_scan_kernel"));
+    route_scatter_kernel<<<pair_blocks, kThreads, 0, ctx.stream>>>(l.pair_expert, n_pairs, l.seg_off,
+                                                                   l.counts + n_expert, l.perm);
+    MOE_RETURN_IF_ERROR(ops::launch_status("route_scatter_kernel"));
+    MOE_RETURN_IF_ERROR(prepare_bf16(a.x, x_rows, a.w.k, l.acts, ctx.stream));
+
+    MmaRoute route;
+    route.tile_off = l.tile_off;
+    route.seg_off = l.seg_off;
+    route.perm = l.perm;
+    route.n_expert = n_expert;
+    route.n_used = static_cast<int>(a.n_used);
+    route.b_rows = static_cast<int>(a.b_rows);
+    // Each non-empty expert adds at most one partial tile.
+    route.max_tiles = n_pairs / bn + std::min<int64_t>(n_expert, n_pairs) + 1;
+    return mma_gemm(a.w, gate, l.acts, 0, &route, bn, glu, a.dst, ctx.stream);
+}
+
+}  // namespace moe::cuda::mm

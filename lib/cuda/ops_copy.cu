@@ -1,0 +1,81 @@
+// CPY: writes F32 src0 into dst's bytes through dst's own strides (dst is a view of src1, typically a
+// KV-cache slot), converting to F16 or keeping F32. As on the CPU, src0 and dst either have the same
+// shape (src0 may then be strided too), or src0 is contiguous and its elements are taken in order.
+// dst's element stride nb[0] may differ from the element size (a transposed cache view).
+#include <string>
+
+#include "cuda/ops_common.cuh"
+
+namespace moe::cuda {
+namespace {
+
+using ops::View;
+
+// Round to nearest even like fp32_to_fp16 (types.cpp); a NaN becomes the quiet NaN sign|0x7E00,
+// where the hardware conversion would give 0x7FFF.
+__device__ __forceinline__ unsigned short to_half_bits(float f) {
+    if (isnan(f)) return static_cast<unsigned short>(((__float_as_uint(f) >> 16) & 0x8000u) | 0x7e00u);
+    return __half_as_ushort(__float2half_rn(f));
+}
+
+template <bool kToF16, bool kSameShape>
+__global__ void cpy_kernel(View d, View s) {
+    const int64_t i0 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const int64_t n0 = d.ne[0];
+    if (i0 >= n0) return;
+    const int64_t n23 = d.ne[2] * d.ne[3];
+    for (int64_t z = blockIdx.z; z < n23; z += gridDim.z) {
+        const int64_t i2 = z % d.ne[2], i3 = z / d.ne[2];
+        for (int64_t i1 = blockIdx.y; i1 < d.ne[1]; i1 += gridDim.y) {
+            float v;
+            if constexpr (kSameShape) {
+                v = reinterpret_cast<const float*>(ops::row_at(s, i1, i2, i3))[i0];
+            } else {
+                const int64_t r = i1 + d.ne[1] * z;  // z = i2 + ne2 * i3
+                v = reinterpret_cast<const float*>(s.data)[r * n0 + i0];
+            }
+            char* out = ops::row_at(d, i1, i2, i3) + i0 * d.nb[0];
+            if constexpr (kToF16) {
+                *reinterpret_cast<unsigned short*>(out) = to_half_bits(v);
+            } else {
+                *reinterpret_cast<float*>(out) = v;
+            }
+        }
+    }
+}
+
+template <bool kToF16, bool kSameShape>
+Status launch_cpy(const Tensor& dst, const Tensor& src, const OpContext& ctx) {
+    const int64_t n0 = dst.ne[0];
+    const int threads = n0 >= 256 ? 256 : static_cast<int>((n0 + 31) / 32 * 32);
+    const dim3 grid(ops::ceil_div(n0, threads), ops::grid_y(dst.ne[1]), ops::grid_y(dst.ne[2] * dst.ne[3]));
+    cpy_kernel<kToF16, kSameShape><<<grid, threads, 0, ctx.stream>>>(ops::view_of(dst), ops::view_of(src));
+    return ops::launch_status("cpy_kernel");
+}
+
+}  // namespace
+
+Status cpy(Tensor& dst, const OpContext& ctx) {
+    if (dst.op != Op::CPY) return invalid_argument(std::string("cpy: dst.op is ") + op_name(dst.op) + ", expected CPY");
+    MOE_RETURN_IF_ERROR(ops::check_operand("CPY", "src0", dst.src[0], Type::F32));
+    const Tensor& s = *dst.src[0];
+    if (dst.type != Type::F32 && dst.type != Type::F16) {
+        return unimplemented("CPY: dst type " + ops::type_str(dst.type) + " is not supported (F32 or F16)");
+    }
+    if (dst.data == nullptr) return invalid_argument("CPY: dst has no data");
+    if (s.n_elements() != dst.n_elements()) {
+        return invalid_argument("CPY: src0 has " + std::to_string(s.n_elements()) + " elements, dst " +
+                                std::to_string(dst.n_elements()));
+    }
+    const bool same = ops::same_shape(s, dst);
+    if (!same && !s.is_contiguous()) {
+        return unimplemented("CPY: src0 " + ops::shape_str(s) + " must be contiguous when its shape differs from dst " +
+                             ops::shape_str(dst));
+    }
+    if (dst.n_elements() == 0) return Status::ok();
+    const bool to_f16 = dst.type == Type::F16;
+    if (to_f16) return same ? launch_cpy<true, true>(dst, s, ctx) : launch_cpy<true, false>(dst, s, ctx);
+    return same ? launch_cpy<false, true>(dst, s, ctx) : launch_cpy<false, false>(dst, s, ctx);
+}
+
+}  // namespace moe::cuda

@@ -1,0 +1,126 @@
+// ROPE, NeoX layout, with ggml's YaRN; the same math as cpu/ops_rope.cpp: pairs (i, i + n_dims/2)
+// for i < n_dims/2, elements from n_dims on pass through, theta_i = pos * freq_base^(-2i/n_dims)
+// blended per pair between interpolation and extrapolation by the YaRN ramp, cos/sin scaled by mscale.
+//
+// Angles are formed in double (at position 30k a float angle is off by ~2e-3 rad); the YaRN ramp
+// comes from core's yarn_ramp(), shared with the CPU kernel. A block takes one token and up to kHeadsPerBlock heads: it computes the
+// token's cos/sin once into shared memory and applies them to each of its heads.
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <string>
+
+#include "cuda/ops_common.cuh"
+
+namespace moe::cuda {
+namespace {
+
+using ops::View;
+
+constexpr int kHeadsPerBlock = 8;
+constexpr int kThreads = 128;
+
+struct RopeArgs {
+    int n_dims;
+    double freq_base;
+    double freq_scale;
+    double ext_factor;
+    double corr_lo;           // YaRN ramp start (pair index), clamped
+    double corr_den;          // max(0.001, hi - lo)
+    float mscale;
+};
+
+// Per pair i: theta_i(pos) = pos * coef(i); written as the CPU's angle_coefficients().
+__device__ double angle_coef(const RopeArgs& a, int i) {
+    const double inv_freq = pow(a.freq_base, -2.0 * i / a.n_dims);
+    double mix = a.freq_scale;
+    if (a.ext_factor != 0.0) {
+        const double y = (i - a.corr_lo) / a.corr_den;
+        const double ramp_mix = (1.0 - fmin(fmax(y, 0.0), 1.0)) * a.ext_factor;
+        mix = a.freq_scale * (1.0 - ramp_mix) + ramp_mix;
+    }
+    return inv_freq * mix;
+}
+
+__global__ void rope_kernel(View d, View x, const int32_t* pos, RopeArgs a) {
+    extern __shared__ float cs[];  // cos[half], then sin[half]
+    const int half = a.n_dims / 2;
+    const int64_t t = blockIdx.x;
+    const double p = pos[t];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double s, c;
+        sincos(p * angle_coef(a, i), &s, &c);
+        cs[i] = static_cast<float>(c) * a.mscale;
+        cs[half + i] = static_cast<float>(s) * a.mscale;
+    }
+    __syncthreads();
+    const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kHeadsPerBlock;
+    const int64_t h1 = min(h0 + kHeadsPerBlock, x.ne[1]);
+    const int64_t n_all = x.ne[0];
+    for (int64_t h = h0; h < h1; ++h) {
+        const auto* xs = reinterpret_cast<const float*>(ops::row_at(x, h, t, 0));
+        auto* dr = reinterpret_cast<float*>(ops::row_at(d, h, t, 0));
+        for (int i = threadIdx.x; i < half; i += blockDim.x) {
+            const float x0 = xs[i], x1 = xs[i + half];
+            const float c = cs[i], s = cs[half + i];
+            // __fmul_rn keeps the products unfused, as the CPU evaluates them.
+            dr[i] = __fmul_rn(x0, c) - __fmul_rn(x1, s);
+            dr[i + half] = __fmul_rn(x0, s) + __fmul_rn(x1, c);
+        }
+        if (dr != xs) {
+            for (int64_t i = a.n_dims + threadIdx.x; i < n_all; i += blockDim.x) dr[i] = xs[i];
+        }
+    }
+}
+
+}  // namespace
+
+Status rope(Tensor& dst, const OpContext& ctx) {
+    if (dst.op != Op::ROPE) return invalid_argument(std::string("rope: dst.op is ") + op_name(dst.op));
+    MOE_RETURN_IF_ERROR(ops::check_operand("ROPE", "dst", &dst, Type::F32));
+    MOE_RETURN_IF_ERROR(ops::check_operand("ROPE", "src0", dst.src[0], Type::F32));
+    MOE_RETURN_IF_ERROR(ops::check_operand("ROPE", "src1 (positions)", dst.src[1], Type::I32));
+    const Tensor& x = *dst.src[0];
+    const Tensor& pos = *dst.src[1];
+    MOE_RETURN_IF_ERROR(ops::check_same_shape("ROPE", "src0", x, dst));
+    if (x.ne[3] != 1) return invalid_argument("ROPE: src0 must be [D, H, T], got " + ops::shape_str(x));
+    if (pos.ne[0] != x.ne[2] || pos.n_rows() != 1) {
+        return invalid_argument("ROPE: src1 (positions) has shape " + ops::shape_str(pos) + ", expected [" +
+                                std::to_string(x.ne[2]) + "]");
+    }
+    const RopeParams p = dst.rope_params();
+    if (p.n_dims <= 0 || p.n_dims % 2 != 0 || p.n_dims > x.ne[0]) {
+        return invalid_argument("ROPE: n_dims (params.i[0]) = " + std::to_string(p.n_dims) +
+                                " must be even and in [2, " + std::to_string(x.ne[0]) + "]");
+    }
+    if (!(p.freq_base > 0.0f) || !(p.freq_scale > 0.0f)) {
+        return invalid_argument("ROPE: freq_base (params.f[0]) and freq_scale (params.f[1]) must be > 0");
+    }
+    if (p.ext_factor != 0.0f && p.n_ctx_orig <= 0) {
+        return invalid_argument("ROPE: YaRN (ext_factor != 0) needs n_ctx_orig (params.i[1]) > 0, got " +
+                                std::to_string(p.n_ctx_orig));
+    }
+    if (x.ne[1] == 0 || x.ne[2] == 0) return Status::ok();
+    if (x.ne[2] > 0x7fffffff) return invalid_argument("ROPE: too many tokens (" + std::to_string(x.ne[2]) + ")");
+
+    RopeArgs a{};
+    a.n_dims = p.n_dims;
+    a.freq_base = p.freq_base;
+    a.freq_scale = p.freq_scale;
+    a.ext_factor = p.ext_factor;
+    if (p.ext_factor != 0.0f) {
+        const YarnRamp ramp = yarn_ramp(p);  // shared with the CPU kernel
+        a.corr_lo = ramp.lo;
+        a.corr_den = ramp.den;
+    }
+    a.mscale = p.attn_factor;
+    if (p.ext_factor != 0.0f) a.mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
+
+    const dim3 grid(static_cast<unsigned int>(x.ne[2]), ops::ceil_div(x.ne[1], kHeadsPerBlock));
+    if (grid.y > ops::kMaxGridYZ) return invalid_argument("ROPE: too many heads (" + std::to_string(x.ne[1]) + ")");
+    const size_t shm = static_cast<size_t>(p.n_dims) * sizeof(float);
+    rope_kernel<<<grid, kThreads, shm, ctx.stream>>>(ops::view_of(dst), ops::view_of(x), pos.as<int32_t>(), a);
+    return ops::launch_status("rope_kernel");
+}
+
+}  // namespace moe::cuda

@@ -1,0 +1,768 @@
+// CUDA matrix products (MUL_MAT, MUL_MAT_ID, MOE_UP_GATE) against the CPU backend's kernels
+// (moe::cpu::mul_mat etc.) run on the same inputs: every weight type, batches on both sides of the
+// GEMV / tensor-core switch, odd row counts, experts that get no tokens, B = 1 and B = n_used.
+//
+// Tolerances, per output element, with mag = sum_k |w_k x_k| (dequantised weights, F32 activations)
+// and qerr = the bound of the CPU's own error from quantising activations to Q8 for Q8_0 / Q4_0 /
+// MXFP4 weights (sum over blocks of sum|w| * amax(x) / 127 / 2; 0 for float weights):
+// - GEMV path (<= 8 rows / tokens): the GPU quantises activations exactly as the CPU does and sums
+//   the same integer block dots, or multiplies F32 activations by exact weights: 2e-5 mag + qerr.
+// - Tensor-core path (BF16 weights and activations, F32 accumulation): 1e-2 mag + qerr.
+// - F32 weights of MUL_MAT with more than 8 rows run cuBLAS in FP32: 1e-4 mag (F32 experts take the
+//   tensor-core path).
+// MOE_UP_GATE propagates the bounds tu, tg of u and g through the activation: |d out/d g| <= 1.1
+// (|u| + tu + [1 for SWIGLU_OAI]) and |d out/d u| <= |g| + tg, with 20% margin.
+//
+// Perf mode (MOEINFER_GPU_PERF=1): the Q30 and G20 expert shapes and one dense shape, median of 10
+// event-timed runs after warm-up; GB/s of weights read at T = 1, TFLOP/s at T = 512 and 4096.
+#include "moeinfer/moeinfer_version.h"
+
+#if MOEINFER_HAS_CUDA
+
+#include <catch2/catch.hpp>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/types.h"
+#include "cpu/cpu_ops.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_ops.cuh"
+
+namespace {
+
+using moe::Activation;
+using moe::Op;
+using moe::Tensor;
+using moe::Type;
+
+#define CUDA_REQUIRE(call)                                   \
+    do {                                                     \
+        const cudaError_t cuda_err_ = (call);                \
+        INFO(#call << ": " << cudaGetErrorString(cuda_err_)); \
+        REQUIRE(cuda_err_ == cudaSuccess);                   \
+    } while (0)
+
+const Type kAllTypes[] = {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q4_0, Type::MXFP4};
+
+// ---- the device side ----
+
+struct CudaFree {
+    void operator()(void* p) const { cudaFree(p); }
+};
+using DevMem = std::unique_ptr<void, CudaFree>;
+
+DevMem dev_alloc(size_t bytes) {
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+    INFO("cudaMalloc(" << bytes << "): " << cudaGetErrorString(err));
+    REQUIRE(err == cudaSuccess);
+    return DevMem(p);
+}
+
+// One stream, cuBLAS handle, error word and grow-only scratch for all test cases. Never destroyed:
+// the CUDA runtime may already be gone when static destructors run.
+class GpuEnv {
+public:
+    static GpuEnv& get() {
+        static GpuEnv* env = new GpuEnv();
+        return *env;
+    }
+
+    moe::cuda::OpContext ctx(size_t scratch_bytes) {
+        if (scratch_bytes > scratch_size_) {
+            CUDA_REQUIRE(cudaStreamSynchronize(stream_));
+            scratch_.reset();
+            scratch_ = dev_alloc(scratch_bytes);
+            scratch_size_ = scratch_bytes;
+        }
+        moe::cuda::OpContext c;
+        c.stream = stream_;
+        c.cublas = cublas_;
+        c.scratch = scratch_.get();
+        c.scratch_size = scratch_size_;
+        c.error_flags = flags_dev_;
+        return c;
+    }
+    cudaStream_t stream() const { return stream_; }
+    // Synchronises, then returns and clears the error word.
+    unsigned int take_flags() {
+        CUDA_REQUIRE(cudaStreamSynchronize(stream_));
+        const unsigned int v = *reinterpret_cast<volatile unsigned int*>(flags_host_);
+        *flags_host_ = 0;
+        return v;
+    }
+
+private:
+    GpuEnv() {
+        CUDA_REQUIRE(cudaSetDevice(0));
+        CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        REQUIRE(cublasCreate(&cublas_) == CUBLAS_STATUS_SUCCESS);
+        REQUIRE(cublasSetStream(cublas_, stream_) == CUBLAS_STATUS_SUCCESS);
+        void* flags = nullptr;
+        CUDA_REQUIRE(cudaHostAlloc(&flags, sizeof(unsigned int), cudaHostAllocMapped));
+        flags_host_ = static_cast<unsigned int*>(flags);
+        *flags_host_ = 0;
+        void* dev = nullptr;
+        CUDA_REQUIRE(cudaHostGetDevicePointer(&dev, flags, 0));
+        flags_dev_ = static_cast<unsigned int*>(dev);
+    }
+    cudaStream_t stream_ = nullptr;
+    cublasHandle_t cublas_ = nullptr;
+    unsigned int* flags_host_ = nullptr;
+    unsigned int* flags_dev_ = nullptr;
+    DevMem scratch_;
+    size_t scratch_size_ = 0;
+};
+
+// ---- host data ----
+
+std::mt19937& rng() {
+    static std::mt19937 g(Catch::rngSeed() + 4242u);
+    return g;
+}
+
+// Normal values whose magnitude changes from block to block (2^-3 .. 2^3), so block scales differ.
+std::vector<float> random_floats(int64_t n) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_real_distribution<float> expo(-3.0f, 3.0f);
+    std::vector<float> v(static_cast<size_t>(n));
+    float scale = 1.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        if (i % 32 == 0) scale = std::exp2(expo(rng()));
+        v[static_cast<size_t>(i)] = normal(rng()) * scale;
+    }
+    return v;
+}
+
+struct HostTensor {
+    Tensor t;
+    std::vector<uint8_t> bytes;
+};
+
+HostTensor make_tensor(Type type, std::initializer_list<int64_t> shape) {
+    HostTensor h;
+    moe::set_shape(h.t, type, static_cast<int>(shape.size()), shape.begin());
+    h.bytes.resize(h.t.nb[3] * static_cast<size_t>(h.t.ne[3]));
+    h.t.data = h.bytes.data();
+    return h;
+}
+
+// Weights through the reference quantiser, plus edge cases files may hold: Q8_0 values of -128 and
+// MXFP4 scales at the ends of the e8m0 range.
+HostTensor random_weights(Type type, int64_t k, int64_t n, int64_t e = 1) {
+    HostTensor h = e > 1 ? make_tensor(type, {k, n, e}) : make_tensor(type, {k, n});
+    const std::vector<float> f = random_floats(k * n * e);
+    moe::traits(type).from_float(f.data(), h.bytes.data(), k * n * e);
+    std::uniform_int_distribution<int> pick(0, 99);
+    const int64_t n_blocks = k * n * e / 32;
+    if (type == Type::Q8_0) {
+        auto* b = reinterpret_cast<moe::BlockQ8_0*>(h.bytes.data());
+        for (int64_t i = 0; i < n_blocks; ++i) {
+            if (pick(rng()) < 3) b[i].qs[pick(rng()) % 32] = -128;
+        }
+    }
+    if (type == Type::MXFP4) {
+        auto* b = reinterpret_cast<moe::BlockMXFP4*>(h.bytes.data());
+        const uint8_t extremes[] = {0, 1, 2, 3, 150};
+        for (int64_t i = 0; i < n_blocks; ++i) {
+            if (pick(rng()) < 2) b[i].e = extremes[pick(rng()) % 5];
+        }
+    }
+    return h;
+}
+
+HostTensor random_acts(std::initializer_list<int64_t> shape) {
+    HostTensor h = make_tensor(Type::F32, shape);
+    const std::vector<float> f = random_floats(h.t.n_elements());
+    std::memcpy(h.bytes.data(), f.data(), f.size() * sizeof(float));
+    return h;
+}
+
+// ids [n_used, T]: per token n_used distinct experts drawn from `allowed`.
+HostTensor random_ids(int64_t n_used, int64_t n_tokens, const std::vector<int32_t>& allowed) {
+    HostTensor h = make_tensor(Type::I32, {n_used, n_tokens});
+    auto* v = reinterpret_cast<int32_t*>(h.bytes.data());
+    std::vector<int32_t> pool = allowed;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        std::shuffle(pool.begin(), pool.end(), rng());
+        for (int64_t j = 0; j < n_used; ++j) v[t * n_used + j] = pool[static_cast<size_t>(j) % pool.size()];
+    }
+    return h;
+}
+
+HostTensor random_bias(int64_t f, int64_t e) {
+    HostTensor h = make_tensor(Type::F32, {f, e});
+    std::normal_distribution<float> normal(0.0f, 0.5f);
+    for (int64_t i = 0; i < f * e; ++i) reinterpret_cast<float*>(h.bytes.data())[i] = normal(rng());
+    return h;
+}
+
+// Dequantised weight rows [E][N][K].
+std::vector<float> dequant_all(const HostTensor& w) {
+    const int64_t k = w.t.ne[0];
+    const int64_t rows = w.t.ne[1] * w.t.ne[2];
+    std::vector<float> out(static_cast<size_t>(rows * k));
+    for (int64_t r = 0; r < rows; ++r) {
+        moe::traits(w.t.type).to_float(w.t.row(r % w.t.ne[1], r / w.t.ne[1]), out.data() + r * k, k);
+    }
+    return out;
+}
+
+// ---- reference bounds ----
+
+struct DotRef {
+    double value;  // float64 dot
+    double mag;    // sum |w x|
+    double qerr;   // the CPU's activation-quantisation bound (quantised weights only)
+};
+
+DotRef dot_ref(Type type, const float* w, const float* x, int64_t k) {
+    DotRef r{0.0, 0.0, 0.0};
+    for (int64_t i = 0; i < k; ++i) {
+        const double p = static_cast<double>(w[i]) * x[i];
+        r.value += p;
+        r.mag += std::fabs(p);
+    }
+    if (moe::is_quantized(type)) {
+        for (int64_t b = 0; b < k / 32; ++b) {
+            double wsum = 0.0, amax = 0.0;
+            for (int j = 0; j < 32; ++j) {
+                wsum += std::fabs(static_cast<double>(w[b * 32 + j]));
+                amax = std::max(amax, std::fabs(static_cast<double>(x[b * 32 + j])));
+            }
+            r.qerr += wsum * amax / 127.0 * 0.5 * (1.0 + 1e-4);
+        }
+    }
+    return r;
+}
+
+enum class Path { kGemv, kTensorCore, kFp32Blas };
+
+// Expert products (dense == false) of F32 weights use the tensor-core kernel like every other type.
+Path path_of(Type type, int64_t cols, bool dense) {
+    if (cols <= 8) return Path::kGemv;
+    return dense && type == Type::F32 ? Path::kFp32Blas : Path::kTensorCore;
+}
+
+double dot_tol(const DotRef& r, Path path) {
+    switch (path) {
+        case Path::kGemv: return 2e-5 * r.mag + r.qerr + 1e-30;
+        case Path::kTensorCore: return 1e-2 * r.mag + r.qerr + 1e-30;
+        case Path::kFp32Blas: return 1e-4 * r.mag + 1e-30;
+    }
+    return 0.0;
+}
+
+// ---- running a node on both backends ----
+
+struct Outputs {
+    std::vector<float> cpu;
+    std::vector<float> gpu;
+    unsigned int flags = 0;
+};
+
+moe::Status run_cpu_node(Tensor& node) {
+    static moe::cpu::Scratch scratch;
+    switch (node.op) {
+        case Op::MUL_MAT: return moe::cpu::mul_mat(node, scratch);
+        case Op::MUL_MAT_ID: return moe::cpu::mul_mat_id(node, scratch);
+        default: return moe::cpu::moe_up_gate(node, scratch);
+    }
+}
+
+moe::Status run_gpu_node(Tensor& node, const moe::cuda::OpContext& ctx) {
+    switch (node.op) {
+        case Op::MUL_MAT: return moe::cuda::mul_mat(node, ctx);
+        case Op::MUL_MAT_ID: return moe::cuda::mul_mat_id(node, ctx);
+        default: return moe::cuda::moe_up_gate(node, ctx);
+    }
+}
+
+// Runs op(srcs) on the CPU (unless run_cpu is false) and on the GPU (sources uploaded, dst poisoned
+// with NaN first so that unwritten outputs fail).
+Outputs run_both(Op op, const std::vector<const HostTensor*>& srcs, std::initializer_list<int64_t> dst_shape,
+                 const moe::OpParams& params, bool run_cpu = true) {
+    Outputs out;
+    HostTensor dst = make_tensor(Type::F32, dst_shape);
+    Tensor node = dst.t;
+    node.op = op;
+    node.params = params;
+    for (size_t i = 0; i < srcs.size(); ++i) node.src[i] = srcs[i] != nullptr ? const_cast<Tensor*>(&srcs[i]->t) : nullptr;
+    const size_t n_out = static_cast<size_t>(dst.t.n_elements());
+    if (run_cpu) {
+        std::fill(reinterpret_cast<float*>(dst.bytes.data()), reinterpret_cast<float*>(dst.bytes.data()) + n_out,
+                  std::numeric_limits<float>::quiet_NaN());
+        const moe::Status s = run_cpu_node(node);
+        INFO("cpu: " << s.message());
+        REQUIRE(s.is_ok());
+        out.cpu.assign(reinterpret_cast<const float*>(dst.bytes.data()),
+                       reinterpret_cast<const float*>(dst.bytes.data()) + n_out);
+    }
+
+    GpuEnv& env = GpuEnv::get();
+    std::vector<DevMem> mems;
+    std::vector<Tensor> dev_srcs(srcs.size());
+    Tensor gnode = node;
+    for (size_t i = 0; i < srcs.size(); ++i) {
+        if (srcs[i] == nullptr) continue;
+        mems.push_back(dev_alloc(srcs[i]->bytes.size()));
+        CUDA_REQUIRE(cudaMemcpy(mems.back().get(), srcs[i]->bytes.data(), srcs[i]->bytes.size(), cudaMemcpyHostToDevice));
+        dev_srcs[i] = srcs[i]->t;
+        dev_srcs[i].data = mems.back().get();
+        gnode.src[i] = &dev_srcs[i];
+    }
+    DevMem ddst = dev_alloc(dst.bytes.size());
+    CUDA_REQUIRE(cudaMemset(ddst.get(), 0xFF, dst.bytes.size()));  // NaN
+    gnode.data = ddst.get();
+    const moe::cuda::OpContext ctx = env.ctx(moe::cuda::matmul_scratch_bytes(gnode));
+    const moe::Status s = run_gpu_node(gnode, ctx);
+    INFO("gpu: " << s.message());
+    REQUIRE(s.is_ok());
+    out.flags = env.take_flags();
+    out.gpu.resize(n_out);
+    CUDA_REQUIRE(cudaMemcpy(out.gpu.data(), ddst.get(), n_out * sizeof(float), cudaMemcpyDeviceToHost));
+    return out;
+}
+
+// Counts outputs outside their tolerance (NaN included), reports the first few and the worst ratio.
+void compare(const std::string& what, const std::vector<float>& gpu, const std::vector<float>& cpu,
+             const std::vector<double>& tol) {
+    REQUIRE(gpu.size() == cpu.size());
+    REQUIRE(tol.size() == cpu.size());
+    int bad = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < gpu.size(); ++i) {
+        const double err = std::fabs(static_cast<double>(gpu[i]) - cpu[i]);
+        const bool ok = std::isfinite(gpu[i]) && err <= tol[i];
+        if (std::isfinite(gpu[i])) worst = std::max(worst, err / tol[i]);
+        if (!ok) {
+            if (bad < 4) {
+                UNSCOPED_INFO(what << ": element " << i << ": gpu " << gpu[i] << ", cpu " << cpu[i] << ", |diff| "
+                                   << err << " > tol " << tol[i]);
+            }
+            ++bad;
+        }
+    }
+    std::printf("  %-58s worst err/tol %.3g%s\n", what.c_str(), worst, bad ? "  FAILED" : "");
+    INFO(what << ": " << bad << " of " << gpu.size() << " outputs outside tolerance; worst err/tol " << worst);
+    CHECK(bad == 0);
+}
+
+std::string case_name(const char* op, Type type, std::initializer_list<int64_t> dims) {
+    std::string s = std::string(op) + " " + moe::type_name(type);
+    for (int64_t d : dims) {
+        s += ' ';
+        s += std::to_string(d);
+    }
+    return s;
+}
+
+// ---- MUL_MAT ----
+
+void check_mul_mat(Type type, int64_t k, int64_t n, int64_t rows, int64_t ne2 = 1) {
+    const HostTensor w = random_weights(type, k, n);
+    const HostTensor x = ne2 > 1 ? random_acts({k, rows / ne2, ne2}) : random_acts({k, rows});
+    const Outputs o = run_both(Op::MUL_MAT, {&w, &x}, {n, x.t.ne[1], x.t.ne[2]}, moe::OpParams{});
+    const std::vector<float> wf = dequant_all(w);
+    const auto* xf = reinterpret_cast<const float*>(x.bytes.data());
+    std::vector<double> tol(static_cast<size_t>(n * rows));
+    const Path path = path_of(type, rows, true);
+    for (int64_t c = 0; c < rows; ++c) {
+        for (int64_t r = 0; r < n; ++r) tol[c * n + r] = dot_tol(dot_ref(type, wf.data() + r * k, xf + c * k, k), path);
+    }
+    compare(case_name("MUL_MAT", type, {k, n, rows}), o.gpu, o.cpu, tol);
+    CHECK(o.flags == 0);
+}
+
+// ---- MUL_MAT_ID ----
+
+struct MoeShape {
+    int64_t n_expert, n, k, n_used;
+    std::vector<int32_t> allowed;  // experts that may be chosen; the others get no tokens
+};
+
+void check_mul_mat_id(Type type, const MoeShape& s, int64_t n_tokens, bool shared_input) {
+    const HostTensor w = random_weights(type, s.k, s.n, s.n_expert);
+    const int64_t b = shared_input ? 1 : s.n_used;
+    const HostTensor x = random_acts({s.k, b, n_tokens});
+    const HostTensor ids = random_ids(s.n_used, n_tokens, s.allowed);
+    const Outputs o = run_both(Op::MUL_MAT_ID, {&w, &x, &ids}, {s.n, s.n_used, n_tokens}, moe::OpParams{});
+    const std::vector<float> wf = dequant_all(w);
+    const auto* xf = reinterpret_cast<const float*>(x.bytes.data());
+    const auto* id = reinterpret_cast<const int32_t*>(ids.bytes.data());
+    const Path path = path_of(type, n_tokens, false);
+    std::vector<double> tol(static_cast<size_t>(s.n * s.n_used * n_tokens));
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        for (int64_t j = 0; j < s.n_used; ++j) {
+            const float* xr = xf + (t * b + (shared_input ? 0 : j)) * s.k;
+            const int64_t e = id[t * s.n_used + j];
+            for (int64_t r = 0; r < s.n; ++r) {
+                tol[(t * s.n_used + j) * s.n + r] = dot_tol(dot_ref(type, wf.data() + (e * s.n + r) * s.k, xr, s.k), path);
+            }
+        }
+    }
+    compare(case_name(shared_input ? "MUL_MAT_ID B=1" : "MUL_MAT_ID B=n_used", type,
+                      {s.k, s.n, s.n_expert, s.n_used, n_tokens}),
+            o.gpu, o.cpu, tol);
+    CHECK(o.flags == 0);
+}
+
+// ---- MOE_UP_GATE ----
+
+void check_moe_up_gate(Type type, const MoeShape& s, int64_t n_tokens, Activation act, bool bias) {
+    const HostTensor up = random_weights(type, s.k, s.n, s.n_expert);
+    const HostTensor gate = random_weights(type, s.k, s.n, s.n_expert);
+    const HostTensor x = random_acts({s.k, n_tokens});
+    const HostTensor ids = random_ids(s.n_used, n_tokens, s.allowed);
+    const HostTensor bu = random_bias(s.n, s.n_expert);
+    const HostTensor bg = random_bias(s.n, s.n_expert);
+    moe::OpParams params;
+    params.i[0] = static_cast<int32_t>(act);
+    const Outputs o = run_both(Op::MOE_UP_GATE, {&up, &gate, &x, &ids, bias ? &bu : nullptr, bias ? &bg : nullptr},
+                               {s.n, s.n_used, n_tokens}, params);
+    const std::vector<float> uf = dequant_all(up);
+    const std::vector<float> gf = dequant_all(gate);
+    const auto* xf = reinterpret_cast<const float*>(x.bytes.data());
+    const auto* id = reinterpret_cast<const int32_t*>(ids.bytes.data());
+    const auto* buf = reinterpret_cast<const float*>(bu.bytes.data());
+    const auto* bgf = reinterpret_cast<const float*>(bg.bytes.data());
+    const Path path = path_of(type, n_tokens, false);
+    const double oai = act == Activation::SWIGLU_OAI ? 1.0 : 0.0;
+    std::vector<double> tol(static_cast<size_t>(s.n * s.n_used * n_tokens));
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        for (int64_t j = 0; j < s.n_used; ++j) {
+            const int64_t e = id[t * s.n_used + j];
+            for (int64_t r = 0; r < s.n; ++r) {
+                const DotRef u = dot_ref(type, uf.data() + (e * s.n + r) * s.k, xf + t * s.k, s.k);
+                const DotRef g = dot_ref(type, gf.data() + (e * s.n + r) * s.k, xf + t * s.k, s.k);
+                const double uv = u.value + (bias ? buf[e * s.n + r] : 0.0);
+                const double gv = g.value + (bias ? bgf[e * s.n + r] : 0.0);
+                const double tu = dot_tol(u, path);
+                const double tg = dot_tol(g, path);
+                tol[(t * s.n_used + j) * s.n + r] =
+                    1.2 * (1.1 * (std::fabs(uv) + tu + oai) * tg + (std::fabs(gv) + tg) * tu) + 1e-30;
+            }
+        }
+    }
+    compare(case_name(act == Activation::SILU ? "MOE_UP_GATE silu" : "MOE_UP_GATE swiglu_oai+bias", type,
+                      {s.k, s.n, s.n_expert, s.n_used, n_tokens}),
+            o.gpu, o.cpu, tol);
+    CHECK(o.flags == 0);
+}
+
+const int64_t kTokenCounts[] = {1, 2, 7, 33, 512};
+
+}  // namespace
+
+TEST_CASE("cuda MUL_MAT matches the CPU backend on every weight type and batch size", "[gpu][cuda][matmul]") {
+    if (moe::cuda::device_count() == 0) {
+        WARN("skipped: no CUDA device");
+        return;
+    }
+    for (Type type : kAllTypes) {
+        for (int64_t rows : kTokenCounts) {
+            check_mul_mat(type, 256, 203, rows);   // one partial chunk per row; partial row tiles
+            check_mul_mat(type, 1184, 77, rows);   // 37 blocks: two chunks, odd block count
+        }
+        check_mul_mat(type, 320, 129, 6, 2);       // 3-D activations [K, 3, 2]
+        check_mul_mat(type, 320, 129, 300, 3);     // [K, 100, 3]: the dequantise + cuBLAS path
+    }
+}
+
+TEST_CASE("cuda MUL_MAT_ID matches the CPU backend, B = 1 and B = n_used, idle experts", "[gpu][cuda][matmul]") {
+    if (moe::cuda::device_count() == 0) {
+        WARN("skipped: no CUDA device");
+        return;
+    }
+    std::vector<int32_t> most(16);
+    std::iota(most.begin(), most.end(), 0);
+    most.erase(most.begin() + 7);  // expert 7 gets no tokens
+    const MoeShape shapes[] = {
+        {6, 77, 320, 3, {0, 2, 3, 5}},  // experts 1 and 4 idle; ~380 pairs per expert at T = 512
+        {16, 130, 1184, 2, most},       // ~68 pairs per expert at T = 512, ~4 at T = 33
+    };
+    for (Type type : kAllTypes) {
+        for (const MoeShape& s : shapes) {
+            for (int64_t t : kTokenCounts) {
+                check_mul_mat_id(type, s, t, true);
+                check_mul_mat_id(type, s, t, false);
+            }
+        }
+    }
+}
+
+TEST_CASE("cuda MOE_UP_GATE matches the CPU backend (SILU, SWIGLU_OAI with biases)", "[gpu][cuda][matmul]") {
+    if (moe::cuda::device_count() == 0) {
+        WARN("skipped: no CUDA device");
+        return;
+    }
+    const MoeShape s{8, 93, 256, 2, {0, 1, 3, 4, 6}};  // experts 2, 5, 7 idle
+    for (Type type : kAllTypes) {
+        for (int64_t t : kTokenCounts) {
+            check_moe_up_gate(type, s, t, Activation::SILU, false);
+            check_moe_up_gate(type, s, t, Activation::SWIGLU_OAI, true);
+        }
+    }
+}
+
+TEST_CASE("cuda MUL_MAT_ID: out-of-range ids give NaN columns and raise kErrorBadIndex", "[gpu][cuda][matmul]") {
+    if (moe::cuda::device_count() == 0) {
+        WARN("skipped: no CUDA device");
+        return;
+    }
+    const int64_t k = 256, n = 45, n_expert = 4, n_used = 2;
+    for (int64_t n_tokens : {int64_t{1}, int64_t{33}}) {
+        const HostTensor w = random_weights(Type::Q8_0, k, n, n_expert);
+        const HostTensor x = random_acts({k, 1, n_tokens});
+        HostTensor ids = random_ids(n_used, n_tokens, {0, 1, 2, 3});
+        const Outputs good = run_both(Op::MUL_MAT_ID, {&w, &x, &ids}, {n, n_used, n_tokens}, moe::OpParams{});
+        auto* id = reinterpret_cast<int32_t*>(ids.bytes.data());
+        const int64_t bad0 = 0;                       // (slot 0, token 0)
+        const int64_t bad1 = n_used * n_tokens - 1;   // the last pair
+        id[bad0] = static_cast<int32_t>(n_expert);
+        id[bad1] = -1;
+        const Outputs o = run_both(Op::MUL_MAT_ID, {&w, &x, &ids}, {n, n_used, n_tokens}, moe::OpParams{}, false);
+        CHECK(o.flags == moe::cuda::kErrorBadIndex);
+        int wrong = 0;
+        for (int64_t p = 0; p < n_used * n_tokens; ++p) {
+            for (int64_t r = 0; r < n; ++r) {
+                const float g = o.gpu[p * n + r];
+                if (p == bad0 || p == bad1) {
+                    wrong += std::isnan(g) ? 0 : 1;
+                } else {
+                    wrong += g == good.gpu[p * n + r] ? 0 : 1;  // the same kernels on the same data
+                }
+            }
+        }
+        INFO("T = " << n_tokens);
+        CHECK(wrong == 0);
+    }
+}
+
+TEST_CASE("cuda matmul argument checks fail on the host, before any launch", "[cuda][matmul]") {
+    // No device needed: every case fails validation, which reads only shapes, types and strides.
+    HostTensor w = random_weights(Type::Q8_0, 64, 8);
+    HostTensor x = random_acts({64, 3});
+    HostTensor dst = make_tensor(Type::F32, {8, 3});
+    moe::cuda::OpContext ctx;
+    Tensor node = dst.t;
+    node.op = Op::MUL_MAT;
+    node.src[0] = &w.t;
+    node.src[1] = &x.t;
+    SECTION("wrong dst shape") {
+        node.ne[0] = 9;
+        CHECK(moe::cuda::mul_mat(node, ctx).code() == MOE_STATUS_INVALID_ARGUMENT);
+        CHECK(moe::cuda::matmul_scratch_bytes(node) == 0);
+    }
+    SECTION("activation row length differs from the weight's") {
+        HostTensor x2 = random_acts({96, 3});
+        node.src[1] = &x2.t;
+        CHECK(moe::cuda::mul_mat(node, ctx).code() == MOE_STATUS_INVALID_ARGUMENT);
+    }
+    SECTION("rows that are not a multiple of 32") {
+        HostTensor wf = make_tensor(Type::F32, {40, 8});
+        HostTensor x2 = random_acts({40, 3});
+        node.src[0] = &wf.t;
+        node.src[1] = &x2.t;
+        CHECK(moe::cuda::mul_mat(node, ctx).code() == MOE_STATUS_UNIMPLEMENTED);
+    }
+    SECTION("missing scratch") {
+        CHECK(moe::cuda::matmul_scratch_bytes(node) > 0);
+        CHECK(moe::cuda::mul_mat(node, ctx).code() == MOE_STATUS_INVALID_ARGUMENT);
+    }
+    SECTION("up and gate of different types") {
+        HostTensor up = random_weights(Type::Q8_0, 64, 8, 2);
+        HostTensor gate = random_weights(Type::Q4_0, 64, 8, 2);
+        HostTensor xt = random_acts({64, 3});
+        HostTensor ids = random_ids(1, 3, {0, 1});
+        HostTensor out = make_tensor(Type::F32, {8, 1, 3});
+        Tensor ug = out.t;
+        ug.op = Op::MOE_UP_GATE;
+        ug.src[0] = &up.t;
+        ug.src[1] = &gate.t;
+        ug.src[2] = &xt.t;
+        ug.src[3] = &ids.t;
+        CHECK(moe::cuda::moe_up_gate(ug, ctx).code() == MOE_STATUS_UNIMPLEMENTED);
+    }
+    CHECK(moe::cuda::supports_matmul_type(Type::MXFP4));
+    CHECK_FALSE(moe::cuda::supports_matmul_type(Type::I32));
+}
+
+// ---- perf mode ----
+
+namespace {
+
+// Valid random weights for one expert, replicated to all experts on the device (timings only).
+DevMem perf_weights(Type type, int64_t k, int64_t n, int64_t n_expert) {
+    const HostTensor one = random_weights(type, k, n);
+    DevMem d = dev_alloc(one.bytes.size() * static_cast<size_t>(n_expert));
+    for (int64_t e = 0; e < n_expert; ++e) {
+        CUDA_REQUIRE(cudaMemcpy(static_cast<uint8_t*>(d.get()) + e * one.bytes.size(), one.bytes.data(),
+                                one.bytes.size(), cudaMemcpyHostToDevice));
+    }
+    return d;
+}
+
+struct PerfOp {
+    const char* name;
+    Op op;
+    int64_t k, n, n_expert, n_used;
+    Activation act;
+    bool bias;
+};
+
+// Median of 10 event-timed runs after 3 warm-ups, in seconds.
+double time_node(Tensor& node) {
+    GpuEnv& env = GpuEnv::get();
+    const moe::cuda::OpContext ctx = env.ctx(moe::cuda::matmul_scratch_bytes(node));
+    cudaEvent_t a, b;
+    CUDA_REQUIRE(cudaEventCreate(&a));
+    CUDA_REQUIRE(cudaEventCreate(&b));
+    std::vector<double> ms;
+    for (int i = 0; i < 13; ++i) {
+        CUDA_REQUIRE(cudaEventRecord(a, ctx.stream));
+        const moe::Status s = run_gpu_node(node, ctx);
+        INFO(s.message());
+        REQUIRE(s.is_ok());
+        CUDA_REQUIRE(cudaEventRecord(b, ctx.stream));
+        CUDA_REQUIRE(cudaEventSynchronize(b));
+        float t = 0.0f;
+        CUDA_REQUIRE(cudaEventElapsedTime(&t, a, b));
+        if (i >= 3) ms.push_back(t);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    std::sort(ms.begin(), ms.end());
+    REQUIRE(env.take_flags() == 0);
+    return 0.5 * (ms[4] + ms[5]) * 1e-3;
+}
+
+void perf_case(const PerfOp& p, Type type, int64_t n_tokens) {
+    const bool fused = p.op == Op::MOE_UP_GATE;
+    const bool dense = p.op == Op::MUL_MAT;
+    const int64_t n_expert = dense ? 1 : p.n_expert;
+    DevMem w0 = perf_weights(type, p.k, p.n, n_expert);
+    DevMem w1 = fused ? perf_weights(type, p.k, p.n, n_expert) : nullptr;
+    Tensor wt;
+    if (dense) {
+        const int64_t ne[2] = {p.k, p.n};
+        moe::set_shape(wt, type, 2, ne);
+    } else {
+        const int64_t ne[3] = {p.k, p.n, n_expert};
+        moe::set_shape(wt, type, 3, ne);
+    }
+    wt.data = w0.get();
+    Tensor gt = wt;
+    gt.data = w1.get();
+
+    const int64_t b_rows = p.op == Op::MUL_MAT_ID ? p.n_used : 1;
+    const HostTensor xh = dense ? random_acts({p.k, n_tokens}) : random_acts({p.k, b_rows * n_tokens});
+    DevMem xd = dev_alloc(xh.bytes.size());
+    CUDA_REQUIRE(cudaMemcpy(xd.get(), xh.bytes.data(), xh.bytes.size(), cudaMemcpyHostToDevice));
+    Tensor xt;
+    if (p.op == Op::MUL_MAT_ID) {
+        const int64_t ne[3] = {p.k, b_rows, n_tokens};
+        moe::set_shape(xt, Type::F32, 3, ne);
+    } else {
+        const int64_t ne[2] = {p.k, n_tokens};
+        moe::set_shape(xt, Type::F32, 2, ne);
+    }
+    xt.data = xd.get();
+
+    std::vector<int32_t> all(static_cast<size_t>(p.n_expert));
+    std::iota(all.begin(), all.end(), 0);
+    const HostTensor idh = random_ids(p.n_used, n_tokens, all);
+    DevMem idd = dev_alloc(idh.bytes.size());
+    CUDA_REQUIRE(cudaMemcpy(idd.get(), idh.bytes.data(), idh.bytes.size(), cudaMemcpyHostToDevice));
+    Tensor idt = idh.t;
+    idt.data = idd.get();
+
+    const HostTensor bh = random_bias(p.n, n_expert);
+    DevMem bd = dev_alloc(bh.bytes.size());
+    CUDA_REQUIRE(cudaMemcpy(bd.get(), bh.bytes.data(), bh.bytes.size(), cudaMemcpyHostToDevice));
+    Tensor bt = bh.t;
+    bt.data = bd.get();
+
+    const int64_t cols = dense ? n_tokens : p.n_used * n_tokens;
+    DevMem dd = dev_alloc(static_cast<size_t>(p.n * cols) * 4);
+    Tensor node;
+    if (dense) {
+        const int64_t ne[2] = {p.n, n_tokens};
+        moe::set_shape(node, Type::F32, 2, ne);
+    } else {
+        const int64_t ne[3] = {p.n, p.n_used, n_tokens};
+        moe::set_shape(node, Type::F32, 3, ne);
+    }
+    node.data = dd.get();
+    node.op = p.op;
+    if (fused) {
+        node.src[0] = &wt;
+        node.src[1] = &gt;
+        node.src[2] = &xt;
+        node.src[3] = &idt;
+        node.src[4] = p.bias ? &bt : nullptr;
+        node.src[5] = p.bias ? &bt : nullptr;
+        node.params.i[0] = static_cast<int32_t>(p.act);
+    } else {
+        node.src[0] = &wt;
+        node.src[1] = &xt;
+        node.src[2] = dense ? nullptr : &idt;
+    }
+    const double sec = time_node(node);
+    const double mats = fused ? 2.0 : 1.0;
+    const double flops = 2.0 * static_cast<double>(cols) * static_cast<double>(p.n) * static_cast<double>(p.k) * mats;
+    if (n_tokens == 1) {
+        const double bytes = static_cast<double>(moe::row_bytes(type, p.k)) * static_cast<double>(p.n) * mats *
+                             static_cast<double>(dense ? 1 : p.n_used);
+        std::printf("%-14s %-6s T=%-5lld %9.1f us  %7.1f GB/s of weights\n", p.name, moe::type_name(type),
+                    static_cast<long long>(n_tokens), sec * 1e6, bytes / sec * 1e-9);
+    } else {
+        std::printf("%-14s %-6s T=%-5lld %9.1f us  %7.1f TFLOP/s\n", p.name, moe::type_name(type),
+                    static_cast<long long>(n_tokens), sec * 1e6, flops / sec * 1e-12);
+    }
+    std::fflush(stdout);
+}
+
+}  // namespace
+
+TEST_CASE("cuda matmul perf (set MOEINFER_GPU_PERF=1)", "[gpu][cuda][matmul][perf]") {
+    if (moe::cuda::device_count() == 0) {
+        WARN("skipped: no CUDA device");
+        return;
+    }
+    const char* env = std::getenv("MOEINFER_GPU_PERF");
+    if (env == nullptr || std::string(env) != "1") return;
+    const PerfOp q30_up{"q30 up_gate", Op::MOE_UP_GATE, 2048, 768, 128, 8, Activation::SILU, false};
+    const PerfOp q30_down{"q30 down", Op::MUL_MAT_ID, 768, 2048, 128, 8, Activation::SILU, false};
+    const PerfOp g20_up{"g20 up_gate", Op::MOE_UP_GATE, 2880, 2880, 32, 4, Activation::SWIGLU_OAI, true};
+    const PerfOp g20_down{"g20 down", Op::MUL_MAT_ID, 2880, 2880, 32, 4, Activation::SILU, false};
+    const PerfOp dense{"dense 2048x4096", Op::MUL_MAT, 2048, 4096, 1, 1, Activation::SILU, false};
+    std::printf("\ncuda matmul perf (median of 10 event-timed runs)\n");
+    for (int64_t t : {int64_t{1}, int64_t{512}, int64_t{4096}}) {
+        for (Type type : {Type::Q8_0, Type::Q4_0, Type::BF16}) {
+            perf_case(q30_up, type, t);
+            perf_case(q30_down, type, t);
+        }
+        for (Type type : {Type::MXFP4, Type::Q8_0}) {
+            perf_case(g20_up, type, t);
+            perf_case(g20_down, type, t);
+        }
+        for (Type type : {Type::Q8_0, Type::BF16}) perf_case(dense, type, t);
+    }
+    perf_case(dense, Type::Q8_0, 128);  // the tensor-core kernel's dense mode
+}
+
+#endif  // MOEINFER_HAS_CUDA
