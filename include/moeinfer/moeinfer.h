@@ -239,7 +239,9 @@ MOE_API void moe_context_free(moe_context* ctx);
  * consecutive and start at or before n_past (starting earlier rewinds the sequence to that position).
  * logits_all: non-zero keeps the logits of every token, 0 only those of the last token.
  * Errors: INVALID_ARGUMENT (NULL tokens, n_tokens <= 0, bad positions), OUT_OF_RANGE (a token id
- * outside [0, n_vocab) or the KV cache would overflow n_ctx; nothing is evaluated then). */
+ * outside [0, n_vocab) or the KV cache would overflow n_ctx; nothing is evaluated then). If evaluation
+ * fails part-way (e.g. out of memory), the sequence ends where this call started: n_past is the
+ * first position of the call, and no logits are available. */
 MOE_API moe_status moe_decode(moe_context* ctx, const int32_t* tokens, const int32_t* positions, int32_t n_tokens,
                               int32_t logits_all);
 

@@ -12,6 +12,9 @@
  *     if (auto i = model.find_tensor("token_embd.weight")) {
  *         std::vector<uint8_t> raw = model.read_tensor(*i);
  *     }
+ *     auto ctx = moeinfer::Context::create(model);     // `model` must outlive `ctx`
+ *     moeinfer::Logits l = ctx.decode(std::vector<int32_t>{1, 2, 3});  // last token's row
+ *     const float* next = l.row(0);                   // borrowed until the next decode
  *
  * Thread safety: as the C API's (a Model may be queried from any number of threads at once).
  * Exceptions thrown by a progress callback never cross the C ABI: the wrapper catches them, asks
@@ -20,6 +23,7 @@
 #ifndef MOEINFER_HPP
 #define MOEINFER_HPP
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -316,6 +320,127 @@ public:
 
 private:
     detail::Handle<moe_model, moe_model_free> model_;
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * Contexts and decoding
+ * ------------------------------------------------------------------------------------------- */
+
+// Defaults of the C library (moe_context_params_init); change fields, then pass to Context::create.
+inline moe_context_params context_params() {
+    moe_context_params p;
+    moe_context_params_init(&p);
+    return p;
+}
+
+// The logits of the last decode: n_rows rows of n_vocab floats, row-major. Borrowed from the
+// Context; valid until its next decode / kv_clear or its destruction.
+struct Logits {
+    const float* data = nullptr;
+    int32_t n_rows = 0;
+    int32_t n_vocab = 0;
+
+    const float* row(int32_t i) const { return data + static_cast<size_t>(i) * static_cast<size_t>(n_vocab); }
+    size_t size() const { return static_cast<size_t>(n_rows) * static_cast<size_t>(n_vocab); }
+#ifdef MOEINFER_HPP_HAS_SPAN
+    std::span<const float> values() const { return {data, size()}; }
+    std::span<const float> row_span(int32_t i) const { return {row(i), static_cast<size_t>(n_vocab)}; }
+#endif
+};
+
+// Time spent per op kind while profiling was on. `op` and `backend` are static strings.
+using OpProfile = moe_op_profile;
+
+// An owned moe_context: one sequence (KV cache, ubatch loop, logits) over a Model. Movable, not
+// copyable. The Model must outlive the Context. Use it from one thread at a time.
+class Context {
+public:
+    static Context create(Model& model, const moe_context_params& params = context_params()) {
+        moe_context* raw = nullptr;
+        check(moe_context_create(model.get(), &params, &raw));
+        return Context(raw);
+    }
+
+    // Takes ownership of a handle from moe_context_create (may be NULL).
+    explicit Context(moe_context* ctx) noexcept : ctx_(ctx) {}
+
+    moe_context* get() noexcept { return ctx_.get(); }
+    const moe_context* get() const noexcept { return ctx_.get(); }
+    explicit operator bool() const noexcept { return ctx_ != nullptr; }
+
+    // Evaluates n_tokens tokens (see moe_decode). positions == nullptr continues the sequence;
+    // otherwise n_tokens consecutive positions starting at or before n_past(). logits_all keeps
+    // every token's logits (else only the last one's). Returns the logits view.
+    Logits decode(const int32_t* tokens, int32_t n_tokens, const int32_t* positions = nullptr,
+                  bool logits_all = false) {
+        check(moe_decode(get(), tokens, positions, n_tokens, logits_all ? 1 : 0));
+        return logits();
+    }
+
+    // An empty `positions` continues the sequence; otherwise it has one entry per token.
+    Logits decode(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions = {},
+                  bool logits_all = false) {
+        return decode_n(tokens.data(), tokens.size(), positions.data(), positions.size(), logits_all);
+    }
+
+#ifdef MOEINFER_HPP_HAS_SPAN
+    Logits decode(std::span<const int32_t> tokens, std::span<const int32_t> positions = {},
+                  bool logits_all = false) {
+        return decode_n(tokens.data(), tokens.size(), positions.data(), positions.size(), logits_all);
+    }
+#endif
+
+    // decode with size_t counts, as containers give them: n_positions == 0 continues the sequence,
+    // otherwise it must equal n_tokens. Error(INVALID_ARGUMENT) for counts the C API cannot take.
+    Logits decode_n(const int32_t* tokens, size_t n_tokens, const int32_t* positions, size_t n_positions,
+                    bool logits_all) {
+        // An empty container's data() may be NULL, which the C API would report instead.
+        if (n_tokens == 0) throw Error(MOE_STATUS_INVALID_ARGUMENT, "decode: n_tokens must be > 0 (no tokens given)");
+        // n_tokens is an int32_t in the C API; larger counts would wrap around.
+        if (n_tokens > static_cast<size_t>(INT32_MAX)) {
+            throw Error(MOE_STATUS_INVALID_ARGUMENT,
+                        "decode: " + std::to_string(n_tokens) + " tokens exceed INT32_MAX");
+        }
+        if (n_positions != 0 && n_positions != n_tokens) {
+            throw Error(MOE_STATUS_INVALID_ARGUMENT, "decode: " + std::to_string(n_positions) +
+                                                         " positions for " + std::to_string(n_tokens) + " tokens");
+        }
+        return decode(tokens, static_cast<int32_t>(n_tokens), n_positions != 0 ? positions : nullptr, logits_all);
+    }
+
+    // Logits of the last decode; Error(FAILED_PRECONDITION) when there is none.
+    Logits logits() const {
+        Logits l;
+        check(moe_get_logits(get(), &l.data, &l.n_rows, &l.n_vocab));
+        return l;
+    }
+
+    // Tokens in the KV cache: the position the next decode continues from.
+    int32_t n_past() const {
+        int32_t n = 0;
+        check(moe_context_n_past(get(), &n));
+        return n;
+    }
+
+    // Empties the KV cache; the next decode starts a new sequence at position 0.
+    void kv_clear() { check(moe_kv_clear(get())); }
+
+    // Turns per-op timing on or off (it synchronises after every op) and resets the counters.
+    void set_profiling(bool enabled) { check(moe_context_set_profiling(get(), enabled ? 1 : 0)); }
+
+    // Op kinds evaluated since profiling was turned on, with their counts and wall time.
+    std::vector<OpProfile> profile() const {
+        int32_t n = 0;
+        check(moe_context_get_profile(get(), nullptr, 0, &n));
+        std::vector<OpProfile> out(static_cast<size_t>(n));
+        int32_t got = 0;
+        check(moe_context_get_profile(get(), out.data(), n, &got));
+        out.resize(static_cast<size_t>(std::min(n, got)));  // the set cannot grow between the calls
+        return out;
+    }
+
+private:
+    detail::Handle<moe_context, moe_context_free> ctx_;
 };
 
 /* ---------------------------------------------------------------------------------------------

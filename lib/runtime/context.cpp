@@ -104,6 +104,7 @@ Status run_graph(moe_context& ctx, const Graph& g) {
     const std::vector<Tensor*>& nodes = g.nodes();
     if (!ctx.profiling) return ctx.cpu->compute(nodes);
     for (Tensor* n : nodes) {
+        if (n->op == Op::VIEW) continue;  // no work: views only name memory
         const auto t0 = std::chrono::steady_clock::now();
         MOE_RETURN_IF_ERROR(ctx.cpu->compute(std::span<Tensor* const>(&n, 1)));
         MOE_RETURN_IF_ERROR(ctx.cpu->synchronize());
@@ -115,11 +116,12 @@ Status run_graph(moe_context& ctx, const Graph& g) {
     return Status::ok();
 }
 
-Status decode_ubatch(moe_context& ctx, const int32_t* tokens, int n_tokens, int n_past, bool logits_all,
+// Evaluates one ubatch; logits_dst receives the logits `mode` asks for (nullptr for NONE).
+Status decode_ubatch(moe_context& ctx, const int32_t* tokens, int n_tokens, int n_past, LogitsMode mode,
                      float* logits_dst) {
     const HParams& hp = ctx.model->hparams;
     Graph g;
-    UbatchGraph ub = build_model_graph(g, hp, ctx.weights, ctx.kv, n_tokens, n_past, logits_all);
+    UbatchGraph ub = build_model_graph(g, hp, ctx.weights, ctx.kv, n_tokens, n_past, mode);
     const AllocPlan plan = plan_allocation(g);
     if (!ctx.arena || ctx.arena->size() < plan.arena_size) {
         ctx.arena.reset();  // free the old arena before allocating a larger one
@@ -132,7 +134,7 @@ Status decode_ubatch(moe_context& ctx, const int32_t* tokens, int n_tokens, int 
     for (int i = 0; i < n_tokens; ++i) pos[i] = n_past + i;
 
     MOE_RETURN_IF_ERROR(run_graph(ctx, g));
-    std::memcpy(logits_dst, ub.logits->data, ub.logits->n_bytes());
+    if (ub.logits != nullptr) std::memcpy(logits_dst, ub.logits->data, ub.logits->n_bytes());
     return Status::ok();
 }
 
@@ -167,11 +169,10 @@ Status decode(moe_context& ctx, const int32_t* tokens, const int32_t* positions,
         const bool last = done + n == n_tokens;
         if (logits_all || last) {
             float* dst = ctx.logits.data() + static_cast<size_t>(logits_all ? done : 0) * static_cast<size_t>(n_vocab);
-            status = decode_ubatch(ctx, tokens + done, n, ctx.n_past, logits_all, dst);
+            status = decode_ubatch(ctx, tokens + done, n, ctx.n_past, logits_all ? LogitsMode::ALL : LogitsMode::LAST,
+                                   dst);
         } else {
-            // Logits of non-final ubatches are not wanted: compute only the last row and drop it.
-            std::vector<float> unused(static_cast<size_t>(n_vocab));
-            status = decode_ubatch(ctx, tokens + done, n, ctx.n_past, false, unused.data());
+            status = decode_ubatch(ctx, tokens + done, n, ctx.n_past, LogitsMode::NONE, nullptr);
         }
         if (!status.is_ok()) {
             // The sequence ends where it was before this call; cache rows past it are never read.

@@ -2,6 +2,7 @@
 
 The Python face of the moeinfer C library (every call goes through its C API)::
 
+    import numpy as np
     import moeinfer
 
     moeinfer.synth_write("tiny.gguf", preset="tiny")      # a synthetic model for experiments
@@ -12,6 +13,10 @@ The Python face of the moeinfer C library (every call goes through its C API)::
     w = model.tensor("token_embd.weight")                 # float32, numpy order
     arch = model.meta("general.architecture")
 
+    ctx = moeinfer.Context(model, n_ctx=256)             # KV cache, ubatches; keeps `model` alive
+    logits = ctx.decode(np.array([1, 2, 3], np.int32))   # float32 [1, n_vocab]: the last token's
+    logits = ctx.decode([4, 5], logits_all=True)         # [2, n_vocab], continuing at ctx.n_past
+
     q = moeinfer.quantize("q8_0", w)                      # bit-exact with ggml
     w2 = moeinfer.dequantize("q8_0", q).reshape(w.shape)
 
@@ -20,11 +25,12 @@ FileNotFoundError, KeyError (missing tensor or metadata key), MemoryError, NotIm
 OSError, DataCorruptError (a malformed file; a ValueError), CancelledError (a progress callback
 returned False) and RuntimeError (anything else).
 
-Long calls (loading, writing synthetic models, quantising) release the GIL.
+Long calls (loading, writing synthetic models, quantising, decoding) release the GIL.
 """
 
 from ._moeinfer import (
     CancelledError,
+    Context,
     DataCorruptError,
     Model,
     ModelInfo,
@@ -40,6 +46,7 @@ from ._moeinfer import (
 
 __all__ = [
     "CancelledError",
+    "Context",
     "DataCorruptError",
     "Model",
     "ModelInfo",

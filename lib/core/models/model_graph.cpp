@@ -91,7 +91,7 @@ RopeParams rope_params_for(const HParams& hp) {
 }
 
 UbatchGraph build_model_graph(Graph& g, const HParams& hp, const ModelWeights& w, const KvCache& kv, int n_tokens,
-                              int n_past, bool logits_all) {
+                              int n_past, LogitsMode logits) {
     MOE_ASSERT(n_tokens > 0 && n_past >= 0 && n_past + n_tokens <= kv.n_ctx);
     UbatchGraph out;
     out.tokens = g.input(Type::I32, {n_tokens}, "tokens");
@@ -106,7 +106,8 @@ UbatchGraph build_model_graph(Graph& g, const HParams& hp, const ModelWeights& w
         cur = g.add(cur, build_moe(s, l, g.rms_norm(cur, l.ffn_norm, hp.rms_eps)));
     }
     g.set_layer(-1);
-    if (!logits_all && n_tokens > 1) {
+    if (logits == LogitsMode::NONE) return out;
+    if (logits == LogitsMode::LAST && n_tokens > 1) {
         cur = g.view(cur, {hp.n_embd, 1}, {cur->nb[1]}, static_cast<size_t>(n_tokens - 1) * cur->nb[1]);
     }
     cur = g.rms_norm(cur, w.output_norm, hp.rms_eps);

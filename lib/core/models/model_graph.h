@@ -47,13 +47,16 @@ struct KvCache {
 struct UbatchGraph {
     Tensor* tokens = nullptr;     // input I32 [n_tokens]
     Tensor* positions = nullptr;  // input I32 [n_tokens]
-    Tensor* logits = nullptr;     // output F32 [n_vocab, n_tokens or 1]
+    Tensor* logits = nullptr;     // output F32 [n_vocab, n_tokens or 1]; nullptr for LogitsMode::NONE
 };
+
+enum class LogitsMode { NONE, LAST, ALL };
 
 // Builds the graph of one ubatch of n_tokens tokens at positions n_past .. n_past + n_tokens - 1.
 // REQUIRES: n_past + n_tokens <= kv.n_ctx.
+// NONE still writes the KV cache (a ubatch whose logits nobody wants skips the output projection).
 UbatchGraph build_model_graph(Graph& g, const HParams& hp, const ModelWeights& w, const KvCache& kv, int n_tokens,
-                              int n_past, bool logits_all);
+                              int n_past, LogitsMode logits);
 
 // The RoPE parameters of an architecture.
 RopeParams rope_params_for(const HParams& hp);

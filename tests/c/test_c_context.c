@@ -1,0 +1,372 @@
+/* C99 test of the context API: creating contexts on tiny synthetic models, decoding, logits, the KV
+ * cache, profiling and every error path, as a C user sees them. (The logits' values are checked against
+ * a float64 reference in tests/python/test_forward_reference.py; here the contract is.) */
+#include <inttypes.h>
+#include <math.h> /* isfinite (a macro) */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "moeinfer/moeinfer.h"
+
+static int g_failures = 0;
+
+#define EXPECT(cond)                                                             \
+    do {                                                                         \
+        if (!(cond)) {                                                           \
+            fprintf(stderr, "%s:%d: EXPECT failed: %s (last error: %s)\n", __FILE__, \
+                    __LINE__, #cond, moe_last_error());                          \
+            ++g_failures;                                                        \
+        }                                                                        \
+    } while (0)
+
+#define EXPECT_STATUS(expr, want)                                                          \
+    do {                                                                                   \
+        moe_status got_ = (expr);                                                          \
+        if (got_ != (want)) {                                                              \
+            fprintf(stderr, "%s:%d: %s returned %s, expected %s (last error: %s)\n", __FILE__, \
+                    __LINE__, #expr, moe_status_string(got_), moe_status_string(want),     \
+                    moe_last_error());                                                     \
+            ++g_failures;                                                                  \
+        }                                                                                  \
+    } while (0)
+
+/* A failing call must say why: moe_last_error() names the argument or the problem. */
+#define EXPECT_ERROR(expr, want, words)                                                      \
+    do {                                                                                     \
+        EXPECT_STATUS(expr, want);                                                           \
+        if (strstr(moe_last_error(), (words)) == NULL) {                                     \
+            fprintf(stderr, "%s:%d: %s: message '%s' does not mention '%s'\n", __FILE__,     \
+                    __LINE__, #expr, moe_last_error(), (words));                             \
+            ++g_failures;                                                                    \
+        }                                                                                    \
+    } while (0)
+
+#define N_PROMPT 12
+
+static uint64_t g_rng;
+
+/* Fresh random token ids in [0, n_vocab) (a 64-bit LCG; the seed is printed for replays). */
+static void random_tokens(int32_t* dst, int n, int32_t n_vocab) {
+    int i;
+    for (i = 0; i < n; ++i) {
+        g_rng = g_rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        dst[i] = (int32_t)((g_rng >> 33) % (uint64_t)n_vocab);
+    }
+}
+
+static const char* tmp_path(const char* name) {
+    static char buf[1024];
+    snprintf(buf, sizeof buf, "%s/%s", MOE_TEST_TMP_DIR, name);
+    return buf;
+}
+
+static moe_model* tiny_model(const char* arch) {
+    char name[64];
+    const char* path;
+    moe_synth_params sp;
+    moe_model* model = NULL;
+    snprintf(name, sizeof name, "c_context_%s.gguf", arch);
+    path = tmp_path(name);
+    EXPECT_STATUS(moe_synth_params_init(&sp, arch), MOE_STATUS_OK);
+    sp.preset = "tiny";
+    sp.seed = (uint64_t)g_rng;
+    EXPECT_STATUS(moe_synth_write(path, &sp), MOE_STATUS_OK);
+    EXPECT_STATUS(moe_model_load(path, NULL, &model), MOE_STATUS_OK);
+    return model;
+}
+
+static int32_t vocab_of(const moe_model* model) {
+    moe_model_info info;
+    moe_model_info_init(&info);
+    EXPECT_STATUS(moe_model_get_info(model, &info), MOE_STATUS_OK);
+    return info.n_vocab;
+}
+
+static int32_t n_past_of(const moe_context* ctx) {
+    int32_t n = -1;
+    EXPECT_STATUS(moe_context_n_past(ctx, &n), MOE_STATUS_OK);
+    return n;
+}
+
+/* max |a - b| / max |b| */
+static double rel_diff(const float* a, const float* b, size_t n) {
+    double num = 0.0, den = 0.0;
+    size_t i;
+    for (i = 0; i < n; ++i) {
+        double d = (double)a[i] - (double)b[i], m = (double)b[i];
+        if (d < 0.0) d = -d; /* no fabs: the test links only moeinfer, not libm */
+        if (m < 0.0) m = -m;
+        if (d > num) num = d;
+        if (m > den) den = m;
+    }
+    return den > 0.0 ? num / den : num;
+}
+
+static void test_params_and_create(moe_model* model) {
+    moe_context_params p;
+    moe_context* ctx = NULL;
+    moe_context* untouched = (moe_context*)&p; /* a sentinel: outputs are written only on success */
+    int32_t tokens[10];
+
+    moe_context_params_init(&p);
+    EXPECT(p.struct_size == sizeof p);
+    EXPECT(p.n_ctx == 4096 && p.n_ubatch == 512 && p.n_threads == 0);
+    moe_context_params_init(NULL); /* no-op */
+
+    EXPECT_ERROR(moe_context_create(NULL, &p, &ctx), MOE_STATUS_INVALID_ARGUMENT, "model");
+    EXPECT_ERROR(moe_context_create(model, &p, NULL), MOE_STATUS_INVALID_ARGUMENT, "out_ctx");
+
+    ctx = untouched;
+    p.n_ctx = 0;
+    EXPECT_ERROR(moe_context_create(model, &p, &ctx), MOE_STATUS_INVALID_ARGUMENT, "n_ctx");
+    moe_context_params_init(&p);
+    p.n_ubatch = -1;
+    EXPECT_ERROR(moe_context_create(model, &p, &ctx), MOE_STATUS_INVALID_ARGUMENT, "n_ubatch");
+    moe_context_params_init(&p);
+    p.n_threads = -3;
+    EXPECT_ERROR(moe_context_create(model, &p, &ctx), MOE_STATUS_INVALID_ARGUMENT, "n_threads");
+    moe_context_params_init(&p);
+    p.struct_size = 0;
+    EXPECT_ERROR(moe_context_create(model, &p, &ctx), MOE_STATUS_INVALID_ARGUMENT, "struct_size");
+    p.struct_size = (uint32_t)offsetof(moe_context_params, n_ctx); /* ends before n_ctx */
+    EXPECT_ERROR(moe_context_create(model, &p, &ctx), MOE_STATUS_INVALID_ARGUMENT, "struct_size");
+    EXPECT(ctx == untouched);
+
+    /* An older caller whose struct ends after n_ctx: fields past struct_size are not read. */
+    moe_context_params_init(&p);
+    p.struct_size = (uint32_t)(offsetof(moe_context_params, n_ctx) + sizeof(int32_t));
+    p.n_ctx = 8;
+    p.n_ubatch = -5;
+    p.n_threads = -5;
+    ctx = NULL;
+    EXPECT_STATUS(moe_context_create(model, &p, &ctx), MOE_STATUS_OK);
+    EXPECT(ctx != NULL);
+    random_tokens(tokens, 10, vocab_of(model));
+    EXPECT_STATUS(moe_decode(ctx, tokens, NULL, 8, 0), MOE_STATUS_OK);         /* n_ctx = 8 was read */
+    EXPECT_ERROR(moe_decode(ctx, tokens, NULL, 1, 0), MOE_STATUS_OUT_OF_RANGE, "n_ctx");
+    moe_context_free(ctx);
+
+    /* NULL params: the defaults. */
+    ctx = NULL;
+    EXPECT_STATUS(moe_context_create(model, NULL, &ctx), MOE_STATUS_OK);
+    EXPECT(ctx != NULL);
+    moe_context_free(ctx);
+    moe_context_free(NULL); /* no-op */
+}
+
+static void test_decode_and_logits(moe_model* model, const char* arch) {
+    const int32_t n_vocab = vocab_of(model);
+    moe_context_params p;
+    moe_context* ctx = NULL;
+    int32_t tokens[N_PROMPT], positions[4];
+    const float* logits = NULL;
+    float* last_row;
+    float* all_rows;
+    int32_t rows = -1, vocab = -1;
+    size_t i;
+    int finite = 1, nonzero = 0;
+
+    moe_context_params_init(&p);
+    p.n_ctx = 32;
+    p.n_ubatch = 5; /* N_PROMPT tokens take three ubatches */
+    p.n_threads = 2;
+    EXPECT_STATUS(moe_context_create(model, &p, &ctx), MOE_STATUS_OK);
+    if (ctx == NULL) return;
+    random_tokens(tokens, N_PROMPT, n_vocab);
+
+    EXPECT(n_past_of(ctx) == 0);
+    EXPECT_ERROR(moe_get_logits(ctx, &logits, &rows, &vocab), MOE_STATUS_FAILED_PRECONDITION, "moe_decode");
+
+    /* Last token only. */
+    EXPECT_STATUS(moe_decode(ctx, tokens, NULL, N_PROMPT, 0), MOE_STATUS_OK);
+    EXPECT(n_past_of(ctx) == N_PROMPT);
+    EXPECT_STATUS(moe_get_logits(ctx, &logits, &rows, &vocab), MOE_STATUS_OK);
+    EXPECT(rows == 1 && vocab == n_vocab);
+    for (i = 0; i < (size_t)n_vocab; ++i) {
+        if (!isfinite(logits[i])) finite = 0;
+        if (logits[i] != 0.0f) ++nonzero;
+    }
+    EXPECT(finite && nonzero > n_vocab / 2);
+    last_row = (float*)malloc(sizeof(float) * (size_t)n_vocab);
+    memcpy(last_row, logits, sizeof(float) * (size_t)n_vocab); /* borrowed until the next decode */
+    /* The row-count and vocabulary outputs are optional. */
+    logits = NULL;
+    EXPECT_STATUS(moe_get_logits(ctx, &logits, NULL, NULL), MOE_STATUS_OK);
+    EXPECT(logits != NULL);
+
+    /* Every token, after clearing the cache: the last row is the same as before. */
+    EXPECT_STATUS(moe_kv_clear(ctx), MOE_STATUS_OK);
+    EXPECT(n_past_of(ctx) == 0);
+    EXPECT_STATUS(moe_get_logits(ctx, &logits, &rows, &vocab), MOE_STATUS_FAILED_PRECONDITION);
+    EXPECT_STATUS(moe_decode(ctx, tokens, NULL, N_PROMPT, 1), MOE_STATUS_OK);
+    EXPECT_STATUS(moe_get_logits(ctx, &logits, &rows, &vocab), MOE_STATUS_OK);
+    EXPECT(rows == N_PROMPT && vocab == n_vocab);
+    all_rows = (float*)malloc(sizeof(float) * (size_t)n_vocab * N_PROMPT);
+    memcpy(all_rows, logits, sizeof(float) * (size_t)n_vocab * N_PROMPT);
+    EXPECT(rel_diff(all_rows + (size_t)(N_PROMPT - 1) * (size_t)n_vocab, last_row, (size_t)n_vocab) < 1e-5);
+    EXPECT(rel_diff(all_rows, all_rows + (size_t)n_vocab, (size_t)n_vocab) > 1e-3); /* rows differ */
+
+    /* Rewinding: positions from 4 replace tokens 4.. ; the result is the prompt's own rows 4..7. */
+    for (i = 0; i < 4; ++i) positions[i] = 4 + (int32_t)i;
+    EXPECT_STATUS(moe_decode(ctx, tokens + 4, positions, 4, 1), MOE_STATUS_OK);
+    EXPECT(n_past_of(ctx) == 8);
+    EXPECT_STATUS(moe_get_logits(ctx, &logits, &rows, &vocab), MOE_STATUS_OK);
+    EXPECT(rows == 4);
+    EXPECT(rel_diff(logits, all_rows + 4 * (size_t)n_vocab, 4 * (size_t)n_vocab) < 1e-5);
+    /* Positions equal to n_past simply continue. */
+    positions[0] = 8;
+    EXPECT_STATUS(moe_decode(ctx, tokens + 8, positions, 1, 0), MOE_STATUS_OK);
+    EXPECT(n_past_of(ctx) == 9);
+    EXPECT_STATUS(moe_get_logits(ctx, &logits, &rows, &vocab), MOE_STATUS_OK);
+    EXPECT(rows == 1 && rel_diff(logits, all_rows + 8 * (size_t)n_vocab, (size_t)n_vocab) < 1e-5);
+
+    free(last_row);
+    free(all_rows);
+    moe_context_free(ctx);
+    printf("test_c_context: %s decode ok (n_vocab %d)\n", arch, (int)n_vocab);
+}
+
+static void test_decode_errors(moe_model* model) {
+    const int32_t n_vocab = vocab_of(model);
+    moe_context_params p;
+    moe_context* ctx = NULL;
+    int32_t tokens[16], bad[2], positions[16];
+    int i;
+    const float* logits = NULL;
+    int32_t rows = 0, n = 0;
+
+    moe_context_params_init(&p);
+    p.n_ctx = 16;
+    EXPECT_STATUS(moe_context_create(model, &p, &ctx), MOE_STATUS_OK);
+    if (ctx == NULL) return;
+    random_tokens(tokens, 16, n_vocab);
+    EXPECT_STATUS(moe_decode(ctx, tokens, NULL, 10, 0), MOE_STATUS_OK);
+
+    EXPECT_ERROR(moe_decode(NULL, tokens, NULL, 1, 0), MOE_STATUS_INVALID_ARGUMENT, "ctx");
+    EXPECT_ERROR(moe_decode(ctx, NULL, NULL, 1, 0), MOE_STATUS_INVALID_ARGUMENT, "tokens");
+    EXPECT_ERROR(moe_decode(ctx, tokens, NULL, 0, 0), MOE_STATUS_INVALID_ARGUMENT, "n_tokens");
+    EXPECT_ERROR(moe_decode(ctx, tokens, NULL, -4, 0), MOE_STATUS_INVALID_ARGUMENT, "n_tokens");
+    bad[0] = 1;
+    bad[1] = n_vocab;
+    EXPECT_ERROR(moe_decode(ctx, bad, NULL, 2, 0), MOE_STATUS_OUT_OF_RANGE, "tokens[1]");
+    bad[1] = -1;
+    EXPECT_ERROR(moe_decode(ctx, bad, NULL, 2, 0), MOE_STATUS_OUT_OF_RANGE, "tokens[1]");
+    EXPECT_ERROR(moe_decode(ctx, tokens, NULL, 7, 0), MOE_STATUS_OUT_OF_RANGE, "overflow");
+    positions[0] = 10;
+    positions[1] = 11;
+    positions[2] = 13;
+    EXPECT_ERROR(moe_decode(ctx, tokens, positions, 3, 0), MOE_STATUS_INVALID_ARGUMENT, "consecutive");
+    positions[0] = 11;
+    positions[1] = 12;
+    EXPECT_ERROR(moe_decode(ctx, tokens, positions, 2, 0), MOE_STATUS_INVALID_ARGUMENT, "n_past");
+    positions[0] = -1;
+    EXPECT_ERROR(moe_decode(ctx, tokens, positions, 1, 0), MOE_STATUS_INVALID_ARGUMENT, "positions[0]");
+    /* A rewind that would still overflow is refused too. */
+    for (i = 0; i < 15; ++i) positions[i] = 2 + i;
+    EXPECT_ERROR(moe_decode(ctx, tokens, positions, 15, 0), MOE_STATUS_OUT_OF_RANGE, "overflow");
+    EXPECT(n_past_of(ctx) == 10); /* no failure changed the sequence */
+
+    /* The rest of the cache fills exactly; then nothing more fits. */
+    EXPECT_STATUS(moe_decode(ctx, tokens + 10, NULL, 6, 0), MOE_STATUS_OK);
+    EXPECT(n_past_of(ctx) == 16);
+    EXPECT_STATUS(moe_decode(ctx, tokens, NULL, 1, 0), MOE_STATUS_OUT_OF_RANGE);
+    EXPECT(n_past_of(ctx) == 16);
+
+    EXPECT_ERROR(moe_get_logits(NULL, &logits, &rows, NULL), MOE_STATUS_INVALID_ARGUMENT, "ctx");
+    EXPECT_ERROR(moe_get_logits(ctx, NULL, &rows, NULL), MOE_STATUS_INVALID_ARGUMENT, "out_logits");
+    EXPECT_ERROR(moe_context_n_past(NULL, &n), MOE_STATUS_INVALID_ARGUMENT, "ctx");
+    EXPECT_ERROR(moe_context_n_past(ctx, NULL), MOE_STATUS_INVALID_ARGUMENT, "out_n_past");
+    EXPECT_ERROR(moe_kv_clear(NULL), MOE_STATUS_INVALID_ARGUMENT, "ctx");
+    moe_context_free(ctx);
+}
+
+static void test_profiling(moe_model* model) {
+    moe_context_params p;
+    moe_context* ctx = NULL;
+    moe_op_profile entries[64], one;
+    int32_t tokens[N_PROMPT], n = -1, got = -1, i, n_layer;
+    int found_moe = 0;
+    double total = 0.0;
+    moe_model_info info;
+
+    moe_model_info_init(&info);
+    EXPECT_STATUS(moe_model_get_info(model, &info), MOE_STATUS_OK);
+    n_layer = info.n_layer;
+    moe_context_params_init(&p);
+    p.n_ctx = 32;
+    p.n_ubatch = 4;
+    EXPECT_STATUS(moe_context_create(model, &p, &ctx), MOE_STATUS_OK);
+    if (ctx == NULL) return;
+    random_tokens(tokens, N_PROMPT, info.n_vocab);
+
+    EXPECT_STATUS(moe_decode(ctx, tokens, NULL, 2, 0), MOE_STATUS_OK);
+    EXPECT_STATUS(moe_context_get_profile(ctx, NULL, 0, &n), MOE_STATUS_OK);
+    EXPECT(n == 0); /* off by default */
+
+    EXPECT_STATUS(moe_context_set_profiling(ctx, 1), MOE_STATUS_OK);
+    EXPECT_STATUS(moe_decode(ctx, tokens, NULL, N_PROMPT, 0), MOE_STATUS_OK); /* 3 ubatches of 4 */
+    EXPECT_STATUS(moe_context_get_profile(ctx, NULL, 0, &n), MOE_STATUS_OK);
+    EXPECT(n > 0 && n <= 64);
+    if (n <= 0 || n > 64) n = 0;
+    EXPECT_STATUS(moe_context_get_profile(ctx, entries, 64, &got), MOE_STATUS_OK);
+    EXPECT(got == n);
+    for (i = 0; i < n; ++i) {
+        EXPECT(entries[i].op != NULL && entries[i].backend != NULL);
+        if (entries[i].op == NULL || entries[i].backend == NULL) continue;
+        EXPECT(strcmp(entries[i].backend, "cpu") == 0);
+        EXPECT(entries[i].count > 0 && entries[i].seconds >= 0.0);
+        total += entries[i].seconds;
+        if (strcmp(entries[i].op, "MOE_UP_GATE") == 0 || strcmp(entries[i].op, "MUL_MAT_ID") == 0 ||
+            strcmp(entries[i].op, "ATTENTION") == 0) {
+            EXPECT(entries[i].count == 3 * (int64_t)n_layer); /* once per layer and ubatch */
+            ++found_moe;
+        }
+    }
+    EXPECT(found_moe == 3);
+    EXPECT(total > 0.0);
+    /* A smaller array gets the first entries; out_n still counts all of them. */
+    got = -1;
+    EXPECT_STATUS(moe_context_get_profile(ctx, &one, 1, &got), MOE_STATUS_OK);
+    EXPECT(got == n);
+    if (n > 0) EXPECT(one.op != NULL && entries[0].op != NULL && strcmp(one.op, entries[0].op) == 0);
+
+    EXPECT_ERROR(moe_context_get_profile(NULL, entries, 64, &got), MOE_STATUS_INVALID_ARGUMENT, "ctx");
+    EXPECT_ERROR(moe_context_get_profile(ctx, entries, 64, NULL), MOE_STATUS_INVALID_ARGUMENT, "out_n");
+    EXPECT_ERROR(moe_context_get_profile(ctx, entries, -1, &got), MOE_STATUS_INVALID_ARGUMENT, "capacity");
+    EXPECT_ERROR(moe_context_get_profile(ctx, NULL, 4, &got), MOE_STATUS_INVALID_ARGUMENT, "entries");
+    EXPECT_ERROR(moe_context_set_profiling(NULL, 1), MOE_STATUS_INVALID_ARGUMENT, "ctx");
+
+    /* Turning it off resets the counters, and nothing more is counted. */
+    EXPECT_STATUS(moe_context_set_profiling(ctx, 0), MOE_STATUS_OK);
+    EXPECT_STATUS(moe_decode(ctx, tokens, NULL, 4, 0), MOE_STATUS_OK);
+    EXPECT_STATUS(moe_context_get_profile(ctx, NULL, 0, &n), MOE_STATUS_OK);
+    EXPECT(n == 0);
+    moe_context_free(ctx);
+}
+
+int main(void) {
+    static const char* const archs[] = {"qwen3moe", "gpt-oss"};
+    size_t a;
+    g_rng = (uint64_t)time(NULL);
+    if (getenv("MOEINFER_TEST_SEED") != NULL) g_rng = (uint64_t)strtoull(getenv("MOEINFER_TEST_SEED"), NULL, 10);
+    printf("test_c_context: MOEINFER_TEST_SEED=%" PRIu64 "\n", g_rng);
+
+    for (a = 0; a < sizeof archs / sizeof archs[0]; ++a) {
+        moe_model* model = tiny_model(archs[a]);
+        if (model == NULL) continue;
+        test_params_and_create(model);
+        test_decode_and_logits(model, archs[a]);
+        test_decode_errors(model);
+        test_profiling(model);
+        moe_model_free(model);
+    }
+    if (g_failures != 0) {
+        fprintf(stderr, "test_c_context: %d failure(s)\n", g_failures);
+        return 1;
+    }
+    printf("test_c_context: all checks passed\n");
+    return 0;
+}
