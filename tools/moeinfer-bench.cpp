@@ -146,8 +146,8 @@ std::optional<Failure> run(Config& cfg) {
     bench::RunInfo run;
     if (auto f = describe_model(model.get(), info, run)) return f;
     run.model_path = cfg.model_path;
-    // No device flag yet: a CUDA build's default placement uses the GPU, a CPU build only the CPU.
-    run.backend = MOEINFER_HAS_CUDA ? "CUDA" : "CPU";
+    // Contexts compute on the CPU until the scheduler drives the CUDA backend (then: --device / -ngl).
+    run.backend = "CPU";
     run.n_threads = cp.n_threads;
     run.n_ctx = cp.n_ctx;
     run.n_ubatch = cp.n_ubatch;
