@@ -6,4 +6,6 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 BUILD_DIR=${BUILD_DIR:-build}
 cd "$BUILD_DIR"
+# Says up front whether the GPU tests can run here ("skipped: no CUDA device" otherwise).
+if [ -x tests/moeinfer_gpu_available ]; then tests/moeinfer_gpu_available || true; else echo "skipped: no CUDA device (built without CUDA)"; fi
 ctest --output-on-failure -j"$(nproc)"

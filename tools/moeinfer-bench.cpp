@@ -136,6 +136,7 @@ std::optional<Failure> run(Config& cfg) {
     cp.n_ctx = cfg.n_ctx;
     cp.n_ubatch = cfg.n_ubatch;
     cp.n_threads = cfg.n_threads > 0 ? cfg.n_threads : available_cores();
+    cp.device = cfg.device;
     moe_context* raw_ctx = nullptr;
     if (moe_context_create(model.get(), &cp, &raw_ctx) != MOE_STATUS_OK) {
         return bench::library_error("cannot create a context (n_ctx " + std::to_string(cp.n_ctx) + ", n_ubatch " +
@@ -146,8 +147,7 @@ std::optional<Failure> run(Config& cfg) {
     bench::RunInfo run;
     if (auto f = describe_model(model.get(), info, run)) return f;
     run.model_path = cfg.model_path;
-    // Contexts compute on the CPU until the scheduler drives the CUDA backend (then: --device / -ngl).
-    run.backend = "CPU";
+    run.backend = cfg.device == MOE_DEVICE_CUDA ? "CUDA" : "CPU";
     run.n_threads = cp.n_threads;
     run.n_ctx = cp.n_ctx;
     run.n_ubatch = cp.n_ubatch;

@@ -214,6 +214,12 @@ MOE_API moe_status moe_model_meta_string(const moe_model* model, const char* key
  * Thread safety: use a context from one thread at a time; several contexts may share a model. */
 typedef struct moe_context moe_context;
 
+/* Where a context computes. */
+typedef enum moe_device {
+    MOE_DEVICE_CPU = 0,  /* everything on the CPU */
+    MOE_DEVICE_CUDA = 1  /* everything on CUDA device 0 (weights uploaded; the model must fit in VRAM) */
+} moe_device;
+
 typedef struct moe_context_params {
     uint32_t struct_size;
     /* KV cache capacity in tokens. Default: 4096. */
@@ -222,6 +228,9 @@ typedef struct moe_context_params {
     int32_t n_ubatch;
     /* CPU threads. Default: 0 (all available cores). */
     int32_t n_threads;
+    /* A moe_device. MOE_DEVICE_CUDA needs a build with CUDA (UNIMPLEMENTED otherwise) and a GPU
+     * (FAILED_PRECONDITION otherwise). Default: MOE_DEVICE_CPU. */
+    int32_t device;
 } moe_context_params;
 
 MOE_API void moe_context_params_init(moe_context_params* params);

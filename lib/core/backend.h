@@ -49,6 +49,13 @@ public:
     // memory this backend can address, and supports_op() holds for each node.
     virtual Status compute(std::span<Tensor* const> nodes) = 0;
 
+    // Queues a copy of n bytes from host memory into this backend's memory, ordered after the
+    // compute queued before it and before the compute queued after it. src must stay valid until
+    // synchronize(). Host backends copy at once.
+    virtual Status copy_to_device(void* dst, const void* src_host, size_t n) = 0;
+    // Queues a copy of n bytes of this backend's memory to host memory; in place after synchronize().
+    virtual Status copy_to_host(void* dst_host, const void* src, size_t n) = 0;
+
     // Waits until all work queued on this backend has finished.
     virtual Status synchronize() = 0;
 };

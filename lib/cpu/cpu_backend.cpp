@@ -85,6 +85,16 @@ Status CpuBackend::compute(std::span<Tensor* const> nodes) {
     return status;
 }
 
+Status CpuBackend::copy_to_device(void* dst, const void* src_host, size_t n) {
+    if (n != 0) std::memcpy(dst, src_host, n);
+    return Status::ok();
+}
+
+Status CpuBackend::copy_to_host(void* dst_host, const void* src, size_t n) {
+    if (n != 0) std::memcpy(dst_host, src, n);
+    return Status::ok();
+}
+
 void register_backend() {
     register_backend_factory(BackendFactory{
         "cpu",

@@ -35,6 +35,8 @@ public:
     bool supports_op(const Tensor& node) const override;
     StatusOr<std::unique_ptr<Buffer>> alloc_buffer(size_t size) override;
     Status compute(std::span<Tensor* const> nodes) override;
+    Status copy_to_device(void* dst, const void* src_host, size_t n) override;
+    Status copy_to_host(void* dst_host, const void* src, size_t n) override;
     Status synchronize() override { return Status::ok(); }
 
     int n_threads() const { return n_threads_; }

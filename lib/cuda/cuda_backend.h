@@ -62,10 +62,10 @@ public:
     // Ordered after every compute queued before the call (a buffer still being read is not
     // overwritten) and before every compute queued after it. src_host must stay valid and unchanged
     // until synchronize() (for pinned memory the copy is truly asynchronous).
-    Status copy_to_device(void* dst_dev, const void* src_host, size_t n);
+    Status copy_to_device(void* dst_dev, const void* src_host, size_t n) override;
     // Queues a copy of n bytes from device memory to host memory on the copy stream, ordered after
     // every compute queued before the call. The bytes are in place after synchronize().
-    Status copy_to_host(void* dst_host, const void* src_dev, size_t n);
+    Status copy_to_host(void* dst_host, const void* src_dev, size_t n) override;
 
     cudaStream_t compute_stream() const { return compute_stream_; }
     cudaStream_t copy_stream() const { return copy_stream_; }

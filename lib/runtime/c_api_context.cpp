@@ -16,6 +16,7 @@ MOE_API void moe_context_params_init(moe_context_params* params) {
     params->n_ctx = 4096;
     params->n_ubatch = 512;
     params->n_threads = 0;
+    params->device = MOE_DEVICE_CPU;
 }
 
 MOE_API moe_status moe_context_create(moe_model* model, const moe_context_params* params, moe_context** out_ctx) {
@@ -103,7 +104,7 @@ MOE_API moe_status moe_context_get_profile(const moe_context* ctx, moe_op_profil
         if (t.count == 0) continue;
         if (n < capacity) {
             entries[n].op = moe::op_name(static_cast<moe::Op>(op));
-            entries[n].backend = ctx->cpu->name();
+            entries[n].backend = ctx->backend->name();
             entries[n].count = t.count;
             entries[n].seconds = t.seconds;
         }

@@ -13,7 +13,30 @@ Status check_params(const moe_context_params& p) {
     if (p.n_ctx <= 0) return invalid_argument("n_ctx must be > 0 (got " + std::to_string(p.n_ctx) + ")");
     if (p.n_ubatch <= 0) return invalid_argument("n_ubatch must be > 0 (got " + std::to_string(p.n_ubatch) + ")");
     if (p.n_threads < 0) return invalid_argument("n_threads must be >= 0 (got " + std::to_string(p.n_threads) + ")");
+    if (p.device != MOE_DEVICE_CPU && p.device != MOE_DEVICE_CUDA) {
+        return invalid_argument("device must be MOE_DEVICE_CPU or MOE_DEVICE_CUDA (got " + std::to_string(p.device) + ")");
+    }
     return Status::ok();
+}
+
+// Copies every bound weight into one buffer of a device backend and points the tensors there.
+Status upload_weights(moe_context& ctx) {
+    constexpr size_t kAlign = 256;
+    size_t total = 0;
+    for (const Tensor& t : ctx.weight_tensors) {
+        if (t.is_weight) total += (t.n_bytes() + kAlign - 1) & ~(kAlign - 1);
+    }
+    MOE_ASSIGN_OR_RETURN(ctx.weight_buffer, ctx.backend->alloc_buffer(total));
+    auto* base = static_cast<uint8_t*>(ctx.weight_buffer->data());
+    size_t offset = 0;
+    for (Tensor& t : ctx.weight_tensors) {
+        if (!t.is_weight) continue;
+        MOE_RETURN_IF_ERROR(ctx.backend->copy_to_device(base + offset, t.data, t.n_bytes()));
+        t.data = base + offset;
+        t.buffer = ctx.weight_buffer.get();
+        offset += (t.n_bytes() + kAlign - 1) & ~(kAlign - 1);
+    }
+    return ctx.backend->synchronize().with_context("uploading the weights");
 }
 
 // Leaf tensors over the model file's data, one per GGUF tensor.
@@ -34,13 +57,14 @@ Status bind_model_weights(moe_context& ctx) {
     });
     if (!w.is_ok()) return w.status();
     ctx.weights = std::move(w).value();
+    if (!ctx.backend->is_host()) MOE_RETURN_IF_ERROR(upload_weights(ctx));
     // Every weight is a matrix-product operand or a norm/bias vector; ask the backend about the former.
     for (Tensor& t : ctx.weight_tensors) {
         if (!t.is_weight || t.type == Type::F32) continue;
         Tensor probe;
         probe.op = Op::MUL_MAT;
         probe.src[0] = &t;
-        if (!ctx.cpu->supports_op(probe)) {
+        if (!ctx.backend->supports_op(probe)) {
             return unimplemented("tensor '" + t.name + "': type " + type_name(t.type) + " is not supported");
         }
     }
@@ -54,7 +78,7 @@ Status allocate_kv_cache(moe_context& ctx) {
     set_shape(proto, Type::F16, 3, ne);
     const size_t per_tensor = proto.n_bytes();
     const size_t total = per_tensor * 2 * static_cast<size_t>(hp.n_layer);
-    MOE_ASSIGN_OR_RETURN(ctx.kv_buffer, ctx.cpu->alloc_buffer(total));
+    MOE_ASSIGN_OR_RETURN(ctx.kv_buffer, ctx.backend->alloc_buffer(total));
     auto* base = static_cast<uint8_t*>(ctx.kv_buffer->data());
     ctx.kv.n_ctx = ctx.params.n_ctx;
     for (int il = 0; il < hp.n_layer; ++il) {
@@ -102,12 +126,18 @@ Status validate_batch(const moe_context& ctx, const int32_t* tokens, const int32
 
 Status run_graph(moe_context& ctx, const Graph& g) {
     const std::vector<Tensor*>& nodes = g.nodes();
-    if (!ctx.profiling) return ctx.cpu->compute(nodes);
+    for (const Tensor* n : nodes) {
+        if (!ctx.backend->supports_op(*n)) {
+            return unimplemented(std::string("the ") + ctx.backend->name() + " backend cannot compute " +
+                                 op_name(n->op) + (n->src[0] ? " of '" + n->src[0]->name + "'" : std::string()));
+        }
+    }
+    if (!ctx.profiling) return ctx.backend->compute(nodes);
     for (Tensor* n : nodes) {
         if (n->op == Op::VIEW) continue;  // no work: views only name memory
         const auto t0 = std::chrono::steady_clock::now();
-        MOE_RETURN_IF_ERROR(ctx.cpu->compute(std::span<Tensor* const>(&n, 1)));
-        MOE_RETURN_IF_ERROR(ctx.cpu->synchronize());
+        MOE_RETURN_IF_ERROR(ctx.backend->compute(std::span<Tensor* const>(&n, 1)));
+        MOE_RETURN_IF_ERROR(ctx.backend->synchronize());
         const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
         auto& slot = ctx.op_times[static_cast<size_t>(n->op)];
         ++slot.count;
@@ -125,17 +155,20 @@ Status decode_ubatch(moe_context& ctx, const int32_t* tokens, int n_tokens, int 
     const AllocPlan plan = plan_allocation(g);
     if (!ctx.arena || ctx.arena->size() < plan.arena_size) {
         ctx.arena.reset();  // free the old arena before allocating a larger one
-        MOE_ASSIGN_OR_RETURN(ctx.arena, ctx.cpu->alloc_buffer(plan.arena_size));
+        MOE_ASSIGN_OR_RETURN(ctx.arena, ctx.backend->alloc_buffer(plan.arena_size));
     }
     bind_allocation(g, plan, ctx.arena->data());
 
-    std::memcpy(ub.tokens->data, tokens, sizeof(int32_t) * static_cast<size_t>(n_tokens));
-    auto* pos = ub.positions->as<int32_t>();
-    for (int i = 0; i < n_tokens; ++i) pos[i] = n_past + i;
+    // Inputs and outputs go through the backend's copies (device memory is not host-addressable).
+    std::vector<int32_t> positions(static_cast<size_t>(n_tokens));
+    for (int i = 0; i < n_tokens; ++i) positions[static_cast<size_t>(i)] = n_past + i;
+    Backend& be = *ctx.backend;
+    MOE_RETURN_IF_ERROR(be.copy_to_device(ub.tokens->data, tokens, sizeof(int32_t) * static_cast<size_t>(n_tokens)));
+    MOE_RETURN_IF_ERROR(be.copy_to_device(ub.positions->data, positions.data(), sizeof(int32_t) * positions.size()));
 
     MOE_RETURN_IF_ERROR(run_graph(ctx, g));
-    if (ub.logits != nullptr) std::memcpy(logits_dst, ub.logits->data, ub.logits->n_bytes());
-    return Status::ok();
+    if (ub.logits != nullptr) MOE_RETURN_IF_ERROR(be.copy_to_host(logits_dst, ub.logits->data, ub.logits->n_bytes()));
+    return be.synchronize();
 }
 
 }  // namespace
@@ -145,11 +178,15 @@ StatusOr<std::unique_ptr<moe_context>> create_context(moe_model* model, const mo
     auto ctx = std::make_unique<moe_context>();
     ctx->model = model;
     ctx->params = params;
-    const BackendFactory* cpu = find_backend_factory("cpu");
-    if (cpu == nullptr) return internal_error("the cpu backend is not registered");
+    const char* name = params.device == MOE_DEVICE_CUDA ? "cuda" : "cpu";
+    const BackendFactory* factory = find_backend_factory(name);
+    if (factory == nullptr) {
+        return unimplemented(std::string("this build of moeinfer has no ") + name + " backend");
+    }
+    if (factory->device_count() == 0) return failed_precondition(std::string("no ") + name + " device found");
     BackendOptions opts;
     opts.n_threads = params.n_threads;
-    MOE_ASSIGN_OR_RETURN(ctx->cpu, cpu->create(opts));
+    MOE_ASSIGN_OR_RETURN(ctx->backend, factory->create(opts));
     MOE_RETURN_IF_ERROR(bind_model_weights(*ctx));
     MOE_RETURN_IF_ERROR(allocate_kv_cache(*ctx));
     return ctx;

@@ -15,8 +15,9 @@ struct moe_context {
     moe_model* model = nullptr;
     moe_context_params params{};
 
-    std::unique_ptr<moe::Backend> cpu;
-    std::deque<moe::Tensor> weight_tensors;  // leaves over the model's mapped data
+    std::unique_ptr<moe::Backend> backend;   // where every op runs (CPU, or CUDA for all-GPU runs)
+    std::deque<moe::Tensor> weight_tensors;  // leaves over the model's data (mapped, or uploaded)
+    std::unique_ptr<moe::Buffer> weight_buffer;  // device copy of the weights (device backends only)
     moe::ModelWeights weights;
 
     std::unique_ptr<moe::Buffer> kv_buffer;

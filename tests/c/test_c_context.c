@@ -129,6 +129,23 @@ static void test_params_and_create(moe_model* model) {
     p.n_threads = -3;
     EXPECT_ERROR(moe_context_create(model, &p, &ctx), MOE_STATUS_INVALID_ARGUMENT, "n_threads");
     moe_context_params_init(&p);
+    EXPECT(p.device == MOE_DEVICE_CPU);
+    p.device = 7;
+    EXPECT_ERROR(moe_context_create(model, &p, &ctx), MOE_STATUS_INVALID_ARGUMENT, "device");
+    p.device = MOE_DEVICE_CUDA;
+#if !MOEINFER_HAS_CUDA
+    EXPECT_ERROR(moe_context_create(model, &p, &ctx), MOE_STATUS_UNIMPLEMENTED, "cuda");
+#else
+    {
+        /* A CUDA build: OK with a GPU, FAILED_PRECONDITION without one. */
+        moe_context* gpu = NULL;
+        moe_status st = moe_context_create(model, &p, &gpu);
+        EXPECT(st == MOE_STATUS_OK || st == MOE_STATUS_FAILED_PRECONDITION);
+        if (st == MOE_STATUS_FAILED_PRECONDITION) printf("skipped: no CUDA device (CUDA context creation)\n");
+        moe_context_free(gpu);
+    }
+#endif
+    moe_context_params_init(&p);
     p.struct_size = 0;
     EXPECT_ERROR(moe_context_create(model, &p, &ctx), MOE_STATUS_INVALID_ARGUMENT, "struct_size");
     p.struct_size = (uint32_t)offsetof(moe_context_params, n_ctx); /* ends before n_ctx */

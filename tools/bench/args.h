@@ -29,6 +29,7 @@ struct Config {
     int32_t n_ctx = 0;  // 0 = auto (sweep: 4096; tests: the longest test)
     int32_t n_ubatch = 512;
     int32_t n_threads = 0;  // 0 = all cores
+    int32_t device = MOE_DEVICE_CPU;
 
     // Sweep (llama-sweep-bench).
     int32_t sweep_pp = 0;  // 0 = n_ubatch
@@ -100,6 +101,18 @@ inline std::vector<Option> make_options(Config& c) {
         {"-ub", "--ubatch-size", "N", "tokens per graph evaluation (micro-batch)", "512", ctx,
          int_flag(c.n_ubatch, 1, INT32_MAX)},
         {"-t", "--threads", "N", "CPU threads", "all cores", ctx, int_flag(c.n_threads, 1, 4096)},
+        {"", "--device", "cpu|cuda", "where every op runs (cuda: all weights on GPU 0; hybrid placement comes with the scheduler)",
+         "cpu", ctx,
+         [&c](const std::string& v) -> std::optional<std::string> {
+             if (v == "cpu") {
+                 c.device = MOE_DEVICE_CPU;
+             } else if (v == "cuda") {
+                 c.device = MOE_DEVICE_CUDA;
+             } else {
+                 return "--device: expected cpu or cuda, got '" + v + "'";
+             }
+             return std::nullopt;
+         }},
         {"", "--sweep", "", "run the sweep: at N_KV = 0, PP, 2*PP, ... time TG single-token decodes, then a PP-token "
                             "prefill, both from depth N_KV",
          "", sweep, [](const std::string&) { return std::optional<std::string>(); }},

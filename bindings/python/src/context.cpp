@@ -58,7 +58,9 @@ Int32Array as_int32_vector(const py::object& obj, const char* what) {
     return out;
 }
 
-std::unique_ptr<PyContext> create(const py::object& model_obj, int32_t n_ctx, int32_t n_ubatch, int32_t n_threads) {
+std::unique_ptr<PyContext> create(const py::object& model_obj, int32_t n_ctx, int32_t n_ubatch, int32_t n_threads,
+                                  const std::string& device) {
+    if (device != "cpu" && device != "cuda") throw py::value_error("Context: device must be 'cpu' or 'cuda', got '" + device + "'");
     if (!py::isinstance<moeinfer::Model>(model_obj)) {
         throw py::type_error("Context: model must be a moeinfer.Model, got " +
                              py::str(py::type::handle_of(model_obj).attr("__name__")).cast<std::string>());
@@ -68,6 +70,7 @@ std::unique_ptr<PyContext> create(const py::object& model_obj, int32_t n_ctx, in
     params.n_ctx = n_ctx;
     params.n_ubatch = n_ubatch;
     params.n_threads = n_threads;
+    params.device = device == "cuda" ? MOE_DEVICE_CUDA : MOE_DEVICE_CPU;
     const int32_t n_vocab = model.info().n_vocab;
     moe_context* raw = nullptr;
     moe_status status = MOE_STATUS_OK;
@@ -145,12 +148,13 @@ void bind_context(py::module_& m) {
 
 The context keeps its Model alive. Use a context from one thread at a time (concurrent calls wait
 for each other); several contexts may share a model.)")
-        .def(py::init(&create), "model"_a, "n_ctx"_a = 4096, "n_ubatch"_a = 512, "n_threads"_a = 0,
+        .def(py::init(&create), "model"_a, "n_ctx"_a = 4096, "n_ubatch"_a = 512, "n_threads"_a = 0, "device"_a = "cpu",
              R"(Creates a context on `model`.
 
 n_ctx: KV cache capacity in tokens. n_ubatch: tokens per graph evaluation (longer inputs are
-split). n_threads: CPU threads, 0 for all cores. Raises ValueError for bad values, MemoryError
-when the KV cache cannot be allocated.)")
+split). n_threads: CPU threads, 0 for all cores. device: "cpu", or "cuda" to run every op on GPU 0
+(NotImplementedError without CUDA in this build, RuntimeError without a GPU). Raises ValueError for
+bad values, MemoryError when the KV cache or the weights cannot be allocated.)")
         .def("decode", &decode, "tokens"_a, "positions"_a = py::none(), "logits_all"_a = false,
              R"(Evaluates `tokens` (1-D integers, e.g. np.int32) and returns their logits.
 
