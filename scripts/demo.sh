@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main demo: set up and build, then a short sweep benchmark (llama-sweep-bench's table) on a
-# small synthetic MoE model with the Qwen3-30B-A3B layer shape. CPU-only until the CUDA backend lands.
+# small synthetic MoE model with the Qwen3-30B-A3B layer shape. On the GPU when the build has CUDA and
+# a GPU is present (all-GPU until the hybrid scheduler lands), on the CPU otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -10,4 +11,8 @@ if [ ! -f "$model" ]; then
   "$BUILD_DIR/tools/moeinfer-synth" --arch qwen3moe --layers 2 --experts q8_0 --vocab 32000 -o "$model"
 fi
 "$BUILD_DIR/tools/moeinfer-info" "$model"
-"$BUILD_DIR/tools/moeinfer-bench" "$model" -c 1024 -ub 256 --sweep-tg 16
+device=cpu
+if [ -x "$BUILD_DIR/tests/moeinfer_gpu_available" ] && "$BUILD_DIR/tests/moeinfer_gpu_available" >/dev/null; then
+  device=cuda
+fi
+"$BUILD_DIR/tools/moeinfer-bench" "$model" -c 1024 -ub 256 --sweep-tg 16 --device "$device"
