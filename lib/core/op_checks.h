@@ -2,6 +2,8 @@
 // same messages, naming the offending operand ("ATTENTION: src3 (positions) must be i32, got f32").
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -70,6 +72,85 @@ inline Status check_same_shape(const char* op, const char* role, const Tensor& t
 inline Status check_2d(const char* op, const char* role, const Tensor& t) {
     if (t.ne[2] != 1 || t.ne[3] != 1) {
         return invalid_argument(std::string(op) + ": " + role + " must be 2-D, got shape " + shape_str(t));
+    }
+    return Status::ok();
+}
+
+
+// ATTENTION's operands and parameters (see core/tensor.h); both backends accept exactly these nodes.
+inline Status check_attention(const Tensor& dst) {
+    MOE_RETURN_IF_ERROR(check_operand("ATTENTION", "dst", &dst, Type::F32));
+    MOE_RETURN_IF_ERROR(check_operand("ATTENTION", "src0 (q)", dst.src[0], Type::F32));
+    const Tensor* kv[2] = {dst.src[1], dst.src[2]};
+    const char* kv_name[2] = {"src1 (k)", "src2 (v)"};
+    for (int i = 0; i < 2; ++i) {
+        const Type t = kv[i] != nullptr && kv[i]->type == Type::F16 ? Type::F16 : Type::F32;
+        MOE_RETURN_IF_ERROR(check_operand("ATTENTION", kv_name[i], kv[i], t));
+    }
+    MOE_RETURN_IF_ERROR(check_operand("ATTENTION", "src3 (positions)", dst.src[3], Type::I32));
+    const Tensor& q = *dst.src[0];
+    const Tensor& k = *dst.src[1];
+    const Tensor& v = *dst.src[2];
+    const Tensor& pos = *dst.src[3];
+    MOE_RETURN_IF_ERROR(check_same_shape("ATTENTION", "src0 (q)", q, dst));
+    if (q.ne[3] != 1 || k.ne[3] != 1 || v.ne[3] != 1) {
+        return invalid_argument("ATTENTION: q, k and v must be 3-D ([D, H, T], [D, Hkv, n_kv])");
+    }
+    if (k.ne[0] != q.ne[0] || v.ne[0] != q.ne[0] || k.ne[1] != v.ne[1] || k.ne[1] <= 0 || q.ne[1] % k.ne[1] != 0) {
+        return invalid_argument("ATTENTION: q " + shape_str(q) + ", k " + shape_str(k) + " and v " +
+                                shape_str(v) + " do not match (same D; H a multiple of Hkv)");
+    }
+    if (pos.ne[0] != q.ne[2] || pos.n_rows() != 1) {
+        return invalid_argument("ATTENTION: src3 (positions) has shape " + shape_str(pos) + ", expected [" +
+                                std::to_string(q.ne[2]) + "]");
+    }
+    const int32_t n_kv = dst.params.i[1];
+    if (n_kv <= 0 || n_kv > k.ne[2] || n_kv > v.ne[2]) {
+        return invalid_argument("ATTENTION: params.i[1] (n_kv) = " + std::to_string(n_kv) + " must be in [1, " +
+                                std::to_string(std::min(k.ne[2], v.ne[2])) + "]");
+    }
+    if (dst.params.i[0] < 0) {
+        return invalid_argument("ATTENTION: params.i[0] (window) = " + std::to_string(dst.params.i[0]) +
+                                " is negative");
+    }
+    if (!std::isfinite(dst.params.f[0])) return invalid_argument("ATTENTION: params.f[0] (scale) is not finite");
+    const Tensor* sinks = dst.src[4];
+    if (sinks != nullptr) {
+        MOE_RETURN_IF_ERROR(check_operand("ATTENTION", "src4 (sinks)", sinks, Type::F32));
+        if (sinks->ne[0] != q.ne[1] || sinks->n_rows() != 1) {
+            return invalid_argument("ATTENTION: src4 (sinks) has shape " + shape_str(*sinks) + ", expected [" +
+                                    std::to_string(q.ne[1]) + "]");
+        }
+    }
+    return Status::ok();
+}
+
+
+// ROPE's operands and parameters (see core/tensor.h and RopeParams).
+inline Status check_rope(const Tensor& dst) {
+    if (dst.op != Op::ROPE) return invalid_argument(std::string("rope: dst.op is ") + op_name(dst.op));
+    MOE_RETURN_IF_ERROR(check_operand("ROPE", "dst", &dst, Type::F32));
+    MOE_RETURN_IF_ERROR(check_operand("ROPE", "src0", dst.src[0], Type::F32));
+    MOE_RETURN_IF_ERROR(check_operand("ROPE", "src1 (positions)", dst.src[1], Type::I32));
+    const Tensor& x = *dst.src[0];
+    const Tensor& pos = *dst.src[1];
+    MOE_RETURN_IF_ERROR(check_same_shape("ROPE", "src0", x, dst));
+    if (x.ne[3] != 1) return invalid_argument("ROPE: src0 must be [D, H, T], got " + shape_str(x));
+    if (pos.ne[0] != x.ne[2] || pos.n_rows() != 1) {
+        return invalid_argument("ROPE: src1 (positions) has shape " + shape_str(pos) + ", expected [" +
+                                std::to_string(x.ne[2]) + "]");
+    }
+    const RopeParams p = dst.rope_params();
+    if (p.n_dims <= 0 || p.n_dims % 2 != 0 || p.n_dims > x.ne[0]) {
+        return invalid_argument("ROPE: n_dims (params.i[0]) = " + std::to_string(p.n_dims) +
+                                " must be even and in [2, " + std::to_string(x.ne[0]) + "]");
+    }
+    if (!(p.freq_base > 0.0f) || !(p.freq_scale > 0.0f)) {
+        return invalid_argument("ROPE: freq_base (params.f[0]) and freq_scale (params.f[1]) must be > 0");
+    }
+    if (p.ext_factor != 0.0f && p.n_ctx_orig <= 0) {
+        return invalid_argument("ROPE: YaRN (ext_factor != 0) needs n_ctx_orig (params.i[1]) > 0, got " +
+                                std::to_string(p.n_ctx_orig));
     }
     return Status::ok();
 }

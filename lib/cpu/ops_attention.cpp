@@ -268,49 +268,13 @@ void run_task(const attn::KernelTable& kern, const Shape& s, const Operands& op,
 }
 
 Status check_inputs(const Tensor& dst, Operands& op, Shape& s) {
-    MOE_RETURN_IF_ERROR(ops::check_operand("ATTENTION", "dst", &dst, Type::F32));
-    MOE_RETURN_IF_ERROR(ops::check_operand("ATTENTION", "src0 (q)", dst.src[0], Type::F32));
-    const Tensor* kv[2] = {dst.src[1], dst.src[2]};
-    const char* kv_name[2] = {"src1 (k)", "src2 (v)"};
-    for (int i = 0; i < 2; ++i) {
-        const Type t = kv[i] != nullptr && kv[i]->type == Type::F16 ? Type::F16 : Type::F32;
-        MOE_RETURN_IF_ERROR(ops::check_operand("ATTENTION", kv_name[i], kv[i], t));
-    }
-    MOE_RETURN_IF_ERROR(ops::check_operand("ATTENTION", "src3 (positions)", dst.src[3], Type::I32));
+    MOE_RETURN_IF_ERROR(moe::op_checks::check_attention(dst));  // shared with the other backend
     const Tensor& q = *dst.src[0];
     const Tensor& k = *dst.src[1];
     const Tensor& v = *dst.src[2];
     const Tensor& pos = *dst.src[3];
-    MOE_RETURN_IF_ERROR(ops::check_same_shape("ATTENTION", "src0 (q)", q, dst));
-    if (q.ne[3] != 1 || k.ne[3] != 1 || v.ne[3] != 1) {
-        return invalid_argument("ATTENTION: q, k and v must be 3-D ([D, H, T], [D, Hkv, n_kv])");
-    }
-    if (k.ne[0] != q.ne[0] || v.ne[0] != q.ne[0] || k.ne[1] != v.ne[1] || k.ne[1] <= 0 || q.ne[1] % k.ne[1] != 0) {
-        return invalid_argument("ATTENTION: q " + ops::shape_str(q) + ", k " + ops::shape_str(k) + " and v " +
-                                ops::shape_str(v) + " do not match (same D; H a multiple of Hkv)");
-    }
-    if (pos.ne[0] != q.ne[2] || pos.n_rows() != 1) {
-        return invalid_argument("ATTENTION: src3 (positions) has shape " + ops::shape_str(pos) + ", expected [" +
-                                std::to_string(q.ne[2]) + "]");
-    }
-    const int32_t n_kv = dst.params.i[1];
-    if (n_kv <= 0 || n_kv > k.ne[2] || n_kv > v.ne[2]) {
-        return invalid_argument("ATTENTION: params.i[1] (n_kv) = " + std::to_string(n_kv) + " must be in [1, " +
-                                std::to_string(std::min(k.ne[2], v.ne[2])) + "]");
-    }
-    if (dst.params.i[0] < 0) {
-        return invalid_argument("ATTENTION: params.i[0] (window) = " + std::to_string(dst.params.i[0]) +
-                                " is negative");
-    }
-    if (!std::isfinite(dst.params.f[0])) return invalid_argument("ATTENTION: params.f[0] (scale) is not finite");
     const Tensor* sinks = dst.src[4];
-    if (sinks != nullptr) {
-        MOE_RETURN_IF_ERROR(ops::check_operand("ATTENTION", "src4 (sinks)", sinks, Type::F32));
-        if (sinks->ne[0] != q.ne[1] || sinks->n_rows() != 1) {
-            return invalid_argument("ATTENTION: src4 (sinks) has shape " + ops::shape_str(*sinks) + ", expected [" +
-                                    std::to_string(q.ne[1]) + "]");
-        }
-    }
+    const int32_t n_kv = dst.params.i[1];
     op = Operands{&q, &k, &v, pos.as<int32_t>(), sinks != nullptr ? sinks->as<float>() : nullptr, nullptr};
     s = Shape{};
     s.d = q.ne[0];

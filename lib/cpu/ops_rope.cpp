@@ -44,30 +44,10 @@ std::vector<double> angle_coefficients(const RopeParams& p) {
 }  // namespace
 
 Status rope(Tensor& dst) {
-    if (dst.op != Op::ROPE) return invalid_argument(std::string("rope: dst.op is ") + op_name(dst.op));
-    MOE_RETURN_IF_ERROR(ops::check_operand("ROPE", "dst", &dst, Type::F32));
-    MOE_RETURN_IF_ERROR(ops::check_operand("ROPE", "src0", dst.src[0], Type::F32));
-    MOE_RETURN_IF_ERROR(ops::check_operand("ROPE", "src1 (positions)", dst.src[1], Type::I32));
+    MOE_RETURN_IF_ERROR(moe::op_checks::check_rope(dst));  // shared with the other backend
     const Tensor& x = *dst.src[0];
     const Tensor& pos = *dst.src[1];
-    MOE_RETURN_IF_ERROR(ops::check_same_shape("ROPE", "src0", x, dst));
-    if (x.ne[3] != 1) return invalid_argument("ROPE: src0 must be [D, H, T], got " + ops::shape_str(x));
-    if (pos.ne[0] != x.ne[2] || pos.n_rows() != 1) {
-        return invalid_argument("ROPE: src1 (positions) has shape " + ops::shape_str(pos) + ", expected [" +
-                                std::to_string(x.ne[2]) + "]");
-    }
     const RopeParams p = dst.rope_params();
-    if (p.n_dims <= 0 || p.n_dims % 2 != 0 || p.n_dims > x.ne[0]) {
-        return invalid_argument("ROPE: n_dims (params.i[0]) = " + std::to_string(p.n_dims) +
-                                " must be even and in [2, " + std::to_string(x.ne[0]) + "]");
-    }
-    if (!(p.freq_base > 0.0f) || !(p.freq_scale > 0.0f)) {
-        return invalid_argument("ROPE: freq_base (params.f[0]) and freq_scale (params.f[1]) must be > 0");
-    }
-    if (p.ext_factor != 0.0f && p.n_ctx_orig <= 0) {
-        return invalid_argument("ROPE: YaRN (ext_factor != 0) needs n_ctx_orig (params.i[1]) > 0, got " +
-                                std::to_string(p.n_ctx_orig));
-    }
     const std::vector<double> coef = angle_coefficients(p);
     float mscale = p.attn_factor;
     if (p.ext_factor != 0.0f) mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
