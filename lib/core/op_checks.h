@@ -155,4 +155,25 @@ inline Status check_rope(const Tensor& dst) {
     return Status::ok();
 }
 
+
+// RMS_NORM's operands and eps.
+inline Status check_rms_norm(const Tensor& dst) {
+    if (dst.op != Op::RMS_NORM) return invalid_argument(std::string("rms_norm: dst.op is ") + op_name(dst.op));
+    MOE_RETURN_IF_ERROR(check_operand("RMS_NORM", "dst", &dst, Type::F32));
+    MOE_RETURN_IF_ERROR(check_operand("RMS_NORM", "src0", dst.src[0], Type::F32));
+    const Tensor& x = *dst.src[0];
+    MOE_RETURN_IF_ERROR(check_same_shape("RMS_NORM", "src0", x, dst));
+    const Tensor* w = dst.src[1];
+    if (w != nullptr) {
+        MOE_RETURN_IF_ERROR(check_operand("RMS_NORM", "src1 (weight)", w, Type::F32));
+        if (w->ne[0] != x.ne[0] || w->n_rows() != 1) {
+            return invalid_argument("RMS_NORM: src1 (weight) has shape " + shape_str(*w) + ", expected [" +
+                                    std::to_string(x.ne[0]) + "]");
+        }
+    }
+    const float eps = dst.params.f[0];
+    if (!(eps >= 0.0f)) return invalid_argument("RMS_NORM: params.f[0] (eps) must be >= 0, got " + std::to_string(eps));
+    return Status::ok();
+}
+
 }  // namespace moe::op_checks

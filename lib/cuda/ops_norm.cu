@@ -109,21 +109,10 @@ RowLaunch row_launch(int64_t n, int64_t n_rows) {
 }  // namespace
 
 Status rms_norm(Tensor& dst, const OpContext& ctx) {
-    if (dst.op != Op::RMS_NORM) return invalid_argument(std::string("rms_norm: dst.op is ") + op_name(dst.op));
-    MOE_RETURN_IF_ERROR(ops::check_operand("RMS_NORM", "dst", &dst, Type::F32));
-    MOE_RETURN_IF_ERROR(ops::check_operand("RMS_NORM", "src0", dst.src[0], Type::F32));
+    MOE_RETURN_IF_ERROR(moe::op_checks::check_rms_norm(dst));  // shared with the other backend
     const Tensor& x = *dst.src[0];
-    MOE_RETURN_IF_ERROR(ops::check_same_shape("RMS_NORM", "src0", x, dst));
     const Tensor* w = dst.src[1];
-    if (w != nullptr) {
-        MOE_RETURN_IF_ERROR(ops::check_operand("RMS_NORM", "src1 (weight)", w, Type::F32));
-        if (w->ne[0] != x.ne[0] || w->n_rows() != 1) {
-            return invalid_argument("RMS_NORM: src1 (weight) has shape " + ops::shape_str(*w) + ", expected [" +
-                                    std::to_string(x.ne[0]) + "]");
-        }
-    }
     const float eps = dst.params.f[0];
-    if (!(eps >= 0.0f)) return invalid_argument("RMS_NORM: params.f[0] (eps) must be >= 0, got " + std::to_string(eps));
     const int64_t n_rows = dst.n_rows();
     if (dst.ne[0] == 0 || n_rows == 0) return Status::ok();
     const RowLaunch l = row_launch(dst.ne[0], n_rows);
