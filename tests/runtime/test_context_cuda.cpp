@@ -17,6 +17,7 @@
 #include "cuda/cuda_backend.h"
 #endif
 
+#if MOEINFER_HAS_CUDA
 namespace {
 
 struct Ctx {
@@ -55,6 +56,7 @@ void compare(const std::vector<float>& gpu, const std::vector<float>& cpu, int32
 }
 
 }  // namespace
+#endif
 
 TEST_CASE("cuda contexts match the cpu path", "[gpu]") {
 #if !MOEINFER_HAS_CUDA
