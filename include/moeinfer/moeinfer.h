@@ -216,9 +216,67 @@ typedef struct moe_context moe_context;
 
 /* Where a context computes. */
 typedef enum moe_device {
-    MOE_DEVICE_CPU = 0,  /* everything on the CPU */
-    MOE_DEVICE_CUDA = 1  /* everything on CUDA device 0 (weights uploaded; the model must fit in VRAM) */
+    MOE_DEVICE_CPU = 0,      /* everything on the CPU */
+    MOE_DEVICE_CUDA = 1,     /* CUDA device 0 plus the CPU: weights placed by the placement fields below
+                              * (default: all on the GPU if they fit, else experts spill to host RAM)
+                              * and ops scheduled per moe_sched_policy */
+    MOE_DEVICE_EMULATED = 2  /* like MOE_DEVICE_CUDA, with a host-memory backend playing the device: its
+                              * own buffers and explicit copies, computing with the CPU kernels. For
+                              * testing placement and scheduling without a GPU; slower than CPU. */
 } moe_device;
+
+/* ---------------------------------------------------------------------------------------------
+ * Hybrid scheduling policy (MOE_DEVICE_CUDA / MOE_DEVICE_EMULATED contexts)
+ * ------------------------------------------------------------------------------------------- */
+
+/* Ops whose weights may sit in host RAM and that the scheduler may offload to the device (uploading
+ * their weights) instead of computing them on the CPU. Names (moe_offload_op_name): "mul_mat",
+ * "mul_mat_id", "moe_up_gate". */
+typedef enum moe_offload_op {
+    MOE_OFFLOAD_MUL_MAT = 0,      /* dense matrix products (attention projections, router, output) */
+    MOE_OFFLOAD_MUL_MAT_ID = 1,   /* expert matrix products (the down projection) */
+    MOE_OFFLOAD_MOE_UP_GATE = 2,  /* fused expert up + gate + activation */
+    MOE_OFFLOAD_OP_COUNT = 3
+} moe_offload_op;
+
+typedef struct moe_offload_rule {
+    /* Non-zero: the op may be offloaded. */
+    int32_t enabled;
+    /* Offload only when the ubatch has at least this many tokens. -1: the default, 32 for mul_mat and
+     * 32 * n_expert / n_expert_used for the expert ops (each expert then sees about 32 tokens). */
+    int32_t min_batch;
+} moe_offload_rule;
+
+typedef enum moe_expert_copy {
+    MOE_EXPERT_COPY_FULL = 0,        /* upload whole expert tensors */
+    MOE_EXPERT_COPY_ACTIVE_ONLY = 1  /* read the router's choices back (once per layer) and upload only the
+                                      * selected experts, adjacent ones in one copy */
+} moe_expert_copy;
+
+typedef struct moe_sched_policy {
+    uint32_t struct_size;
+    /* Per moe_offload_op. Default: enabled, min_batch -1. */
+    moe_offload_rule offload[MOE_OFFLOAD_OP_COUNT];
+    /* A moe_expert_copy. Default: MOE_EXPERT_COPY_FULL. */
+    int32_t expert_copy;
+    /* Non-zero: expert biases whose expert weights are in host RAM are kept on both sides, so that host
+     * ops and offloaded ops each read their own copy (no PCIe round trip). Default: 1. */
+    int32_t bias_dup;
+    /* Device memory for the staging slots that offloaded weights are uploaded into, in bytes; more slots
+     * let uploads run further ahead of compute. 0: automatic (6 slots of the largest host-resident
+     * weight). Too small for one slot -> INVALID_ARGUMENT. Default: 0. */
+    uint64_t offload_vram_budget;
+} moe_sched_policy;
+
+MOE_API void moe_sched_policy_init(moe_sched_policy* policy);
+
+/* "mul_mat", "mul_mat_id", "moe_up_gate"; NULL for an unknown op. */
+MOE_API const char* moe_offload_op_name(int32_t op);
+
+/* Applies an offload spec "op=N|off|on[,op=N|off|on...]" to `policy` ("all" names every op; N is
+ * min_batch, "on" restores the default threshold). INVALID_ARGUMENT names the bad entry (unknown op,
+ * negative or non-numeric threshold); `policy` is unchanged then. */
+MOE_API moe_status moe_sched_policy_parse_offload(moe_sched_policy* policy, const char* spec);
 
 typedef struct moe_context_params {
     uint32_t struct_size;
@@ -231,6 +289,26 @@ typedef struct moe_context_params {
     /* A moe_device. MOE_DEVICE_CUDA needs a build with CUDA (UNIMPLEMENTED otherwise) and a GPU
      * (FAILED_PRECONDITION otherwise). Default: MOE_DEVICE_CPU. */
     int32_t device;
+
+    /* Placement of the weights (device contexts only). Applied in this order, first match wins:
+     * 1. tensor_overrides: llama.cpp's -ot syntax, "regex=BACKEND[,regex=BACKEND...]" searched in the
+     *    GGUF tensor names (e.g. "exps=CPU", "ffn_(up|gate|down)_exps\\.weight=CPU"); BACKEND is CPU
+     *    (host RAM) or GPU / CUDA0 / DEVICE (device memory), case-insensitive. Bad regex or unknown
+     *    backend -> INVALID_ARGUMENT naming the entry. NULL or "": none. Borrowed during the call.
+     * 2. n_cpu_moe: the expert tensors (weights and biases) of layers 0 .. n_cpu_moe-1 stay in host RAM.
+     * 3. n_gpu_layers: the weights of layers n_layer-n_gpu_layers .. n_layer-1 go to the device, the
+     *    rest stay in host RAM; the output head goes to the device when n_gpu_layers > n_layer; -1: all.
+     * 4. vram_budget: if what is left for the device exceeds it, expert tensors move to host RAM
+     *    (largest first, from the first layer) until it fits; still too large -> RESOURCE_EXHAUSTED.
+     * Host-resident weights that may be uploaded are copied into pinned memory. */
+    const char* tensor_overrides;
+    int32_t n_cpu_moe;      /* Default: 0 */
+    int32_t n_gpu_layers;   /* Default: -1 (all) */
+    /* Bytes of device memory for weights. 0: the device's free memory minus the KV cache, activations,
+     * offload slots and a 1 GiB reserve. Default: 0. */
+    uint64_t vram_budget;
+    /* Scheduling policy; NULL for moe_sched_policy_init's defaults. Borrowed during the call. */
+    const moe_sched_policy* policy;
 } moe_context_params;
 
 MOE_API void moe_context_params_init(moe_context_params* params);
@@ -265,6 +343,59 @@ MOE_API moe_status moe_context_n_past(const moe_context* ctx, int32_t* out_n_pas
 
 /* Empties the KV cache (a new sequence starts at position 0). */
 MOE_API moe_status moe_kv_clear(moe_context* ctx);
+
+/* Replaces the context's scheduling policy (takes effect at the next moe_decode). INVALID_ARGUMENT for
+ * bad values (negative min_batch other than -1, unknown expert_copy, budget too small for one slot). */
+MOE_API moe_status moe_context_set_policy(moe_context* ctx, const moe_sched_policy* policy);
+
+/* The context's policy with defaults resolved (min_batch -1 replaced by the threshold in use). */
+MOE_API moe_status moe_context_get_policy(const moe_context* ctx, moe_sched_policy* out_policy);
+
+/* Where a weight lives. */
+typedef enum moe_location { MOE_LOCATION_HOST = 0, MOE_LOCATION_DEVICE = 1 } moe_location;
+
+/* Location of the weight tensor `name` (a GGUF tensor name). *out_duplicated is set to 1 when a copy
+ * is also kept on the other side (bias duplication), else 0; it may be NULL. NOT_FOUND for an
+ * unknown name. */
+MOE_API moe_status moe_context_tensor_location(const moe_context* ctx, const char* name, int32_t* out_location,
+                                               int32_t* out_duplicated);
+
+/* Scheduler statistics, accumulated since the context was created or moe_context_reset_stats.
+ * Cheap and always on. */
+typedef struct moe_sched_stats {
+    uint32_t struct_size;
+    uint64_t n_ubatches;
+    uint64_t n_splits;               /* runs of consecutive ops on one side, over all ubatches */
+    uint64_t bytes_weights_full;     /* weights uploaded whole (FULL expert copies, dense offload, biases) */
+    uint64_t bytes_weights_experts;  /* expert slices uploaded by MOE_EXPERT_COPY_ACTIVE_ONLY */
+    uint64_t bytes_weights_skipped;  /* expert bytes ACTIVE_ONLY did not upload (unselected experts) */
+    uint64_t bytes_activations;      /* activations copied between host and device, both ways */
+    uint64_t n_weight_copies;        /* weight copy operations (a coalesced run of experts is one) */
+    uint64_t n_activation_copies;
+    uint64_t n_id_readbacks;         /* ACTIVE_ONLY: router choices read back to the host */
+    uint64_t n_offloaded[MOE_OFFLOAD_OP_COUNT];  /* ops with host weights computed on the device */
+    uint64_t n_kept_host[MOE_OFFLOAD_OP_COUNT];  /* ops with host weights computed on the host */
+    uint64_t n_ops_host;             /* all ops computed on the host */
+    uint64_t n_ops_device;           /* all ops computed on the device */
+    double seconds_total;            /* wall time of the ubatches */
+    double seconds_host_compute;     /* host splits' compute */
+    double seconds_wait;             /* host blocked on the device (id readbacks, synchronisation) */
+    uint64_t weights_host_bytes;     /* placement: weight bytes in host RAM */
+    uint64_t weights_device_bytes;   /* placement: weight bytes in device memory (duplicates included) */
+    int32_t n_layer;                 /* dimensions of moe_context_get_expert_counts */
+    int32_t n_expert;
+} moe_sched_stats;
+
+MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats* out_stats);
+
+/* Per layer and expert: how many tokens selected the expert, as counts[layer * n_expert + expert].
+ * `capacity` is the number of uint64_t in `counts`; *out_n receives n_layer * n_expert (call with
+ * capacity 0 to size the array). */
+MOE_API moe_status moe_context_get_expert_counts(const moe_context* ctx, uint64_t* counts, int64_t capacity,
+                                                 int64_t* out_n);
+
+/* Zeroes the statistics (placement figures stay). */
+MOE_API moe_status moe_context_reset_stats(moe_context* ctx);
 
 /* ---------------------------------------------------------------------------------------------
  * Profiling: time per op kind, for the bench tool's verbose mode. Off by default (it synchronises
