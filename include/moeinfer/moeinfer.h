@@ -292,7 +292,7 @@ typedef struct moe_context_params {
 
     /* Placement of the weights (device contexts only). Applied in this order, first match wins:
      * 1. tensor_overrides: llama.cpp's -ot syntax, "regex=BACKEND[,regex=BACKEND...]" searched in the
-     *    GGUF tensor names (e.g. "exps=CPU", "ffn_(up|gate|down)_exps\\.weight=CPU"); BACKEND is CPU
+     *    GGUF tensor names (e.g. "exps=CPU", "ffn_(up|gate|down)_exps\.weight=CPU"); BACKEND is CPU
      *    (host RAM) or GPU / CUDA0 / DEVICE (device memory), case-insensitive. Bad regex or unknown
      *    backend -> INVALID_ARGUMENT naming the entry. NULL or "": none. Borrowed during the call.
      * 2. n_cpu_moe: the expert tensors (weights and biases) of layers 0 .. n_cpu_moe-1 stay in host RAM.
