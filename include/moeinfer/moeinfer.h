@@ -309,6 +309,10 @@ typedef struct moe_context_params {
     uint64_t vram_budget;
     /* Scheduling policy; NULL for moe_sched_policy_init's defaults. Borrowed during the call. */
     const moe_sched_policy* policy;
+    /* Optional progress of the weight copies into device and pinned memory (may be NULL); returning
+     * non-zero cancels creation with MOE_STATUS_CANCELLED. Default: NULL. */
+    moe_progress_fn progress;
+    void* progress_user_data;  /* passed to `progress` unchanged. Default: NULL */
 } moe_context_params;
 
 MOE_API void moe_context_params_init(moe_context_params* params);

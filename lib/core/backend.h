@@ -58,6 +58,31 @@ public:
 
     // Waits until all work queued on this backend has finished.
     virtual Status synchronize() = 0;
+
+    // --- What the hybrid scheduler needs beyond the above (defaults fit host backends) ---
+
+    // Host memory this backend copies from and to fastest (pinned for CUDA); is_host() buffers.
+    virtual StatusOr<std::unique_ptr<Buffer>> alloc_host_buffer(size_t size) = 0;
+    // Device memory free now, in bytes; 0 for host backends (no device memory to budget).
+    virtual size_t free_memory() const { return 0; }
+
+    // A fence marks the compute queued so far; 0 is "no fence" (host backends compute at once).
+    virtual StatusOr<uint64_t> mark_compute() { return uint64_t{0}; }
+    // Queues a copy of n bytes from host memory into this backend's memory that waits only for the
+    // compute before fence `after` (0: for nothing), not for all compute queued so far, so uploads can
+    // run ahead of compute; compute queued after this call waits for the copy. The caller guarantees
+    // that nothing queued after fence `after` reads or writes dst. src_host must stay valid and
+    // unchanged until synchronize(). Host backends copy at once.
+    virtual Status upload(void* dst, const void* src_host, size_t n, uint64_t after) {
+        (void)after;
+        return copy_to_device(dst, src_host, n);
+    }
+    // Copies n bytes of this backend's memory to host memory and returns once they are in place,
+    // waiting only for the compute queued so far (not for queued uploads).
+    virtual Status read_now(void* dst_host, const void* src, size_t n) {
+        MOE_RETURN_IF_ERROR(copy_to_host(dst_host, src, n));
+        return synchronize();
+    }
 };
 
 }  // namespace moe

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/allocator.h"
 #include "core/backend_registry.h"
 
 namespace moe::cpu {
@@ -70,7 +71,29 @@ Status CpuBackend::compute_node(Tensor& node) {
     return unimplemented(std::string("cpu backend: op ") + op_name(node.op));
 }
 
+namespace {
+
+// The scheduler must hand the CPU only host memory; device memory here is a scheduling bug, caught
+// before a kernel dereferences it.
+Status check_host_addressable(const Tensor& node) {
+    auto device_resident = [](const Tensor* t) {
+        const Buffer* b = storage_of(t)->buffer;
+        return b != nullptr && !b->is_host();
+    };
+    if (device_resident(&node)) return internal_error("cpu: output '" + node.name + "' is in device memory");
+    for (const Tensor* s : node.src) {
+        if (s != nullptr && device_resident(s)) {
+            return internal_error(std::string("cpu: operand '") + s->name + "' of " + op_name(node.op) +
+                                  " is in device memory");
+        }
+    }
+    return Status::ok();
+}
+
+}  // namespace
+
 Status CpuBackend::compute(std::span<Tensor* const> nodes) {
+    for (const Tensor* node : nodes) MOE_RETURN_IF_ERROR(check_host_addressable(*node));
     Status status;
     arena_.execute([&] {
         for (Tensor* node : nodes) {

@@ -34,6 +34,7 @@ public:
     bool is_host() const override { return true; }
     bool supports_op(const Tensor& node) const override;
     StatusOr<std::unique_ptr<Buffer>> alloc_buffer(size_t size) override;
+    StatusOr<std::unique_ptr<Buffer>> alloc_host_buffer(size_t size) override { return alloc_buffer(size); }
     Status compute(std::span<Tensor* const> nodes) override;
     Status copy_to_device(void* dst, const void* src_host, size_t n) override;
     Status copy_to_host(void* dst_host, const void* src, size_t n) override;

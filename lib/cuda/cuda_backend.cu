@@ -55,6 +55,8 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device) {
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->copy_stream_, cudaStreamNonBlocking));
     MOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->compute_mark_, cudaEventDisableTiming));
     MOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->copy_mark_, cudaEventDisableTiming));
+    for (cudaEvent_t& e : b->fences_) MOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    MOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->readback_done_, cudaEventDisableTiming));
     MOE_CUBLAS_RETURN_IF_ERROR(cublasCreate(&b->cublas_));
     MOE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(b->cublas_, b->compute_stream_));
     // The error word is mapped host memory, so that synchronize() reads it without a copy.
@@ -77,6 +79,10 @@ CudaBackend::~CudaBackend() {
     if (error_flags_) cudaFreeHost(error_flags_);
     if (compute_mark_) cudaEventDestroy(compute_mark_);
     if (copy_mark_) cudaEventDestroy(copy_mark_);
+    for (cudaEvent_t e : fences_) {
+        if (e) cudaEventDestroy(e);
+    }
+    if (readback_done_) cudaEventDestroy(readback_done_);
     if (compute_stream_) cudaStreamDestroy(compute_stream_);
     if (copy_stream_) cudaStreamDestroy(copy_stream_);
 }
@@ -241,6 +247,46 @@ Status CudaBackend::copy_to_host(void* dst_host, const void* src_dev, size_t n) 
     MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_mark_, compute_stream_));
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, compute_mark_, 0));
     MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_host, src_dev, n, cudaMemcpyDeviceToHost, copy_stream_));
+    return Status::ok();
+}
+
+size_t CudaBackend::free_memory() const {
+    size_t free = 0, total = 0;
+    if (cudaSetDevice(device_) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return free;
+}
+
+StatusOr<uint64_t> CudaBackend::mark_compute() {
+    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    const uint64_t fence = next_fence_++;
+    MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(fences_[fence % kFences], compute_stream_));
+    return fence;
+}
+
+Status CudaBackend::upload(void* dst_dev, const void* src_host, size_t n, uint64_t after) {
+    if (n == 0) return Status::ok();
+    if (dst_dev == nullptr || src_host == nullptr) return invalid_argument("upload: dst_dev and src_host must not be null");
+    if (after >= next_fence_) return invalid_argument("upload: fence " + std::to_string(after) + " was never marked");
+    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    if (after != 0) MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, fences_[after % kFences], 0));
+    MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_dev, src_host, n, cudaMemcpyHostToDevice, copy_stream_));
+    MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_mark_, copy_stream_));
+    MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, copy_mark_, 0));
+    return Status::ok();
+}
+
+// On the compute stream, so that it waits for the producers but not for uploads queued on the copy
+// stream (the scheduler reads router choices while the next layer's experts are still in flight).
+Status CudaBackend::read_now(void* dst_host, const void* src_dev, size_t n) {
+    if (n == 0) return Status::ok();
+    if (dst_host == nullptr || src_dev == nullptr) return invalid_argument("read_now: dst_host and src_dev must not be null");
+    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_host, src_dev, n, cudaMemcpyDeviceToHost, compute_stream_));
+    MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(readback_done_, compute_stream_));
+    MOE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(readback_done_));
     return Status::ok();
 }
 

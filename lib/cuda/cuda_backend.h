@@ -67,6 +67,12 @@ public:
     // every compute queued before the call. The bytes are in place after synchronize().
     Status copy_to_host(void* dst_host, const void* src_dev, size_t n) override;
 
+    StatusOr<std::unique_ptr<Buffer>> alloc_host_buffer(size_t size) override { return alloc_pinned_host_buffer(size); }
+    size_t free_memory() const override;
+    StatusOr<uint64_t> mark_compute() override;
+    Status upload(void* dst_dev, const void* src_host, size_t n, uint64_t after) override;
+    Status read_now(void* dst_host, const void* src_dev, size_t n) override;
+
     cudaStream_t compute_stream() const { return compute_stream_; }
     cudaStream_t copy_stream() const { return copy_stream_; }
     int device() const { return device_; }
@@ -83,6 +89,13 @@ private:
     cudaStream_t copy_stream_ = nullptr;
     cudaEvent_t compute_mark_ = nullptr;  // recorded on the compute stream; the copy stream waits on it
     cudaEvent_t copy_mark_ = nullptr;     // recorded on the copy stream; the compute stream waits on it
+    // Compute fences: fence f is fences_[f % kFences], re-recorded every kFences marks. Waiting on a
+    // re-recorded event waits for later compute than asked (only ever queued before the waiter), so a
+    // stale fence is conservative, never wrong.
+    static constexpr int kFences = 64;
+    cudaEvent_t fences_[kFences] = {};
+    uint64_t next_fence_ = 1;
+    cudaEvent_t readback_done_ = nullptr;
     cublasHandle_t cublas_ = nullptr;     // bound to compute_stream_
     void* scratch_ = nullptr;             // device memory for kernels' temporaries, grow-only
     size_t scratch_size_ = 0;

@@ -17,6 +17,13 @@ MOE_API void moe_context_params_init(moe_context_params* params) {
     params->n_ubatch = 512;
     params->n_threads = 0;
     params->device = MOE_DEVICE_CPU;
+    params->tensor_overrides = nullptr;
+    params->n_cpu_moe = 0;
+    params->n_gpu_layers = -1;
+    params->vram_budget = 0;
+    params->policy = nullptr;
+    params->progress = nullptr;
+    params->progress_user_data = nullptr;
 }
 
 MOE_API moe_status moe_context_create(moe_model* model, const moe_context_params* params, moe_context** out_ctx) {
@@ -85,8 +92,7 @@ MOE_API moe_status moe_kv_clear(moe_context* ctx) {
 MOE_API moe_status moe_context_set_profiling(moe_context* ctx, int32_t enabled) {
     MOE_API_BEGIN
     MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
-    ctx->profiling = enabled != 0;
-    ctx->op_times = {};
+    ctx->sched->set_profiling(enabled != 0);
     return MOE_STATUS_OK;
     MOE_API_END
 }
@@ -99,16 +105,19 @@ MOE_API moe_status moe_context_get_profile(const moe_context* ctx, moe_op_profil
     MOE_CHECK_ARG(capacity >= 0, "capacity must be >= 0");
     MOE_CHECK_ARG(capacity == 0 || entries != nullptr, "entries is NULL");
     int32_t n = 0;
-    for (size_t op = 0; op < ctx->op_times.size(); ++op) {
-        const auto& t = ctx->op_times[op];
-        if (t.count == 0) continue;
-        if (n < capacity) {
-            entries[n].op = moe::op_name(static_cast<moe::Op>(op));
-            entries[n].backend = ctx->backend->name();
-            entries[n].count = t.count;
-            entries[n].seconds = t.seconds;
+    const moe::sched::OpTimes& times = ctx->sched->op_times();
+    for (int side = 0; side < moe::sched::kSides; ++side) {
+        for (size_t op = 0; op < times[static_cast<size_t>(side)].size(); ++op) {
+            const moe::sched::OpTime& t = times[static_cast<size_t>(side)][op];
+            if (t.count == 0) continue;
+            if (n < capacity) {
+                entries[n].op = moe::op_name(static_cast<moe::Op>(op));
+                entries[n].backend = side == 0 ? ctx->host->name() : ctx->device->name();
+                entries[n].count = t.count;
+                entries[n].seconds = t.seconds;
+            }
+            ++n;
         }
-        ++n;
     }
     *out_n = n;
     return MOE_STATUS_OK;

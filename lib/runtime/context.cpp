@@ -5,92 +5,282 @@
 
 #include "core/allocator.h"
 #include "core/backend_registry.h"
+#include "runtime/policy_convert.h"
+#include "sched/placement.h"
 
 namespace moe {
 namespace {
+
+using sched::Side;
+
+constexpr size_t kWeightAlign = 256;
+constexpr uint64_t kVramReserve = uint64_t{1} << 30;  // CUDA context, cuBLAS, kernel scratch
+constexpr int kAutoSlots = 6;
+
+size_t aligned(size_t n) { return (n + kWeightAlign - 1) & ~(kWeightAlign - 1); }
 
 Status check_params(const moe_context_params& p) {
     if (p.n_ctx <= 0) return invalid_argument("n_ctx must be > 0 (got " + std::to_string(p.n_ctx) + ")");
     if (p.n_ubatch <= 0) return invalid_argument("n_ubatch must be > 0 (got " + std::to_string(p.n_ubatch) + ")");
     if (p.n_threads < 0) return invalid_argument("n_threads must be >= 0 (got " + std::to_string(p.n_threads) + ")");
-    if (p.device != MOE_DEVICE_CPU && p.device != MOE_DEVICE_CUDA) {
-        return invalid_argument("device must be MOE_DEVICE_CPU or MOE_DEVICE_CUDA (got " + std::to_string(p.device) + ")");
+    if (p.device != MOE_DEVICE_CPU && p.device != MOE_DEVICE_CUDA && p.device != MOE_DEVICE_EMULATED) {
+        return invalid_argument("device must be MOE_DEVICE_CPU, MOE_DEVICE_CUDA or MOE_DEVICE_EMULATED (got " +
+                                std::to_string(p.device) + ")");
+    }
+    if (p.n_cpu_moe < 0) return invalid_argument("n_cpu_moe must be >= 0 (got " + std::to_string(p.n_cpu_moe) + ")");
+    if (p.n_gpu_layers < -1) {
+        return invalid_argument("n_gpu_layers must be >= 0, or -1 for all (got " + std::to_string(p.n_gpu_layers) + ")");
     }
     return Status::ok();
 }
 
-// Copies every bound weight into one buffer of a device backend and points the tensors there.
-Status upload_weights(moe_context& ctx) {
-    constexpr size_t kAlign = 256;
-    size_t total = 0;
-    for (const Tensor& t : ctx.weight_tensors) {
-        if (t.is_weight) total += (t.n_bytes() + kAlign - 1) & ~(kAlign - 1);
-    }
-    MOE_ASSIGN_OR_RETURN(ctx.weight_buffer, ctx.backend->alloc_buffer(total));
-    auto* base = static_cast<uint8_t*>(ctx.weight_buffer->data());
-    size_t offset = 0;
-    for (Tensor& t : ctx.weight_tensors) {
-        if (!t.is_weight) continue;
-        MOE_RETURN_IF_ERROR(ctx.backend->copy_to_device(base + offset, t.data, t.n_bytes()));
-        t.data = base + offset;
-        t.buffer = ctx.weight_buffer.get();
-        offset += (t.n_bytes() + kAlign - 1) & ~(kAlign - 1);
-    }
-    return ctx.backend->synchronize().with_context("uploading the weights");
+StatusOr<std::unique_ptr<Backend>> create_backend(const char* name, int n_threads) {
+    const BackendFactory* factory = find_backend_factory(name);
+    if (factory == nullptr) return unimplemented(std::string("this build of moeinfer has no ") + name + " backend");
+    if (factory->device_count() == 0) return failed_precondition(std::string("no ") + name + " device found");
+    BackendOptions opts;
+    opts.n_threads = n_threads;
+    return factory->create(opts);
 }
 
-// Leaf tensors over the model file's data, one per GGUF tensor.
+// Leaf tensors over the model file's data, one per GGUF tensor; the architecture's weights bound.
 Status bind_model_weights(moe_context& ctx) {
     const GgufFile& file = *ctx.model->file;
-    std::unordered_map<std::string, Tensor*> by_name;
     for (const GgufTensorInfo& info : file.tensors()) {
         Tensor& t = ctx.weight_tensors.emplace_back();
         set_shape(t, info.type, std::max(info.n_dims, 1), info.ne);
         // Weights are only ever read; the mapping is read-only.
         t.data = const_cast<uint8_t*>(file.tensor_data(info));
         t.name = info.name;
-        by_name[info.name] = &t;
+        ctx.weight_by_name[info.name] = &t;
     }
     StatusOr<ModelWeights> w = bind_weights(ctx.model->hparams, [&](const std::string& name) -> Tensor* {
-        auto it = by_name.find(name);
-        return it == by_name.end() ? nullptr : it->second;
+        auto it = ctx.weight_by_name.find(name);
+        return it == ctx.weight_by_name.end() ? nullptr : it->second;
     });
     if (!w.is_ok()) return w.status();
     ctx.weights = std::move(w).value();
-    if (!ctx.backend->is_host()) MOE_RETURN_IF_ERROR(upload_weights(ctx));
-    // Every weight is a matrix-product operand or a norm/bias vector; ask the backend about the former.
-    for (Tensor& t : ctx.weight_tensors) {
-        if (!t.is_weight || t.type == Type::F32) continue;
+    return Status::ok();
+}
+
+// Every weight is a matrix-product operand or an F32 vector; ask the backend that will read it.
+Status check_weight_types(const moe_context& ctx, const std::vector<Side>& sides, const std::vector<Tensor*>& ws) {
+    for (size_t i = 0; i < ws.size(); ++i) {
+        const Tensor& t = *ws[i];
+        if (t.type == Type::F32) continue;
         Tensor probe;
         probe.op = Op::MUL_MAT;
-        probe.src[0] = &t;
-        if (!ctx.backend->supports_op(probe)) {
-            return unimplemented("tensor '" + t.name + "': type " + type_name(t.type) + " is not supported");
+        probe.src[0] = const_cast<Tensor*>(&t);
+        const Backend& be = sides[i] == Side::DEVICE ? *ctx.device : *ctx.host;
+        if (!be.supports_op(probe)) {
+            return unimplemented("tensor '" + t.name + "': type " + type_name(t.type) + " is not supported by the " +
+                                 be.name() + " backend");
         }
     }
     return Status::ok();
 }
 
-Status allocate_kv_cache(moe_context& ctx) {
+Tensor kv_prototype(const moe_context& ctx) {
     const HParams& hp = ctx.model->hparams;
     const int64_t ne[3] = {hp.head_dim, hp.n_head_kv, ctx.params.n_ctx};
     Tensor proto;
     set_shape(proto, Type::F16, 3, ne);
+    return proto;
+}
+
+// Activation arena of the largest ubatch at the deepest position (what the default budget keeps free).
+size_t estimate_arena_bytes(const moe_context& ctx) {
+    const HParams& hp = ctx.model->hparams;
+    std::deque<Tensor> cache;
+    KvCache kv;
+    kv.n_ctx = ctx.params.n_ctx;
+    const Tensor proto = kv_prototype(ctx);
+    for (int il = 0; il < hp.n_layer; ++il) {
+        kv.k.push_back(&cache.emplace_back(proto));
+        kv.v.push_back(&cache.emplace_back(proto));
+    }
+    const int n = std::min(ctx.params.n_ubatch, ctx.params.n_ctx);
+    Graph g;
+    build_model_graph(g, hp, ctx.weights, kv, n, ctx.params.n_ctx - n, LogitsMode::ALL);
+    return plan_allocation(g).arena_size;
+}
+
+// The side of layer il's attention (its KV cache lives there).
+Side attention_side(const moe_context& ctx, const std::unordered_map<const Tensor*, Side>& side_of, int il) {
+    return side_of.at(ctx.weights.layers[static_cast<size_t>(il)].wq);
+}
+
+Status allocate_kv_cache(moe_context& ctx, const std::unordered_map<const Tensor*, Side>& side_of) {
+    const HParams& hp = ctx.model->hparams;
+    const Tensor proto = kv_prototype(ctx);
     const size_t per_tensor = proto.n_bytes();
-    const size_t total = per_tensor * 2 * static_cast<size_t>(hp.n_layer);
-    MOE_ASSIGN_OR_RETURN(ctx.kv_buffer, ctx.backend->alloc_buffer(total));
-    auto* base = static_cast<uint8_t*>(ctx.kv_buffer->data());
+    size_t count[sched::kSides] = {};
+    for (int il = 0; il < hp.n_layer; ++il) count[static_cast<int>(attention_side(ctx, side_of, il))] += 2;
+    for (int s = 0; s < sched::kSides; ++s) {
+        if (count[s] == 0) continue;
+        Backend& be = s == static_cast<int>(Side::DEVICE) ? *ctx.device : *ctx.host;
+        StatusOr<std::unique_ptr<Buffer>> b = be.alloc_buffer(per_tensor * count[s]);
+        if (!b.is_ok()) return b.status().with_context("allocating the KV cache");
+        ctx.kv_buffer[s] = std::move(b).value();
+    }
+    size_t used[sched::kSides] = {};
     ctx.kv.n_ctx = ctx.params.n_ctx;
     for (int il = 0; il < hp.n_layer; ++il) {
+        const int s = static_cast<int>(attention_side(ctx, side_of, il));
         for (int kv = 0; kv < 2; ++kv) {
             Tensor& t = ctx.kv_tensors.emplace_back(proto);
-            t.data = base + (static_cast<size_t>(il) * 2 + static_cast<size_t>(kv)) * per_tensor;
-            t.buffer = ctx.kv_buffer.get();
+            t.data = static_cast<uint8_t*>(ctx.kv_buffer[s]->data()) + used[s]++ * per_tensor;
+            t.buffer = ctx.kv_buffer[s].get();
             t.name = std::string(kv == 0 ? "cache_k." : "cache_v.") + std::to_string(il);
             (kv == 0 ? ctx.kv.k : ctx.kv.v).push_back(&t);
         }
     }
     return Status::ok();
+}
+
+// Reports progress over the bytes copied into pinned and device memory; non-zero from the callback cancels.
+class CopyProgress {
+public:
+    CopyProgress(const moe_context_params& p, uint64_t total) : p_(p), total_(std::max<uint64_t>(total, 1)) {}
+    Status advance(uint64_t bytes) {
+        done_ += bytes;
+        if (p_.progress == nullptr) return Status::ok();
+        if (p_.progress(static_cast<float>(static_cast<double>(done_) / static_cast<double>(total_)),
+                        p_.progress_user_data) != 0) {
+            return cancelled("context creation cancelled by the progress callback");
+        }
+        return Status::ok();
+    }
+
+private:
+    const moe_context_params& p_;
+    uint64_t total_;
+    uint64_t done_ = 0;
+};
+
+// Places the weights (device contexts), copies them to their sides and registers them with the scheduler.
+Status place_weights(moe_context& ctx, const sched::Policy& policy) {
+    const HParams& hp = ctx.model->hparams;
+    std::vector<Tensor*> ws;
+    for (Tensor& t : ctx.weight_tensors) {
+        if (t.is_weight) ws.push_back(&t);
+    }
+    std::vector<Side> sides(ws.size(), Side::HOST);
+    if (ctx.device) {
+        sched::PlacementParams pp;
+        MOE_ASSIGN_OR_RETURN(pp.overrides,
+                             sched::parse_overrides(ctx.params.tensor_overrides ? ctx.params.tensor_overrides : ""));
+        pp.n_layer = hp.n_layer;
+        pp.n_cpu_moe = ctx.params.n_cpu_moe;
+        pp.n_gpu_layers = ctx.params.n_gpu_layers;
+        std::vector<sched::WeightDesc> desc;
+        uint64_t total = 0, largest_expert = 0;
+        for (const Tensor* t : ws) {
+            desc.push_back({t->name, aligned(t->n_bytes())});
+            total += aligned(t->n_bytes());
+            if (sched::is_expert_tensor(t->name)) largest_expert = std::max<uint64_t>(largest_expert, t->n_bytes());
+        }
+        if (ctx.params.vram_budget > 0) {
+            pp.vram_budget = ctx.params.vram_budget;
+        } else {
+            // What the device has free, less the KV cache (all of it, to be safe), the activations and a
+            // reserve; if the weights do not all fit, also less the slots offloaded experts go through.
+            const uint64_t kv = kv_prototype(ctx).n_bytes() * 2 * static_cast<uint64_t>(hp.n_layer);
+            const uint64_t need = kv + estimate_arena_bytes(ctx) + kVramReserve;
+            const uint64_t free = ctx.device->free_memory();
+            uint64_t budget = free > need ? free - need : 0;
+            if (total > budget) budget = budget > kAutoSlots * largest_expert ? budget - kAutoSlots * largest_expert : 0;
+            pp.vram_budget = budget;
+        }
+        MOE_ASSIGN_OR_RETURN(sides, sched::place_weights(desc, pp));
+    }
+    MOE_RETURN_IF_ERROR(check_weight_types(ctx, sides, ws));
+
+    // Expert biases of host-resident experts are duplicated (used per the policy's bias_dup).
+    std::vector<bool> dup(ws.size(), false);
+    if (ctx.device) {
+        std::unordered_map<std::string, Side> side_by_name;
+        for (size_t i = 0; i < ws.size(); ++i) side_by_name[ws[i]->name] = sides[i];
+        const std::string suffix = ".bias";
+        for (size_t i = 0; i < ws.size(); ++i) {
+            const std::string& name = ws[i]->name;
+            if (!sched::is_expert_tensor(name) || name.size() < suffix.size() ||
+                name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+                continue;
+            }
+            auto it = side_by_name.find(name.substr(0, name.size() - suffix.size()) + ".weight");
+            dup[i] = it != side_by_name.end() && it->second == Side::HOST;
+        }
+    }
+
+    // Buffers: device memory for device-side weights and duplicates; pinned memory for host-side
+    // weights that may be uploaded (every host-side weight of a device context).
+    uint64_t device_bytes = 0, pinned_bytes = 0, host_bytes = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+        const size_t n = aligned(ws[i]->n_bytes());
+        if (sides[i] == Side::DEVICE || dup[i]) device_bytes += n;
+        if (sides[i] == Side::HOST) {
+            host_bytes += n;
+            if (ctx.device) pinned_bytes += n;
+        }
+    }
+    if (device_bytes > 0) {
+        StatusOr<std::unique_ptr<Buffer>> b = ctx.device->alloc_buffer(device_bytes);
+        if (!b.is_ok()) return b.status().with_context("allocating device memory for the weights");
+        ctx.device_weights = std::move(b).value();
+    }
+    if (pinned_bytes > 0) {
+        StatusOr<std::unique_ptr<Buffer>> b = ctx.device->alloc_host_buffer(pinned_bytes);
+        if (!b.is_ok()) return b.status().with_context("allocating pinned host memory for the weights");
+        ctx.pinned_weights = std::move(b).value();
+    }
+    ctx.weights_device_bytes = device_bytes;
+    ctx.weights_host_bytes = host_bytes;
+
+    ctx.sched = std::make_unique<sched::Scheduler>(*ctx.host, ctx.device.get(), hp.n_layer, hp.n_expert, hp.n_expert_used);
+    CopyProgress progress(ctx.params, device_bytes + pinned_bytes);
+    size_t device_off = 0, pinned_off = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+        Tensor& t = *ws[i];
+        const size_t n = t.n_bytes();
+        sched::WeightCopies c;
+        c.home = sides[i];
+        c.host = t.data;  // the file mapping
+        c.duplicate = dup[i];
+        if (sides[i] == Side::HOST && ctx.pinned_weights) {
+            auto* dst = static_cast<uint8_t*>(ctx.pinned_weights->data()) + pinned_off;
+            std::memcpy(dst, t.data, n);
+            c.host = dst;
+            c.host_buffer = ctx.pinned_weights.get();
+            pinned_off += aligned(n);
+            MOE_RETURN_IF_ERROR(progress.advance(aligned(n)));
+        }
+        if (sides[i] == Side::DEVICE || dup[i]) {
+            auto* dst = static_cast<uint8_t*>(ctx.device_weights->data()) + device_off;
+            MOE_RETURN_IF_ERROR(ctx.device->copy_to_device(dst, c.host, n));
+            c.device = dst;
+            c.device_buffer = ctx.device_weights.get();
+            device_off += aligned(n);
+            MOE_RETURN_IF_ERROR(progress.advance(aligned(n)));
+        }
+        if (sides[i] == Side::DEVICE) {
+            t.data = c.device;
+            t.buffer = c.device_buffer;
+            if (!dup[i]) {
+                c.host = nullptr;  // the mapping is not a copy ops may use (no duplication)
+            }
+        } else {
+            t.data = c.host;
+            t.buffer = c.host_buffer;
+        }
+        ctx.sched->add_weight(&t, c);
+    }
+    if (ctx.device) MOE_RETURN_IF_ERROR(ctx.device->synchronize().with_context("uploading the weights"));
+
+    std::unordered_map<const Tensor*, Side> side_of;
+    for (size_t i = 0; i < ws.size(); ++i) side_of[ws[i]] = sides[i];
+    MOE_RETURN_IF_ERROR(allocate_kv_cache(ctx, side_of));
+    return ctx.sched->set_policy(policy);
 }
 
 Status validate_batch(const moe_context& ctx, const int32_t* tokens, const int32_t* positions, int32_t n_tokens,
@@ -124,71 +314,46 @@ Status validate_batch(const moe_context& ctx, const int32_t* tokens, const int32
     return Status::ok();
 }
 
-Status run_graph(moe_context& ctx, const Graph& g) {
-    const std::vector<Tensor*>& nodes = g.nodes();
-    for (const Tensor* n : nodes) {
-        if (!ctx.backend->supports_op(*n)) {
-            return unimplemented(std::string("the ") + ctx.backend->name() + " backend cannot compute " +
-                                 op_name(n->op) + (n->src[0] ? " of '" + n->src[0]->name + "'" : std::string()));
-        }
-    }
-    if (!ctx.profiling) return ctx.backend->compute(nodes);
-    for (Tensor* n : nodes) {
-        if (n->op == Op::VIEW) continue;  // no work: views only name memory
-        const auto t0 = std::chrono::steady_clock::now();
-        MOE_RETURN_IF_ERROR(ctx.backend->compute(std::span<Tensor* const>(&n, 1)));
-        MOE_RETURN_IF_ERROR(ctx.backend->synchronize());
-        const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
-        auto& slot = ctx.op_times[static_cast<size_t>(n->op)];
-        ++slot.count;
-        slot.seconds += dt.count();
-    }
-    return Status::ok();
-}
-
 // Evaluates one ubatch; logits_dst receives the logits `mode` asks for (nullptr for NONE).
 Status decode_ubatch(moe_context& ctx, const int32_t* tokens, int n_tokens, int n_past, LogitsMode mode,
                      float* logits_dst) {
-    const HParams& hp = ctx.model->hparams;
     Graph g;
-    UbatchGraph ub = build_model_graph(g, hp, ctx.weights, ctx.kv, n_tokens, n_past, mode);
-    const AllocPlan plan = plan_allocation(g);
-    if (!ctx.arena || ctx.arena->size() < plan.arena_size) {
-        ctx.arena.reset();  // free the old arena before allocating a larger one
-        MOE_ASSIGN_OR_RETURN(ctx.arena, ctx.backend->alloc_buffer(plan.arena_size));
-    }
-    bind_allocation(g, plan, ctx.arena->data());
-
-    // Inputs and outputs go through the backend's copies (device memory is not host-addressable).
+    UbatchGraph ub = build_model_graph(g, ctx.model->hparams, ctx.weights, ctx.kv, n_tokens, n_past, mode);
     std::vector<int32_t> positions(static_cast<size_t>(n_tokens));
     for (int i = 0; i < n_tokens; ++i) positions[static_cast<size_t>(i)] = n_past + i;
-    Backend& be = *ctx.backend;
-    MOE_RETURN_IF_ERROR(be.copy_to_device(ub.tokens->data, tokens, sizeof(int32_t) * static_cast<size_t>(n_tokens)));
-    MOE_RETURN_IF_ERROR(be.copy_to_device(ub.positions->data, positions.data(), sizeof(int32_t) * positions.size()));
-
-    MOE_RETURN_IF_ERROR(run_graph(ctx, g));
-    if (ub.logits != nullptr) MOE_RETURN_IF_ERROR(be.copy_to_host(logits_dst, ub.logits->data, ub.logits->n_bytes()));
-    return be.synchronize();
+    const sched::HostInput inputs[] = {{ub.tokens, tokens}, {ub.positions, positions.data()}};
+    std::vector<sched::HostOutput> outputs;
+    if (ub.logits != nullptr) outputs.push_back({ub.logits, logits_dst});
+    return ctx.sched->run(g, n_tokens, inputs, outputs);
 }
 
 }  // namespace
 
 StatusOr<std::unique_ptr<moe_context>> create_context(moe_model* model, const moe_context_params& params) {
     MOE_RETURN_IF_ERROR(check_params(params));
+    sched::Policy policy;
+    if (params.policy != nullptr) {
+        MOE_ASSIGN_OR_RETURN(policy, policy_from_c(*params.policy));
+    }
     auto ctx = std::make_unique<moe_context>();
     ctx->model = model;
     ctx->params = params;
-    const char* name = params.device == MOE_DEVICE_CUDA ? "cuda" : "cpu";
-    const BackendFactory* factory = find_backend_factory(name);
-    if (factory == nullptr) {
-        return unimplemented(std::string("this build of moeinfer has no ") + name + " backend");
+    ctx->params.tensor_overrides = nullptr;  // borrowed during the call only
+    ctx->params.policy = nullptr;
+    ctx->params.progress = nullptr;
+    MOE_ASSIGN_OR_RETURN(ctx->host, create_backend("cpu", params.n_threads));
+    if (params.device == MOE_DEVICE_CUDA) {
+        MOE_ASSIGN_OR_RETURN(ctx->device, create_backend("cuda", params.n_threads));
     }
-    if (factory->device_count() == 0) return failed_precondition(std::string("no ") + name + " device found");
-    BackendOptions opts;
-    opts.n_threads = params.n_threads;
-    MOE_ASSIGN_OR_RETURN(ctx->backend, factory->create(opts));
+    if (params.device == MOE_DEVICE_EMULATED) {
+        MOE_ASSIGN_OR_RETURN(ctx->device, create_backend("emulated", params.n_threads));
+    }
     MOE_RETURN_IF_ERROR(bind_model_weights(*ctx));
-    MOE_RETURN_IF_ERROR(allocate_kv_cache(*ctx));
+    moe_context_params during = params;  // the borrowed fields are valid during creation
+    std::swap(ctx->params, during);
+    const Status placed = place_weights(*ctx, policy);
+    std::swap(ctx->params, during);
+    MOE_RETURN_IF_ERROR(placed);
     return ctx;
 }
 

@@ -1,41 +1,40 @@
-// The context behind moe_context: weights bound to tensors, the KV cache, the ubatch loop.
+// The context behind moe_context: weights placed and bound to tensors, the KV cache, the scheduler
+// and the ubatch loop.
 #pragma once
 
-#include <array>
-#include <chrono>
 #include <deque>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "core/backend.h"
 #include "core/models/model_graph.h"
 #include "runtime/model.h"
+#include "sched/scheduler.h"
 
 struct moe_context {
     moe_model* model = nullptr;
     moe_context_params params{};
 
-    std::unique_ptr<moe::Backend> backend;   // where every op runs (CPU, or CUDA for all-GPU runs)
-    std::deque<moe::Tensor> weight_tensors;  // leaves over the model's data (mapped, or uploaded)
-    std::unique_ptr<moe::Buffer> weight_buffer;  // device copy of the weights (device backends only)
+    std::unique_ptr<moe::Backend> host;    // the CPU
+    std::unique_ptr<moe::Backend> device;  // CUDA or the emulated device; nullptr for CPU contexts
+    std::deque<moe::Tensor> weight_tensors;  // leaves over the weights' home copies
+    std::unordered_map<std::string, moe::Tensor*> weight_by_name;
+    std::unique_ptr<moe::Buffer> device_weights;  // weights placed on (or duplicated to) the device
+    std::unique_ptr<moe::Buffer> pinned_weights;  // host-resident weights that may be uploaded
     moe::ModelWeights weights;
+    uint64_t weights_host_bytes = 0;
+    uint64_t weights_device_bytes = 0;
 
-    std::unique_ptr<moe::Buffer> kv_buffer;
+    std::unique_ptr<moe::Buffer> kv_buffer[moe::sched::kSides];
     std::deque<moe::Tensor> kv_tensors;
     moe::KvCache kv;
     int n_past = 0;
 
-    std::unique_ptr<moe::Buffer> arena;  // activations of the current ubatch graph
+    std::unique_ptr<moe::sched::Scheduler> sched;
 
     std::vector<float> logits;
     int32_t logits_rows = 0;
-
-    bool profiling = false;
-    struct OpTime {
-        int64_t count = 0;
-        double seconds = 0.0;
-    };
-    std::array<OpTime, static_cast<size_t>(moe::Op::COUNT)> op_times{};
 };
 
 namespace moe {

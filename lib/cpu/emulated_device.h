@@ -1,0 +1,38 @@
+// A host-memory backend that plays a device, so the hybrid scheduler is tested without a GPU: its
+// buffers are not host-addressable as far as anyone else knows (is_host() is false), data moves in
+// and out only through its copies, and compute refuses operands outside its own buffers. It computes
+// with the CPU kernels, so its results equal the CPU backend's bit for bit.
+#pragma once
+
+#include <memory>
+
+#include "core/backend.h"
+#include "cpu/cpu_backend.h"
+
+namespace moe::cpu {
+
+class EmulatedDeviceBackend final : public Backend {
+public:
+    explicit EmulatedDeviceBackend(int n_threads);
+
+    const char* name() const override { return "emulated"; }
+    bool is_host() const override { return false; }
+    bool supports_op(const Tensor& node) const override { return kernels_.supports_op(node); }
+    StatusOr<std::unique_ptr<Buffer>> alloc_buffer(size_t size) override;
+    StatusOr<std::unique_ptr<Buffer>> alloc_host_buffer(size_t size) override;
+    size_t free_memory() const override;
+    Status compute(std::span<Tensor* const> nodes) override;
+    Status copy_to_device(void* dst, const void* src_host, size_t n) override;
+    Status copy_to_host(void* dst_host, const void* src, size_t n) override;
+    Status synchronize() override { return Status::ok(); }
+
+private:
+    Status check_own_memory(const Tensor& node) const;
+
+    CpuBackend kernels_;
+};
+
+// Registers "emulated" in the backend registry (called by the generated backends_init.cpp).
+void register_emulated_backend();
+
+}  // namespace moe::cpu

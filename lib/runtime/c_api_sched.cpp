@@ -1,0 +1,141 @@
+// C API: scheduling policy, weight locations and scheduler statistics.
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+#include "moeinfer/moeinfer.h"
+#include "runtime/c_api_guard.h"
+#include "runtime/context.h"
+#include "runtime/policy_convert.h"
+
+extern "C" {
+
+MOE_API void moe_sched_policy_init(moe_sched_policy* policy) {
+    if (policy == nullptr) return;
+    std::memset(policy, 0, sizeof *policy);
+    policy->struct_size = sizeof *policy;
+    for (moe_offload_rule& r : policy->offload) {
+        r.enabled = 1;
+        r.min_batch = -1;
+    }
+    policy->expert_copy = MOE_EXPERT_COPY_FULL;
+    policy->bias_dup = 1;
+    policy->offload_vram_budget = 0;
+}
+
+MOE_API const char* moe_offload_op_name(int32_t op) { return moe::sched::offload_op_name(op); }
+
+MOE_API moe_status moe_sched_policy_parse_offload(moe_sched_policy* policy, const char* spec) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(policy != nullptr, "policy is NULL");
+    MOE_CHECK_ARG(spec != nullptr, "spec is NULL");
+    MOE_API_ASSIGN(moe::sched::Policy p, moe::policy_from_c(*policy));
+    MOE_RETURN_API(moe::sched::parse_offload_spec(spec, &p));
+    moe::policy_to_c(p, nullptr, policy);
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+MOE_API moe_status moe_context_set_policy(moe_context* ctx, const moe_sched_policy* policy) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
+    MOE_CHECK_ARG(policy != nullptr, "policy is NULL");
+    MOE_API_ASSIGN(moe::sched::Policy p, moe::policy_from_c(*policy));
+    return moe::api_return(ctx->sched->set_policy(p));
+    MOE_API_END
+}
+
+MOE_API moe_status moe_context_get_policy(const moe_context* ctx, moe_sched_policy* out_policy) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
+    MOE_CHECK_ARG(out_policy != nullptr, "out_policy is NULL");
+    MOE_CHECK_ARG(out_policy->struct_size >= offsetof(moe_sched_policy, offload),
+                  "out_policy->struct_size is too small (call moe_sched_policy_init first)");
+    int32_t resolved[moe::sched::kOffloadOps];
+    for (int i = 0; i < moe::sched::kOffloadOps; ++i) {
+        resolved[i] = ctx->sched->min_batch(static_cast<moe::sched::OffloadOp>(i));
+    }
+    moe::policy_to_c(ctx->sched->policy(), resolved, out_policy);
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+MOE_API moe_status moe_context_tensor_location(const moe_context* ctx, const char* name, int32_t* out_location,
+                                               int32_t* out_duplicated) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
+    MOE_CHECK_ARG(name != nullptr, "name is NULL");
+    MOE_CHECK_ARG(out_location != nullptr, "out_location is NULL");
+    auto it = ctx->weight_by_name.find(name);
+    const std::optional<moe::sched::WeightCopies> c =
+        it == ctx->weight_by_name.end() ? std::nullopt : ctx->sched->weight_copies(it->second);
+    if (!c) return moe::api_return(moe::not_found(std::string("no weight tensor named '") + name + "'"));
+    *out_location = c->home == moe::sched::Side::DEVICE ? MOE_LOCATION_DEVICE : MOE_LOCATION_HOST;
+    if (out_duplicated != nullptr) *out_duplicated = c->duplicate && c->host != nullptr && c->device != nullptr;
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats* out_stats) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
+    MOE_CHECK_ARG(out_stats != nullptr, "out_stats is NULL");
+    MOE_CHECK_ARG(out_stats->struct_size >= offsetof(moe_sched_stats, n_ubatches) + sizeof(uint64_t),
+                  "out_stats->struct_size is too small (set it to sizeof(moe_sched_stats))");
+    const moe::sched::Stats& s = ctx->sched->stats();
+    moe_sched_stats c;
+    std::memset(&c, 0, sizeof c);
+    c.struct_size = sizeof c;
+    c.n_ubatches = s.n_ubatches;
+    c.n_splits = s.n_splits;
+    c.bytes_weights_full = s.bytes_weights_full;
+    c.bytes_weights_experts = s.bytes_weights_experts;
+    c.bytes_weights_skipped = s.bytes_weights_skipped;
+    c.bytes_activations = s.bytes_activations;
+    c.n_weight_copies = s.n_weight_copies;
+    c.n_activation_copies = s.n_activation_copies;
+    c.n_id_readbacks = s.n_id_readbacks;
+    for (int i = 0; i < MOE_OFFLOAD_OP_COUNT; ++i) {
+        c.n_offloaded[i] = s.n_offloaded[static_cast<size_t>(i)];
+        c.n_kept_host[i] = s.n_kept_host[static_cast<size_t>(i)];
+    }
+    c.n_ops_host = s.n_ops_host;
+    c.n_ops_device = s.n_ops_device;
+    c.seconds_total = s.seconds_total;
+    c.seconds_host_compute = s.seconds_host_compute;
+    c.seconds_wait = s.seconds_wait;
+    c.weights_host_bytes = ctx->weights_host_bytes;
+    c.weights_device_bytes = ctx->weights_device_bytes;
+    c.n_layer = ctx->model->hparams.n_layer;
+    c.n_expert = ctx->model->hparams.n_expert;
+    const uint32_t size = out_stats->struct_size;
+    std::memcpy(out_stats, &c, std::min<size_t>(size, sizeof c));
+    out_stats->struct_size = size;
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+MOE_API moe_status moe_context_get_expert_counts(const moe_context* ctx, uint64_t* counts, int64_t capacity,
+                                                 int64_t* out_n) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
+    MOE_CHECK_ARG(out_n != nullptr, "out_n is NULL");
+    MOE_CHECK_ARG(capacity >= 0, "capacity must be >= 0");
+    MOE_CHECK_ARG(capacity == 0 || counts != nullptr, "counts is NULL");
+    const std::vector<uint64_t>& v = ctx->sched->stats().expert_counts;
+    const size_t n = std::min(v.size(), static_cast<size_t>(capacity));
+    std::copy_n(v.begin(), n, counts);
+    *out_n = static_cast<int64_t>(v.size());
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+MOE_API moe_status moe_context_reset_stats(moe_context* ctx) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
+    ctx->sched->reset_stats();
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+}  // extern "C"

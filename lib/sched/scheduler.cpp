@@ -1,0 +1,513 @@
+#include "sched/scheduler.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "core/allocator.h"
+#include "sched/expert_runs.h"
+
+namespace moe::sched {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Bytes from a tensor's first to its last element (strided views included).
+size_t byte_extent(const Tensor& t) {
+    if (t.is_contiguous()) return t.n_bytes();
+    size_t extent = static_cast<size_t>(row_bytes(t.type, t.ne[0]));
+    for (int d = 1; d < 4; ++d) extent += static_cast<size_t>(t.ne[d] - 1) * t.nb[d];
+    return extent;
+}
+
+// The ids operand of an expert op, or nullptr.
+const Tensor* expert_ids_of(const Tensor& node) {
+    if (node.op == Op::MUL_MAT_ID) return node.src[2];
+    if (node.op == Op::MOE_UP_GATE) return node.src[3];
+    return nullptr;
+}
+
+// Whether operand src_index of node is an expert matrix that ACTIVE_ONLY may upload in part.
+bool is_expert_matrix(const Tensor& node, int src_index) {
+    return (node.op == Op::MUL_MAT_ID && src_index == 0) || (node.op == Op::MOE_UP_GATE && src_index <= 1);
+}
+
+// Tokens an offloadable op processes (what its min_batch compares with).
+int64_t op_tokens(const Tensor& node) {
+    switch (node.op) {
+        case Op::MUL_MAT: return node.src[1]->n_rows();
+        case Op::MUL_MAT_ID: return node.src[1]->ne[2];
+        case Op::MOE_UP_GATE: return node.src[2]->ne[1];
+        default: return 0;
+    }
+}
+
+constexpr int kAutoSlots = 6;
+constexpr int kMinSlots = 4;  // one node may upload up to four operands (up, gate and their biases)
+
+}  // namespace
+
+struct Scheduler::RunState {
+    std::unordered_map<const Tensor*, Side> produced;  // arena storage (inputs and nodes) -> side
+    AllocPlan plan;
+    uint8_t* base[kSides] = {};
+    std::deque<Tensor> subs;                                     // operand stand-ins of this ubatch
+    std::map<std::pair<const Tensor*, int>, Tensor*> shadows;    // (tensor, side) -> its copy there
+    std::unordered_map<const Tensor*, std::vector<int32_t>> ids_on_host;
+    std::vector<const Tensor*> moe_ids;                          // expert ids tensors, for the counts
+    std::vector<Tensor*> pending;                                // nodes not yet handed to a backend
+    Side pending_side = Side::HOST;
+    std::vector<size_t> pending_slots;                           // upload slots the pending nodes read
+    std::vector<size_t> node_slots;                              // ... the node being prepared reads
+    bool host_waits = false;  // host compute must first wait for queued device copies
+};
+
+Scheduler::Scheduler(Backend& host, Backend* device, int n_layer, int n_expert, int n_expert_used)
+    : host_(host), device_(device), n_layer_(n_layer), n_expert_(n_expert), n_expert_used_(n_expert_used) {
+    stats_.expert_counts.assign(static_cast<size_t>(std::max(n_layer, 0)) * static_cast<size_t>(std::max(n_expert, 0)), 0);
+}
+
+Scheduler::~Scheduler() {
+    // Queued copies may still read or write the arenas and slots.
+    if (device_ != nullptr) (void)device_->synchronize();
+}
+
+void Scheduler::add_weight(Tensor* weight, const WeightCopies& copies) { weights_[weight] = copies; }
+
+std::optional<WeightCopies> Scheduler::weight_copies(const Tensor* weight) const {
+    auto it = weights_.find(weight);
+    if (it == weights_.end()) return std::nullopt;
+    WeightCopies c = it->second;
+    if (c.duplicate && !policy_.bias_dup) {
+        if (c.home == Side::HOST) {
+            c.device = nullptr;
+            c.device_buffer = nullptr;
+        } else {
+            c.host = nullptr;
+            c.host_buffer = nullptr;
+        }
+    }
+    return c;
+}
+
+int32_t Scheduler::min_batch(OffloadOp op) const { return resolved_min_batch(policy_, op, n_expert_, n_expert_used_); }
+
+uint64_t Scheduler::slot_bytes(const Policy& policy) const {
+    size_t largest = 0;
+    for (const auto& [w, c] : weights_) {
+        if (c.home == Side::HOST) largest = std::max(largest, w->n_bytes());
+    }
+    if (largest == 0 || device_ == nullptr) return 0;
+    const uint64_t n = policy.offload_vram_budget == 0 ? kAutoSlots : policy.offload_vram_budget / largest;
+    return n * largest;
+}
+
+Status Scheduler::set_policy(const Policy& policy) {
+    MOE_RETURN_IF_ERROR(validate_policy(policy));
+    size_t largest = 0;
+    for (const auto& [w, c] : weights_) {
+        if (c.home == Side::HOST) largest = std::max(largest, w->n_bytes());
+    }
+    size_t n_slots = 0;
+    if (largest > 0 && device_ != nullptr) {
+        n_slots = policy.offload_vram_budget == 0 ? kAutoSlots : policy.offload_vram_budget / largest;
+        if (n_slots < kMinSlots) {
+            return invalid_argument("offload_vram_budget of " + std::to_string(policy.offload_vram_budget) +
+                                    " bytes holds fewer than " + std::to_string(kMinSlots) +
+                                    " upload slots of the largest host-resident weight (" + std::to_string(largest) +
+                                    " bytes); give at least " + std::to_string(kMinSlots * largest) + " bytes or 0");
+        }
+    }
+    if (n_slots != slots_.size() || largest != slot_size_) {
+        if (device_ != nullptr) MOE_RETURN_IF_ERROR(device_->synchronize());
+        slot_buffer_.reset();
+        slots_.assign(n_slots, Slot{});
+        slot_size_ = largest;
+        next_slot_ = 0;
+    }
+    policy_ = policy;
+    return Status::ok();
+}
+
+Status Scheduler::ensure_slots() {
+    if (slots_.empty()) return internal_error("scheduler: an upload is needed but no upload slots are configured");
+    if (slot_buffer_) return Status::ok();
+    StatusOr<std::unique_ptr<Buffer>> b = device_->alloc_buffer(slots_.size() * slot_size_);
+    if (!b.is_ok()) return b.status().with_context("allocating " + std::to_string(slots_.size()) + " upload slots");
+    slot_buffer_ = std::move(b).value();
+    return Status::ok();
+}
+
+void Scheduler::reset_stats() {
+    std::vector<uint64_t> counts = std::move(stats_.expert_counts);
+    std::fill(counts.begin(), counts.end(), 0);
+    stats_ = Stats{};
+    stats_.expert_counts = std::move(counts);
+}
+
+void Scheduler::set_profiling(bool on) {
+    profiling_ = on;
+    op_times_ = OpTimes{};
+}
+
+Side Scheduler::side_of_storage(const Tensor* storage, const RunState& rs) const {
+    auto it = rs.produced.find(storage);
+    if (it != rs.produced.end()) return it->second;
+    if (storage->is_weight) {
+        auto w = weights_.find(storage);
+        if (w != weights_.end()) return w->second.home;
+    }
+    if (storage->buffer != nullptr && !storage->buffer->is_host()) return Side::DEVICE;
+    return Side::HOST;
+}
+
+Side Scheduler::assign(const Tensor& node, const RunState& rs) {
+    if (device_ == nullptr) return Side::HOST;
+    switch (node.op) {
+        case Op::VIEW: return side_of_storage(storage_of(&node), rs);
+        case Op::CPY:  // writes the KV cache: runs where the cache is, as does attention reading it
+        case Op::ATTENTION: return side_of_storage(storage_of(node.src[1]), rs);
+        default: break;
+    }
+    const std::optional<OffloadOp> kind = offload_op_of(node.op);
+    if (kind && node.src[0] != nullptr && node.src[0]->is_weight) {
+        const std::optional<WeightCopies> w = weight_copies(node.src[0]);
+        if (w && w->device != nullptr) return Side::DEVICE;
+        const OffloadRule& rule = policy_.rule(*kind);
+        const int k = static_cast<int>(*kind);
+        if (rule.enabled && op_tokens(node) >= min_batch(*kind) && device_->supports_op(node)) {
+            ++stats_.n_offloaded[static_cast<size_t>(k)];
+            return Side::DEVICE;
+        }
+        ++stats_.n_kept_host[static_cast<size_t>(k)];
+        return Side::HOST;
+    }
+    // Weights available on one side only pin the op there.
+    for (const Tensor* s : node.src) {
+        if (s == nullptr || !s->is_weight) continue;
+        const std::optional<WeightCopies> w = weight_copies(s);
+        if (!w) continue;
+        if (w->host == nullptr) return Side::DEVICE;
+        if (w->device == nullptr) return Side::HOST;
+    }
+    // The rest follow their operands, preferring the device.
+    const bool host_ok = host_.supports_op(node);
+    if (!device_->supports_op(node)) return Side::HOST;
+    if (!host_ok) return Side::DEVICE;
+    for (const Tensor* s : node.src) {
+        if (s != nullptr && !s->is_weight && side_of_storage(storage_of(s), rs) == Side::DEVICE) return Side::DEVICE;
+    }
+    return Side::HOST;
+}
+
+Status Scheduler::ensure_arenas(size_t size) {
+    for (int s = 0; s < kSides; ++s) {
+        if (s == static_cast<int>(Side::DEVICE) && device_ == nullptr) continue;
+        std::unique_ptr<Buffer>& a = arena_[s];
+        if (a && a->size() >= size) continue;
+        if (a && device_ != nullptr) MOE_RETURN_IF_ERROR(device_->synchronize());  // queued work may use it
+        a.reset();
+        StatusOr<std::unique_ptr<Buffer>> b = s == static_cast<int>(Side::DEVICE) ? device_->alloc_buffer(size)
+                                              : device_ != nullptr                ? device_->alloc_host_buffer(size)
+                                                                                  : host_.alloc_buffer(size);
+        if (!b.is_ok()) {
+            return b.status().with_context("allocating the " + std::string(side_name(static_cast<Side>(s))) +
+                                           " activation arena of " + std::to_string(size) + " bytes");
+        }
+        a = std::move(b).value();
+    }
+    return Status::ok();
+}
+
+void Scheduler::bind(Graph& graph, RunState& rs) {
+    for (const auto& [t, offset] : rs.plan.offsets) {
+        const Side side = rs.produced.count(t) ? rs.produced.at(t) : Side::HOST;
+        Tensor* mt = const_cast<Tensor*>(t);
+        mt->data = rs.base[static_cast<int>(side)] + offset;
+        mt->buffer = arena_[static_cast<int>(side)].get();
+    }
+    for (Tensor* n : graph.nodes()) {
+        if (n->view_src != nullptr) {
+            MOE_ASSERT(n->view_src->data != nullptr);
+            n->data = static_cast<uint8_t*>(n->view_src->data) + n->view_offset;
+            n->buffer = n->view_src->buffer;
+        }
+    }
+}
+
+Tensor* Scheduler::substitute(RunState& rs, const Tensor& like, void* data, Buffer* buffer) {
+    Tensor& t = rs.subs.emplace_back();
+    t.type = like.type;
+    std::copy(std::begin(like.ne), std::end(like.ne), t.ne);
+    std::copy(std::begin(like.nb), std::end(like.nb), t.nb);
+    t.data = data;
+    t.buffer = buffer;
+    t.is_weight = like.is_weight;
+    t.layer = like.layer;
+    t.name = like.name;
+    return &t;
+}
+
+Status Scheduler::wait_for_device(RunState& rs) {
+    const Clock::time_point t0 = Clock::now();
+    MOE_RETURN_IF_ERROR(device_->synchronize());
+    stats_.seconds_wait += seconds_since(t0);
+    rs.host_waits = false;
+    return Status::ok();
+}
+
+Status Scheduler::flush(RunState& rs) {
+    if (rs.pending.empty()) return Status::ok();
+    const std::span<Tensor* const> nodes(rs.pending);
+    if (rs.pending_side == Side::HOST) {
+        if (rs.host_waits) MOE_RETURN_IF_ERROR(wait_for_device(rs));
+        const Clock::time_point t0 = Clock::now();
+        MOE_RETURN_IF_ERROR(host_.compute(nodes));
+        stats_.seconds_host_compute += seconds_since(t0);
+    } else {
+        MOE_RETURN_IF_ERROR(device_->compute(nodes));
+        MOE_ASSIGN_OR_RETURN(const uint64_t fence, device_->mark_compute());
+        for (size_t s : rs.pending_slots) slots_[s].fence = fence;
+    }
+    rs.pending.clear();
+    rs.pending_slots.clear();
+    return Status::ok();
+}
+
+StatusOr<Tensor*> Scheduler::activation_operand(Tensor* src, Side side, RunState& rs) {
+    const Tensor* st = storage_of(src);
+    const Side from = side_of_storage(st, rs);
+    if (from == side) return src;
+    auto key = std::make_pair(static_cast<const Tensor*>(src), static_cast<int>(side));
+    if (auto it = rs.shadows.find(key); it != rs.shadows.end()) return it->second;
+    if (!rs.plan.offsets.count(st)) {
+        return internal_error("scheduler: '" + src->name + "' lives outside the activation arenas on the " +
+                              side_name(from) + " but is needed on the " + side_name(side));
+    }
+    MOE_RETURN_IF_ERROR(flush(rs));
+    const size_t n = byte_extent(*src);
+    auto* src_bytes = static_cast<uint8_t*>(src->data);
+    uint8_t* dst = rs.base[static_cast<int>(side)] + (src_bytes - rs.base[static_cast<int>(from)]);
+    if (side == Side::DEVICE) {
+        MOE_RETURN_IF_ERROR(device_->copy_to_device(dst, src_bytes, n));
+    } else {
+        MOE_RETURN_IF_ERROR(device_->copy_to_host(dst, src_bytes, n));
+    }
+    rs.host_waits = true;  // D2H: the host reads it; H2D: the host must not reuse the source before
+    stats_.bytes_activations += n;
+    ++stats_.n_activation_copies;
+    Tensor* shadow = substitute(rs, *src, dst, arena_[static_cast<int>(side)].get());
+    rs.shadows[key] = shadow;
+    return shadow;
+}
+
+StatusOr<const std::vector<int32_t>*> Scheduler::read_ids(const Tensor* ids, RunState& rs) {
+    const Tensor* st = storage_of(ids);
+    if (auto it = rs.ids_on_host.find(st); it != rs.ids_on_host.end()) return &it->second;
+    if (!ids->is_contiguous() || ids->type != Type::I32) {
+        return internal_error("scheduler: expert ids '" + ids->name + "' must be contiguous I32");
+    }
+    std::vector<int32_t> v(static_cast<size_t>(ids->n_elements()));
+    MOE_RETURN_IF_ERROR(flush(rs));
+    if (side_of_storage(st, rs) == Side::HOST) {
+        if (rs.host_waits) MOE_RETURN_IF_ERROR(wait_for_device(rs));
+        std::memcpy(v.data(), ids->data, v.size() * sizeof(int32_t));
+    } else {
+        const Clock::time_point t0 = Clock::now();
+        MOE_RETURN_IF_ERROR(device_->read_now(v.data(), ids->data, v.size() * sizeof(int32_t)));
+        stats_.seconds_wait += seconds_since(t0);
+        ++stats_.n_id_readbacks;
+    }
+    return &(rs.ids_on_host[st] = std::move(v));
+}
+
+StatusOr<Tensor*> Scheduler::weight_operand(Tensor& node, int src_index, Side side, RunState& rs) {
+    Tensor* w = node.src[src_index];
+    const std::optional<WeightCopies> c = weight_copies(w);
+    if (!c) return internal_error("scheduler: weight '" + w->name + "' was not registered");
+    const size_t n = w->n_bytes();
+    if (side == Side::HOST) {
+        if (c->host != nullptr) return c->host == w->data ? w : substitute(rs, *w, c->host, c->host_buffer);
+        // A weight that lives only in device memory, read on the host: fetched for this use (what bias
+        // duplication avoids).
+        std::unique_ptr<Buffer>& buf = download_buffers_[w];
+        if (!buf) {
+            MOE_ASSIGN_OR_RETURN(buf, device_->alloc_host_buffer(n));
+        }
+        MOE_RETURN_IF_ERROR(flush(rs));
+        MOE_RETURN_IF_ERROR(device_->copy_to_host(buf->data(), c->device, n));
+        rs.host_waits = true;
+        stats_.bytes_weights_full += n;
+        ++stats_.n_weight_copies;
+        return substitute(rs, *w, buf->data(), buf.get());
+    }
+    if (c->device != nullptr) return c->device == w->data ? w : substitute(rs, *w, c->device, c->device_buffer);
+
+    // Host-resident weight used on the device: upload it into the next slot of the ring.
+    MOE_RETURN_IF_ERROR(ensure_slots());
+    MOE_RETURN_IF_ERROR(flush(rs));
+    const size_t slot = next_slot_++ % slots_.size();
+    rs.node_slots.push_back(slot);
+    uint8_t* dst = static_cast<uint8_t*>(slot_buffer_->data()) + slot * slot_size_;
+    const auto* src = static_cast<const uint8_t*>(c->host);
+    const uint64_t after = slots_[slot].fence;
+    if (policy_.expert_copy == ExpertCopy::ACTIVE_ONLY && is_expert_matrix(node, src_index) && w->ne[2] == n_expert_) {
+        MOE_ASSIGN_OR_RETURN(const std::vector<int32_t>* ids, read_ids(expert_ids_of(node), rs));
+        MOE_ASSIGN_OR_RETURN(std::vector<uint8_t> selected, selected_experts(*ids, n_expert_));
+        const size_t per_expert = w->nb[2];
+        size_t uploaded = 0;
+        for (const ExpertRun& r : coalesce_runs(selected)) {
+            const size_t offset = static_cast<size_t>(r.first) * per_expert;
+            const size_t bytes = static_cast<size_t>(r.count) * per_expert;
+            MOE_RETURN_IF_ERROR(device_->upload(dst + offset, src + offset, bytes, after));
+            uploaded += bytes;
+            ++stats_.n_weight_copies;
+        }
+        stats_.bytes_weights_experts += uploaded;
+        stats_.bytes_weights_skipped += n - uploaded;
+    } else {
+        MOE_RETURN_IF_ERROR(device_->upload(dst, src, n, after));
+        stats_.bytes_weights_full += n;
+        ++stats_.n_weight_copies;
+    }
+    return substitute(rs, *w, dst, slot_buffer_.get());
+}
+
+Status Scheduler::prepare_operands(Tensor& node, Side side, RunState& rs) {
+    // Expert matrices first: ACTIVE_ONLY reads the node's ids before they are redirected.
+    Tensor* original[kMaxSrc];
+    std::copy(std::begin(node.src), std::end(node.src), original);
+    for (int j = 0; j < kMaxSrc; ++j) {
+        Tensor* s = original[j];
+        if (s == nullptr) continue;
+        if (s->is_weight) {
+            MOE_ASSIGN_OR_RETURN(Tensor* w, weight_operand(node, j, side, rs));
+            node.src[j] = w;
+        }
+    }
+    for (int j = 0; j < kMaxSrc; ++j) {
+        Tensor* s = original[j];
+        if (s == nullptr || s->is_weight) continue;
+        MOE_ASSIGN_OR_RETURN(Tensor* a, activation_operand(s, side, rs));
+        node.src[j] = a;
+    }
+    return Status::ok();
+}
+
+Status Scheduler::count_experts(RunState& rs) {
+    if (n_expert_ <= 0) return Status::ok();
+    // Ids still only on the device are fetched together, then tallied after one synchronisation.
+    std::vector<std::pair<const Tensor*, std::vector<int32_t>>> fetched;
+    std::vector<std::pair<const Tensor*, const int32_t*>> sources;
+    for (const Tensor* ids : rs.moe_ids) {
+        if (auto it = rs.ids_on_host.find(ids); it != rs.ids_on_host.end()) {
+            sources.emplace_back(ids, it->second.data());
+        } else if (side_of_storage(ids, rs) == Side::HOST) {
+            sources.emplace_back(ids, ids->as<int32_t>());
+        } else if (auto sh = rs.shadows.find({ids, static_cast<int>(Side::HOST)}); sh != rs.shadows.end()) {
+            sources.emplace_back(ids, sh->second->as<int32_t>());
+        } else {
+            auto& f = fetched.emplace_back(ids, std::vector<int32_t>(static_cast<size_t>(ids->n_elements())));
+            MOE_RETURN_IF_ERROR(device_->copy_to_host(f.second.data(), ids->data, f.second.size() * sizeof(int32_t)));
+        }
+    }
+    if (device_ != nullptr) {
+        const Clock::time_point t0 = Clock::now();
+        MOE_RETURN_IF_ERROR(device_->synchronize());
+        stats_.seconds_wait += seconds_since(t0);
+    }
+    for (auto& [ids, v] : fetched) sources.emplace_back(ids, v.data());
+    for (const auto& [ids, p] : sources) {
+        if (ids->layer < 0 || ids->layer >= n_layer_) continue;
+        uint64_t* row = stats_.expert_counts.data() + static_cast<size_t>(ids->layer) * static_cast<size_t>(n_expert_);
+        for (int64_t i = 0; i < ids->n_elements(); ++i) {
+            const int32_t e = p[i];
+            if (e >= 0 && e < n_expert_) ++row[e];
+        }
+    }
+    return Status::ok();
+}
+
+Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inputs, std::span<const HostOutput> outputs) {
+    (void)n_tokens;
+    const Clock::time_point t_start = Clock::now();
+    RunState rs;
+    const std::vector<Tensor*>& nodes = graph.nodes();
+
+    // Expert ids stay alive to the end of the ubatch, so the activation counts can read them then.
+    for (const Tensor* n : nodes) {
+        if (const Tensor* ids = expert_ids_of(*n)) {
+            Tensor* st = const_cast<Tensor*>(storage_of(ids));
+            if (std::find(rs.moe_ids.begin(), rs.moe_ids.end(), st) == rs.moe_ids.end()) {
+                st->is_output = true;
+                rs.moe_ids.push_back(st);
+            }
+        }
+    }
+
+    // Sides: inputs are written by the host; nodes in order (their operands are decided before them).
+    for (const HostInput& in : inputs) rs.produced[in.tensor] = Side::HOST;
+    std::vector<Side> sides(nodes.size());
+    for (size_t i = 0; i < nodes.size(); ++i) {
+        sides[i] = assign(*nodes[i], rs);
+        if (nodes[i]->view_src == nullptr) rs.produced[nodes[i]] = sides[i];
+    }
+
+    rs.plan = plan_allocation(graph);
+    MOE_RETURN_IF_ERROR(ensure_arenas(rs.plan.arena_size));
+    for (int s = 0; s < kSides; ++s) rs.base[s] = arena_[s] ? static_cast<uint8_t*>(arena_[s]->data()) : nullptr;
+    bind(graph, rs);
+    for (const HostInput& in : inputs) std::memcpy(in.tensor->data, in.data, in.tensor->n_bytes());
+
+    Status status = [&]() -> Status {
+        bool first = true;
+        for (size_t i = 0; i < nodes.size(); ++i) {
+            Tensor& node = *nodes[i];
+            if (node.op == Op::VIEW) continue;  // names memory, computes nothing
+            const Side side = sides[i];
+            if (first || side != rs.pending_side) {
+                MOE_RETURN_IF_ERROR(flush(rs));
+                rs.pending_side = side;
+                ++stats_.n_splits;
+                first = false;
+            }
+            MOE_RETURN_IF_ERROR(prepare_operands(node, side, rs));
+            if (!backend(side).supports_op(node)) {
+                return unimplemented(std::string("the ") + backend(side).name() + " backend cannot compute " +
+                                     op_name(node.op) + (node.src[0] ? " of '" + node.src[0]->name + "'" : ""));
+            }
+            rs.pending.push_back(&node);
+            rs.pending_slots.insert(rs.pending_slots.end(), rs.node_slots.begin(), rs.node_slots.end());
+            rs.node_slots.clear();
+            ++(side == Side::HOST ? stats_.n_ops_host : stats_.n_ops_device);
+            if (profiling_) {
+                const Clock::time_point t0 = Clock::now();
+                MOE_RETURN_IF_ERROR(flush(rs));
+                if (side == Side::DEVICE) MOE_RETURN_IF_ERROR(device_->synchronize());
+                OpTime& slot = op_times_[static_cast<size_t>(side)][static_cast<size_t>(node.op)];
+                ++slot.count;
+                slot.seconds += seconds_since(t0);
+            }
+        }
+        MOE_RETURN_IF_ERROR(flush(rs));
+        std::vector<const HostOutput*> on_host;
+        for (const HostOutput& out : outputs) {
+            if (side_of_storage(storage_of(out.tensor), rs) == Side::DEVICE) {
+                MOE_RETURN_IF_ERROR(device_->copy_to_host(out.data, out.tensor->data, out.tensor->n_bytes()));
+            } else {
+                on_host.push_back(&out);
+            }
+        }
+        MOE_RETURN_IF_ERROR(count_experts(rs));  // ends with the ubatch's synchronisation
+        for (const HostOutput* out : on_host) std::memcpy(out->data, out->tensor->data, out->tensor->n_bytes());
+        return Status::ok();
+    }();
+    if (!status.is_ok() && device_ != nullptr) (void)device_->synchronize();  // leave nothing in flight
+    ++stats_.n_ubatches;
+    stats_.seconds_total += seconds_since(t_start);
+    return status;
+}
+
+}  // namespace moe::sched

@@ -1,0 +1,138 @@
+// The hybrid scheduler: runs a ubatch graph over a host backend and (optionally) a device backend.
+//
+// Per node it picks a side: weights pin the ops that read them (an op whose weights are only in host
+// RAM runs on the device if the policy offloads it at this batch size, uploading the weights into
+// staging slots), KV-cache ops run where the cache is, and the rest follow their operands, preferring
+// the device. Consecutive nodes on one side form a split. Activations live in two arenas of the same
+// layout, one per side: a tensor needed on the other side is copied to the same offset there, which
+// is free for the tensor's whole lifetime by construction of the allocation plan.
+//
+// Ordering: compute on the device is asynchronous; uploads of weights wait only for the fence of the
+// last compute that used their slot, so they run ahead of compute; the host waits for the device only
+// before a host split that needs device data, to read router choices (ACTIVE_ONLY), and at the end of
+// the ubatch. Nothing here knows an architecture.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/graph.h"
+#include "sched/placement.h"
+#include "sched/policy.h"
+#include "sched/stats.h"
+
+namespace moe::sched {
+
+// The copies of one weight. The weight tensor's own data/buffer are the copy on its home side.
+struct WeightCopies {
+    void* host = nullptr;  // host RAM (pinned when it may be uploaded, else the file mapping)
+    Buffer* host_buffer = nullptr;
+    void* device = nullptr;  // device memory
+    Buffer* device_buffer = nullptr;
+    Side home = Side::HOST;
+    // The copy on the side other than home exists for bias duplication: used only while the policy's
+    // bias_dup is on.
+    bool duplicate = false;
+};
+
+struct HostInput {
+    Tensor* tensor;
+    const void* data;  // tensor->n_bytes() bytes
+};
+
+struct HostOutput {
+    const Tensor* tensor;
+    void* data;  // receives tensor->n_bytes() bytes
+};
+
+struct OpTime {
+    int64_t count = 0;
+    double seconds = 0.0;
+};
+using OpTimes = std::array<std::array<OpTime, static_cast<size_t>(Op::COUNT)>, kSides>;
+
+class Scheduler {
+public:
+    // device may be nullptr (CPU-only: every node runs on host). n_expert / n_expert_used size the
+    // default expert thresholds and the activation counts.
+    Scheduler(Backend& host, Backend* device, int n_layer, int n_expert, int n_expert_used);
+    ~Scheduler();
+    Scheduler(const Scheduler&) = delete;
+    Scheduler& operator=(const Scheduler&) = delete;
+
+    // Registers a weight leaf and its copies. REQUIRES: before set_policy().
+    void add_weight(Tensor* weight, const WeightCopies& copies);
+    // The copies ops may use under the current policy; nullopt for an unregistered tensor.
+    std::optional<WeightCopies> weight_copies(const Tensor* weight) const;
+
+    // Validates and installs a policy; sizes the upload slots (allocated at first use).
+    Status set_policy(const Policy& policy);
+    const Policy& policy() const { return policy_; }
+    int32_t min_batch(OffloadOp op) const;
+    // Device memory the upload slots of `policy` take (0 without host-resident offloadable weights).
+    uint64_t slot_bytes(const Policy& policy) const;
+
+    // Evaluates one ubatch graph of n_tokens tokens: inputs are written before compute, outputs read
+    // after. The graph is consumed (operands are rewritten to their copies on the side that uses them).
+    Status run(Graph& graph, int n_tokens, std::span<const HostInput> inputs, std::span<const HostOutput> outputs);
+
+    Stats& stats() { return stats_; }
+    const Stats& stats() const { return stats_; }
+    void reset_stats();
+
+    // Per-op timing (synchronises after every node while on).
+    void set_profiling(bool on);
+    const OpTimes& op_times() const { return op_times_; }
+
+    Backend& backend(Side s) { return s == Side::HOST ? host_ : *device_; }
+    bool has_device() const { return device_ != nullptr; }
+
+private:
+    struct Slot {
+        uint64_t fence = 0;  // compute fence after the last use of this slot
+    };
+    struct RunState;
+
+    Side side_of_storage(const Tensor* storage, const RunState& rs) const;
+    Side assign(const Tensor& node, const RunState& rs);
+    Status ensure_arenas(size_t size);
+    void bind(Graph& graph, RunState& rs);
+    Status prepare_operands(Tensor& node, Side side, RunState& rs);
+    StatusOr<Tensor*> weight_operand(Tensor& node, int src_index, Side side, RunState& rs);
+    StatusOr<Tensor*> activation_operand(Tensor* src, Side side, RunState& rs);
+    StatusOr<const std::vector<int32_t>*> read_ids(const Tensor* ids, RunState& rs);
+    Status flush(RunState& rs);
+    Status wait_for_device(RunState& rs);
+    Status ensure_slots();
+    Status count_experts(RunState& rs);
+    Tensor* substitute(RunState& rs, const Tensor& like, void* data, Buffer* buffer);
+
+    Backend& host_;
+    Backend* device_;
+    int n_layer_;
+    int n_expert_;
+    int n_expert_used_;
+    Policy policy_;
+
+    std::unordered_map<const Tensor*, WeightCopies> weights_;
+    std::unordered_map<const Tensor*, std::unique_ptr<Buffer>> download_buffers_;  // device-only weights used on host
+
+    std::unique_ptr<Buffer> arena_[kSides];
+    std::unique_ptr<Buffer> slot_buffer_;
+    size_t slot_size_ = 0;
+    std::vector<Slot> slots_;
+    size_t next_slot_ = 0;
+
+    Stats stats_;
+    bool profiling_ = false;
+    OpTimes op_times_{};
+};
+
+}  // namespace moe::sched

@@ -1,0 +1,350 @@
+// The hybrid scheduler through the public API, on tiny synthetic models of both architectures: the
+// emulated device (a host-memory backend with its own buffers and copies) plays the GPU, so every
+// placement and policy runs in CI. Both sides compute with the CPU kernels, so hybrid logits must equal
+// CPU-only logits up to float reassociation: |hybrid - cpu| <= 1e-4 * max|cpu| per row. Byte counts are
+// checked against what the router actually selected (from the activation counts).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "moeinfer/moeinfer.h"
+
+namespace {
+
+struct Model {
+    moe_model* model = nullptr;
+    moe_model_info info{};
+    std::string path;
+    explicit Model(const char* arch, uint64_t seed, float skew = 0.0f) {
+        path = (std::filesystem::temp_directory_path() /
+                (std::string("moe_hybrid_") + arch + "_" + std::to_string(seed) + ".gguf")).string();
+        moe_synth_params sp;
+        REQUIRE(moe_synth_params_init(&sp, arch) == MOE_STATUS_OK);
+        sp.preset = "tiny";
+        sp.expert_type = MOE_TYPE_Q8_0;
+        sp.dense_type = MOE_TYPE_Q8_0;
+        sp.seed = seed;
+        sp.routing_skew = skew;
+        REQUIRE(moe_synth_write(path.c_str(), &sp) == MOE_STATUS_OK);
+        REQUIRE(moe_model_load(path.c_str(), nullptr, &model) == MOE_STATUS_OK);
+        moe_model_info_init(&info);
+        REQUIRE(moe_model_get_info(model, &info) == MOE_STATUS_OK);
+    }
+    ~Model() {
+        moe_model_free(model);
+        std::filesystem::remove(path);
+    }
+    uint64_t tensor_bytes(const std::string& name) const {
+        int32_t idx = -1;
+        REQUIRE(moe_model_find_tensor(model, name.c_str(), &idx) == MOE_STATUS_OK);
+        moe_tensor_info ti;
+        moe_tensor_info_init(&ti);
+        REQUIRE(moe_model_get_tensor(model, idx, &ti) == MOE_STATUS_OK);
+        return ti.n_bytes;
+    }
+};
+
+struct Ctx {
+    moe_context* ctx = nullptr;
+    Ctx(const Model& m, int32_t device, const char* overrides, const moe_sched_policy* policy, int32_t n_ubatch = 16) {
+        moe_context_params p;
+        moe_context_params_init(&p);
+        p.n_ctx = 128;
+        p.n_ubatch = n_ubatch;
+        p.n_threads = 2;
+        p.device = device;
+        p.tensor_overrides = overrides;
+        p.policy = policy;
+        const moe_status s = moe_context_create(m.model, &p, &ctx);
+        INFO(moe_last_error());
+        REQUIRE(s == MOE_STATUS_OK);
+    }
+    ~Ctx() { moe_context_free(ctx); }
+    std::vector<float> decode(const std::vector<int32_t>& tokens, int32_t n_vocab) {
+        const moe_status s = moe_decode(ctx, tokens.data(), nullptr, static_cast<int32_t>(tokens.size()), 1);
+        INFO(moe_last_error());
+        REQUIRE(s == MOE_STATUS_OK);
+        const float* logits = nullptr;
+        int32_t rows = 0, nv = 0;
+        REQUIRE(moe_get_logits(ctx, &logits, &rows, &nv) == MOE_STATUS_OK);
+        REQUIRE(nv == n_vocab);
+        return std::vector<float>(logits, logits + static_cast<size_t>(rows) * static_cast<size_t>(nv));
+    }
+    moe_sched_stats stats() const {
+        moe_sched_stats st;
+        st.struct_size = sizeof st;
+        REQUIRE(moe_context_get_stats(ctx, &st) == MOE_STATUS_OK);
+        return st;
+    }
+    std::vector<uint64_t> counts() const {
+        int64_t n = 0;
+        REQUIRE(moe_context_get_expert_counts(ctx, nullptr, 0, &n) == MOE_STATUS_OK);
+        std::vector<uint64_t> c(static_cast<size_t>(n));
+        REQUIRE(moe_context_get_expert_counts(ctx, c.data(), n, &n) == MOE_STATUS_OK);
+        return c;
+    }
+};
+
+void require_close(const std::vector<float>& got, const std::vector<float>& want, int32_t n_vocab) {
+    REQUIRE(got.size() == want.size());
+    for (size_t r = 0; r < want.size() / static_cast<size_t>(n_vocab); ++r) {
+        double maxdiff = 0, maxw = 0;
+        for (int32_t i = 0; i < n_vocab; ++i) {
+            const double g = got[r * n_vocab + i], w = want[r * n_vocab + i];
+            REQUIRE(std::isfinite(g));
+            maxdiff = std::max(maxdiff, std::fabs(g - w));
+            maxw = std::max(maxw, std::fabs(w));
+        }
+        INFO("row " << r << ": max diff " << maxdiff << ", max |cpu| " << maxw);
+        REQUIRE(maxdiff <= 1e-4 * maxw);
+    }
+}
+
+std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int32_t n_vocab) {
+    std::uniform_int_distribution<int32_t> tok(0, n_vocab - 1);
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (auto& x : t) x = tok(rng);
+    return t;
+}
+
+moe_sched_policy make_policy(const char* offload, int32_t expert_copy, int32_t bias_dup) {
+    moe_sched_policy p;
+    moe_sched_policy_init(&p);
+    if (offload != nullptr) REQUIRE(moe_sched_policy_parse_offload(&p, offload) == MOE_STATUS_OK);
+    p.expert_copy = expert_copy;
+    p.bias_dup = bias_dup;
+    return p;
+}
+
+}  // namespace
+
+TEST_CASE("hybrid contexts match the cpu path for every policy", "[sched]") {
+    std::mt19937 rng(std::random_device{}());
+    for (const char* arch : {"qwen3moe", "gpt-oss"}) {
+        Model m(arch, rng());
+        const int32_t nv = m.info.n_vocab;
+        // The same token stream for every configuration: prefill above and below the thresholds, then
+        // single tokens (TG), over several ubatches (n_ubatch 16).
+        const std::vector<std::vector<int32_t>> batches = {random_tokens(rng, 37, nv), random_tokens(rng, 3, nv),
+                                                            random_tokens(rng, 1, nv), random_tokens(rng, 20, nv)};
+        Ctx cpu(m, MOE_DEVICE_CPU, nullptr, nullptr);
+        std::vector<std::vector<float>> want;
+        for (const auto& b : batches) want.push_back(cpu.decode(b, nv));
+
+        const char* overrides[] = {nullptr, "exps=CPU", "ffn_(up|gate|down)_exps\\.weight=CPU", "blk\\.0\\.=CPU"};
+        const char* offloads[] = {nullptr, "all=4", "all=off", "mul_mat_id=0,moe_up_gate=8,mul_mat=64"};
+        for (const char* ot : overrides) {
+            for (const char* off : offloads) {
+                for (int32_t copy : {MOE_EXPERT_COPY_FULL, MOE_EXPERT_COPY_ACTIVE_ONLY}) {
+                    for (int32_t dup : {1, 0}) {
+                        INFO(arch << " -ot " << (ot ? ot : "(none)") << " offload " << (off ? off : "(default)")
+                                  << " copy " << copy << " bias_dup " << dup);
+                        const moe_sched_policy pol = make_policy(off, copy, dup);
+                        Ctx hy(m, MOE_DEVICE_EMULATED, ot, &pol);
+                        for (size_t i = 0; i < batches.size(); ++i) require_close(hy.decode(batches[i], nv), want[i], nv);
+                        const moe_sched_stats st = hy.stats();
+                        CHECK(st.n_ubatches == 3 + 1 + 1 + 2);
+                        if (ot == nullptr) {  // everything fits: nothing crosses but inputs and logits
+                            CHECK(st.bytes_weights_full + st.bytes_weights_experts == 0);
+                            CHECK(st.n_ops_host == 0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("ACTIVE_ONLY uploads exactly the selected experts, coalesced", "[sched]") {
+    std::mt19937 rng(std::random_device{}());
+    for (const char* arch : {"qwen3moe", "gpt-oss"}) {
+        Model m(arch, rng(), 0.9f);  // skewed routing: some experts are rarely selected
+        const int32_t nv = m.info.n_vocab, n_layer = m.info.n_layer, n_expert = m.info.n_expert;
+        const moe_sched_policy active = make_policy("all=0", MOE_EXPERT_COPY_ACTIVE_ONLY, 1);
+        const moe_sched_policy full = make_policy("all=0", MOE_EXPERT_COPY_FULL, 1);
+        Ctx a(m, MOE_DEVICE_EMULATED, "exps=CPU", &active, 64);
+        Ctx f(m, MOE_DEVICE_EMULATED, "exps=CPU", &full, 64);
+        for (int n : {1, 2, 5, 40}) {
+            INFO(arch << " n_tokens " << n);
+            const auto tokens = random_tokens(rng, n, nv);
+            REQUIRE(moe_context_reset_stats(a.ctx) == MOE_STATUS_OK);
+            REQUIRE(moe_context_reset_stats(f.ctx) == MOE_STATUS_OK);
+            require_close(a.decode(tokens, nv), f.decode(tokens, nv), nv);
+            const std::vector<uint64_t> counts = a.counts();
+            REQUIRE(counts.size() == static_cast<size_t>(n_layer) * static_cast<size_t>(n_expert));
+            CHECK(counts == f.counts());
+
+            // Expected: per layer, the selected experts of up, gate and down; one copy per run.
+            uint64_t expect_bytes = 0, expect_total = 0, expect_copies = 0, selections = 0;
+            for (int il = 0; il < n_layer; ++il) {
+                uint64_t selected = 0, runs = 0;
+                bool prev = false;
+                for (int e = 0; e < n_expert; ++e) {
+                    const bool on = counts[static_cast<size_t>(il * n_expert + e)] > 0;
+                    selections += counts[static_cast<size_t>(il * n_expert + e)];
+                    selected += on;
+                    runs += on && !prev;
+                    prev = on;
+                }
+                for (const char* part : {"ffn_up_exps.weight", "ffn_gate_exps.weight", "ffn_down_exps.weight"}) {
+                    const uint64_t bytes = m.tensor_bytes("blk." + std::to_string(il) + "." + part);
+                    expect_bytes += bytes / static_cast<uint64_t>(n_expert) * selected;
+                    expect_total += bytes;
+                    expect_copies += runs;
+                }
+            }
+            CHECK(selections == static_cast<uint64_t>(n) * static_cast<uint64_t>(m.info.n_expert_used) *
+                                    static_cast<uint64_t>(n_layer));
+            const moe_sched_stats sa = a.stats(), sf = f.stats();
+            CHECK(sa.bytes_weights_experts == expect_bytes);
+            CHECK(sa.bytes_weights_experts + sa.bytes_weights_skipped == expect_total);
+            CHECK(sa.n_id_readbacks == static_cast<uint64_t>(n_layer));  // gate, up and down share one
+            CHECK(sf.bytes_weights_full == expect_total);                // biases are duplicated: no bias uploads
+            CHECK(sa.bytes_weights_full == 0);
+            CHECK(sa.n_weight_copies == expect_copies);
+            CHECK(sa.n_offloaded[MOE_OFFLOAD_MOE_UP_GATE] == static_cast<uint64_t>(n_layer));
+            CHECK(sa.n_offloaded[MOE_OFFLOAD_MUL_MAT_ID] == static_cast<uint64_t>(n_layer));
+        }
+    }
+}
+
+TEST_CASE("bias duplication keeps expert biases on both sides", "[sched]") {
+    std::mt19937 rng(std::random_device{}());
+    Model m("gpt-oss", rng());
+    const int32_t nv = m.info.n_vocab;
+    // Expert weights on the host, biases on the device (seed PR 829's second command line).
+    const char* ot = "ffn_(up|gate|down)_exps\\.weight=CPU";
+    const moe_sched_policy dup = make_policy("all=off", MOE_EXPERT_COPY_FULL, 1);
+    const moe_sched_policy nodup = make_policy("all=off", MOE_EXPERT_COPY_FULL, 0);
+    Ctx with(m, MOE_DEVICE_EMULATED, ot, &dup);
+    Ctx without(m, MOE_DEVICE_EMULATED, ot, &nodup);
+    int32_t loc = -1, dupd = -1;
+    REQUIRE(moe_context_tensor_location(with.ctx, "blk.0.ffn_up_exps.bias", &loc, &dupd) == MOE_STATUS_OK);
+    CHECK(loc == MOE_LOCATION_DEVICE);
+    CHECK(dupd == 1);
+    REQUIRE(moe_context_tensor_location(without.ctx, "blk.0.ffn_up_exps.bias", &loc, &dupd) == MOE_STATUS_OK);
+    CHECK(dupd == 0);
+    REQUIRE(moe_context_tensor_location(with.ctx, "blk.0.ffn_up_exps.weight", &loc, &dupd) == MOE_STATUS_OK);
+    CHECK(loc == MOE_LOCATION_HOST);
+    CHECK(moe_context_tensor_location(with.ctx, "no.such.tensor", &loc, nullptr) == MOE_STATUS_NOT_FOUND);
+
+    // TG with the experts on the host: the up/gate biases are read on the host. Without duplication
+    // they cross PCIe every token (down's bias is gathered on the device, where it lives).
+    const auto tokens = random_tokens(rng, 1, nv);
+    require_close(with.decode(tokens, nv), without.decode(tokens, nv), nv);
+    uint64_t bias_bytes = 0;
+    for (int il = 0; il < m.info.n_layer; ++il) {
+        for (const char* b : {"ffn_up_exps.bias", "ffn_gate_exps.bias"}) bias_bytes += m.tensor_bytes("blk." + std::to_string(il) + "." + b);
+    }
+    CHECK(with.stats().bytes_weights_full == 0);
+    CHECK(without.stats().bytes_weights_full == bias_bytes);
+
+    // PP with everything offloaded and biases on the host (-ot exps=CPU): duplicates avoid the uploads.
+    const moe_sched_policy dup_pp = make_policy("all=0", MOE_EXPERT_COPY_FULL, 1);
+    const moe_sched_policy nodup_pp = make_policy("all=0", MOE_EXPERT_COPY_FULL, 0);
+    Ctx pw(m, MOE_DEVICE_EMULATED, "exps=CPU", &dup_pp);
+    Ctx pwo(m, MOE_DEVICE_EMULATED, "exps=CPU", &nodup_pp);
+    const auto prompt = random_tokens(rng, 12, nv);
+    require_close(pw.decode(prompt, nv), pwo.decode(prompt, nv), nv);
+    CHECK(pwo.stats().bytes_weights_full - pw.stats().bytes_weights_full == bias_bytes);
+}
+
+TEST_CASE("bad placement and policy values are rejected with clear errors", "[sched]") {
+    Model m("qwen3moe", 7);
+    moe_context_params p;
+    moe_context_params_init(&p);
+    p.n_ctx = 64;
+    p.device = MOE_DEVICE_EMULATED;
+    moe_context* ctx = nullptr;
+
+    p.tensor_overrides = "exps=TPU";
+    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(std::string(moe_last_error()).find("unknown backend 'TPU'") != std::string::npos);
+    p.tensor_overrides = "ffn_(=CPU";
+    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(std::string(moe_last_error()).find("invalid regex") != std::string::npos);
+    p.tensor_overrides = nullptr;
+    p.n_cpu_moe = -1;
+    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    p.n_cpu_moe = 0;
+    p.n_gpu_layers = -2;
+    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    p.n_gpu_layers = -1;
+    p.vram_budget = 1000;  // not even the embeddings fit
+    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_RESOURCE_EXHAUSTED);
+    CHECK(std::string(moe_last_error()).find("VRAM budget") != std::string::npos);
+    p.vram_budget = 0;
+
+    moe_sched_policy pol;
+    moe_sched_policy_init(&pol);
+    pol.offload[MOE_OFFLOAD_MUL_MAT].min_batch = -5;
+    p.policy = &pol;
+    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(std::string(moe_last_error()).find("mul_mat min_batch") != std::string::npos);
+    moe_sched_policy_init(&pol);
+    pol.expert_copy = 9;
+    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    moe_sched_policy_init(&pol);
+    pol.offload_vram_budget = 100;  // far below four slots of an expert tensor
+    p.tensor_overrides = "exps=CPU";
+    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(std::string(moe_last_error()).find("upload slots") != std::string::npos);
+    CHECK(ctx == nullptr);
+
+    CHECK(moe_sched_policy_parse_offload(&pol, "moe_up_gate=-3") == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(moe_sched_policy_parse_offload(&pol, "bogus=3") == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(std::string(moe_last_error()).find("unknown op 'bogus'") != std::string::npos);
+
+    // A valid context: get_policy resolves the default thresholds; set_policy validates.
+    moe_sched_policy_init(&pol);
+    p.policy = &pol;
+    REQUIRE(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_OK);
+    moe_sched_policy got;
+    moe_sched_policy_init(&got);
+    REQUIRE(moe_context_get_policy(ctx, &got) == MOE_STATUS_OK);
+    CHECK(got.offload[MOE_OFFLOAD_MUL_MAT].min_batch == 32);
+    CHECK(got.offload[MOE_OFFLOAD_MUL_MAT_ID].min_batch == 32 * m.info.n_expert / m.info.n_expert_used);
+    pol.offload[MOE_OFFLOAD_MOE_UP_GATE].min_batch = -7;
+    CHECK(moe_context_set_policy(ctx, &pol) == MOE_STATUS_INVALID_ARGUMENT);
+    moe_context_free(ctx);
+}
+
+TEST_CASE("the default placement spills experts to host RAM when VRAM is short", "[sched]") {
+    Model m("qwen3moe", 11);
+    moe_context_params p;
+    moe_context_params_init(&p);
+    p.n_ctx = 64;
+    p.device = MOE_DEVICE_EMULATED;
+    p.vram_budget = 0;
+    // Everything fits in an explicit budget of all the weights; a smaller one spills expert tensors.
+    uint64_t total = 0, experts = 0;
+    for (int32_t i = 0; i < m.info.n_tensors; ++i) {
+        moe_tensor_info ti;
+        moe_tensor_info_init(&ti);
+        REQUIRE(moe_model_get_tensor(m.model, i, &ti) == MOE_STATUS_OK);
+        const uint64_t n = (ti.n_bytes + 255) / 256 * 256;
+        total += n;
+        if (std::string(ti.name).find("_exps.") != std::string::npos) experts += n;
+    }
+    p.vram_budget = total;
+    moe_context* ctx = nullptr;
+    REQUIRE(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_OK);
+    moe_sched_stats st;
+    st.struct_size = sizeof st;
+    REQUIRE(moe_context_get_stats(ctx, &st) == MOE_STATUS_OK);
+    CHECK(st.weights_host_bytes == 0);
+    moe_context_free(ctx);
+    p.vram_budget = total - experts / 2;
+    REQUIRE(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_OK);
+    REQUIRE(moe_context_get_stats(ctx, &st) == MOE_STATUS_OK);
+    CHECK(st.weights_host_bytes >= experts / 2);
+    CHECK(st.weights_device_bytes <= p.vram_budget);
+    int32_t loc = -1;
+    REQUIRE(moe_context_tensor_location(ctx, "blk.0.attn_q.weight", &loc, nullptr) == MOE_STATUS_OK);
+    CHECK(loc == MOE_LOCATION_DEVICE);
+    moe_context_free(ctx);
+}
