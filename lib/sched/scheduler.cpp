@@ -128,6 +128,7 @@ Status Scheduler::set_policy(const Policy& policy) {
         next_slot_ = 0;
     }
     policy_ = policy;
+    plans_.clear();  // sides depend on the policy
     return Status::ok();
 }
 
@@ -430,6 +431,95 @@ Status Scheduler::count_experts(RunState& rs) {
     return Status::ok();
 }
 
+namespace {
+
+// FNV-1a over what the plan depends on: ops, layers, and the shapes of tensors that own memory.
+uint64_t graph_signature(const Graph& graph, size_t n_inputs) {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) {
+        h ^= v;
+        h *= 1099511628211ull;
+    };
+    mix(graph.nodes().size());
+    mix(n_inputs);
+    for (const Tensor* n : graph.nodes()) {
+        mix(static_cast<uint64_t>(n->op));
+        mix(static_cast<uint64_t>(n->layer + 1));
+        if (n->view_src == nullptr) {
+            for (int64_t d : n->ne) mix(static_cast<uint64_t>(d));
+            mix(static_cast<uint64_t>(n->type));
+        }
+        for (const Tensor* s : n->src) {
+            if (s != nullptr && s->op == Op::NONE) {
+                for (int64_t d : s->ne) mix(static_cast<uint64_t>(d));
+            }
+        }
+    }
+    return h;
+}
+
+}  // namespace
+
+// Sides for every node and arena offsets: from the cache, or decided now (nodes in order, so each
+// node's operands are placed before it) and cached.
+Status Scheduler::plan(Graph& graph, std::span<const HostInput> inputs, RunState& rs, std::vector<Side>& sides) {
+    const std::vector<Tensor*>& nodes = graph.nodes();
+    for (const HostInput& in : inputs) rs.produced[in.tensor] = Side::HOST;
+    const uint64_t key = graph_signature(graph, inputs.size());
+    if (auto it = plans_.find(key); it != plans_.end() && it->second.sides.size() == nodes.size()) {
+        const CachedPlan& c = it->second;
+        sides = c.sides;
+        rs.plan.arena_size = c.arena_size;
+        for (size_t i = 0; i < nodes.size(); ++i) {
+            if (nodes[i]->view_src == nullptr) rs.produced[nodes[i]] = sides[i];
+            if (c.node_offset[i] >= 0) rs.plan.offsets[nodes[i]] = static_cast<size_t>(c.node_offset[i]);
+        }
+        for (size_t i = 0; i < inputs.size(); ++i) {
+            if (c.input_offset[i] >= 0) rs.plan.offsets[inputs[i].tensor] = static_cast<size_t>(c.input_offset[i]);
+        }
+        for (int k = 0; k < kOffloadOps; ++k) {
+            stats_.n_offloaded[static_cast<size_t>(k)] += c.offloaded[static_cast<size_t>(k)];
+            stats_.n_kept_host[static_cast<size_t>(k)] += c.kept_host[static_cast<size_t>(k)];
+        }
+        return Status::ok();
+    }
+
+    const auto offloaded_before = stats_.n_offloaded;
+    const auto kept_before = stats_.n_kept_host;
+    sides.resize(nodes.size());
+    for (size_t i = 0; i < nodes.size(); ++i) {
+        sides[i] = assign(*nodes[i], rs);
+        if (nodes[i]->view_src == nullptr) rs.produced[nodes[i]] = sides[i];
+    }
+    rs.plan = plan_allocation(graph);
+
+    CachedPlan c;
+    c.sides = sides;
+    c.arena_size = rs.plan.arena_size;
+    size_t found = 0;
+    c.node_offset.assign(nodes.size(), -1);
+    for (size_t i = 0; i < nodes.size(); ++i) {
+        if (auto o = rs.plan.offsets.find(nodes[i]); o != rs.plan.offsets.end()) {
+            c.node_offset[i] = static_cast<int64_t>(o->second);
+            ++found;
+        }
+    }
+    c.input_offset.assign(inputs.size(), -1);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        if (auto o = rs.plan.offsets.find(inputs[i].tensor); o != rs.plan.offsets.end()) {
+            c.input_offset[i] = static_cast<int64_t>(o->second);
+            ++found;
+        }
+    }
+    for (int k = 0; k < kOffloadOps; ++k) {
+        c.offloaded[static_cast<size_t>(k)] = stats_.n_offloaded[static_cast<size_t>(k)] - offloaded_before[static_cast<size_t>(k)];
+        c.kept_host[static_cast<size_t>(k)] = stats_.n_kept_host[static_cast<size_t>(k)] - kept_before[static_cast<size_t>(k)];
+    }
+    // Cache only plans that the indices describe completely (no planned leaf other than the inputs).
+    if (found == rs.plan.offsets.size()) plans_[key] = std::move(c);
+    return Status::ok();
+}
+
 Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inputs, std::span<const HostOutput> outputs) {
     (void)n_tokens;
     const Clock::time_point t_start = Clock::now();
@@ -447,15 +537,8 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
         }
     }
 
-    // Sides: inputs are written by the host; nodes in order (their operands are decided before them).
-    for (const HostInput& in : inputs) rs.produced[in.tensor] = Side::HOST;
-    std::vector<Side> sides(nodes.size());
-    for (size_t i = 0; i < nodes.size(); ++i) {
-        sides[i] = assign(*nodes[i], rs);
-        if (nodes[i]->view_src == nullptr) rs.produced[nodes[i]] = sides[i];
-    }
-
-    rs.plan = plan_allocation(graph);
+    std::vector<Side> sides;
+    MOE_RETURN_IF_ERROR(plan(graph, inputs, rs, sides));
     MOE_RETURN_IF_ERROR(ensure_arenas(rs.plan.arena_size));
     for (int s = 0; s < kSides; ++s) rs.base[s] = arena_[s] ? static_cast<uint8_t*>(arena_[s]->data()) : nullptr;
     bind(graph, rs);

@@ -99,6 +99,17 @@ private:
         uint64_t fence = 0;  // compute fence after the last use of this slot
     };
     struct RunState;
+    // What run() decides from a graph's structure alone, reused for later graphs of the same shape
+    // (TG rebuilds the same graph every token; only KV-cache view lengths change).
+    struct CachedPlan {
+        std::vector<Side> sides;            // per node
+        std::vector<int64_t> node_offset;   // per node: arena offset, -1 without arena memory
+        std::vector<int64_t> input_offset;  // per input
+        size_t arena_size = 0;
+        std::array<uint64_t, kOffloadOps> offloaded{};
+        std::array<uint64_t, kOffloadOps> kept_host{};
+    };
+    Status plan(Graph& graph, std::span<const HostInput> inputs, RunState& rs, std::vector<Side>& sides);
 
     Side side_of_storage(const Tensor* storage, const RunState& rs) const;
     Side assign(const Tensor& node, const RunState& rs);
@@ -129,6 +140,8 @@ private:
     size_t slot_size_ = 0;
     std::vector<Slot> slots_;
     size_t next_slot_ = 0;
+
+    std::unordered_map<uint64_t, CachedPlan> plans_;  // by graph signature; cleared by set_policy
 
     Stats stats_;
     bool profiling_ = false;

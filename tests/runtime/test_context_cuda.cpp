@@ -111,3 +111,87 @@ TEST_CASE("cuda contexts match the cpu path", "[gpu]") {
     }
 #endif
 }
+
+TEST_CASE("hybrid cuda contexts match the cpu path", "[gpu]") {
+#if !MOEINFER_HAS_CUDA
+    WARN("skipped: no CUDA device (this build has no CUDA backend)");
+    return;
+#else
+    if (moe::cuda::device_count() == 0) {
+        WARN("skipped: no CUDA device");
+        return;
+    }
+    std::mt19937 rng(std::random_device{}());
+    for (const char* arch : {"qwen3moe", "gpt-oss"}) {
+        const std::string path =
+            (std::filesystem::temp_directory_path() / (std::string("moe_cuda_hybrid_") + arch + ".gguf")).string();
+        moe_synth_params sp;
+        REQUIRE(moe_synth_params_init(&sp, arch) == MOE_STATUS_OK);
+        sp.preset = "tiny";
+        sp.head_dim = 64;
+        sp.expert_type = MOE_TYPE_Q8_0;
+        sp.dense_type = MOE_TYPE_Q8_0;
+        sp.routing_skew = 0.5f;
+        sp.seed = rng();
+        REQUIRE(moe_synth_write(path.c_str(), &sp) == MOE_STATUS_OK);
+        moe_model* model = nullptr;
+        REQUIRE(moe_model_load(path.c_str(), nullptr, &model) == MOE_STATUS_OK);
+        moe_model_info info;
+        moe_model_info_init(&info);
+        REQUIRE(moe_model_get_info(model, &info) == MOE_STATUS_OK);
+        std::uniform_int_distribution<int32_t> tok(0, info.n_vocab - 1);
+        std::vector<std::vector<int32_t>> batches;
+        for (int n : {40, 5, 1, 1, 17}) {
+            std::vector<int32_t> t(static_cast<size_t>(n));
+            for (auto& x : t) x = tok(rng);
+            batches.push_back(t);
+        }
+        moe_context_params p;
+        moe_context_params_init(&p);
+        p.n_ctx = 256;
+        p.n_ubatch = 32;
+        Ctx cpu;
+        REQUIRE(moe_context_create(model, &p, &cpu.ctx) == MOE_STATUS_OK);
+        std::vector<std::vector<float>> want;
+        for (const auto& b : batches) want.push_back(decode(cpu.ctx, b, info.n_vocab));
+
+        struct Config {
+            const char* overrides;
+            const char* offload;
+            int32_t copy;
+            int32_t dup;
+        };
+        const Config configs[] = {
+            {"exps=CPU", "all=4", MOE_EXPERT_COPY_FULL, 1},
+            {"exps=CPU", "all=4", MOE_EXPERT_COPY_ACTIVE_ONLY, 1},
+            {"exps=CPU", "all=4", MOE_EXPERT_COPY_ACTIVE_ONLY, 0},
+            {"ffn_(up|gate|down)_exps\\.weight=CPU", nullptr, MOE_EXPERT_COPY_FULL, 0},
+            {"blk\\.0\\.=CPU", "all=2", MOE_EXPERT_COPY_FULL, 1},
+        };
+        for (const Config& c : configs) {
+            INFO(arch << " -ot " << c.overrides << " offload " << (c.offload ? c.offload : "(default)") << " copy "
+                      << c.copy << " dup " << c.dup);
+            moe_sched_policy pol;
+            moe_sched_policy_init(&pol);
+            if (c.offload) REQUIRE(moe_sched_policy_parse_offload(&pol, c.offload) == MOE_STATUS_OK);
+            pol.expert_copy = c.copy;
+            pol.bias_dup = c.dup;
+            p.device = MOE_DEVICE_CUDA;
+            p.tensor_overrides = c.overrides;
+            p.policy = &pol;
+            Ctx gpu;
+            const moe_status s = moe_context_create(model, &p, &gpu.ctx);
+            INFO(moe_last_error());
+            REQUIRE(s == MOE_STATUS_OK);
+            for (size_t i = 0; i < batches.size(); ++i) {
+                INFO("batch " << i);
+                compare(decode(gpu.ctx, batches[i], info.n_vocab), want[i], info.n_vocab);
+            }
+        }
+        moe_context_free(cpu.ctx);
+        cpu.ctx = nullptr;
+        moe_model_free(model);
+        std::filesystem::remove(path);
+    }
+#endif
+}
