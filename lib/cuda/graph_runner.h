@@ -49,7 +49,7 @@ public:
 
     // Chunks of at most kMaxChunk nodes; volatile runs shorter than kMinVolatileGraph run eagerly;
     // at most kMaxEntries cached executables and kMaxPlans learned span layouts (least recently
-    // used ones are dropped). A 48-layer decode step is ~100 chunks.
+    // used ones are dropped). A warm 48-layer decode step is ~50 chunks.
     static constexpr size_t kMaxChunk = 64;
     static constexpr size_t kMinGraph = 2;
     static constexpr size_t kMinVolatileGraph = 4;

@@ -114,15 +114,19 @@ std::vector<uint16_t> random_f16(std::mt19937_64& rng, size_t n) {
     return v;
 }
 
-// Runs `g`'s nodes eagerly and then through graphs on the same inputs; every output must match bit
-// for bit. The outputs are poisoned before the graph run.
-void check_graph_matches_eager(Device& dev, const moe::Graph& g) {
+// Runs `g`'s nodes eagerly and then through graphs on the same inputs (`upload` writes them before
+// each run: the arena reuses input memory for later nodes); every output must match bit for bit. The
+// outputs are poisoned before the graph run.
+template <typename Upload>
+void check_graph_matches_eager(Device& dev, const moe::Graph& g, Upload&& upload) {
     dev.be().set_graphs_enabled(false);
+    upload();
     require_ok(dev.be().compute(g.nodes()));
     std::vector<std::vector<uint8_t>> want;
     for (const Tensor* o : g.outputs()) want.push_back(dev.download(*o));
     for (const Tensor* o : g.outputs()) dev.poison(*o);
     dev.be().set_graphs_enabled(true);
+    upload();
     require_ok(dev.be().compute(g.nodes()));
     require_ok(dev.be().synchronize());
     for (size_t i = 0; i < g.outputs().size(); ++i) {
@@ -196,17 +200,19 @@ TEST_CASE("CUDA graphs match eager launches while n_kv, the cache row and the ar
         const std::vector<float> vs = random_f32(rng, D * Hkv * T, -1.0f, 1.0f);
         std::vector<int32_t> ps(T);
         for (int i = 0; i < T; ++i) ps[static_cast<size_t>(i)] = n_past + i;
-        dev.upload(x->data, xs.data(), x->n_bytes());
-        dev.upload(q->data, qs.data(), q->n_bytes());
-        dev.upload(k->data, ks.data(), k->n_bytes());
-        dev.upload(v->data, vs.data(), v->n_bytes());
-        dev.upload(pos->data, ps.data(), pos->n_bytes());
+        const auto upload = [&] {
+            dev.upload(x->data, xs.data(), x->n_bytes());
+            dev.upload(q->data, qs.data(), q->n_bytes());
+            dev.upload(k->data, ks.data(), k->n_bytes());
+            dev.upload(v->data, vs.data(), v->n_bytes());
+            dev.upload(pos->data, ps.data(), pos->n_bytes());
+        };
         INFO("run " << run << ", n_past " << n_past);
-        check_graph_matches_eager(dev, g);
+        check_graph_matches_eager(dev, g, upload);
         if (run + 1 == static_cast<int>(std::size(n_pasts))) {
             // The very same span again: replayed without a capture.
             const uint64_t replays = dev.be().graph_stats().replays;
-            check_graph_matches_eager(dev, g);
+            check_graph_matches_eager(dev, g, upload);
             CHECK(dev.be().graph_stats().replays > replays);
         }
         ++run;
@@ -233,9 +239,8 @@ TEST_CASE("CUDA graphs cut long spans into chunks and replay them bitwise", "[gp
     moe::bind_allocation(g, plan, dev.alloc(plan.arena_size));
     for (int rep = 0; rep < 3; ++rep) {
         const std::vector<float> xs = random_f32(rng, n, -1.0f, 1.0f);
-        dev.upload(x->data, xs.data(), x->n_bytes());
         INFO("rep " << rep);
-        check_graph_matches_eager(dev, g);
+        check_graph_matches_eager(dev, g, [&] { dev.upload(x->data, xs.data(), x->n_bytes()); });
     }
     const moe::cuda::GraphStats& s = dev.be().graph_stats();
     CHECK(s.instantiations >= 3);
@@ -295,7 +300,7 @@ TEST_CASE("CUDA graphs report node errors and device-detected errors as eager la
     good.set_output(good.mul(x, x));
     const moe::AllocPlan gp = moe::plan_allocation(good);
     moe::bind_allocation(good, gp, dev.alloc(gp.arena_size));
-    check_graph_matches_eager(dev, good);
+    check_graph_matches_eager(dev, good, [] {});
 }
 
 TEST_CASE("CUDA span signatures separate what changes per step from what identifies a span", "[cuda]") {
