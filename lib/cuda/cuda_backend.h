@@ -5,8 +5,10 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <vector>
 
 #include "core/backend.h"
+#include "cuda/graph_runner.h"
 
 namespace moe::cuda {
 
@@ -45,6 +47,10 @@ private:
 // node's Status covers its arguments and launch); synchronize() waits and reports what only the device
 // could find (an out-of-range id). The copy helpers run on the copy stream and are ordered against the
 // compute stream with events, never with a device-wide synchronisation.
+//
+// compute() runs spans through CUDA graphs (graph_runner.h) unless they are disabled: by the
+// environment variable MOEINFER_CUDA_GRAPHS=0 when the backend is created, or set_graphs_enabled().
+// Results are bitwise the same either way; graphs only remove launch overhead.
 class CudaBackend final : public Backend {
 public:
     static StatusOr<std::unique_ptr<Backend>> create(int device);
@@ -72,6 +78,11 @@ public:
     StatusOr<uint64_t> mark_compute() override;
     Status upload(void* dst_dev, const void* src_host, size_t n, uint64_t after) override;
     Status read_now(void* dst_host, const void* src_dev, size_t n) override;
+    // Whether compute() uses CUDA graphs (default: on, unless MOEINFER_CUDA_GRAPHS=0 at create()).
+    // REQUIRES: nothing queued by compute() is still capturing (always true between calls).
+    void set_graphs_enabled(bool on) { graphs_enabled_ = on; }
+    bool graphs_enabled() const { return graphs_enabled_; }
+    const GraphStats& graph_stats() const { return graphs_->stats(); }
 
     cudaStream_t compute_stream() const { return compute_stream_; }
     cudaStream_t copy_stream() const { return copy_stream_; }
@@ -80,7 +91,10 @@ public:
 
 private:
     explicit CudaBackend(int device) : device_(device) {}
-    Status compute_node(Tensor& node);
+    // Queues one node's kernels (eagerly or into a capture); the Status names the node on failure.
+    // Never allocates or synchronises. REQUIRES: scratch holds scratch_bytes(node).
+    Status launch_node(Tensor& node);
+    size_t scratch_bytes(const Tensor& node) const;
     Status ensure_scratch(size_t bytes);
 
     int device_;
@@ -96,11 +110,15 @@ private:
     cudaEvent_t fences_[kFences] = {};
     uint64_t next_fence_ = 1;
     cudaEvent_t readback_done_ = nullptr;
-    cublasHandle_t cublas_ = nullptr;     // bound to compute_stream_
+    cublasHandle_t cublas_ = nullptr;     // bound to compute_stream_, with cublas_workspace_
+    void* cublas_workspace_ = nullptr;    // fixed, so that cuBLAS never allocates (in a capture)
     void* scratch_ = nullptr;             // device memory for kernels' temporaries, grow-only
     size_t scratch_size_ = 0;
     unsigned int* error_flags_ = nullptr;      // mapped pinned host word (host address)
     unsigned int* error_flags_dev_ = nullptr;  // the same word's device address
+    bool graphs_enabled_ = true;
+    std::unique_ptr<GraphRunner> graphs_;
+    std::vector<Tensor*> kernel_nodes_;  // compute()'s nodes that launch kernels (reused storage)
 };
 
 // Number of usable CUDA devices (0 when there is no driver or no GPU).

@@ -477,7 +477,11 @@ Status gemm_dense(const WeightArg& w, const Tensor& x, float* dst, const OpConte
     const bool uses_cublas = w.type == Type::F32 || w.type == Type::BF16 || l.wtile != nullptr;
     if (uses_cublas) {
         if (ctx.cublas == nullptr) return invalid_argument("cuda MUL_MAT: OpContext.cublas is null");
-        MOE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(ctx.cublas, ctx.stream));
+        // cublasSetStream also drops the handle's workspace (the backend gives it a fixed one, so that
+        // a captured GEMM does not allocate): rebind only a handle bound elsewhere.
+        cudaStream_t bound = nullptr;
+        MOE_CUBLAS_RETURN_IF_ERROR(cublasGetStream(ctx.cublas, &bound));
+        if (bound != ctx.stream) MOE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(ctx.cublas, ctx.stream));
     }
     const float one = 1.0f;
     const float zero = 0.0f;

@@ -1,0 +1,102 @@
+// Runs spans of CUDA nodes as CUDA graphs, so that token generation (hundreds of small kernels per
+// token) is not bound by kernel launches.
+//
+// A span is cut into chunks of consecutive nodes. Each chunk's kernels are captured from the stream
+// (cudaStreamBeginCapture) into a graph, instantiated once and cached under the chunk's place in the
+// span; the next time the chunk's signature (graph_signature.h) is the same, the cached executable is
+// launched without capturing; when it differs, the chunk is captured again and the executable updated
+// in place (cudaGraphExecUpdate; re-instantiated when the update is refused, e.g. a kernel more or
+// less). Chunks are launched as soon as they are ready, so the GPU runs one while the next is prepared.
+//
+// Where the cuts go is learned per span identity: a node whose signature changed between two runs
+// (a decode step's KV-cache write and attention: n_kv and the cache row move every token) is
+// "volatile"; chunks are maximal runs of stable or of volatile nodes. Stable chunks then replay with
+// no capture at all; short volatile runs are launched eagerly (capturing and updating a few kernels
+// costs more than launching them), longer ones are captured and updated.
+//
+// Anything that goes wrong with a graph (capture, instantiation, launch) sends the chunk to the eager
+// path, which reports node errors exactly as without graphs. Not thread-safe (one per backend, which
+// is driven by one thread at a time).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "cuda/graph_signature.h"
+
+namespace moe::cuda {
+
+// Counters since the runner was made (for tests and diagnostics).
+struct GraphStats {
+    uint64_t replays = 0;         // chunks launched from the cache without capturing
+    uint64_t updates = 0;         // chunks captured again and updated in place
+    uint64_t instantiations = 0;  // chunks captured and instantiated anew
+    uint64_t failures = 0;        // captures, instantiations or launches that failed (then run eagerly)
+    uint64_t eager_nodes = 0;     // nodes launched without a graph
+};
+
+class GraphRunner {
+public:
+    // Queues one node's kernels on `stream` (eagerly or into a capture), returning its Status.
+    using LaunchFn = std::function<Status(Tensor&)>;
+
+    // Chunks of at most kMaxChunk nodes; volatile runs shorter than kMinVolatileGraph run eagerly;
+    // at most kMaxEntries cached executables and kMaxPlans learned span layouts (least recently
+    // used ones are dropped). A warm 48-layer decode step is ~50 chunks.
+    static constexpr size_t kMaxChunk = 64;
+    static constexpr size_t kMinGraph = 2;
+    static constexpr size_t kMinVolatileGraph = 4;
+    static constexpr size_t kMaxEntries = 512;
+    static constexpr size_t kMaxPlans = 64;
+
+    GraphRunner(cudaStream_t stream, LaunchFn launch) : stream_(stream), launch_(std::move(launch)) {}
+    ~GraphRunner();
+    GraphRunner(const GraphRunner&) = delete;
+    GraphRunner& operator=(const GraphRunner&) = delete;
+
+    // Queues the kernels of `nodes` in order. REQUIRES: every node launches kernels (no NONE / VIEW),
+    // the stream is not capturing, and the kernels need no allocation or synchronisation (scratch is
+    // sized beforehand). `state`: words of backend state the kernels' arguments depend on besides
+    // the nodes (the scratch block), part of every chunk's signature.
+    Status run(std::span<Tensor* const> nodes, std::span<const uint64_t> state);
+
+    const GraphStats& stats() const { return stats_; }
+
+private:
+    struct Plan {
+        std::vector<uint64_t> last;     // node hashes of the previous run
+        std::vector<uint8_t> volatile_; // 1: the node's signature has changed between runs
+        uint64_t used = 0;
+    };
+    struct Entry {
+        std::vector<uint64_t> words;  // state + the chunk's words when exec was made or last updated
+        cudaGraphExec_t exec = nullptr;
+        bool uncapturable = false;    // capturing these words failed: run them eagerly
+        uint64_t used = 0;
+    };
+
+    Plan& plan_for(uint64_t identity, size_t n);
+    // True when the chunk was queued through a graph; false: nothing of it was queued.
+    bool run_chunk(uint64_t key, std::span<Tensor* const> nodes, std::span<const uint64_t> state,
+                   std::span<const uint64_t> words);
+    cudaGraph_t capture(std::span<Tensor* const> nodes);
+    Entry& insert(uint64_t key);
+    Status eager(std::span<Tensor* const> nodes);
+
+    cudaStream_t stream_;
+    LaunchFn launch_;
+    SpanSignature sig_;
+    std::unordered_map<uint64_t, Plan> plans_;
+    std::unordered_map<uint64_t, Entry> entries_;
+    uint64_t tick_ = 0;
+    GraphStats stats_;
+};
+
+}  // namespace moe::cuda

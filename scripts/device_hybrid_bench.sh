@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Hybrid (experts in pinned host RAM) benchmarks on the GPU machine, issue #5 targets, from prebuilt
+# binaries:  scripts/device_hybrid_bench.sh BIN_DIR OUT_DIR [GROUP...]
+# Groups: llama (the llama.cpp comparison), active (FULL vs ACTIVE_ONLY on skewed GPT-OSS, ubatch
+# 256..4096), biasdup (bias duplication on/off), default: all. JSON per run in OUT_DIR, medians of 3.
+set -uo pipefail
+bin=$1; out=$2; shift 2
+groups=${*:-llama active biasdup}
+export LD_LIBRARY_PATH="$bin/lib:${LD_LIBRARY_PATH:-}"
+dir=/tmp/moe-synth
+Q30="qwen3moe:preset=qwen3-30b-a3b:layers=16:experts=q8_0:dense=q8_0"
+Q48="qwen3moe:preset=qwen3-30b-a3b:layers=48:experts=q4_0:dense=q8_0"
+G20="gpt-oss:preset=gpt-oss-20b:layers=24:experts=mxfp4:dense=q8_0"
+G20S="gpt-oss:preset=gpt-oss-20b:layers=24:experts=mxfp4:dense=q8_0:skew=0.9"
+
+run() {  # tag, then moeinfer-bench arguments
+  local tag=$1; shift
+  echo "=== $tag: $*"
+  "$bin/bin/moeinfer-bench" --synthetic-dir $dir --device cuda -r 3 -o json "$@" > "$out/$tag.json" 2> "$out/$tag.err" ||
+    { echo "FAILED: $tag"; tail -5 "$out/$tag.err"; return; }
+  python3 - "$out/$tag.json" <<'PY'
+import json, statistics, sys
+for r in json.load(open(sys.argv[1])):
+    print(f"  {r['test']:10s} ub {r.get('n_ubatch', '?'):>5}  median {statistics.median(r['samples_ts']):9.2f} t/s"
+          f"  upload/ubatch {r.get('sched_bytes_uploaded_per_ubatch', 0) / 1e9:6.2f} GB"
+          f"  upload {r.get('sched_upload_gbps', 0):6.1f} GB/s  wait {r.get('sched_seconds_wait', 0):.3f} s"
+          f"  host {r.get('sched_seconds_host_compute', 0):.3f} s")
+PY
+}
+
+for g in $groups; do
+  case $g in
+    llama)
+      run q30_pp512_tg  --synthetic "$Q30" -ot exps=CPU -p 512 -n 128
+      run q30_pp2048    --synthetic "$Q30" -ot exps=CPU -p 2048 -n 0 -ub 2048
+      run q30_pp4096    --synthetic "$Q30" -ot exps=CPU -p 4096 -n 0 -ub 4096
+      rm -f $dir/*layers=16*
+      run g20_pp512_tg  --synthetic "$G20" -ot exps=CPU -p 512 -n 128
+      run g20_pp4096    --synthetic "$G20" -ot exps=CPU -p 4096 -n 0 -ub 4096
+      run q48_tg        --synthetic "$Q48" -ot exps=CPU -p 0 -n 128
+      rm -f $dir/*layers=48* ;;
+    active)
+      for ub in 256 512 1024 2048 4096; do
+        for copy in full active; do
+          run g20s_${copy}_ub$ub --synthetic "$G20S" -ot exps=CPU -p 4096 -n 0 -ub $ub --expert-copy $copy -r 2
+        done
+      done ;;
+    biasdup)
+      for ot in 'exps=CPU' 'ffn_(up|gate|down)_exps\.weight=CPU'; do
+        tag=$( [ "$ot" = exps=CPU ] && echo exps || echo weights )
+        run g20_dup_$tag   --synthetic "$G20" -ot "$ot" -p 4096 -n 128 -ub 4096
+        run g20_nodup_$tag --synthetic "$G20" -ot "$ot" -p 4096 -n 128 -ub 4096 --no-bias-dup
+      done ;;
+  esac
+done
