@@ -351,6 +351,33 @@ struct Logits {
 // Time spent per op kind while profiling was on. `op` and `backend` are static strings.
 using OpProfile = moe_op_profile;
 
+// Defaults of the C library (moe_sched_policy_init); change fields, then pass to
+// Context::set_policy or through moe_context_params.policy.
+inline moe_sched_policy sched_policy() {
+    moe_sched_policy p;
+    moe_sched_policy_init(&p);
+    return p;
+}
+
+// Applies an offload spec ("mul_mat_id=512,moe_up_gate=off", see moe_sched_policy_parse_offload) to
+// `policy`; throws Error(INVALID_ARGUMENT) naming the bad entry, leaving `policy` unchanged.
+inline void parse_offload(moe_sched_policy& policy, const std::string& spec) {
+    check(moe_sched_policy_parse_offload(&policy, spec.c_str()));
+}
+
+// MOE_OFFLOAD_MUL_MAT -> "mul_mat"; std::nullopt for unknown ops.
+inline std::optional<std::string> offload_op_name(int32_t op) {
+    const char* name = moe_offload_op_name(op);
+    if (name == nullptr) return std::nullopt;
+    return std::string(name);
+}
+
+// Where a weight tensor lives (moe_context_tensor_location).
+struct TensorLocation {
+    int32_t location = MOE_LOCATION_HOST;  // a moe_location
+    bool duplicated = false;               // a copy is also kept on the other side
+};
+
 // An owned moe_context: one sequence (KV cache, ubatch loop, logits) over a Model. Movable, not
 // copyable. The Model must outlive the Context. Use it from one thread at a time.
 class Context {
@@ -438,6 +465,46 @@ public:
         out.resize(static_cast<size_t>(std::min(n, got)));  // the set cannot grow between the calls
         return out;
     }
+
+    // Replaces the scheduling policy (from the next decode on).
+    void set_policy(const moe_sched_policy& policy) { check(moe_context_set_policy(get(), &policy)); }
+
+    // The policy in use, defaults resolved (min_batch -1 replaced by the threshold in use).
+    moe_sched_policy policy() const {
+        moe_sched_policy p = sched_policy();
+        check(moe_context_get_policy(get(), &p));
+        return p;
+    }
+
+    // Location of the weight tensor `name`; std::nullopt when the model has no such tensor.
+    std::optional<TensorLocation> tensor_location(const std::string& name) const {
+        int32_t location = MOE_LOCATION_HOST;
+        int32_t duplicated = 0;
+        const moe_status status = moe_context_tensor_location(get(), name.c_str(), &location, &duplicated);
+        return detail::optional_if_found(status, TensorLocation{location, duplicated != 0});
+    }
+
+    // Scheduler statistics since creation or the last reset_stats().
+    moe_sched_stats stats() const {
+        moe_sched_stats s{};  // no _init function: zeroed, with struct_size set
+        s.struct_size = sizeof s;
+        check(moe_context_get_stats(get(), &s));
+        return s;
+    }
+
+    // Tokens routed to each expert, as counts[layer * n_expert + expert] (see stats().n_layer / n_expert).
+    std::vector<uint64_t> expert_counts() const {
+        int64_t n = 0;
+        check(moe_context_get_expert_counts(get(), nullptr, 0, &n));
+        std::vector<uint64_t> out(static_cast<size_t>(n));
+        int64_t got = 0;
+        check(moe_context_get_expert_counts(get(), out.data(), n, &got));
+        out.resize(static_cast<size_t>(std::min(n, got)));
+        return out;
+    }
+
+    // Zeroes the statistics and expert counts (placement figures stay).
+    void reset_stats() { check(moe_context_reset_stats(get())); }
 
 private:
     detail::Handle<moe_context, moe_context_free> ctx_;
