@@ -108,6 +108,50 @@ std::optional<Failure> describe_model(const moe_model* model, const moe_model_in
     return std::nullopt;
 }
 
+const char* backend_name(int32_t device) {
+    switch (device) {
+        case MOE_DEVICE_CUDA: return "CUDA";
+        case MOE_DEVICE_EMULATED: return "EMULATED";
+        default: return "CPU";
+    }
+}
+
+// "mul_mat=32,mul_mat_id=128,moe_up_gate=off": a policy's offload rules as an --offload-policy spec.
+std::string offload_spec(const moe_sched_policy& p) {
+    std::string spec;
+    for (int32_t op = 0; op < MOE_OFFLOAD_OP_COUNT; ++op) {
+        const moe_offload_rule& r = p.offload[op];
+        spec += (op ? "," : "") + bench::offload_op_name(op) + "=" +
+                (r.enabled == 0 ? std::string("off") : r.min_batch < 0 ? std::string("on") : std::to_string(r.min_batch));
+    }
+    return spec;
+}
+
+// The placement settings, the effective policy and where the weights went, for the output records.
+std::optional<Failure> describe_placement(const moe_context* ctx, const Config& cfg, bench::RunInfo& run) {
+    moe_sched_stats stats{};
+    stats.struct_size = sizeof stats;
+    if (moe_context_get_stats(ctx, &stats) != MOE_STATUS_OK) return bench::library_error("moe_context_get_stats");
+    run.weights_host_bytes = stats.weights_host_bytes;
+    run.weights_device_bytes = stats.weights_device_bytes;
+    if (!run.device_context) {
+        run.n_gpu_layers = 0;
+        return std::nullopt;
+    }
+    run.tensor_overrides = bench::join(cfg.tensor_overrides, ",");
+    run.n_cpu_moe = cfg.n_cpu_moe;
+    run.n_gpu_layers = cfg.n_gpu_layers;
+    run.vram_budget = cfg.vram_budget;
+    moe_sched_policy p;
+    moe_sched_policy_init(&p);
+    if (moe_context_get_policy(ctx, &p) != MOE_STATUS_OK) return bench::library_error("moe_context_get_policy");
+    run.offload_policy = offload_spec(p);
+    run.expert_copy = p.expert_copy == MOE_EXPERT_COPY_ACTIVE_ONLY ? "active" : "full";
+    run.bias_dup = p.bias_dup != 0;
+    run.offload_vram_budget = p.offload_vram_budget;
+    return std::nullopt;
+}
+
 std::optional<Failure> run(Config& cfg) {
     const bool live = cfg.progress.value_or(isatty(STDERR_FILENO) != 0);
     if (cfg.synthetic) {
@@ -137,6 +181,15 @@ std::optional<Failure> run(Config& cfg) {
     cp.n_ubatch = cfg.n_ubatch;
     cp.n_threads = cfg.n_threads > 0 ? cfg.n_threads : available_cores();
     cp.device = cfg.device;
+    const std::string overrides = bench::join(cfg.tensor_overrides, ",");
+    const bool device_context = cfg.device != MOE_DEVICE_CPU;
+    if (device_context) {
+        cp.tensor_overrides = overrides.c_str();
+        cp.n_cpu_moe = cfg.n_cpu_moe;
+        cp.n_gpu_layers = cfg.n_gpu_layers;
+        cp.vram_budget = cfg.vram_budget;
+        cp.policy = &cfg.policy;
+    }
     moe_context* raw_ctx = nullptr;
     if (moe_context_create(model.get(), &cp, &raw_ctx) != MOE_STATUS_OK) {
         return bench::library_error("cannot create a context (n_ctx " + std::to_string(cp.n_ctx) + ", n_ubatch " +
@@ -147,16 +200,26 @@ std::optional<Failure> run(Config& cfg) {
     bench::RunInfo run;
     if (auto f = describe_model(model.get(), info, run)) return f;
     run.model_path = cfg.model_path;
-    run.backend = cfg.device == MOE_DEVICE_CUDA ? "CUDA" : "CPU";
+    run.backend = backend_name(cfg.device);
     run.n_threads = cp.n_threads;
     run.n_ctx = cp.n_ctx;
     run.n_ubatch = cp.n_ubatch;
     run.version = moe_version();
+    run.n_batch = cfg.n_batch;
+    run.device_context = device_context;
+    if (auto f = describe_placement(ctx.get(), cfg, run)) return f;
 
     const std::unique_ptr<bench::Printer> printer = bench::make_printer(cfg.output, stdout);
     bench::Progress progress(live);
     bench::Runner runner(ctx.get(), info.n_vocab, cfg, run, *printer, progress);
-    return cfg.mode == bench::Mode::sweep ? runner.sweep() : runner.tests();
+    if (auto f = cfg.mode == bench::Mode::sweep ? runner.sweep() : runner.tests()) return f;
+    if (cfg.expert_counts) {
+        // stdout would break CSV / JSON; text goes under the table.
+        FILE* out = cfg.output == bench::OutputFormat::text ? stdout : stderr;
+        std::fflush(stdout);
+        bench::print_expert_counts(out, info.n_layer, info.n_expert, info.n_expert_used, runner.expert_counts());
+    }
+    return std::nullopt;
 }
 
 }  // namespace

@@ -19,6 +19,12 @@ namespace bench {
 
 enum class Mode { sweep, bench };
 
+inline moe_sched_policy default_policy() {
+    moe_sched_policy p;
+    moe_sched_policy_init(&p);
+    return p;
+}
+
 struct Config {
     // Model: a GGUF path, or a synthetic spec written to a cached file.
     std::string model_path;
@@ -28,8 +34,17 @@ struct Config {
     // Context.
     int32_t n_ctx = 0;  // 0 = auto (sweep: 4096; tests: the longest test)
     int32_t n_ubatch = 512;
+    int32_t n_batch = 0;    // tokens per moe_decode call of a prefill; 0 = the whole prefill in one call
     int32_t n_threads = 0;  // 0 = all cores
     int32_t device = MOE_DEVICE_CPU;
+
+    // Placement and scheduling (device contexts only).
+    std::vector<std::string> tensor_overrides;  // -ot entries, joined with ',' for the library
+    int32_t n_cpu_moe = 0;
+    int32_t n_gpu_layers = -1;
+    uint64_t vram_budget = 0;
+    moe_sched_policy policy = default_policy();
+    bool expert_counts = false;
 
     // Sweep (llama-sweep-bench).
     int32_t sweep_pp = 0;  // 0 = n_ubatch
@@ -54,6 +69,20 @@ struct Config {
 
 constexpr int32_t kSweepCtx = 4096;
 
+// Flags that configure a device context's placement or scheduling: an error with --device cpu.
+inline const std::vector<std::string>& device_only_flags() {
+    static const std::vector<std::string> flags = {"--n-gpu-layers", "--override-tensor", "--n-cpu-moe",
+                                                   "--offload-policy", "--expert-copy",     "--no-bias-dup",
+                                                   "--vram-budget",    "--offload-budget"};
+    return flags;
+}
+
+inline std::string join(const std::vector<std::string>& items, const char* separator) {
+    std::string out;
+    for (size_t i = 0; i < items.size(); ++i) out += (i ? separator : "") + items[i];
+    return out;
+}
+
 inline std::vector<Option> make_options(Config& c) {
     auto int_flag = [](int32_t& field, int32_t min, int32_t max) -> OptionHandler {
         return [&field, min, max](const std::string& v) { return parse_int32(v, min, max, field); };
@@ -71,7 +100,11 @@ inline std::vector<Option> make_options(Config& c) {
     const std::string ctx = "Run (both modes)";
     const std::string sweep = "Sweep mode (llama-sweep-bench; the default when no -p/-n/-d/-r is given)";
     const std::string tests = "Test mode (llama-bench; chosen by any of -p/-n/-d/-r)";
+    const std::string sched = "Placement and scheduling (--device cuda or emulated)";
     const std::string out = "Output";
+    auto size_flag = [](uint64_t& field) -> OptionHandler {
+        return [&field](const std::string& v) { return parse_size(v, field); };
+    };
     return {
         {"-m", "--model", "PATH", "GGUF model file (or give PATH as the only positional argument)", "", model,
          [&c](const std::string& v) -> std::optional<std::string> {
@@ -100,19 +133,92 @@ inline std::vector<Option> make_options(Config& c) {
          "sweep: " + std::to_string(kSweepCtx) + "; tests: the longest test", ctx, int_flag(c.n_ctx, 1, INT32_MAX)},
         {"-ub", "--ubatch-size", "N", "tokens per graph evaluation (micro-batch)", "512", ctx,
          int_flag(c.n_ubatch, 1, INT32_MAX)},
+        {"-b", "--batch-size", "N",
+         "tokens per moe_decode call in a prefill (the PP phase, and filling the cache to depth); the library "
+         "splits each call into ubatches of --ubatch-size. As in llama.cpp, the ubatch is at most the batch",
+         "the whole prefill in one call", ctx, int_flag(c.n_batch, 1, INT32_MAX)},
         {"-t", "--threads", "N", "CPU threads", "all cores", ctx, int_flag(c.n_threads, 1, 4096)},
-        {"", "--device", "cpu|cuda", "where every op runs (cuda: all weights on GPU 0; hybrid placement comes with the scheduler)",
+        {"", "--device", "cpu|cuda|emulated",
+         "cpu: every op on the CPU. cuda: GPU 0 plus the CPU, weights placed by the flags below (by default all "
+         "on the GPU if they fit, else the experts spill to host RAM) and ops scheduled by the offload policy. "
+         "emulated: like cuda with a host-memory backend playing the GPU (for testing placement and scheduling "
+         "without a GPU; slower than cpu)",
          "cpu", ctx,
          [&c](const std::string& v) -> std::optional<std::string> {
              if (v == "cpu") {
                  c.device = MOE_DEVICE_CPU;
              } else if (v == "cuda") {
                  c.device = MOE_DEVICE_CUDA;
+             } else if (v == "emulated") {
+                 c.device = MOE_DEVICE_EMULATED;
              } else {
-                 return "--device: expected cpu or cuda, got '" + v + "'";
+                 return "expected cpu, cuda or emulated, got '" + v + "'";
              }
              return std::nullopt;
          }},
+        {"-ngl", "--n-gpu-layers", "N",
+         "the weights of the last N layers go to the device, the others stay in host RAM; the output head goes "
+         "to the device when N > the layer count; -1: all",
+         "-1", sched, int_flag(c.n_gpu_layers, -1, INT32_MAX)},
+        {"-ot", "--override-tensor", "REGEX=BACKEND",
+         "place the tensors whose GGUF name matches REGEX (searched, ECMAScript syntax) in host RAM (CPU) or "
+         "device memory (GPU, CUDA0, DEVICE), e.g. -ot exps=CPU; repeatable and comma-separated, first match "
+         "wins; applied before --n-cpu-moe and --n-gpu-layers",
+         "none", sched,
+         [&c](const std::string& v) -> std::optional<std::string> {
+             if (v.find('=') == std::string::npos) return "expected REGEX=BACKEND, got '" + v + "'";
+             c.tensor_overrides.push_back(v);
+             return std::nullopt;
+         }},
+        {"", "--n-cpu-moe", "N", "keep the expert tensors (weights and biases) of layers 0 .. N-1 in host RAM", "0",
+         sched, int_flag(c.n_cpu_moe, 0, INT32_MAX)},
+        {"", "--vram-budget", "SIZE",
+         "device memory for weights (e.g. 20GiB, 8G, 512MiB; K/M/G are powers of 1000, KiB/MiB/GiB of 1024); "
+         "expert tensors move to host RAM, largest first, until the rest fits; 0: the free memory minus the KV "
+         "cache, activations, offload slots and 1 GiB",
+         "0", sched, size_flag(c.vram_budget)},
+        {"", "--offload-policy", "SPEC",
+         "which ops with weights in host RAM run on the device, from which ubatch size: op=N|on|off[,...] with "
+         "op = mul_mat, mul_mat_id, moe_up_gate or all; N is the least ubatch in tokens that offloads, on the "
+         "default threshold (32 for mul_mat, 32 * n_expert / n_expert_used for the expert ops), off keeps the op "
+         "on the CPU; repeatable, applied in order (e.g. --offload-policy all=off,mul_mat_id=512)",
+         "all=on", sched,
+         [&c](const std::string& v) -> std::optional<std::string> {
+             moe_sched_policy p = c.policy;
+             if (moe_sched_policy_parse_offload(&p, v.c_str()) != MOE_STATUS_OK) {
+                 const char* detail = moe_last_error();
+                 return detail != nullptr && detail[0] != '\0' ? std::string(detail)
+                                                               : "bad offload spec '" + v + "'";
+             }
+             c.policy = p;
+             return std::nullopt;
+         }},
+        {"", "--expert-copy", "full|active",
+         "what an offloaded expert op uploads: full expert tensors, or only the experts the router selected "
+         "(one readback of its choices per layer; adjacent experts in one copy)",
+         "full", sched,
+         [&c](const std::string& v) -> std::optional<std::string> {
+             if (v == "full") {
+                 c.policy.expert_copy = MOE_EXPERT_COPY_FULL;
+             } else if (v == "active") {
+                 c.policy.expert_copy = MOE_EXPERT_COPY_ACTIVE_ONLY;
+             } else {
+                 return "expected full or active, got '" + v + "'";
+             }
+             return std::nullopt;
+         }},
+        {"", "--no-bias-dup", "",
+         "do not keep a device copy of the expert biases whose weights are in host RAM (offloaded ops then "
+         "upload them)",
+         "", sched,
+         [&c](const std::string&) -> std::optional<std::string> {
+             c.policy.bias_dup = 0;
+             return std::nullopt;
+         }},
+        {"", "--offload-budget", "SIZE",
+         "device memory for the staging slots that offloaded weights are uploaded into (units as --vram-budget); "
+         "0: 6 slots of the largest host-resident weight",
+         "0", sched, size_flag(c.policy.offload_vram_budget)},
         {"", "--sweep", "", "run the sweep: at N_KV = 0, PP, 2*PP, ... time TG single-token decodes, then a PP-token "
                             "prefill, both from depth N_KV",
          "", sweep, [](const std::string&) { return std::optional<std::string>(); }},
@@ -152,6 +258,10 @@ inline std::vector<Option> make_options(Config& c) {
          "after each row, print the time per op kind (op, backend, count, seconds, %) on stderr; profiling "
          "synchronises after every op, so timings include a little overhead",
          "", out, switch_flag(c.verbose, true)},
+        {"", "--expert-counts", "",
+         "after the run, print per layer how many experts the router used and the least and most tokens one "
+         "expert got, over the timed runs (stdout after the table in text mode, stderr with csv / json)",
+         "", out, switch_flag(c.expert_counts, true)},
         {"", "--progress", "", "show a progress line on stderr", "on when stderr is a terminal", out,
          [&c](const std::string&) -> std::optional<std::string> {
              c.progress = true;
@@ -185,6 +295,14 @@ inline std::optional<std::string> finish_config(Config& c) {
             if (given(f)) return std::string(f) + " applies to --sweep only, not with -p/-n/-d/-r";
         }
     }
+
+    if (c.device == MOE_DEVICE_CPU) {
+        for (const std::string& f : device_only_flags()) {
+            if (given(f.c_str())) return f + " applies to --device cuda or emulated (a CPU context places nothing)";
+        }
+    }
+    // As llama.cpp: a ubatch never exceeds the batch.
+    if (c.n_batch > 0 && c.n_batch < c.n_ubatch) c.n_ubatch = c.n_batch;
 
     if (!c.model_path.empty() && c.synthetic) return "give either a model path or --synthetic, not both";
     if (c.model_path.empty() && !c.synthetic) return "no model: give a GGUF path (-m PATH) or --synthetic SPEC";

@@ -7,8 +7,10 @@
 #ifndef MOEINFER_TOOLS_BENCH_CLI_H
 #define MOEINFER_TOOLS_BENCH_CLI_H
 
+#include <cctype>
 #include <cerrno>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -206,6 +208,59 @@ inline std::optional<std::string> parse_double(const std::string& text, double m
         return "value " + text + " out of range " + range;
     }
     out = v;
+    return std::nullopt;
+}
+
+// A byte count: a non-negative number with an optional unit ("4000000", "8G", "1.5GiB", "512MiB"). K, M,
+// G, T (also KB, MB, GB, TB) are powers of 1000; KiB, MiB, GiB, TiB powers of 1024; B is 1. Units are
+// case-insensitive; a fractional value is rounded to the nearest byte.
+inline std::optional<std::string> parse_size(const std::string& text, uint64_t& out) {
+    struct Unit {
+        const char* name;
+        uint64_t bytes;
+    };
+    static const Unit units[] = {{"", 1},
+                                 {"b", 1},
+                                 {"k", 1000ull},
+                                 {"kb", 1000ull},
+                                 {"m", 1000000ull},
+                                 {"mb", 1000000ull},
+                                 {"g", 1000000000ull},
+                                 {"gb", 1000000000ull},
+                                 {"t", 1000000000000ull},
+                                 {"tb", 1000000000000ull},
+                                 {"kib", 1ull << 10},
+                                 {"mib", 1ull << 20},
+                                 {"gib", 1ull << 30},
+                                 {"tib", 1ull << 40}};
+    const std::string expected = "expected a byte count such as 4000000, 512MiB, 1.5GiB or 8G, got '" + text + "'";
+    size_t digits = 0;
+    size_t dots = 0;
+    while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) {
+        dots += text[digits] == '.' ? 1 : 0;
+        ++digits;
+    }
+    const std::string number = text.substr(0, digits);
+    if (number.empty() || number == "." || dots > 1) return expected;
+    std::string unit = text.substr(digits);
+    for (char& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    const Unit* u = nullptr;
+    for (const Unit& candidate : units) {
+        if (unit == candidate.name) u = &candidate;
+    }
+    if (u == nullptr) return "unknown unit '" + text.substr(digits) + "' in '" + text + "' (B, K, M, G, T, KiB, MiB, GiB, TiB)";
+    const std::string too_large = "value " + text + " exceeds 2^64 - 1 bytes";
+    if (dots == 0) {
+        errno = 0;
+        const unsigned long long v = std::strtoull(number.c_str(), nullptr, 10);
+        uint64_t bytes = 0;
+        if (errno == ERANGE || __builtin_mul_overflow(static_cast<uint64_t>(v), u->bytes, &bytes)) return too_large;
+        out = bytes;
+        return std::nullopt;
+    }
+    const long double v = std::strtold(number.c_str(), nullptr) * static_cast<long double>(u->bytes);
+    if (!(v < 18446744073709551615.0L)) return too_large;
+    out = static_cast<uint64_t>(v + 0.5L);
     return std::nullopt;
 }
 

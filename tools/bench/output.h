@@ -5,6 +5,7 @@
 #define MOEINFER_TOOLS_BENCH_OUTPUT_H
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -12,7 +13,10 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "moeinfer/moeinfer.h"
 
 namespace bench {
 
@@ -29,7 +33,89 @@ struct RunInfo {
     int32_t n_ctx = 0;
     int32_t n_ubatch = 0;
     std::string version;     // moe_version()
+
+    // Appended to every CSV / JSON record, after the fields above.
+    int32_t n_batch = 0;     // tokens per moe_decode call of a prefill; 0 = the whole prefill
+    bool device_context = false;  // cuda or emulated: placement and policy apply
+    std::string tensor_overrides;
+    int32_t n_cpu_moe = 0;
+    int32_t n_gpu_layers = -1;
+    uint64_t vram_budget = 0;
+    std::string offload_policy;   // the effective policy as an --offload-policy spec
+    std::string expert_copy;      // "full" or "active"
+    bool bias_dup = true;
+    uint64_t offload_vram_budget = 0;
+    uint64_t weights_host_bytes = 0;    // placement (moe_sched_stats)
+    uint64_t weights_device_bytes = 0;
 };
+
+// moe_sched_stats of one measured phase, summed over its timed runs (the placement figures are in RunInfo).
+struct SchedStats {
+    uint64_t n_runs = 0;  // moe_sched_stats added
+    uint64_t n_ubatches = 0;
+    uint64_t n_splits = 0;
+    uint64_t bytes_weights_full = 0;
+    uint64_t bytes_weights_experts = 0;
+    uint64_t bytes_weights_skipped = 0;
+    uint64_t bytes_activations = 0;
+    uint64_t n_weight_copies = 0;
+    uint64_t n_activation_copies = 0;
+    uint64_t n_id_readbacks = 0;
+    uint64_t n_offloaded[MOE_OFFLOAD_OP_COUNT] = {};
+    uint64_t n_kept_host[MOE_OFFLOAD_OP_COUNT] = {};
+    uint64_t n_ops_host = 0;
+    uint64_t n_ops_device = 0;
+    double seconds_total = 0.0;
+    double seconds_host_compute = 0.0;
+    double seconds_wait = 0.0;
+
+    void add(const moe_sched_stats& s) {
+        ++n_runs;
+        accumulate(s);
+    }
+    void add(const SchedStats& o) {
+        n_runs += o.n_runs;
+        accumulate(o);
+    }
+
+    // Weight bytes sent to the device: whole tensors plus ACTIVE_ONLY expert slices.
+    uint64_t bytes_uploaded() const { return bytes_weights_full + bytes_weights_experts; }
+    double per_ubatch(double total) const { return n_ubatches > 0 ? total / static_cast<double>(n_ubatches) : 0.0; }
+    // Upload rate over the ubatches' wall time, in GB/s (1e9): compare with the PCIe bandwidth.
+    double upload_gbps() const {
+        return seconds_total > 0.0 ? static_cast<double>(bytes_uploaded()) / seconds_total / 1e9 : 0.0;
+    }
+
+private:
+    // S: moe_sched_stats or SchedStats (the same field names).
+    template <class S>
+    void accumulate(const S& s) {
+        n_ubatches += s.n_ubatches;
+        n_splits += s.n_splits;
+        bytes_weights_full += s.bytes_weights_full;
+        bytes_weights_experts += s.bytes_weights_experts;
+        bytes_weights_skipped += s.bytes_weights_skipped;
+        bytes_activations += s.bytes_activations;
+        n_weight_copies += s.n_weight_copies;
+        n_activation_copies += s.n_activation_copies;
+        n_id_readbacks += s.n_id_readbacks;
+        for (int op = 0; op < MOE_OFFLOAD_OP_COUNT; ++op) {
+            n_offloaded[op] += s.n_offloaded[op];
+            n_kept_host[op] += s.n_kept_host[op];
+        }
+        n_ops_host += s.n_ops_host;
+        n_ops_device += s.n_ops_device;
+        seconds_total += s.seconds_total;
+        seconds_host_compute += s.seconds_host_compute;
+        seconds_wait += s.seconds_wait;
+    }
+};
+
+// "mul_mat", ... (moe_offload_op_name), "op<N>" for an op this build does not name.
+inline std::string offload_op_name(int op) {
+    const char* name = moe_offload_op_name(op);
+    return name != nullptr ? name : "op" + std::to_string(op);
+}
 
 // One op kind's share of a test's time (moe_op_profile, copied).
 struct ProfileEntry {
@@ -47,6 +133,8 @@ struct SweepRow {
     double t_pp = 0.0;  // seconds
     double t_tg = 0.0;  // seconds, all tg tokens
     std::vector<ProfileEntry> profile;  // empty unless --verbose
+    SchedStats pp_stats;  // of the prefill
+    SchedStats tg_stats;  // of the tg single-token decodes
 };
 
 // A llama-bench row: a prefill of n_prompt tokens or n_gen single-token decodes after n_depth
@@ -57,6 +145,7 @@ struct BenchRow {
     int32_t n_depth = 0;
     std::vector<double> samples_s;
     std::vector<ProfileEntry> profile;  // last repetition's; empty unless --verbose
+    SchedStats stats;  // summed over the timed repetitions
 };
 
 // Mean and sample standard deviation (n - 1; 0 for a single value), as llama-bench reports them.
@@ -156,6 +245,49 @@ inline std::vector<Field> common_fields(const RunInfo& i) {
             {"version", i.version, true}};
 }
 
+// Run settings added after the llama-bench-like fields (placement and policy are empty / defaults
+// on a CPU context).
+inline std::vector<Field> run_fields(const RunInfo& i) {
+    return {{"n_batch", std::to_string(i.n_batch), false},
+            {"tensor_overrides", i.tensor_overrides, true},
+            {"n_cpu_moe", std::to_string(i.n_cpu_moe), false},
+            {"n_gpu_layers", std::to_string(i.n_gpu_layers), false},
+            {"vram_budget", std::to_string(i.vram_budget), false},
+            {"offload_policy", i.offload_policy, true},
+            {"expert_copy", i.expert_copy, true},
+            {"bias_dup", i.bias_dup ? "1" : "0", false},
+            {"offload_vram_budget", std::to_string(i.offload_vram_budget), false},
+            {"weights_host_bytes", std::to_string(i.weights_host_bytes), false},
+            {"weights_device_bytes", std::to_string(i.weights_device_bytes), false}};
+}
+
+// A phase's scheduler statistics as fields named prefix + the moe_sched_stats field ("sched_n_splits",
+// "sched_n_offloaded_mul_mat_id", ...), plus derived "bytes_uploaded", "bytes_uploaded_per_ubatch"
+// and "upload_gbps" (bytes uploaded / seconds_total, in 1e9 bytes per second).
+inline void append_stats_fields(std::vector<Field>& f, const std::string& prefix, const SchedStats& s) {
+    auto u = [&](const std::string& key, uint64_t v) { f.push_back({prefix + key, std::to_string(v), false}); };
+    auto d = [&](const std::string& key, double v) { f.push_back({prefix + key, number(v), false}); };
+    u("n_ubatches", s.n_ubatches);
+    u("n_splits", s.n_splits);
+    u("bytes_weights_full", s.bytes_weights_full);
+    u("bytes_weights_experts", s.bytes_weights_experts);
+    u("bytes_weights_skipped", s.bytes_weights_skipped);
+    u("bytes_activations", s.bytes_activations);
+    u("n_weight_copies", s.n_weight_copies);
+    u("n_activation_copies", s.n_activation_copies);
+    u("n_id_readbacks", s.n_id_readbacks);
+    for (int op = 0; op < MOE_OFFLOAD_OP_COUNT; ++op) u("n_offloaded_" + offload_op_name(op), s.n_offloaded[op]);
+    for (int op = 0; op < MOE_OFFLOAD_OP_COUNT; ++op) u("n_kept_host_" + offload_op_name(op), s.n_kept_host[op]);
+    u("n_ops_host", s.n_ops_host);
+    u("n_ops_device", s.n_ops_device);
+    d("seconds_total", s.seconds_total);
+    d("seconds_host_compute", s.seconds_host_compute);
+    d("seconds_wait", s.seconds_wait);
+    u("bytes_uploaded", s.bytes_uploaded());
+    d("bytes_uploaded_per_ubatch", s.per_ubatch(static_cast<double>(s.bytes_uploaded())));
+    d("upload_gbps", s.upload_gbps());
+}
+
 inline std::vector<Field> sweep_fields(const RunInfo& info, const SweepRow& r) {
     std::vector<Field> f = common_fields(info);
     f.push_back({"pp", std::to_string(r.pp), false});
@@ -165,6 +297,9 @@ inline std::vector<Field> sweep_fields(const RunInfo& info, const SweepRow& r) {
     f.push_back({"speed_pp_tps", number(rate(r.pp, r.t_pp)), false});
     f.push_back({"t_tg_s", number(r.t_tg), false});
     f.push_back({"speed_tg_tps", number(rate(r.tg, r.t_tg)), false});
+    for (Field& x : run_fields(info)) f.push_back(std::move(x));
+    append_stats_fields(f, "sched_pp_", r.pp_stats);
+    append_stats_fields(f, "sched_tg_", r.tg_stats);
     return f;
 }
 
@@ -181,6 +316,8 @@ inline std::vector<Field> bench_fields(const RunInfo& info, const BenchRow& r) {
     f.push_back({"stdev_s", number(s.sd), false});
     f.push_back({"avg_ts", number(ts.mean), false});
     f.push_back({"stdev_ts", number(ts.sd), false});
+    for (Field& x : run_fields(info)) f.push_back(std::move(x));
+    append_stats_fields(f, "sched_", r.stats);
     return f;
 }
 
@@ -198,6 +335,58 @@ inline std::string json_profile(const std::vector<ProfileEntry>& p) {
                ", \"seconds\": " + number(p[i].seconds) + "}";
     }
     return out + "]";
+}
+
+// 1536 -> "1.50 KiB".
+inline std::string human_bytes(double bytes) {
+    static const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    size_t u = 0;
+    while (bytes >= 1024.0 && u + 1 < std::size(units)) {
+        bytes /= 1024.0;
+        ++u;
+    }
+    return u == 0 ? fmt("%.0f B", bytes) : fmt("%.2f ", bytes) + units[u];
+}
+
+// A per-ubatch mean: "48", "1.5", "0.333".
+inline std::string mean(double v) { return fmt("%.3g", v); }
+
+// The text-mode scheduler summary: the placement and policy, then per phase (a test, or the sweep's
+// PP / TG phases) what one ubatch moved and waited for, on average.
+inline void print_sched_summary(FILE* out, const RunInfo& i,
+                                const std::vector<std::pair<std::string, SchedStats>>& phases) {
+    std::fprintf(out, "\nscheduler: weights %s in host RAM, %s in device memory; offload %s, expert copy %s, "
+                      "bias dup %s\n",
+                 human_bytes(static_cast<double>(i.weights_host_bytes)).c_str(),
+                 human_bytes(static_cast<double>(i.weights_device_bytes)).c_str(), i.offload_policy.c_str(),
+                 i.expert_copy.c_str(), i.bias_dup ? "on" : "off");
+    for (const auto& [name, st] : phases) {
+        const auto per = [&st](double total) { return st.per_ubatch(total); };
+        std::fprintf(out, "%s: %llu ubatches in %llu runs; per ubatch: %s uploaded (%s whole + %s experts, %s "
+                          "skipped), %s activations, %s splits, %s id readbacks\n",
+                     name.c_str(), static_cast<unsigned long long>(st.n_ubatches),
+                     static_cast<unsigned long long>(st.n_runs),
+                     human_bytes(per(static_cast<double>(st.bytes_uploaded()))).c_str(),
+                     human_bytes(per(static_cast<double>(st.bytes_weights_full))).c_str(),
+                     human_bytes(per(static_cast<double>(st.bytes_weights_experts))).c_str(),
+                     human_bytes(per(static_cast<double>(st.bytes_weights_skipped))).c_str(),
+                     human_bytes(per(static_cast<double>(st.bytes_activations))).c_str(),
+                     mean(per(static_cast<double>(st.n_splits))).c_str(),
+                     mean(per(static_cast<double>(st.n_id_readbacks))).c_str());
+        std::string ops;
+        for (int op = 0; op < MOE_OFFLOAD_OP_COUNT; ++op) {
+            ops += (op ? ", " : "") + offload_op_name(op) + " " + mean(per(static_cast<double>(st.n_offloaded[op]))) +
+                   "/" + mean(per(static_cast<double>(st.n_kept_host[op])));
+        }
+        std::fprintf(out, "  ops with host weights, offloaded/kept on host per ubatch: %s\n", ops.c_str());
+        std::fprintf(out, "  time per ubatch: %s ms (host compute %s ms, waiting for the device %s ms); upload "
+                          "%s GB/s\n",
+                     fmt("%.3f", 1e3 * per(st.seconds_total)).c_str(),
+                     fmt("%.3f", 1e3 * per(st.seconds_host_compute)).c_str(),
+                     fmt("%.3f", 1e3 * per(st.seconds_wait)).c_str(), fmt("%.2f", st.upload_gbps()).c_str());
+    }
+    std::fprintf(out, "(upload GB/s = weight bytes uploaded / ubatch wall time; pinned PCIe 5.0 x16 tops out near 55 "
+                      "GB/s)\n");
 }
 
 // ---- text: markdown tables ----
@@ -220,6 +409,9 @@ public:
         std::fprintf(out_, "|%6d | %6d | %6d | %8.3f | %8.2f | %8.3f | %8.2f |\n", r.pp, r.tg, r.n_kv, r.t_pp,
                      rate(r.pp, r.t_pp), r.t_tg, rate(r.tg, r.t_tg));
         std::fflush(out_);
+        if (phases_.empty()) phases_ = {{"PP (all rows)", SchedStats{}}, {"TG (all rows)", SchedStats{}}};
+        phases_[0].second.add(r.pp_stats);
+        phases_[1].second.add(r.tg_stats);
     }
 
     // Column widths as llama-bench's: negative = left-aligned; a ':' in the rule marks right alignment.
@@ -255,9 +447,11 @@ public:
         }
         std::fputc('\n', out_);
         std::fflush(out_);
+        phases_.emplace_back(test_name(r), r.stats);
     }
 
     void end(const RunInfo& i) override {
+        if (i.device_context && !phases_.empty()) print_sched_summary(out_, i, phases_);
         if (bench_) std::fprintf(out_, "\nbuild: moeinfer %s\n", i.version.c_str());
         std::fflush(out_);
     }
@@ -271,6 +465,7 @@ private:
                                           {"threads", 7}, {"test", 15},  {"t/s", 20}};
     FILE* out_;
     bool bench_ = false;
+    std::vector<std::pair<std::string, SchedStats>> phases_;  // for the scheduler summary
 };
 
 // ---- CSV ----
@@ -346,6 +541,35 @@ inline std::unique_ptr<Printer> make_printer(OutputFormat format, FILE* out) {
         case OutputFormat::text: break;
     }
     return std::make_unique<detail::TextPrinter>(out);
+}
+
+// --expert-counts: per layer, how many of the n_expert experts got a token and the least / most / mean
+// tokens per expert (counts[layer * n_expert + expert], summed over the timed runs).
+inline void print_expert_counts(FILE* out, int32_t n_layer, int32_t n_expert, int32_t n_expert_used,
+                                const std::vector<uint64_t>& counts) {
+    std::fprintf(out, "\nexpert activations over the timed runs (tokens per expert; %d experts, top-%d):\n", n_expert,
+                 n_expert_used);
+    std::fprintf(out, "| layer |    used |      min |      max |       mean | max/mean |\n");
+    std::fprintf(out, "| ----: | ------: | -------: | -------: | ---------: | -------: |\n");
+    for (int32_t l = 0; l < n_layer; ++l) {
+        const size_t first = static_cast<size_t>(l) * static_cast<size_t>(n_expert);
+        if (first + static_cast<size_t>(n_expert) > counts.size()) break;
+        uint64_t lo = UINT64_MAX, hi = 0, sum = 0;
+        int32_t used = 0;
+        for (int32_t e = 0; e < n_expert; ++e) {
+            const uint64_t c = counts[first + static_cast<size_t>(e)];
+            lo = std::min(lo, c);
+            hi = std::max(hi, c);
+            sum += c;
+            used += c > 0 ? 1 : 0;
+        }
+        const double avg = n_expert > 0 ? static_cast<double>(sum) / n_expert : 0.0;
+        const std::string used_text = std::to_string(used) + "/" + std::to_string(n_expert);
+        std::fprintf(out, "| %5d | %7s | %8llu | %8llu | %10.1f | %8s |\n", l, used_text.c_str(),
+                     static_cast<unsigned long long>(n_expert > 0 ? lo : 0), static_cast<unsigned long long>(hi), avg,
+                     avg > 0.0 ? detail::fmt("%.2f", static_cast<double>(hi) / avg).c_str() : "-");
+    }
+    std::fflush(out);
 }
 
 // The --verbose profile of one test, on stderr (stdout stays a clean table / CSV / JSON).

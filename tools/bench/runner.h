@@ -9,6 +9,7 @@
 #ifndef MOEINFER_TOOLS_BENCH_RUNNER_H
 #define MOEINFER_TOOLS_BENCH_RUNNER_H
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -78,12 +79,13 @@ public:
         printer_.begin_sweep(info_);
         for (int32_t row = 0; row < n_rows; ++row) {
             const int32_t n_kv = row * pp;
-            SweepRow r{pp, tg, n_kv, 0.0, 0.0, {}};
+            SweepRow r{pp, tg, n_kv, 0.0, 0.0, {}, {}, {}};
             const std::string where = "sweep row " + std::to_string(row + 1) + "/" + std::to_string(n_rows) +
                                       " (N_KV = " + std::to_string(n_kv) + ")";
             if (auto f = start_profile()) return f;
 
             // The cache holds exactly n_kv tokens here (the previous row's prefill ends at n_kv).
+            if (auto f = start_stats()) return f;
             const auto t_tg = Clock::now();
             for (int32_t i = 0; i < tg; ++i) {
                 if (progress_.enabled()) {  // no string building inside the timing when off
@@ -93,12 +95,15 @@ public:
             }
             if (auto f = touch_logits()) return f;
             r.t_tg = seconds_since(t_tg);
+            if (auto f = collect_stats(r.tg_stats)) return f;
 
             progress_.show(where + ": PP " + std::to_string(pp), true);
+            if (auto f = start_stats()) return f;
             const auto t_pp = Clock::now();
             if (auto f = decode_random(pp, n_kv, "prefill at N_KV = " + std::to_string(n_kv))) return f;
             if (auto f = touch_logits()) return f;
             r.t_pp = seconds_since(t_pp);
+            if (auto f = collect_stats(r.pp_stats)) return f;
 
             if (auto f = collect_profile(r.profile)) return f;
             progress_.clear();
@@ -115,12 +120,12 @@ public:
         std::vector<BenchRow> plan;
         for (int32_t p : cfg_.n_prompt) {
             for (int32_t d : cfg_.n_depth) {
-                if (p > 0) plan.push_back(BenchRow{p, 0, d, {}, {}});
+                if (p > 0) plan.push_back(BenchRow{p, 0, d, {}, {}, {}});
             }
         }
         for (int32_t n : cfg_.n_gen) {
             for (int32_t d : cfg_.n_depth) {
-                if (n > 0) plan.push_back(BenchRow{0, n, d, {}, {}});
+                if (n > 0) plan.push_back(BenchRow{0, n, d, {}, {}, {}});
             }
         }
         printer_.begin_bench(info_);
@@ -131,7 +136,7 @@ public:
             if (cfg_.warmup) {
                 progress_.show(where + ": warm-up", true);
                 double ignored = 0.0;
-                if (auto f = run_test(r, false, ignored)) return f;
+                if (auto f = run_test(r, false, ignored, nullptr)) return f;
             }
             for (int32_t rep = 0; rep < cfg_.repetitions; ++rep) {
                 progress_.show(where + ": run " + std::to_string(rep + 1) + "/" + std::to_string(cfg_.repetitions),
@@ -140,7 +145,7 @@ public:
                 // cache is refilled to depth between repetitions.
                 const bool profile = cfg_.verbose && rep + 1 == cfg_.repetitions;
                 double s = 0.0;
-                if (auto f = run_test(r, profile, s)) return f;
+                if (auto f = run_test(r, profile, s, &r.stats)) return f;
                 r.samples_s.push_back(s);
             }
             if (auto f = collect_profile(r.profile)) return f;
@@ -153,6 +158,10 @@ public:
         return std::nullopt;
     }
 
+    // Tokens per (layer, expert) over every timed phase: counts[layer * n_expert + expert] (empty
+    // unless --expert-counts).
+    const std::vector<uint64_t>& expert_counts() const { return expert_counts_; }
+
 private:
     using Clock = std::chrono::steady_clock;
 
@@ -160,8 +169,9 @@ private:
         return std::chrono::duration<double>(Clock::now() - t0).count();
     }
 
-    // One moe_decode of n random tokens at positions first_pos, first_pos + 1, ... (the library
-    // splits it into ubatches; a first_pos below n_past rewinds the sequence there).
+    // n random tokens at positions first_pos, first_pos + 1, ..., in moe_decode calls of --batch-size
+    // tokens (one call without it); the library splits each call into ubatches. A first_pos below
+    // n_past rewinds the sequence there.
     std::optional<Failure> decode_random(int32_t n, int32_t first_pos, const std::string& what) {
         tokens_.resize(static_cast<size_t>(n));
         positions_.resize(static_cast<size_t>(n));
@@ -169,10 +179,15 @@ private:
             tokens_[static_cast<size_t>(i)] = token_(rng_);
             positions_[static_cast<size_t>(i)] = first_pos + i;
         }
-        if (moe_decode(ctx_, tokens_.data(), positions_.data(), n, 0) != MOE_STATUS_OK) {
-            progress_.clear();
-            return library_error(what + " (" + std::to_string(n) + " tokens at position " + std::to_string(first_pos) +
-                                 ")");
+        const int32_t batch = cfg_.n_batch > 0 ? cfg_.n_batch : n;
+        for (int32_t done = 0; done < n; done += batch) {
+            const int32_t count = std::min(batch, n - done);
+            const auto at = static_cast<size_t>(done);
+            if (moe_decode(ctx_, tokens_.data() + at, positions_.data() + at, count, 0) != MOE_STATUS_OK) {
+                progress_.clear();
+                return library_error(what + " (" + std::to_string(count) + " tokens at position " +
+                                     std::to_string(first_pos + done) + ")");
+            }
         }
         return std::nullopt;
     }
@@ -186,14 +201,18 @@ private:
         return std::nullopt;
     }
 
-    // One run of a test: empty the cache, fill it to depth (untimed), then time the test itself.
-    std::optional<Failure> run_test(const BenchRow& r, bool profile, double& seconds) {
+    // One run of a test: empty the cache, fill it to depth (untimed), then time the test itself;
+    // `stats`, when given, receives the scheduler statistics of the timed part.
+    std::optional<Failure> run_test(const BenchRow& r, bool profile, double& seconds, SchedStats* stats) {
         if (moe_kv_clear(ctx_) != MOE_STATUS_OK) return library_error("moe_kv_clear");
         if (r.n_depth > 0) {
             if (auto f = decode_random(r.n_depth, 0, "filling the cache to depth " + std::to_string(r.n_depth))) return f;
         }
         if (profile) {
             if (auto f = start_profile()) return f;
+        }
+        if (stats != nullptr) {
+            if (auto f = start_stats()) return f;
         }
         const std::string what = test_name(r);
         const auto t0 = Clock::now();
@@ -206,6 +225,33 @@ private:
         }
         if (auto f = touch_logits()) return f;
         seconds = seconds_since(t0);
+        if (stats != nullptr) return collect_stats(*stats);
+        return std::nullopt;
+    }
+
+    // Zeroes the scheduler statistics (and expert counts) before a timed phase.
+    std::optional<Failure> start_stats() {
+        if (moe_context_reset_stats(ctx_) != MOE_STATUS_OK) return library_error("moe_context_reset_stats");
+        return std::nullopt;
+    }
+
+    // Adds the statistics of the phase since start_stats() to `out`, and its expert counts to the totals.
+    std::optional<Failure> collect_stats(SchedStats& out) {
+        moe_sched_stats s{};
+        s.struct_size = sizeof s;
+        if (moe_context_get_stats(ctx_, &s) != MOE_STATUS_OK) return library_error("moe_context_get_stats");
+        out.add(s);
+        if (!cfg_.expert_counts) return std::nullopt;
+        int64_t n = 0;
+        if (moe_context_get_expert_counts(ctx_, nullptr, 0, &n) != MOE_STATUS_OK) {
+            return library_error("moe_context_get_expert_counts");
+        }
+        counts_.assign(static_cast<size_t>(n), 0);
+        if (n > 0 && moe_context_get_expert_counts(ctx_, counts_.data(), n, &n) != MOE_STATUS_OK) {
+            return library_error("moe_context_get_expert_counts");
+        }
+        if (expert_counts_.size() != counts_.size()) expert_counts_.assign(counts_.size(), 0);
+        for (size_t i = 0; i < counts_.size(); ++i) expert_counts_[i] += counts_[i];
         return std::nullopt;
     }
 
@@ -253,6 +299,8 @@ private:
     std::uniform_int_distribution<int32_t> token_;
     std::vector<int32_t> tokens_;
     std::vector<int32_t> positions_;
+    std::vector<uint64_t> counts_;         // one phase's expert counts (scratch)
+    std::vector<uint64_t> expert_counts_;  // summed over the timed phases
 };
 
 }  // namespace bench
