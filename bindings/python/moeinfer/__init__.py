@@ -17,6 +17,13 @@ The Python face of the moeinfer C library (every call goes through its C API)::
     logits = ctx.decode(np.array([1, 2, 3], np.int32))   # float32 [1, n_vocab]: the last token's
     logits = ctx.decode([4, 5], logits_all=True)         # [2, n_vocab], continuing at ctx.n_past
 
+    # Hybrid scheduling: experts in host RAM, the rest on the GPU ("emulated" plays the GPU in host memory).
+    policy = moeinfer.Policy(expert_copy="active").parse_offload("mul_mat_id=256,moe_up_gate=256")
+    hctx = moeinfer.Context(model, device="cuda", tensor_overrides="exps=CPU", policy=policy)
+    hctx.decode(np.arange(300, dtype=np.int32))
+    print(hctx.stats()["bytes_weights_experts"], hctx.expert_counts().shape)  # [n_layer, n_expert]
+    print(hctx.tensor_location("blk.0.ffn_up_exps.weight"))                  # ("host", False)
+
     q = moeinfer.quantize("q8_0", w)                      # bit-exact with ggml
     w2 = moeinfer.dequantize("q8_0", q).reshape(w.shape)
 
@@ -34,6 +41,7 @@ from ._moeinfer import (
     DataCorruptError,
     Model,
     ModelInfo,
+    Policy,
     TensorInfo,
     __version__,
     dequantize,
@@ -50,6 +58,7 @@ __all__ = [
     "DataCorruptError",
     "Model",
     "ModelInfo",
+    "Policy",
     "TensorInfo",
     "__version__",
     "dequantize",

@@ -19,6 +19,7 @@ namespace py = pybind11;
 void bind_errors(py::module_& m);
 void bind_types(py::module_& m);
 void bind_model(py::module_& m);
+void bind_policy(py::module_& m);
 void bind_context(py::module_& m);
 void bind_synth(py::module_& m);
 

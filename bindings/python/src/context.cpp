@@ -4,6 +4,9 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "bindings.h"
 
@@ -18,7 +21,8 @@ using Int32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecas
 struct PyContext {
     py::object model_ref;
     moeinfer::Context ctx;
-    moe_context_params params;
+    moe_context_params params;  // as created; its borrowed pointers are cleared
+    std::string device;
     int32_t n_vocab;
     // The C API allows one thread at a time per context, and decode runs without the GIL. Lock it
     // only with the GIL released: a thread holding it may be waiting for the GIL.
@@ -58,19 +62,50 @@ Int32Array as_int32_vector(const py::object& obj, const char* what) {
     return out;
 }
 
+int32_t device_from_name(const std::string& device) {
+    if (device == "cpu") return MOE_DEVICE_CPU;
+    if (device == "cuda") return MOE_DEVICE_CUDA;
+    if (device == "emulated") return MOE_DEVICE_EMULATED;
+    throw py::value_error("Context: device must be 'cpu', 'cuda' or 'emulated', got '" + device + "'");
+}
+
+// tensor_overrides as the C API's one string: None, "re=BACKEND[,...]" or a list of such entries.
+std::string overrides_string(const py::object& overrides) {
+    if (overrides.is_none()) return "";
+    if (py::isinstance<py::str>(overrides)) return overrides.cast<std::string>();
+    if (!py::isinstance<py::sequence>(overrides)) {
+        throw py::type_error("Context: tensor_overrides must be a str, a list of str or None");
+    }
+    std::string joined;
+    for (const py::handle item : overrides) {
+        if (!py::isinstance<py::str>(item)) throw py::type_error("Context: tensor_overrides entries must be str");
+        joined += (joined.empty() ? "" : ",") + item.cast<std::string>();
+    }
+    return joined;
+}
+
 std::unique_ptr<PyContext> create(const py::object& model_obj, int32_t n_ctx, int32_t n_ubatch, int32_t n_threads,
-                                  const std::string& device) {
-    if (device != "cpu" && device != "cuda") throw py::value_error("Context: device must be 'cpu' or 'cuda', got '" + device + "'");
+                                  const std::string& device, const py::object& tensor_overrides, int32_t n_cpu_moe,
+                                  int32_t n_gpu_layers, uint64_t vram_budget,
+                                  const std::optional<moe_sched_policy>& policy) {
+    const int32_t device_id = device_from_name(device);
     if (!py::isinstance<moeinfer::Model>(model_obj)) {
         throw py::type_error("Context: model must be a moeinfer.Model, got " +
                              py::str(py::type::handle_of(model_obj).attr("__name__")).cast<std::string>());
     }
     auto& model = model_obj.cast<moeinfer::Model&>();
+    const std::string overrides = overrides_string(tensor_overrides);
     moe_context_params params = moeinfer::context_params();
     params.n_ctx = n_ctx;
     params.n_ubatch = n_ubatch;
     params.n_threads = n_threads;
-    params.device = device == "cuda" ? MOE_DEVICE_CUDA : MOE_DEVICE_CPU;
+    params.device = device_id;
+    // Borrowed by the C call: `overrides` and `policy` outlive it.
+    params.tensor_overrides = overrides.empty() ? nullptr : overrides.c_str();
+    params.n_cpu_moe = n_cpu_moe;
+    params.n_gpu_layers = n_gpu_layers;
+    params.vram_budget = vram_budget;
+    params.policy = policy ? &*policy : nullptr;
     const int32_t n_vocab = model.info().n_vocab;
     moe_context* raw = nullptr;
     moe_status status = MOE_STATUS_OK;
@@ -79,7 +114,10 @@ std::unique_ptr<PyContext> create(const py::object& model_obj, int32_t n_ctx, in
         status = moe_context_create(model.get(), &params, &raw);
     }
     moeinfer::check(status);
-    return std::unique_ptr<PyContext>(new PyContext{model_obj, moeinfer::Context(raw), params, n_vocab, {}});
+    params.tensor_overrides = nullptr;
+    params.policy = nullptr;
+    return std::unique_ptr<PyContext>(
+        new PyContext{model_obj, moeinfer::Context(raw), params, device, n_vocab, {}});
 }
 
 py::array_t<float> decode(PyContext& self, const py::object& tokens_obj, const py::object& positions_obj,
@@ -139,6 +177,65 @@ py::list profile(PyContext& self) {
     return out;
 }
 
+py::dict per_op(const uint64_t (&values)[MOE_OFFLOAD_OP_COUNT]) {
+    py::dict d;
+    for (int32_t op = 0; op < MOE_OFFLOAD_OP_COUNT; ++op) {
+        d[py::str(moeinfer::offload_op_name(op).value_or("op" + std::to_string(op)))] = values[op];
+    }
+    return d;
+}
+
+py::dict stats(PyContext& self) {
+    const moe_sched_stats s = locked(self, [](moeinfer::Context& c) { return c.stats(); });
+    py::dict d;
+    d["n_ubatches"] = s.n_ubatches;
+    d["n_splits"] = s.n_splits;
+    d["bytes_weights_full"] = s.bytes_weights_full;
+    d["bytes_weights_experts"] = s.bytes_weights_experts;
+    d["bytes_weights_skipped"] = s.bytes_weights_skipped;
+    d["bytes_activations"] = s.bytes_activations;
+    d["n_weight_copies"] = s.n_weight_copies;
+    d["n_activation_copies"] = s.n_activation_copies;
+    d["n_id_readbacks"] = s.n_id_readbacks;
+    d["n_offloaded"] = per_op(s.n_offloaded);
+    d["n_kept_host"] = per_op(s.n_kept_host);
+    d["n_ops_host"] = s.n_ops_host;
+    d["n_ops_device"] = s.n_ops_device;
+    d["seconds_total"] = s.seconds_total;
+    d["seconds_host_compute"] = s.seconds_host_compute;
+    d["seconds_wait"] = s.seconds_wait;
+    d["weights_host_bytes"] = s.weights_host_bytes;
+    d["weights_device_bytes"] = s.weights_device_bytes;
+    d["n_layer"] = s.n_layer;
+    d["n_expert"] = s.n_expert;
+    return d;
+}
+
+py::array_t<uint64_t> expert_counts(PyContext& self) {
+    struct Counts {
+        moe_sched_stats stats;
+        std::vector<uint64_t> values;
+    };
+    const Counts c = locked(self, [](moeinfer::Context& ctx) { return Counts{ctx.stats(), ctx.expert_counts()}; });
+    const auto n_layer = static_cast<py::ssize_t>(c.stats.n_layer);
+    const auto n_expert = static_cast<py::ssize_t>(c.stats.n_expert);
+    if (n_layer < 0 || n_expert < 0 || static_cast<size_t>(n_layer * n_expert) != c.values.size()) {
+        throw moeinfer::Error(MOE_STATUS_INTERNAL, "expert_counts: " + std::to_string(c.values.size()) +
+                                                       " counts for " + std::to_string(n_layer) + " layers x " +
+                                                       std::to_string(n_expert) + " experts");
+    }
+    py::array_t<uint64_t> out({n_layer, n_expert});
+    if (!c.values.empty()) std::memcpy(out.mutable_data(), c.values.data(), c.values.size() * sizeof(uint64_t));
+    return out;
+}
+
+py::tuple tensor_location(PyContext& self, const std::string& name) {
+    const std::optional<moeinfer::TensorLocation> where =
+        locked(self, [&name](moeinfer::Context& c) { return c.tensor_location(name); });
+    if (!where) throw py::key_error("no tensor named '" + name + "' in the model");
+    return py::make_tuple(where->location == MOE_LOCATION_DEVICE ? "device" : "host", where->duplicated);
+}
+
 }  // namespace
 
 void bind_context(py::module_& m) {
@@ -149,12 +246,24 @@ void bind_context(py::module_& m) {
 The context keeps its Model alive. Use a context from one thread at a time (concurrent calls wait
 for each other); several contexts may share a model.)")
         .def(py::init(&create), "model"_a, "n_ctx"_a = 4096, "n_ubatch"_a = 512, "n_threads"_a = 0, "device"_a = "cpu",
+             py::kw_only(), "tensor_overrides"_a = py::none(), "n_cpu_moe"_a = 0, "n_gpu_layers"_a = -1,
+             "vram_budget"_a = 0, "policy"_a = py::none(),
              R"(Creates a context on `model`.
 
 n_ctx: KV cache capacity in tokens. n_ubatch: tokens per graph evaluation (longer inputs are
-split). n_threads: CPU threads, 0 for all cores. device: "cpu", or "cuda" to run every op on GPU 0
-(NotImplementedError without CUDA in this build, RuntimeError without a GPU). Raises ValueError for
-bad values, MemoryError when the KV cache or the weights cannot be allocated.)")
+split). n_threads: CPU threads, 0 for all cores. device: "cpu"; "cuda" for GPU 0 plus the CPU
+(NotImplementedError without CUDA in this build, RuntimeError without a GPU); "emulated" for the
+same hybrid scheduling with a host-memory backend playing the GPU (testing; slower than "cpu").
+
+Placement of the weights (device contexts), first match wins:
+tensor_overrides: llama.cpp's -ot rules, "regex=BACKEND" or a list of them (e.g. "exps=CPU";
+BACKEND is CPU for host RAM, GPU / CUDA0 / DEVICE for device memory). n_cpu_moe: the expert
+tensors of layers 0 .. n_cpu_moe-1 stay in host RAM. n_gpu_layers: the last n_gpu_layers layers
+go to the device (-1: all). vram_budget: bytes of device memory for weights (0: what is free);
+expert tensors move to host RAM until the rest fits. policy: a moeinfer.Policy (None: defaults).
+
+Raises ValueError for bad values (a bad regex or backend names its entry), MemoryError when the
+KV cache or the weights cannot be allocated or do not fit the budget.)")
         .def("decode", &decode, "tokens"_a, "positions"_a = py::none(), "logits_all"_a = false,
              R"(Evaluates `tokens` (1-D integers, e.g. np.int32) and returns their logits.
 
@@ -187,9 +296,42 @@ or a full context; n_past is unchanged after a failure.)")
         .def("profile", &profile,
              "Per op kind since profiling was turned on: a list of dicts with keys 'op' (e.g. \"MUL_MAT_ID\"), "
              "'backend' (\"cpu\", ...), 'count' (ops evaluated) and 'seconds' (wall time).")
+        .def(
+            "set_policy",
+            [](PyContext& self, const moe_sched_policy& policy) {
+                const moe_sched_policy p = policy;  // copied while holding the GIL
+                locked(self, [&p](moeinfer::Context& c) { c.set_policy(p); });
+            },
+            "policy"_a,
+            "Replaces the scheduling policy (a moeinfer.Policy) from the next decode on. ValueError for bad values.")
+        .def_property_readonly(
+            "policy",
+            [](PyContext& self) { return locked(self, [](moeinfer::Context& c) { return c.policy(); }); },
+            "The policy in use (a new moeinfer.Policy), with the default thresholds resolved to numbers.")
+        .def_property_readonly(
+            "device", [](const PyContext& self) { return self.device; }, "\"cpu\", \"cuda\" or \"emulated\".")
+        .def("tensor_location", &tensor_location, "name"_a,
+             "Where the weight tensor `name` lives: (\"host\" or \"device\", duplicated), duplicated being True "
+             "when a copy is also kept on the other side (bias duplication). KeyError for an unknown name.")
+        .def("stats", &stats,
+             R"(Scheduler statistics since creation or reset_stats(), as a dict.
+
+Keys: n_ubatches, n_splits (runs of consecutive ops on one side), bytes_weights_full (weights
+uploaded whole), bytes_weights_experts (expert slices uploaded by expert_copy "active"),
+bytes_weights_skipped (expert bytes "active" did not upload), bytes_activations, n_weight_copies,
+n_activation_copies, n_id_readbacks, n_offloaded and n_kept_host (dicts by op name: ops with host
+weights computed on the device / on the host), n_ops_host, n_ops_device, seconds_total,
+seconds_host_compute, seconds_wait, weights_host_bytes and weights_device_bytes (placement),
+n_layer and n_expert.)")
+        .def("expert_counts", &expert_counts,
+             "Tokens that selected each expert since creation or reset_stats(): a new uint64 array "
+             "[n_layer, n_expert].")
+        .def(
+            "reset_stats", [](PyContext& self) { locked(self, [](moeinfer::Context& c) { c.reset_stats(); }); },
+            "Zeroes the statistics and expert counts (the placement figures stay).")
         .def("__repr__", [](const PyContext& self) {
             return "<moeinfer.Context n_ctx=" + std::to_string(self.params.n_ctx) +
-                   " n_ubatch=" + std::to_string(self.params.n_ubatch) + " on " +
+                   " n_ubatch=" + std::to_string(self.params.n_ubatch) + " device=" + self.device + " on " +
                    py::repr(self.model_ref).cast<std::string>() + ">";
         });
 }

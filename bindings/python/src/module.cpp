@@ -10,6 +10,7 @@ PYBIND11_MODULE(_moeinfer, m) {
     moeinfer_py::bind_errors(m);
     moeinfer_py::bind_types(m);
     moeinfer_py::bind_model(m);
+    moeinfer_py::bind_policy(m);
     moeinfer_py::bind_context(m);
     moeinfer_py::bind_synth(m);
 }
