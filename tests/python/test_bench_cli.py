@@ -30,6 +30,18 @@ COMMON_FIELDS = ["model", "model_path", "size_bytes", "n_params", "backend", "n_
 SWEEP_FIELDS = COMMON_FIELDS + ["pp", "tg", "n_kv", "t_pp_s", "speed_pp_tps", "t_tg_s", "speed_tg_tps"]
 BENCH_FIELDS = COMMON_FIELDS + ["test", "n_prompt", "n_gen", "n_depth", "repetitions", "avg_s", "stdev_s", "avg_ts",
                                 "stdev_ts"]
+# Appended after the llama-bench-like fields: run settings, then the scheduler statistics of the row.
+RUN_FIELDS = ["n_batch", "tensor_overrides", "n_cpu_moe", "n_gpu_layers", "vram_budget", "offload_policy",
+              "expert_copy", "bias_dup", "offload_vram_budget", "weights_host_bytes", "weights_device_bytes"]
+OPS = ["mul_mat", "mul_mat_id", "moe_up_gate"]
+STATS_FIELDS = (["n_ubatches", "n_splits", "bytes_weights_full", "bytes_weights_experts", "bytes_weights_skipped",
+                 "bytes_activations", "n_weight_copies", "n_activation_copies", "n_id_readbacks"] +
+                [f"n_offloaded_{op}" for op in OPS] + [f"n_kept_host_{op}" for op in OPS] +
+                ["n_ops_host", "n_ops_device", "seconds_total", "seconds_host_compute", "seconds_wait",
+                 "bytes_uploaded", "bytes_uploaded_per_ubatch", "upload_gbps"])
+SWEEP_CSV_FIELDS = (SWEEP_FIELDS + RUN_FIELDS + ["sched_pp_" + f for f in STATS_FIELDS] +
+                    ["sched_tg_" + f for f in STATS_FIELDS])
+BENCH_CSV_FIELDS = BENCH_FIELDS + RUN_FIELDS + ["sched_" + f for f in STATS_FIELDS]
 
 # Speeds are printed with 9 significant digits: derived values agree with Python's to this much.
 REL = 1e-6
@@ -121,7 +133,7 @@ def test_sweep_json_records(cache_dir, arch):
 def test_sweep_csv_rows(cache_dir):
     out = run(*tiny(), "-c", "96", "-ub", "32", "--sweep-tg", "2", "-o", "csv", cache=cache_dir).stdout
     reader = csv.DictReader(io.StringIO(out))
-    assert reader.fieldnames == SWEEP_FIELDS
+    assert reader.fieldnames == SWEEP_CSV_FIELDS
     rows = list(reader)
     assert [int(r["n_kv"]) for r in rows] == [0, 32, 64]
     for r in rows:
@@ -186,7 +198,7 @@ def test_bench_auto_ctx_fits_longest_test(cache_dir):
 def test_bench_csv_rows(cache_dir):
     out = run(*tiny(), "-p", "8", "-n", "2,3", "-r", "1", "-o", "csv", cache=cache_dir).stdout
     reader = csv.DictReader(io.StringIO(out))
-    assert reader.fieldnames == BENCH_FIELDS
+    assert reader.fieldnames == BENCH_CSV_FIELDS
     rows = list(reader)
     assert [r["test"] for r in rows] == ["pp8", "tg2", "tg3"]
     for r in rows:
@@ -256,6 +268,162 @@ def test_gguf_path_positional_and_flag(cache_dir):
 
 
 # ---------------------------------------------------------------------------------------------
+# placement and scheduling (--device emulated: a host-memory backend plays the GPU)
+# ---------------------------------------------------------------------------------------------
+
+# The tiny qwen3moe: 2 layers, 8 experts, top-2; gate, up and down expert tensors of equal size, no biases.
+TINY_LAYERS, TINY_EXPERTS, TINY_TOP_K = 2, 8, 2
+
+
+def emulated(*extra: str) -> list[str]:
+    return [*tiny(), "--device", "emulated", "-ot", "exps=CPU", *extra]
+
+
+def test_emulated_text_prints_scheduler_summary(cache_dir):
+    out = run(*emulated("--offload-policy", "all=4", "-ub", "8"), "-p", "16", "-n", "2", "-r", "1",
+              cache=cache_dir).stdout
+    header, rows = markdown_table(out)
+    assert [r[3] for r in rows] == ["EMULATED", "EMULATED"]
+    summary = out[out.index("\nscheduler: "):]
+    assert re.search(r"^scheduler: weights [\d.]+ \w+ in host RAM, [\d.]+ \w+ in device memory; offload "
+                     r"mul_mat=4,mul_mat_id=4,moe_up_gate=4, expert copy full, bias dup on$", summary, re.M)
+    # One block per test: pp16 is 2 ubatches of 8 (offloaded), tg2 2 ubatches of 1 (kept on the host).
+    assert re.search(r"^pp16: 2 ubatches in 1 runs; per ubatch: [\d.]+ \w+ uploaded", summary, re.M)
+    assert re.search(r"^tg2: 2 ubatches in 1 runs; per ubatch: 0 B uploaded", summary, re.M)
+    assert re.search(rf"offloaded/kept on host per ubatch: mul_mat 0/0, mul_mat_id {TINY_LAYERS}/0, "
+                     rf"moe_up_gate {TINY_LAYERS}/0$", summary, re.M)
+    assert re.search(rf"offloaded/kept on host per ubatch: mul_mat 0/0, mul_mat_id 0/{TINY_LAYERS}, "
+                     rf"moe_up_gate 0/{TINY_LAYERS}$", summary, re.M)
+    assert summary.count("time per ubatch: ") == 2 and "GB/s" in summary
+    assert re.search(r"^build: moeinfer ", out, re.M)
+
+
+def test_cpu_text_has_no_scheduler_summary(cache_dir):
+    out = run(*tiny(), "-p", "8", "-n", "0", "-r", "1", cache=cache_dir).stdout
+    assert "scheduler:" not in out
+
+
+@pytest.mark.parametrize("copy", ["full", "active"])
+def test_emulated_json_stats_per_row(cache_dir, copy):
+    reps = 2
+    records = json.loads(run(*emulated("--offload-policy", "all=4", "--expert-copy", copy, "-ub", "8", "-o", "json"),
+                             "-p", "16", "-n", "3", "-r", str(reps), cache=cache_dir).stdout)
+    assert [r["test"] for r in records] == ["pp16", "tg3"]
+    pp, tg = records
+    for r in records:
+        assert list(r)[: len(BENCH_CSV_FIELDS)] == BENCH_CSV_FIELDS
+        assert r["backend"] == "EMULATED" and r["tensor_overrides"] == "exps=CPU" and r["expert_copy"] == copy
+        assert r["offload_policy"] == "mul_mat=4,mul_mat_id=4,moe_up_gate=4" and r["bias_dup"] == 1
+        assert r["weights_host_bytes"] > 0 and r["weights_device_bytes"] > 0
+        assert close(r["sched_upload_gbps"], r["sched_bytes_uploaded"] / r["sched_seconds_total"] / 1e9)
+        assert r["sched_bytes_uploaded"] == r["sched_bytes_weights_full"] + r["sched_bytes_weights_experts"]
+        assert close(r["sched_bytes_uploaded_per_ubatch"], r["sched_bytes_uploaded"] / r["sched_n_ubatches"])
+        # Stats cover the timed runs only: not the warm-up, not the refills.
+        assert r["sched_seconds_total"] <= sum(r["samples_s"]) * 1.05 + 1e-3
+    # pp16 = 2 ubatches of 8 per run, each offloading both expert ops of every layer.
+    assert pp["sched_n_ubatches"] == 2 * reps
+    assert pp["sched_n_offloaded_mul_mat_id"] == pp["sched_n_offloaded_moe_up_gate"] == 2 * reps * TINY_LAYERS
+    assert pp["sched_n_kept_host_mul_mat_id"] == 0
+    # tg3 = 3 single-token ubatches per run, all on the host.
+    assert tg["sched_n_ubatches"] == 3 * reps
+    assert tg["sched_n_offloaded_mul_mat_id"] == 0 and tg["sched_n_kept_host_moe_up_gate"] == 3 * reps * TINY_LAYERS
+    assert tg["sched_bytes_uploaded"] == 0
+    # Expert bytes per tensor: the host holds the 3 * TINY_LAYERS expert tensors.
+    tensor = pp["weights_host_bytes"] // (3 * TINY_LAYERS)
+    uploads = pp["sched_n_offloaded_mul_mat_id"] + 2 * pp["sched_n_offloaded_moe_up_gate"]  # down; gate + up
+    if copy == "full":
+        assert pp["sched_bytes_weights_full"] == uploads * tensor and pp["sched_bytes_weights_experts"] == 0
+        assert pp["sched_n_id_readbacks"] == 0
+    else:
+        assert pp["sched_bytes_weights_full"] == 0
+        assert pp["sched_bytes_weights_experts"] + pp["sched_bytes_weights_skipped"] == uploads * tensor
+        assert pp["sched_n_id_readbacks"] == 2 * reps * TINY_LAYERS
+
+
+def test_emulated_sweep_json_has_pp_and_tg_stats(cache_dir):
+    records = json.loads(run(*emulated("--offload-policy", "all=8", "-o", "json"), "-c", "32", "-ub", "16",
+                             "--sweep-tg", "3", cache=cache_dir).stdout)
+    assert len(records) == 2
+    for r in records:
+        assert list(r) == SWEEP_CSV_FIELDS
+        assert r["sched_tg_n_ubatches"] == 3 and r["sched_tg_n_offloaded_mul_mat_id"] == 0
+        assert r["sched_pp_n_ubatches"] == 1 and r["sched_pp_n_offloaded_mul_mat_id"] == TINY_LAYERS
+
+
+@pytest.mark.parametrize("argv, n_ubatch, ubatches", [
+    (["-ub", "8"], 8, 3),                 # one call of 20 tokens: 8 + 8 + 4
+    (["-ub", "8", "-b", "12"], 8, 3),     # calls of 12 + 8: 8 + 4 + 8
+    (["-ub", "8", "-b", "5"], 5, 4),      # the ubatch is at most the batch: 5 + 5 + 5 + 5
+    (["-ub", "16", "-b", "6"], 6, 4),     # 6 + 6 + 6 + 2
+])
+def test_batch_size_splits_prefill_calls(cache_dir, argv, n_ubatch, ubatches):
+    r = json.loads(run(*emulated("-o", "json"), *argv, "-p", "20", "-n", "0", "-r", "1", cache=cache_dir).stdout)[0]
+    assert r["n_ubatch"] == n_ubatch
+    assert r["n_batch"] == (int(argv[argv.index("-b") + 1]) if "-b" in argv else 0)
+    assert r["sched_n_ubatches"] == ubatches
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--vram-budget", "1.5GiB", ("vram_budget", 1536 * 1024 * 1024)),
+    ("--vram-budget", "2G", ("vram_budget", 2 * 10**9)),
+    ("--vram-budget", "3000000000", ("vram_budget", 3 * 10**9)),
+    ("--offload-budget", "64MiB", ("offload_vram_budget", 64 << 20)),
+    ("--offload-budget", "1.25gb", ("offload_vram_budget", 1_250_000_000)),
+])
+def test_size_flags(cache_dir, flag, value, expected):
+    r = json.loads(run(*emulated("-o", "json", flag, value), "-p", "4", "-n", "0", "-r", "1",
+                       cache=cache_dir).stdout)[0]
+    assert r[expected[0]] == expected[1]
+
+
+def test_placement_flags_reach_the_context(cache_dir):
+    base = [*tiny(), "--device", "emulated", "-o", "json", "-p", "4", "-n", "0", "-r", "1"]
+    everything = json.loads(run(*base, cache=cache_dir).stdout)[0]
+    assert everything["weights_host_bytes"] == 0 and everything["n_gpu_layers"] == -1
+    one_layer = json.loads(run(*base, "--n-cpu-moe", "1", cache=cache_dir).stdout)[0]
+    all_experts = json.loads(run(*base, "-ot", "exps=CPU", cache=cache_dir).stdout)[0]
+    assert one_layer["n_cpu_moe"] == 1
+    assert 2 * one_layer["weights_host_bytes"] == all_experts["weights_host_bytes"] > 0
+    # -ot is repeatable: entries are joined with ',' (first match wins).
+    split = json.loads(run(*base, "-ot", r"blk\.0\.ffn_up_exps=CPU", "-ot", "down_exps=CPU",
+                           cache=cache_dir).stdout)[0]
+    assert split["tensor_overrides"] == r"blk\.0\.ffn_up_exps=CPU,down_exps=CPU"
+    assert split["weights_host_bytes"] == all_experts["weights_host_bytes"] // 2  # 3 of the 6 expert tensors
+    no_bias_dup = json.loads(run(*base, "-ot", "exps=CPU", "--no-bias-dup", cache=cache_dir).stdout)[0]
+    assert no_bias_dup["bias_dup"] == 0
+
+
+def test_bad_override_regex_is_a_library_error(cache_dir):
+    proc = run(*tiny(), "--device", "emulated", "-ot", "([=CPU", "-p", "4", "-n", "0", cache=cache_dir, check=False)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("moeinfer-bench: ") and "([" in proc.stderr
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_expert_counts(cache_dir, fmt):
+    reps, n_prompt = 2, 16
+    proc = run(*emulated("--expert-counts", "-o", fmt), "-p", str(n_prompt), "-n", "0", "-r", str(reps),
+               cache=cache_dir)
+    if fmt == "json":
+        json.loads(proc.stdout)  # stdout stays JSON: the histogram goes to stderr
+        text = proc.stderr
+    else:
+        text = proc.stdout
+    assert f"{TINY_EXPERTS} experts, top-{TINY_TOP_K}" in text
+    _, rows = markdown_table(text[text.index("expert activations"):])
+    assert [int(r[0]) for r in rows] == list(range(TINY_LAYERS))
+    # Every timed token picks TINY_TOP_K experts per layer: the mean over the experts follows.
+    mean = reps * n_prompt * TINY_TOP_K / TINY_EXPERTS
+    for layer, used, lo, hi, avg, ratio in rows:
+        n_used, n_expert = map(int, used.split("/"))
+        assert n_expert == TINY_EXPERTS and 1 <= n_used <= TINY_EXPERTS
+        assert int(lo) <= float(avg) <= int(hi)
+        assert close(float(avg), mean, rel=1e-3)
+        assert close(float(ratio), int(hi) / mean, rel=1e-2)
+        assert (int(lo) == 0) == (n_used < TINY_EXPERTS)
+
+
+# ---------------------------------------------------------------------------------------------
 # help and errors
 # ---------------------------------------------------------------------------------------------
 
@@ -264,7 +432,10 @@ def test_help_documents_every_flag():
     text = proc.stdout
     for flag in ["--model", "--synthetic", "--synthetic-dir", "--ctx-size", "--ubatch-size", "--threads", "--sweep",
                  "--sweep-pp", "--sweep-tg", "--n-prompt", "--n-gen", "--n-depth", "--repetitions", "--output",
-                 "--verbose", "--progress", "--seed", "--no-warmup", "--help", "-ub", "-p", "-n", "-r", "-t", "-o"]:
+                 "--verbose", "--progress", "--seed", "--no-warmup", "--help", "-ub", "-p", "-n", "-r", "-t", "-o",
+                 "-b", "--batch-size", "--device", "-ngl", "--n-gpu-layers", "-ot", "--override-tensor",
+                 "--n-cpu-moe", "--vram-budget", "--offload-policy", "--expert-copy", "--no-bias-dup",
+                 "--offload-budget", "--expert-counts"]:
         assert re.search(rf"(^|[\s,]){re.escape(flag)}[\s,]", text, re.M), f"--help does not document {flag}"
     flat = " ".join(text.split())  # help lines are wrapped
     for default in ["(default: 512)", "(default: 32)", "(default: 3)", "(default: text)", "(default: all cores)"]:
@@ -295,6 +466,21 @@ def test_help_documents_every_flag():
     (["x.gguf", "-c", "16", "-p", "32"], "ctx-size"),
     (["x.gguf", "-p", "0", "-n", "0"], "nothing to run"),
     (["x.gguf", "--verbose=1"], "takes no value"),
+    (["x.gguf", "--device", "tpu"], "cpu, cuda or emulated"),
+    (["x.gguf", "-ot", "exps=CPU"], "applies to --device cuda or emulated"),
+    (["x.gguf", "--device", "cpu", "--n-cpu-moe", "2"], "--n-cpu-moe applies to --device"),
+    (["x.gguf", "--device", "emulated", "-ot", "exps"], "REGEX=BACKEND"),
+    (["x.gguf", "--device", "emulated", "-ngl", "-2"], "out of range"),
+    (["x.gguf", "--device", "emulated", "--n-cpu-moe", "-1"], "out of range"),
+    (["x.gguf", "--device", "emulated", "--offload-policy", "bogus=3"], "bogus"),
+    (["x.gguf", "--device", "emulated", "--offload-policy", "mul_mat_id=-4"], "-4"),
+    (["x.gguf", "--device", "emulated", "--offload-policy", "mul_mat=many"], "many"),
+    (["x.gguf", "--device", "emulated", "--expert-copy", "some"], "expected full or active"),
+    (["x.gguf", "--device", "emulated", "--vram-budget", "12XB"], "unknown unit"),
+    (["x.gguf", "--device", "emulated", "--vram-budget", "-5G"], "byte count"),
+    (["x.gguf", "--device", "emulated", "--vram-budget", "1.5.3G"], "byte count"),
+    (["x.gguf", "--device", "emulated", "--offload-budget", "99999999999TiB"], "exceeds"),
+    (["x.gguf", "-b", "0"], "out of range"),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv, needle):
     proc = run(*argv, check=False)
