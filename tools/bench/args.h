@@ -179,9 +179,9 @@ inline std::vector<Option> make_options(Config& c) {
          "0", sched, size_flag(c.vram_budget)},
         {"", "--offload-policy", "SPEC",
          "which ops with weights in host RAM run on the device, from which ubatch size: op=N|on|off[,...] with "
-         "op = mul_mat, mul_mat_id, moe_up_gate or all; N is the least ubatch in tokens that offloads, on the "
-         "default threshold (32 for mul_mat, 32 * n_expert / n_expert_used for the expert ops), off keeps the op "
-         "on the CPU; repeatable, applied in order (e.g. --offload-policy all=off,mul_mat_id=512)",
+         "op = mul_mat, mul_mat_id, moe_up_gate or all; N: offload from ubatches of N tokens; on: from the "
+         "default threshold (32 for mul_mat, 32 * n_expert / n_expert_used for the expert ops); off: never "
+         "offload (compute on the CPU); repeatable, applied in order (e.g. --offload-policy all=off,mul_mat_id=512)",
          "all=on", sched,
          [&c](const std::string& v) -> std::optional<std::string> {
              moe_sched_policy p = c.policy;
@@ -208,8 +208,8 @@ inline std::vector<Option> make_options(Config& c) {
              return std::nullopt;
          }},
         {"", "--no-bias-dup", "",
-         "do not keep a device copy of the expert biases whose weights are in host RAM (offloaded ops then "
-         "upload them)",
+         "do not keep a device copy of the expert biases whose weights are in host RAM (offloaded expert ops "
+         "then take them from host RAM)",
          "", sched,
          [&c](const std::string&) -> std::optional<std::string> {
              c.policy.bias_dup = 0;
