@@ -158,6 +158,31 @@ def test_bad_override_names_the_entry(model, overrides, needle):
         emulated(model, tensor_overrides=overrides)
 
 
+def test_n_gpu_layers_keeps_the_first_layers_and_the_head_on_host(model):
+    ctx = emulated(model, n_gpu_layers=1)  # of 2 layers: layer 1 on the device
+    for t in model.tensors:
+        host = t.name.startswith("blk.0.") or not t.name.startswith("blk.")  # token_embd, output* with layer 0
+        assert ctx.tensor_location(t.name)[0] == ("host" if host else "device"), t.name
+    ctx = emulated(model, n_gpu_layers=model.info.n_layer + 1)  # more than the layers: the head too
+    assert all(ctx.tensor_location(t.name)[0] == "device" for t in model.tensors)
+
+
+def test_vram_budget_moves_experts_to_host_from_the_first_layer(model):
+    everything = emulated(model).stats()["weights_device_bytes"]
+    assert emulated(model).stats()["weights_host_bytes"] == 0
+    weights = [t for t in model.tensors if is_expert_tensor(t.name) and t.name.endswith(".weight")]
+    largest = max(t.n_bytes for t in weights)
+    # 1.5 expert tensors too many: the two largest expert weights of layer 0 must move (all are the same size).
+    budget = everything - largest * 3 // 2
+    ctx = emulated(model, vram_budget=budget)
+    host = [t.name for t in model.tensors if ctx.tensor_location(t.name)[0] == "host"]
+    assert len(host) == 2 and all(n.startswith("blk.0.") and n in {w.name for w in weights} for n in host), host
+    assert ctx.stats()["weights_device_bytes"] <= budget
+    non_expert = sum(t.n_bytes for t in model.tensors if not is_expert_tensor(t.name))
+    with pytest.raises(MemoryError, match="budget"):
+        emulated(model, vram_budget=non_expert // 2)
+
+
 # ---------------------------------------------------------------------------------------------
 # logits: emulated hybrid contexts against the CPU context
 # ---------------------------------------------------------------------------------------------
@@ -190,6 +215,22 @@ def test_logits_match_cpu(model, rng, placement, expert_copy, bias_dup):
         assert s["n_kept_host"][op] == 4 * n_host_layers, (op, s)
     # Dense weights are on the device: no mul_mat has host weights.
     assert s["n_offloaded"]["mul_mat"] == s["n_kept_host"]["mul_mat"] == 0
+
+
+@pytest.mark.parametrize("expert_copy", ["full", "active"])
+def test_logits_match_cpu_with_dense_weights_on_host(model, rng, expert_copy):
+    """n_gpu_layers=1: layer 0 and the embeddings / head in host RAM, so mul_mat offloads as well."""
+    policy = moeinfer.Policy(expert_copy=expert_copy).parse_offload("all=5")
+    emu = emulated(model, policy, n_ubatch=8, n_gpu_layers=1)
+    cpu = moeinfer.Context(model, n_ctx=128, n_ubatch=8)
+    prompt = rng.integers(0, model.info.n_vocab, size=19, dtype=np.int32)
+    assert_logits_close(emu.decode(prompt, logits_all=True), cpu.decode(prompt, logits_all=True))
+    tok = rng.integers(0, model.info.n_vocab, size=1, dtype=np.int32)
+    assert_logits_close(emu.decode(tok), cpu.decode(tok))
+    s = emu.stats()
+    assert s["n_offloaded"]["mul_mat"] > 0 and s["n_kept_host"]["mul_mat"] > 0
+    assert s["n_offloaded"]["mul_mat_id"] == 2 and s["n_kept_host"]["mul_mat_id"] == 2  # layer 0 only
+    assert s["bytes_weights_full"] > 0  # dense weights are always uploaded whole
 
 
 def test_expert_counts_match_cpu_and_sum_to_tokens_times_top_k(model, rng):
