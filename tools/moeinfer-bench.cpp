@@ -65,8 +65,10 @@ struct ContextDeleter {
 using ModelPtr = std::unique_ptr<moe_model, ModelDeleter>;
 using ContextPtr = std::unique_ptr<moe_context, ContextDeleter>;
 
-int on_load_progress(float fraction, void*) {
-    std::fprintf(stderr, "\r\033[Kmoeinfer-bench: loading model: %3d%%", static_cast<int>(fraction * 100.0f));
+// user_data: what is loading ("model", "weights into device and pinned memory").
+int on_load_progress(float fraction, void* what) {
+    std::fprintf(stderr, "\r\033[Kmoeinfer-bench: loading %s: %3d%%", static_cast<const char*>(what),
+                 static_cast<int>(fraction * 100.0f));
     std::fflush(stderr);
     return 1;
 }
@@ -163,7 +165,10 @@ std::optional<Failure> run(Config& cfg) {
 
     moe_model_params mp;
     moe_model_params_init(&mp);
-    if (live) mp.progress = &on_load_progress;
+    if (live) {
+        mp.progress = &on_load_progress;
+        mp.progress_user_data = const_cast<char*>("model");
+    }
     moe_model* raw_model = nullptr;
     const moe_status load_status = moe_model_load(cfg.model_path.c_str(), &mp, &raw_model);
     if (live) std::fprintf(stderr, "\r\033[K");
@@ -189,9 +194,15 @@ std::optional<Failure> run(Config& cfg) {
         cp.n_gpu_layers = cfg.n_gpu_layers;
         cp.vram_budget = cfg.vram_budget;
         cp.policy = &cfg.policy;
+        if (live) {
+            cp.progress = &on_load_progress;
+            cp.progress_user_data = const_cast<char*>("weights into device and pinned memory");
+        }
     }
     moe_context* raw_ctx = nullptr;
-    if (moe_context_create(model.get(), &cp, &raw_ctx) != MOE_STATUS_OK) {
+    const moe_status ctx_status = moe_context_create(model.get(), &cp, &raw_ctx);
+    if (live && device_context) std::fprintf(stderr, "\r\033[K");
+    if (ctx_status != MOE_STATUS_OK) {
         return bench::library_error("cannot create a context (n_ctx " + std::to_string(cp.n_ctx) + ", n_ubatch " +
                                     std::to_string(cp.n_ubatch) + ")");
     }

@@ -309,8 +309,9 @@ typedef struct moe_context_params {
     uint64_t vram_budget;
     /* Scheduling policy; NULL for moe_sched_policy_init's defaults. Borrowed during the call. */
     const moe_sched_policy* policy;
-    /* Optional progress of the weight copies into device and pinned memory (may be NULL); returning
-     * non-zero cancels creation with MOE_STATUS_CANCELLED. Default: NULL. */
+    /* Optional progress of the weight copies into device and pinned memory (may be NULL); as every
+     * moe_progress_fn: return non-zero to continue, 0 to cancel (MOE_STATUS_CANCELLED, nothing leaked).
+     * Default: NULL. */
     moe_progress_fn progress;
     void* progress_user_data;  /* passed to `progress` unchanged. Default: NULL */
 } moe_context_params;
@@ -384,8 +385,9 @@ typedef struct moe_sched_stats {
     double seconds_total;            /* wall time of the ubatches */
     double seconds_host_compute;     /* host splits' compute */
     double seconds_wait;             /* host blocked on the device (id readbacks, synchronisation) */
-    uint64_t weights_host_bytes;     /* placement: weight bytes in host RAM */
-    uint64_t weights_device_bytes;   /* placement: weight bytes in device memory (duplicates included) */
+    uint64_t weights_host_bytes;     /* placement: weight bytes in host RAM (each tensor padded to 256) */
+    uint64_t weights_device_bytes;   /* placement: weight bytes in device memory (duplicates included,
+                                      * each tensor padded to 256) */
     int32_t n_layer;                 /* dimensions of moe_context_get_expert_counts */
     int32_t n_expert;
 } moe_sched_stats;

@@ -138,7 +138,7 @@ Status allocate_kv_cache(moe_context& ctx, const std::unordered_map<const Tensor
     return Status::ok();
 }
 
-// Reports progress over the bytes copied into pinned and device memory; non-zero from the callback cancels.
+// Reports progress over the bytes copied into pinned and device memory; 0 from the callback cancels.
 class CopyProgress {
 public:
     CopyProgress(const moe_context_params& p, uint64_t total) : p_(p), total_(std::max<uint64_t>(total, 1)) {}
@@ -146,7 +146,7 @@ public:
         done_ += bytes;
         if (p_.progress == nullptr) return Status::ok();
         if (p_.progress(static_cast<float>(static_cast<double>(done_) / static_cast<double>(total_)),
-                        p_.progress_user_data) != 0) {
+                        p_.progress_user_data) == 0) {
             return cancelled("context creation cancelled by the progress callback");
         }
         return Status::ok();

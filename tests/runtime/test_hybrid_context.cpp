@@ -348,3 +348,44 @@ TEST_CASE("the default placement spills experts to host RAM when VRAM is short",
     CHECK(loc == MOE_LOCATION_DEVICE);
     moe_context_free(ctx);
 }
+
+namespace {
+struct ProgressLog {
+    int calls = 0;
+    float last = -1.0f;
+    bool monotonic = true;
+    int cancel_at = -1;  // call index that returns 0
+};
+int log_progress(float f, void* user) {
+    auto* log = static_cast<ProgressLog*>(user);
+    if (f < log->last) log->monotonic = false;
+    log->last = f;
+    return log->calls++ == log->cancel_at ? 0 : 1;
+}
+}  // namespace
+
+TEST_CASE("context creation reports progress and can be cancelled", "[sched]") {
+    Model m("gpt-oss", 5);
+    moe_context_params p;
+    moe_context_params_init(&p);
+    p.n_ctx = 64;
+    p.device = MOE_DEVICE_EMULATED;
+    p.tensor_overrides = "exps=CPU";
+    ProgressLog log;
+    p.progress = log_progress;
+    p.progress_user_data = &log;
+    moe_context* ctx = nullptr;
+    REQUIRE(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_OK);
+    CHECK(log.calls > 1);
+    CHECK(log.monotonic);
+    CHECK(log.last == Approx(1.0f));
+    moe_context_free(ctx);
+    ctx = nullptr;
+
+    ProgressLog cancel;
+    cancel.cancel_at = 2;
+    p.progress_user_data = &cancel;
+    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_CANCELLED);
+    CHECK(ctx == nullptr);
+    CHECK(cancel.calls == 3);
+}
