@@ -256,6 +256,36 @@ def test_gguf_path_positional_and_flag(cache_dir):
 
 
 # ---------------------------------------------------------------------------------------------
+# --bandwidth (CPU: host read only; small buffers so that it runs in a moment)
+# ---------------------------------------------------------------------------------------------
+
+BANDWIDTH_FIELDS = ["device", "test", "bytes", "n_threads", "repetitions", "gbps", "version"]
+BW_SMALL = ["--bandwidth", "--device", "cpu", "--bandwidth-mib", "16", "-t", "2"]
+BW_THREADS = min(2, len(os.sched_getaffinity(0)))  # -t is capped at the cores this process may use
+
+
+def test_bandwidth_cpu_json():
+    records = json.loads(run(*BW_SMALL, "-r", "2", "-o", "json").stdout)
+    assert len(records) == 1
+    r = records[0]
+    assert list(r) == BANDWIDTH_FIELDS
+    assert r["device"] == "CPU" and r["test"] == "host_read"
+    assert r["bytes"] == 16 << 20 and r["n_threads"] == BW_THREADS and r["repetitions"] == 2
+    assert math.isfinite(r["gbps"]) and r["gbps"] > 0
+
+
+def test_bandwidth_cpu_text_and_csv():
+    proc = run(*BW_SMALL)
+    header, rows = markdown_table(proc.stdout)
+    assert header == ["test", "size", "threads", "GB/s"]
+    assert rows == [["host_read", "16.00 MiB", str(BW_THREADS), rows[0][3]]] and float(rows[0][3]) > 0
+    assert "median of 5 runs" in proc.stdout  # -r defaults to 5 with --bandwidth
+    rows = list(csv.DictReader(io.StringIO(run(*BW_SMALL, "-r", "1", "-o", "csv").stdout)))
+    assert len(rows) == 1 and list(rows[0]) == BANDWIDTH_FIELDS
+    assert rows[0]["test"] == "host_read" and int(rows[0]["repetitions"]) == 1 and float(rows[0]["gbps"]) > 0
+
+
+# ---------------------------------------------------------------------------------------------
 # help and errors
 # ---------------------------------------------------------------------------------------------
 
@@ -264,7 +294,8 @@ def test_help_documents_every_flag():
     text = proc.stdout
     for flag in ["--model", "--synthetic", "--synthetic-dir", "--ctx-size", "--ubatch-size", "--threads", "--sweep",
                  "--sweep-pp", "--sweep-tg", "--n-prompt", "--n-gen", "--n-depth", "--repetitions", "--output",
-                 "--verbose", "--progress", "--seed", "--no-warmup", "--help", "-ub", "-p", "-n", "-r", "-t", "-o"]:
+                 "--verbose", "--progress", "--seed", "--no-warmup", "--help", "--bandwidth", "--bandwidth-mib", "-ub", "-p",
+                 "-n", "-r", "-t", "-o"]:
         assert re.search(rf"(^|[\s,]){re.escape(flag)}[\s,]", text, re.M), f"--help does not document {flag}"
     flat = " ".join(text.split())  # help lines are wrapped
     for default in ["(default: 512)", "(default: 32)", "(default: 3)", "(default: text)", "(default: all cores)"]:
@@ -295,6 +326,12 @@ def test_help_documents_every_flag():
     (["x.gguf", "-c", "16", "-p", "32"], "ctx-size"),
     (["x.gguf", "-p", "0", "-n", "0"], "nothing to run"),
     (["x.gguf", "--verbose=1"], "takes no value"),
+    (["--bandwidth", "x.gguf"], "takes no model"),
+    (["--bandwidth", "-p", "512"], "--n-prompt"),
+    (["--bandwidth", "--synthetic", "qwen3moe"], "--synthetic"),
+    (["--bandwidth", "-r", "1001"], "at most 1000"),
+    (["--bandwidth", "--bandwidth-mib", "0"], "out of range"),
+    (["x.gguf", "--bandwidth-mib", "16"], "--bandwidth only"),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv, needle):
     proc = run(*argv, check=False)
