@@ -374,6 +374,8 @@ MOE_API void moe_bandwidth_result_init(moe_bandwidth_result* result);
  * moe_bandwidth_result_init). Takes a few seconds with the defaults and allocates, for CUDA, 2 x
  * `bytes` of host memory and `bytes` of device memory, plus the host_read buffer; everything is
  * freed before it returns. Runs on the calling thread (host_read uses a pool of n_threads).
+ * Thread safety: callable from any thread, but concurrent calls (or inference) share the memory and
+ * the link and lower each other's figures.
  * Errors: INVALID_ARGUMENT (bad params; the message names the field), UNIMPLEMENTED (MOE_DEVICE_CUDA
  * in a build without CUDA), FAILED_PRECONDITION (no CUDA device), RESOURCE_EXHAUSTED (a buffer
  * could not be allocated). */
