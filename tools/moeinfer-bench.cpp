@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "bench/args.h"
+#include "bench/bandwidth.h"
 #include "bench/cli.h"
 #include "bench/output.h"
 #include "bench/runner.h"
@@ -30,10 +31,13 @@ void print_help(const std::vector<bench::Option>& options) {
     std::printf(
         "usage: moeinfer-bench [options] MODEL.gguf\n"
         "       moeinfer-bench [options] --synthetic ARCH[:key=value...]\n"
+        "       moeinfer-bench --bandwidth [--device cpu|cuda] [-t N] [-r N] [-o FMT]\n"
         "\n"
         "Measures prompt processing (PP, prefill) and token generation (TG, decode) speed.\n"
         "Without -p/-n/-d/-r it runs a sweep over the context, as llama-sweep-bench does; with any of them\n"
-        "it runs llama-bench style tests (pp512, tg128, ...). Tokens are random ids (see --seed).\n");
+        "it runs llama-bench style tests (pp512, tg128, ...). Tokens are random ids (see --seed).\n"
+        "With --bandwidth it measures memory bandwidth instead (no model): host RAM read, and with --device cuda\n"
+        "host<->device copies from pinned and pageable memory.\n");
     bench::print_options(stdout, options);
     std::printf("\nsynthetic spec keys:\n");
     for (const bench::SyntheticKey& k : bench::synthetic_keys()) std::printf("  %-16s %s\n", k.name, k.help);
@@ -41,6 +45,7 @@ void print_help(const std::vector<bench::Option>& options) {
         "\nexamples:\n"
         "  moeinfer-bench --synthetic qwen3moe:preset=tiny -c 1024 -ub 128      # a short sweep\n"
         "  moeinfer-bench -m model.gguf -p 512,2048 -n 128 -r 5 -o json\n"
+        "  moeinfer-bench --bandwidth --device cuda -r 5                      # GB/s of RAM and PCIe\n"
         "\nexit status: 0 on success, 1 when the library fails (its message is printed), 2 on bad arguments.\n");
 }
 
@@ -253,7 +258,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "moeinfer-bench: %s (see --help)\n", err->c_str());
         return 2;
     }
-    if (std::optional<Failure> f = run(cfg)) {
+    if (std::optional<Failure> f = cfg.mode == bench::Mode::bandwidth ? bench::run_bandwidth(cfg) : run(cfg)) {
         std::fflush(stdout);
         std::fprintf(stderr, "moeinfer-bench: %s\n", f->message.c_str());
         return f->exit_code;

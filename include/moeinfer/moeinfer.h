@@ -465,6 +465,59 @@ MOE_API moe_status moe_synth_params_init(moe_synth_params* params, const char* a
 /* Writes a synthetic model to `path`, streaming (constant memory whatever the size). */
 MOE_API moe_status moe_synth_write(const char* path, const moe_synth_params* params);
 
+/* ---------------------------------------------------------------------------------------------
+ * Bandwidth measurement: how fast host memory is read and how fast data crosses the host-device
+ * link, for users sizing a machine and for the scheduler's calibration.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct moe_bandwidth_params {
+    uint32_t struct_size;
+    /* A moe_device. MOE_DEVICE_CPU measures host_read only; MOE_DEVICE_CUDA measures host_read and
+     * the four copies between host memory and CUDA device 0. Default: MOE_DEVICE_CPU. */
+    int32_t device;
+    /* Bytes per host<->device copy (each of the device, pinned and pageable buffers has this size).
+     * At least 4096. Default: 1 GiB (1073741824). */
+    uint64_t bytes;
+    /* Bytes of the host buffer that host_read reads. 0 reads max(bytes, 2 GiB), many times any CPU's
+     * last-level cache, so that caches do not inflate the figure; smaller explicit values (at least
+     * 4096) are allowed, e.g. for quick tests, but then caches may. Default: 0. */
+    uint64_t host_bytes;
+    /* CPU threads reading the host buffer. 0 = all available cores. Default: 0. */
+    int32_t n_threads;
+    /* Timed runs per figure, after one untimed warm-up; the median is reported. 1..1000. Default: 5. */
+    int32_t repetitions;
+} moe_bandwidth_params;
+
+MOE_API void moe_bandwidth_params_init(moe_bandwidth_params* params);
+
+/* Figures in GB/s (1e9 bytes per second), each the median of `repetitions` timed runs. Fields a
+ * device does not measure are 0. */
+typedef struct moe_bandwidth_result {
+    uint32_t struct_size;
+    double h2d_pinned;     /* host -> device from page-locked (cudaHostAlloc) memory */
+    double h2d_pageable;   /* host -> device from ordinary (pageable) memory */
+    double d2h_pinned;     /* device -> host into page-locked memory */
+    double d2h_pageable;   /* device -> host into ordinary memory */
+    double host_read;      /* all n_threads threads reading one host buffer */
+    uint64_t bytes;        /* bytes per host<->device copy (0 for MOE_DEVICE_CPU) */
+    uint64_t host_bytes;   /* bytes of the buffer host_read read */
+    int32_t n_threads;     /* threads used for host_read (the request, capped at the available cores) */
+    int32_t repetitions;   /* timed runs per figure */
+} moe_bandwidth_result;
+
+MOE_API void moe_bandwidth_result_init(moe_bandwidth_result* result);
+
+/* Measures the bandwidths `params` asks for (NULL: defaults) into *out_result (initialise it with
+ * moe_bandwidth_result_init). Takes a few seconds with the defaults and allocates, for CUDA, 2 x
+ * `bytes` of host memory and `bytes` of device memory, plus the host_read buffer; everything is
+ * freed before it returns. Runs on the calling thread (host_read uses a pool of n_threads).
+ * Thread safety: callable from any thread, but concurrent calls (or inference) share the memory and
+ * the link and lower each other's figures.
+ * Errors: INVALID_ARGUMENT (bad params; the message names the field), UNIMPLEMENTED (MOE_DEVICE_CUDA
+ * in a build without CUDA), FAILED_PRECONDITION (no CUDA device), RESOURCE_EXHAUSTED (a buffer
+ * could not be allocated). */
+MOE_API moe_status moe_measure_bandwidth(const moe_bandwidth_params* params, moe_bandwidth_result* out_result);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

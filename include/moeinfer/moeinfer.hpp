@@ -533,6 +533,25 @@ inline void synth_write(const std::string& path, const moe_synth_params& params,
     bridge.finish(moe_synth_write(path.c_str(), &p));
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Bandwidth measurement
+ * ------------------------------------------------------------------------------------------- */
+
+// Defaults of the C library (moe_bandwidth_params_init); change fields, then pass to measure_bandwidth.
+inline moe_bandwidth_params bandwidth_params() {
+    moe_bandwidth_params p;
+    moe_bandwidth_params_init(&p);
+    return p;
+}
+
+// Host read and (for MOE_DEVICE_CUDA) host<->device copy bandwidths; throws Error on failure.
+inline moe_bandwidth_result measure_bandwidth(const moe_bandwidth_params& params = bandwidth_params()) {
+    moe_bandwidth_result r;
+    moe_bandwidth_result_init(&r);
+    check(moe_measure_bandwidth(&params, &r));
+    return r;
+}
+
 }  // namespace moeinfer
 
 #endif /* MOEINFER_HPP */

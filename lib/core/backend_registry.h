@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/bandwidth.h"
 
 namespace moe {
 
@@ -22,6 +23,11 @@ struct BackendFactory {
     // Number of devices this backend can drive here (0: unavailable, e.g. no GPU).
     std::function<int()> device_count;
     std::function<StatusOr<std::unique_ptr<Backend>>(const BackendOptions&)> create;
+    // Optional (empty when the backend has none): bandwidth probes for moe_measure_bandwidth and the
+    // scheduler's calibration. A device backend measures its host link; "cpu" measures host reads.
+    // Allocation failures return RESOURCE_EXHAUSTED.
+    std::function<StatusOr<LinkBandwidth>(const BandwidthOptions&)> measure_link = {};
+    std::function<StatusOr<HostReadBandwidth>(const BandwidthOptions&)> measure_host_read = {};
 };
 
 void register_backend_factory(BackendFactory factory);

@@ -6,6 +6,7 @@
 
 #include "core/allocator.h"
 #include "core/backend_registry.h"
+#include "cpu/host_read.h"
 
 namespace moe::cpu {
 
@@ -125,6 +126,8 @@ void register_backend() {
         [](const BackendOptions& o) -> StatusOr<std::unique_ptr<Backend>> {
             return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(o.n_threads));
         },
+        {},
+        [](const BandwidthOptions& o) { return measure_host_read(o); },
     });
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/backend_registry.h"
+#include "cuda/bandwidth.cuh"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_ops.cuh"
@@ -354,6 +355,8 @@ void register_backend() {
         "cuda",
         [] { return device_count(); },
         [](const BackendOptions& o) { return CudaBackend::create(o.device); },
+        [](const BandwidthOptions& o) { return measure_link(o); },
+        {},
     });
 }
 

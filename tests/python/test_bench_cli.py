@@ -426,6 +426,36 @@ def test_expert_counts(cache_dir, fmt):
 
 
 # ---------------------------------------------------------------------------------------------
+# --bandwidth (CPU: host read only; small buffers so that it runs in a moment)
+# ---------------------------------------------------------------------------------------------
+
+BANDWIDTH_FIELDS = ["device", "test", "bytes", "n_threads", "repetitions", "gbps", "version"]
+BW_SMALL = ["--bandwidth", "--device", "cpu", "--bandwidth-mib", "16", "-t", "2"]
+BW_THREADS = min(2, len(os.sched_getaffinity(0)))  # -t is capped at the cores this process may use
+
+
+def test_bandwidth_cpu_json():
+    records = json.loads(run(*BW_SMALL, "-r", "2", "-o", "json").stdout)
+    assert len(records) == 1
+    r = records[0]
+    assert list(r) == BANDWIDTH_FIELDS
+    assert r["device"] == "CPU" and r["test"] == "host_read"
+    assert r["bytes"] == 16 << 20 and r["n_threads"] == BW_THREADS and r["repetitions"] == 2
+    assert math.isfinite(r["gbps"]) and r["gbps"] > 0
+
+
+def test_bandwidth_cpu_text_and_csv():
+    proc = run(*BW_SMALL)
+    header, rows = markdown_table(proc.stdout)
+    assert header == ["test", "size", "threads", "GB/s"]
+    assert rows == [["host_read", "16.00 MiB", str(BW_THREADS), rows[0][3]]] and float(rows[0][3]) > 0
+    assert "median of 5 runs" in proc.stdout  # -r defaults to 5 with --bandwidth
+    rows = list(csv.DictReader(io.StringIO(run(*BW_SMALL, "-r", "1", "-o", "csv").stdout)))
+    assert len(rows) == 1 and list(rows[0]) == BANDWIDTH_FIELDS
+    assert rows[0]["test"] == "host_read" and int(rows[0]["repetitions"]) == 1 and float(rows[0]["gbps"]) > 0
+
+
+# ---------------------------------------------------------------------------------------------
 # help and errors
 # ---------------------------------------------------------------------------------------------
 
@@ -437,7 +467,7 @@ def test_help_documents_every_flag():
                  "--verbose", "--progress", "--seed", "--no-warmup", "--help", "-ub", "-p", "-n", "-r", "-t", "-o",
                  "-b", "--batch-size", "--device", "-ngl", "--n-gpu-layers", "-ot", "--override-tensor",
                  "--n-cpu-moe", "--vram-budget", "--offload-policy", "--expert-copy", "--no-bias-dup",
-                 "--offload-budget", "--expert-counts"]:
+                 "--offload-budget", "--expert-counts", "--bandwidth", "--bandwidth-mib"]:
         assert re.search(rf"(^|[\s,]){re.escape(flag)}[\s,]", text, re.M), f"--help does not document {flag}"
     flat = " ".join(text.split())  # help lines are wrapped
     for default in ["(default: 512)", "(default: 32)", "(default: 3)", "(default: text)", "(default: all cores)"]:
@@ -483,6 +513,12 @@ def test_help_documents_every_flag():
     (["x.gguf", "--device", "emulated", "--vram-budget", "1.5.3G"], "byte count"),
     (["x.gguf", "--device", "emulated", "--offload-budget", "99999999999TiB"], "exceeds"),
     (["x.gguf", "-b", "0"], "out of range"),
+    (["--bandwidth", "x.gguf"], "takes no model"),
+    (["--bandwidth", "-p", "512"], "--n-prompt"),
+    (["--bandwidth", "--synthetic", "qwen3moe"], "--synthetic"),
+    (["--bandwidth", "-r", "1001"], "at most 1000"),
+    (["--bandwidth", "--bandwidth-mib", "0"], "out of range"),
+    (["x.gguf", "--bandwidth-mib", "16"], "--bandwidth only"),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv, needle):
     proc = run(*argv, check=False)

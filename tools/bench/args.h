@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,7 +18,7 @@
 
 namespace bench {
 
-enum class Mode { sweep, bench };
+enum class Mode { sweep, bench, bandwidth };
 
 inline moe_sched_policy default_policy() {
     moe_sched_policy p;
@@ -63,6 +64,10 @@ struct Config {
     std::optional<bool> progress;  // unset = on when stderr is a terminal
     bool help = false;
 
+    // Bandwidth (--bandwidth; no model).
+    bool bandwidth = false;
+    int32_t bandwidth_mib = 0;  // 0 = the library's defaults (1 GiB copies, host read of max(1 GiB, 2 GiB))
+
     Mode mode = Mode::sweep;
     GivenSet given;
 };
@@ -101,6 +106,7 @@ inline std::vector<Option> make_options(Config& c) {
     const std::string sweep = "Sweep mode (llama-sweep-bench; the default when no -p/-n/-d/-r is given)";
     const std::string tests = "Test mode (llama-bench; chosen by any of -p/-n/-d/-r)";
     const std::string sched = "Placement and scheduling (--device cuda or emulated)";
+    const std::string bw = "Bandwidth mode (--bandwidth; no model: uses --device, -t, -r, -o)";
     const std::string out = "Output";
     auto size_flag = [](uint64_t& field) -> OptionHandler {
         return [&field](const std::string& v) { return parse_size(v, field); };
@@ -231,8 +237,17 @@ inline std::vector<Option> make_options(Config& c) {
          list_flag(c.n_gen, 0)},
         {"-d", "--n-depth", "LIST", "tokens already in the KV cache before each test, comma-separated", "0", tests,
          list_flag(c.n_depth, 0)},
-        {"-r", "--repetitions", "N", "timed runs per test (after one untimed warm-up); t/s is their mean ± sd", "3",
-         tests, int_flag(c.repetitions, 1, 1000000)},
+        {"-r", "--repetitions", "N",
+         "timed runs per test (after one untimed warm-up); t/s is their mean ± sd (--bandwidth: GB/s is their "
+         "median, default 5)",
+         "3", tests, int_flag(c.repetitions, 1, 1000000)},
+        {"", "--bandwidth", "",
+         "measure memory bandwidth instead of a model: host RAM read by -t threads (cpu), plus host->device and "
+         "device->host copies from pinned and pageable memory (--device cuda); prints GB/s per test",
+         "", bw, switch_flag(c.bandwidth, true)},
+        {"", "--bandwidth-mib", "N",
+         "MiB per copy and of the host read buffer (small values let CPU caches inflate the host read figure)",
+         "1024 per copy, host read 2048", bw, int_flag(c.bandwidth_mib, 1, 1 << 20)},
         {"", "--no-warmup", "", "skip the untimed warm-up run", "", ctx, switch_flag(c.warmup, false)},
         {"", "--seed", "N", "seed of the random token ids", "1234", ctx,
          [&c](const std::string& v) -> std::optional<std::string> {
@@ -282,6 +297,22 @@ inline std::optional<std::string> finish_config(Config& c) {
     const auto given = [&c](const char* name) { return c.given.count(name) > 0; };
     static const char* const test_flags[] = {"--n-prompt", "--n-gen", "--n-depth", "--repetitions"};
     static const char* const sweep_flags[] = {"--sweep-pp", "--sweep-tg"};
+    if (given("--bandwidth")) {
+        static const char* const bandwidth_flags[] = {"--bandwidth", "--bandwidth-mib", "--device", "--threads",
+                                                      "--repetitions", "--output", "--progress", "--no-progress"};
+        for (const std::string& g : c.given) {
+            if (std::find(std::begin(bandwidth_flags), std::end(bandwidth_flags), g) == std::end(bandwidth_flags)) {
+                return g + " does not apply to --bandwidth";
+            }
+        }
+        if (!c.model_path.empty()) return "--bandwidth takes no model (got '" + c.model_path + "')";
+        if (!given("--repetitions")) c.repetitions = 5;
+        if (c.repetitions > 1000) return "--repetitions: at most 1000 with --bandwidth";
+        c.mode = Mode::bandwidth;
+        return std::nullopt;
+    }
+    if (given("--bandwidth-mib")) return "--bandwidth-mib applies to --bandwidth only";
+
     bool any_test_flag = false;
     for (const char* f : test_flags) any_test_flag = any_test_flag || given(f);
     if (given("--sweep")) {

@@ -27,12 +27,15 @@ The Python face of the moeinfer C library (every call goes through its C API)::
     q = moeinfer.quantize("q8_0", w)                      # bit-exact with ggml
     w2 = moeinfer.dequantize("q8_0", q).reshape(w.shape)
 
+    bw = moeinfer.measure_bandwidth("cuda")               # GB/s: host_read, h2d_pinned, ...
+
 Errors raise Python exceptions carrying the library's message: ValueError (bad arguments),
 FileNotFoundError, KeyError (missing tensor or metadata key), MemoryError, NotImplementedError,
 OSError, DataCorruptError (a malformed file; a ValueError), CancelledError (a progress callback
 returned False) and RuntimeError (anything else).
 
-Long calls (loading, writing synthetic models, quantising, decoding) release the GIL.
+Long calls (loading, writing synthetic models, quantising, decoding, measuring bandwidth) release
+the GIL.
 """
 
 from ._moeinfer import (
@@ -46,6 +49,7 @@ from ._moeinfer import (
     __version__,
     dequantize,
     has_cuda,
+    measure_bandwidth,
     quantize,
     row_bytes,
     synth_write,
@@ -63,6 +67,7 @@ __all__ = [
     "__version__",
     "dequantize",
     "has_cuda",
+    "measure_bandwidth",
     "quantize",
     "row_bytes",
     "synth_write",

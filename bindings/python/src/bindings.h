@@ -22,6 +22,7 @@ void bind_model(py::module_& m);
 void bind_policy(py::module_& m);
 void bind_context(py::module_& m);
 void bind_synth(py::module_& m);
+void bind_bandwidth(py::module_& m);
 
 // A path argument (str, bytes or os.PathLike) as the file system's bytes (os.fsencode).
 std::string fspath(const py::handle& path);

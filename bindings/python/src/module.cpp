@@ -13,4 +13,5 @@ PYBIND11_MODULE(_moeinfer, m) {
     moeinfer_py::bind_policy(m);
     moeinfer_py::bind_context(m);
     moeinfer_py::bind_synth(m);
+    moeinfer_py::bind_bandwidth(m);
 }
