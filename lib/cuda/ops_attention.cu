@@ -200,7 +200,7 @@ __device__ void merge_row(const AttnArgs& a, int64_t row, float* wts, int lane) 
 }
 
 template <int D, typename KV>
-__global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
+__global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_constant__ AttnArgs a) {
     using TL = TileLoad<D, KV>;
     constexpr int kPerLane = D / 32;
     extern __shared__ float4 smem4[];
@@ -217,13 +217,21 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
     const int64_t n_rows = a.n_tok * a.group;
     const int64_t row0 = static_cast<int64_t>(blockIdx.x) * R;
 
+    // Each row's key range, read by one thread each (one round trip for all the positions).
+    __shared__ int s_lo[kWarps * kMaxRowsPerWarp], s_hi[kWarps * kMaxRowsPerWarp];
+    if (tid < R) {
+        int lo = 0, hi = 0;
+        if (row0 + tid < n_rows) key_range(a.pos[(row0 + tid) / a.group], a.n_kv, a.window, lo, hi);
+        s_lo[tid] = lo;
+        s_hi[tid] = hi;
+    }
+    __syncthreads();
     // Union of the tile's key ranges.
     int blo = a.n_kv, bhi = 0;
     for (int r = 0; r < R; ++r) {
         const int64_t f = row0 + r;
         if (f >= n_rows) break;
-        int lo, hi;
-        key_range(a.pos[f / a.group], a.n_kv, a.window, lo, hi);
+        const int lo = s_lo[r], hi = s_hi[r];
         if (lo < hi) {
             blo = min(blo, lo);
             bhi = max(bhi, hi);
@@ -248,7 +256,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
         rlo[r] = 0;
         rhi[r] = 0;
         if (valid[r]) {
-            key_range(a.pos[f / a.group], a.n_kv, a.window, rlo[r], rhi[r]);
+            rlo[r] = s_lo[warp * rpw + r];
+            rhi[r] = s_hi[warp * rpw + r];
             rlo[r] = max(rlo[r], k_begin);
             rhi[r] = max(rlo[r], min(rhi[r], k_end));
         }

@@ -70,12 +70,8 @@ __global__ void __launch_bounds__(1024) row_chain_kernel(ChainArgs a) {
         if (i >= a.n) continue;
         float x = 0.0f;
         if constexpr (kWsum) {  // as weighted_sum_kernel: token t = r of the [N, T] result
-            const float* wr = frow(a.wts, r, 0, 0);
-            float acc = wr[0] * frow(a.y, 0, r, 0)[i];
-#pragma unroll 8  // as weighted_sum_kernel
-            for (int64_t k = 1; k < a.y.ne[1]; ++k) acc += wr[k] * frow(a.y, k, r, 0)[i];
-            wv[j] = acc;
-            x = acc;
+            wv[j] = ops::weighted_sum_at(a.y, a.wts, r, i);
+            x = wv[j];
         }
         if constexpr (kAdd) {
             const float lhs = a.add_prev == 0 || a.add_prev == 2 ? wv[j] : frow(a.add_a, i1, i2, i3)[i];
@@ -247,7 +243,7 @@ __device__ __forceinline__ unsigned short prep_half_bits(float f) {
 }
 
 template <int D>
-__global__ void __launch_bounds__(1024) attn_prep_kernel(PrepArgs a) {
+__global__ void __launch_bounds__(1024) attn_prep_kernel(const __grid_constant__ PrepArgs a) {
     extern __shared__ float sm[];  // cos / sin per token ([t][D]: cos half, sin half), then row buffers
     constexpr int kPerLane = D / 32;
     constexpr int kHalf = D / 2;
