@@ -75,10 +75,14 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device) {
     void* flags_dev = nullptr;
     MOE_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&flags_dev, flags, 0));
     b->error_flags_dev_ = static_cast<unsigned int*>(flags_dev);
+    MOE_CUDA_RETURN_IF_ERROR(cudaMalloc(&b->attn_counters_, sizeof(unsigned int) * kAttnCounters));
+    MOE_CUDA_RETURN_IF_ERROR(cudaMemset(b->attn_counters_, 0, sizeof(unsigned int) * kAttnCounters));
     CudaBackend* self = b.get();
-    b->graphs_ = std::make_unique<GraphRunner>(b->compute_stream_, [self](Tensor& n) { return self->launch_node(n); });
+    b->graphs_ = std::make_unique<GraphRunner>(b->compute_stream_, [self](size_t i) { return self->launch_item(i); });
     const char* env = std::getenv("MOEINFER_CUDA_GRAPHS");
     b->graphs_enabled_ = env == nullptr || std::strcmp(env, "0") != 0;
+    const char* fuse = std::getenv("MOEINFER_CUDA_FUSION");
+    b->fusion_enabled_ = fuse == nullptr || std::strcmp(fuse, "0") != 0;
     return std::unique_ptr<Backend>(std::move(b));
 }
 
@@ -90,6 +94,7 @@ CudaBackend::~CudaBackend() {
     if (cublas_) cublasDestroy(cublas_);
     if (cublas_workspace_) cudaFree(cublas_workspace_);
     if (scratch_) cudaFree(scratch_);
+    if (attn_counters_) cudaFree(attn_counters_);
     if (error_flags_) cudaFreeHost(error_flags_);
     if (compute_mark_) cudaEventDestroy(compute_mark_);
     if (copy_mark_) cudaEventDestroy(copy_mark_);
@@ -228,7 +233,8 @@ std::string node_context(const Tensor& node) {
 
 }  // namespace
 
-Status CudaBackend::launch_node(Tensor& node) {
+Status CudaBackend::launch_item(size_t i) {
+    const LaunchItem& item = plan_.items[i];
     OpContext ctx;
     ctx.stream = compute_stream_;
     ctx.cublas = cublas_;
@@ -236,36 +242,65 @@ Status CudaBackend::launch_node(Tensor& node) {
     ctx.scratch_size = scratch_size_;
     ctx.n_sm = n_sm_;
     ctx.error_flags = error_flags_dev_;
-    const Status s = dispatch(node, ctx);
-    return s.is_ok() ? s : s.with_context(node_context(node));
+    ctx.attn_counters = attn_counters_;
+    const size_t slot_stride = (plan_.slot_bytes + 255) & ~size_t{255};
+    if (item.q8_in >= 0) ctx.q8_act = static_cast<uint8_t*>(slots_) + static_cast<size_t>(item.q8_in) * slot_stride;
+    if (item.q8_out >= 0) ctx.q8_out = static_cast<uint8_t*>(slots_) + static_cast<size_t>(item.q8_out) * slot_stride;
+    const std::span<Tensor* const> parts(item.part.data(), static_cast<size_t>(item.n_part));
+    Status s;
+    switch (item.kind) {
+        case FusedKind::kNone: s = dispatch(*item.node, ctx); break;
+        case FusedKind::kGemvGroup: s = mul_mat_group(parts, ctx); break;
+        case FusedKind::kRowChain: s = row_chain(parts, ctx); break;
+        case FusedKind::kRouter: s = router_select(parts, ctx); break;
+        case FusedKind::kAttnPrep: s = attn_prep(parts, ctx); break;
+    }
+    return s.is_ok() ? s : s.with_context(node_context(*item.node));
 }
 
 Status CudaBackend::compute(std::span<Tensor* const> nodes) {
     MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    // Scratch for the whole span first: growing it synchronises, which a capture must not see.
     kernel_nodes_.clear();
+    for (Tensor* n : nodes) {
+        if (n->op != Op::NONE && n->op != Op::VIEW) kernel_nodes_.push_back(n);  // views only name memory
+    }
+    plan_fusions(kernel_nodes_, fusion_enabled_, plan_);
+    // Scratch for the whole span first: growing it synchronises, which a capture must not see. The
+    // Q8 slots follow the largest per-launch need.
     size_t need = 0;
     const Tensor* needs_most = nullptr;
-    for (Tensor* n : nodes) {
-        if (n->op == Op::NONE || n->op == Op::VIEW) continue;  // views only name memory
-        kernel_nodes_.push_back(n);
-        const size_t b = scratch_bytes(*n);
+    launch_nodes_.clear();
+    extras_.clear();
+    for (const LaunchItem& item : plan_.items) {
+        ++fusion_stats_.fused[static_cast<int>(item.kind)];
+        if (item.q8_in >= 0) ++fusion_stats_.q8_reused;
+        launch_nodes_.push_back(item.node);
+        extras_.push_back(NodeExtra{item.tag(), std::span<Tensor* const>(item.part.data() + 1,
+                                                                          static_cast<size_t>(item.n_part - 1))});
+        const size_t b = scratch_bytes(*item.node);
         if (b > need) {
             need = b;
-            needs_most = n;
+            needs_most = item.node;
         }
     }
-    if (needs_most != nullptr) {
-        const Status s = ensure_scratch(need);
-        if (!s.is_ok()) return s.with_context(node_context(*needs_most));
+    const size_t slots_off = (need + 255) & ~size_t{255};
+    const size_t slot_stride = (plan_.slot_bytes + 255) & ~size_t{255};
+    const size_t total = slots_off + static_cast<size_t>(plan_.n_slots) * slot_stride;
+    if (total > 0) {
+        const Status s = ensure_scratch(total);
+        if (!s.is_ok()) return needs_most != nullptr ? s.with_context(node_context(*needs_most)) : s;
     }
-    if (!graphs_enabled_ || kernel_nodes_.size() < GraphRunner::kMinGraph) {
-        for (Tensor* n : kernel_nodes_) MOE_RETURN_IF_ERROR(launch_node(*n));
+    slots_ = scratch_ != nullptr ? static_cast<uint8_t*>(scratch_) + slots_off : nullptr;
+    if (!graphs_enabled_ || launch_nodes_.size() < GraphRunner::kMinGraph) {
+        for (size_t i = 0; i < plan_.items.size(); ++i) MOE_RETURN_IF_ERROR(launch_item(i));
         return Status::ok();
     }
-    // The kernels' arguments depend on the nodes and on where the scratch block is.
-    const uint64_t state[] = {static_cast<uint64_t>(reinterpret_cast<uintptr_t>(scratch_)), scratch_size_};
-    return graphs_->run(kernel_nodes_, state);
+    // The kernels' arguments depend on the nodes, on what each launch fuses (extras_) and on where the
+    // scratch block, the slots and the attention counters are.
+    const uint64_t state[] = {static_cast<uint64_t>(reinterpret_cast<uintptr_t>(scratch_)), scratch_size_,
+                              static_cast<uint64_t>(reinterpret_cast<uintptr_t>(slots_)),
+                              static_cast<uint64_t>(reinterpret_cast<uintptr_t>(attn_counters_))};
+    return graphs_->run(launch_nodes_, state, extras_);
 }
 
 Status CudaBackend::copy_to_device(void* dst_dev, const void* src_host, size_t n) {

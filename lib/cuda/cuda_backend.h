@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "cuda/fusion_plan.h"
 #include "cuda/graph_runner.h"
 
 namespace moe::cuda {
@@ -51,6 +52,12 @@ private:
 // compute() runs spans through CUDA graphs (graph_runner.h) unless they are disabled: by the
 // environment variable MOEINFER_CUDA_GRAPHS=0 when the backend is created, or set_graphs_enabled().
 // Results are bitwise the same either way; graphs only remove launch overhead.
+//
+// compute() also runs common runs of small nodes as one launch (fusion_plan.h: q/k/v products of one
+// activation, residual add + norm, router top-k + softmax; norms hand their result to the products
+// that read it already quantised), unless MOEINFER_CUDA_FUSION=0 when the backend is created or
+// set_fusion_enabled(false). Fused launches compute each node's result with the same arithmetic up
+// to the order of float sums (RMS norms); the backend-consistency tests hold either way.
 class CudaBackend final : public Backend {
 public:
     static StatusOr<std::unique_ptr<Backend>> create(int device);
@@ -82,6 +89,16 @@ public:
     // REQUIRES: nothing queued by compute() is still capturing (always true between calls).
     void set_graphs_enabled(bool on) { graphs_enabled_ = on; }
     bool graphs_enabled() const { return graphs_enabled_; }
+    // Whether compute() fuses nodes (default: on, unless MOEINFER_CUDA_FUSION=0 at create()).
+    void set_fusion_enabled(bool on) { fusion_enabled_ = on; }
+    bool fusion_enabled() const { return fusion_enabled_; }
+    // The launches of the last compute(), and counts since create() (for tests and diagnostics).
+    const FusionPlan& last_plan() const { return plan_; }
+    struct FusionStats {
+        uint64_t fused[5] = {};  // launches per FusedKind (kNone: nodes launched alone)
+        uint64_t q8_reused = 0;  // GEMV launches that took their activation from a norm's Q8 slot
+    };
+    const FusionStats& fusion_stats() const { return fusion_stats_; }
     const GraphStats& graph_stats() const { return graphs_->stats(); }
 
     cudaStream_t compute_stream() const { return compute_stream_; }
@@ -91,9 +108,9 @@ public:
 
 private:
     explicit CudaBackend(int device) : device_(device) {}
-    // Queues one node's kernels (eagerly or into a capture); the Status names the node on failure.
-    // Never allocates or synchronises. REQUIRES: scratch holds scratch_bytes(node).
-    Status launch_node(Tensor& node);
+    // Queues launch i of plan_ (eagerly or into a capture); the Status names its node on failure.
+    // Never allocates or synchronises. REQUIRES: scratch holds scratch_bytes(node) and the slots.
+    Status launch_item(size_t i);
     size_t scratch_bytes(const Tensor& node) const;
     Status ensure_scratch(size_t bytes);
 
@@ -116,9 +133,18 @@ private:
     size_t scratch_size_ = 0;
     unsigned int* error_flags_ = nullptr;      // mapped pinned host word (host address)
     unsigned int* error_flags_dev_ = nullptr;  // the same word's device address
+    // Split-K attention: per (row tile, KV head) arrival counters, zero between launches (the last
+    // block of a tile resets its own).
+    unsigned int* attn_counters_ = nullptr;
     bool graphs_enabled_ = true;
+    bool fusion_enabled_ = true;
     std::unique_ptr<GraphRunner> graphs_;
     std::vector<Tensor*> kernel_nodes_;  // compute()'s nodes that launch kernels (reused storage)
+    FusionPlan plan_;                    // compute()'s launches
+    std::vector<Tensor*> launch_nodes_;  // plan_.items[i].node
+    std::vector<NodeExtra> extras_;      // per launch: what it computes besides its node
+    void* slots_ = nullptr;              // Q8 activation slots of plan_, inside the scratch block
+    FusionStats fusion_stats_;
 };
 
 // Number of usable CUDA devices (0 when there is no driver or no GPU).

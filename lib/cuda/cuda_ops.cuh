@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <span>
 
 #include "core/status.h"
 #include "core/tensor.h"
@@ -28,7 +29,17 @@ struct OpContext {
     // report synchronously (an out-of-range id read on the device) ORs a kError* bit here, writes NaN
     // instead of reading out of bounds, and the backend turns the word into a Status at synchronize().
     unsigned int* error_flags = nullptr;
+    // GEMV nodes: the activation's Q8 rows, already written by a fused RMS_NORM (fusion_plan.h); the
+    // node then skips its own quantisation. nullptr: quantise as usual.
+    const void* q8_act = nullptr;
+    // RMS_NORM (row chains): also write the result as Q8 rows here. nullptr: don't.
+    void* q8_out = nullptr;
+    // Split-K attention merges in the kernel with these counters (kAttnCounters, zero between
+    // launches); nullptr: a separate merge kernel.
+    unsigned int* attn_counters = nullptr;
 };
+
+constexpr int kAttnCounters = 1024;
 
 constexpr unsigned int kErrorBadIndex = 1u;  // an id / row index outside its valid range
 
@@ -56,5 +67,16 @@ Status cpy(Tensor& dst, const OpContext& ctx);
 
 // Device scratch an ATTENTION node needs on a device with n_sm multiprocessors (split-K partials).
 size_t attention_scratch_bytes(const Tensor& node, int n_sm);
+
+// Fused launches (fusion_plan.h); each REQUIRES the parts the planner matched, in span order.
+// kGemvGroup: MUL_MATs of one activation on the GEMV path, each optionally followed by an ADD of a
+// bias row (matmul.cu).
+Status mul_mat_group(std::span<Tensor* const> parts, const OpContext& ctx);
+// kRowChain: [WEIGHTED_SUM] [ADD] RMS_NORM, one block per row (ops_fused.cu).
+Status row_chain(std::span<Tensor* const> parts, const OpContext& ctx);
+// kRouter: TOPK, GATHER, SOFTMAX (ops_fused.cu).
+Status router_select(std::span<Tensor* const> parts, const OpContext& ctx);
+// kAttnPrep: [RMS_NORM x2] ROPE x1-2 [CPY x1-2] (ops_fused.cu).
+Status attn_prep(std::span<Tensor* const> parts, const OpContext& ctx);
 
 }  // namespace moe::cuda

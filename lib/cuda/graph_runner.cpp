@@ -38,13 +38,13 @@ GraphRunner::Entry& GraphRunner::insert(uint64_t key) {
     return entries_[key];
 }
 
-Status GraphRunner::eager(std::span<Tensor* const> nodes) {
-    stats_.eager_nodes += nodes.size();
-    for (Tensor* n : nodes) MOE_RETURN_IF_ERROR(launch_(*n));
+Status GraphRunner::eager(size_t a, size_t b) {
+    stats_.eager_nodes += b - a;
+    for (size_t i = a; i < b; ++i) MOE_RETURN_IF_ERROR(launch_(i));
     return Status::ok();
 }
 
-cudaGraph_t GraphRunner::capture(std::span<Tensor* const> nodes) {
+cudaGraph_t GraphRunner::capture(size_t a, size_t b) {
     // Relaxed: the launch paths make non-stream calls (cudaFuncSetAttribute before large-shared-memory
     // kernels) that stricter modes may refuse; nothing in them allocates or synchronises.
     if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
@@ -52,8 +52,8 @@ cudaGraph_t GraphRunner::capture(std::span<Tensor* const> nodes) {
         return nullptr;
     }
     bool ok = true;
-    for (Tensor* n : nodes) {
-        if (!launch_(*n).is_ok()) {  // the eager rerun reports it
+    for (size_t i = a; i < b; ++i) {
+        if (!launch_(i).is_ok()) {  // the eager rerun reports it
             ok = false;
             break;
         }
@@ -68,7 +68,7 @@ cudaGraph_t GraphRunner::capture(std::span<Tensor* const> nodes) {
     return g;
 }
 
-bool GraphRunner::run_chunk(uint64_t key, std::span<Tensor* const> nodes, std::span<const uint64_t> state,
+bool GraphRunner::run_chunk(uint64_t key, size_t a, size_t b, std::span<const uint64_t> state,
                             std::span<const uint64_t> words) {
     auto same_words = [&](const Entry& e) {
         return e.words.size() == state.size() + words.size() &&
@@ -97,7 +97,7 @@ bool GraphRunner::run_chunk(uint64_t key, std::span<Tensor* const> nodes, std::s
         entry.uncapturable = uncapturable;
         entry.used = tick_;
     };
-    cudaGraph_t g = capture(nodes);
+    cudaGraph_t g = capture(a, b);
     if (g == nullptr) {
         ++stats_.failures;
         Entry& f = e != nullptr ? *e : insert(key);
@@ -142,9 +142,10 @@ bool GraphRunner::run_chunk(uint64_t key, std::span<Tensor* const> nodes, std::s
     return true;
 }
 
-Status GraphRunner::run(std::span<Tensor* const> nodes, std::span<const uint64_t> state) {
+Status GraphRunner::run(std::span<Tensor* const> nodes, std::span<const uint64_t> state,
+                        std::span<const NodeExtra> extra) {
     ++tick_;
-    sig_.build(nodes);
+    sig_.build(nodes, extra);
     const size_t n = nodes.size();
     const uint64_t identity = sig_.identity();
     Plan& plan = plan_for(identity, n);
@@ -160,10 +161,9 @@ Status GraphRunner::run(std::span<Tensor* const> nodes, std::span<const uint64_t
         const uint8_t vol = plan.volatile_[a];
         size_t b = a + 1;
         while (b < n && plan.volatile_[b] == vol && b - a < kMaxChunk) ++b;
-        const std::span<Tensor* const> chunk = nodes.subspan(a, b - a);
         const bool use_graph = b - a >= (vol ? kMinVolatileGraph : kMinGraph);
         const uint64_t key = hash_combine(hash_combine(identity, a), b);
-        if (!use_graph || !run_chunk(key, chunk, state, sig_.words(a, b))) MOE_RETURN_IF_ERROR(eager(chunk));
+        if (!use_graph || !run_chunk(key, a, b, state, sig_.words(a, b))) MOE_RETURN_IF_ERROR(eager(a, b));
         a = b;
     }
     return Status::ok();

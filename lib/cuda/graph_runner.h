@@ -44,8 +44,9 @@ struct GraphStats {
 
 class GraphRunner {
 public:
-    // Queues one node's kernels on `stream` (eagerly or into a capture), returning its Status.
-    using LaunchFn = std::function<Status(Tensor&)>;
+    // Queues the kernels of node i of the span being run on `stream` (eagerly or into a capture),
+    // returning its Status.
+    using LaunchFn = std::function<Status(size_t i)>;
 
     // Chunks of at most kMaxChunk nodes; volatile runs shorter than kMinVolatileGraph run eagerly;
     // at most kMaxEntries cached executables and kMaxPlans learned span layouts (least recently
@@ -64,8 +65,9 @@ public:
     // Queues the kernels of `nodes` in order. REQUIRES: every node launches kernels (no NONE / VIEW),
     // the stream is not capturing, and the kernels need no allocation or synchronisation (scratch is
     // sized beforehand). `state`: words of backend state the kernels' arguments depend on besides
-    // the nodes (the scratch block), part of every chunk's signature.
-    Status run(std::span<Tensor* const> nodes, std::span<const uint64_t> state);
+    // the nodes (the scratch block), part of every chunk's signature. `extra`: empty, or per node
+    // what its launch computes besides the node itself (graph_signature.h).
+    Status run(std::span<Tensor* const> nodes, std::span<const uint64_t> state, std::span<const NodeExtra> extra = {});
 
     const GraphStats& stats() const { return stats_; }
 
@@ -84,11 +86,11 @@ private:
 
     Plan& plan_for(uint64_t identity, size_t n);
     // True when the chunk was queued through a graph; false: nothing of it was queued.
-    bool run_chunk(uint64_t key, std::span<Tensor* const> nodes, std::span<const uint64_t> state,
-                   std::span<const uint64_t> words);
-    cudaGraph_t capture(std::span<Tensor* const> nodes);
+    // Chunks are nodes [a, b) of the span being run.
+    bool run_chunk(uint64_t key, size_t a, size_t b, std::span<const uint64_t> state, std::span<const uint64_t> words);
+    cudaGraph_t capture(size_t a, size_t b);
     Entry& insert(uint64_t key);
-    Status eager(std::span<Tensor* const> nodes);
+    Status eager(size_t a, size_t b);
 
     cudaStream_t stream_;
     LaunchFn launch_;

@@ -25,34 +25,54 @@ void append_shape(const Tensor& t, std::vector<uint64_t>& w) {
     w.push_back(ptr_word(t.data));
 }
 
+void append_node(const Tensor& n, std::vector<uint64_t>& w) {
+    w.push_back(static_cast<uint64_t>(n.op) | static_cast<uint64_t>(n.type) << 32);
+    append_shape(n, w);
+    uint64_t params[sizeof(OpParams) / sizeof(uint64_t)];
+    std::memcpy(params, &n.params, sizeof params);
+    w.insert(w.end(), params, params + sizeof(OpParams) / sizeof(uint64_t));
+    for (int i = 0; i < kMaxSrc; ++i) {
+        const Tensor* s = n.src[i];
+        if (s == nullptr) {
+            w.push_back(0);
+            continue;
+        }
+        // A present src is never the word 0, even with a null type and data.
+        w.push_back(uint64_t{1} << 63 | static_cast<uint64_t>(s->type) << 8 | static_cast<uint64_t>(i));
+        append_shape(*s, w);
+    }
+}
+
+uint64_t identity_of(uint64_t id, const Tensor& n) {
+    id = hash_combine(id, static_cast<uint64_t>(n.op) | static_cast<uint64_t>(n.type) << 32);
+    for (int d = 0; d < 4; ++d) id = hash_combine(id, static_cast<uint64_t>(n.ne[d]));
+    for (const Tensor* s : n.src) {
+        if (s != nullptr && s->is_weight) id = hash_combine(id, ptr_word(s->data));
+    }
+    return id;
+}
+
 }  // namespace
 
-void SpanSignature::build(std::span<Tensor* const> nodes) {
+void SpanSignature::build(std::span<Tensor* const> nodes, std::span<const NodeExtra> extra) {
     static_assert(sizeof(OpParams) % sizeof(uint64_t) == 0, "OpParams is copied as whole words");
     words_.clear();
     offsets_.clear();
     hashes_.clear();
     offsets_.push_back(0);
     uint64_t id = hash_combine(0x6D6F65696E666572ull, nodes.size());
-    for (const Tensor* n : nodes) {
+    for (size_t i = 0; i < nodes.size(); ++i) {
         const size_t first = words_.size();
-        words_.push_back(static_cast<uint64_t>(n->op) | static_cast<uint64_t>(n->type) << 32);
-        append_shape(*n, words_);
-        uint64_t params[sizeof(OpParams) / sizeof(uint64_t)];
-        std::memcpy(params, &n->params, sizeof params);
-        words_.insert(words_.end(), params, params + sizeof(OpParams) / sizeof(uint64_t));
-        id = hash_combine(id, words_[first]);
-        for (int d = 0; d < 4; ++d) id = hash_combine(id, static_cast<uint64_t>(n->ne[d]));
-        for (int i = 0; i < kMaxSrc; ++i) {
-            const Tensor* s = n->src[i];
-            if (s == nullptr) {
-                words_.push_back(0);
-                continue;
+        append_node(*nodes[i], words_);
+        id = identity_of(id, *nodes[i]);
+        if (!extra.empty()) {
+            const NodeExtra& e = extra[i];
+            words_.push_back(e.tag);
+            id = hash_combine(id, e.tag);
+            for (const Tensor* m : e.members) {
+                append_node(*m, words_);
+                id = identity_of(id, *m);
             }
-            // A present src is never the word 0, even with a null type and data.
-            words_.push_back(uint64_t{1} << 63 | static_cast<uint64_t>(s->type) << 8 | static_cast<uint64_t>(i));
-            append_shape(*s, words_);
-            if (s->is_weight) id = hash_combine(id, ptr_word(s->data));
         }
         // A cheap word hash: a collision only hides a change from the chunking, never from a replay.
         uint64_t h = 0;

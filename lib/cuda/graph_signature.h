@@ -14,10 +14,18 @@
 
 namespace moe::cuda {
 
+// What a launch at a node's place does besides the node's own op (fusion_plan.h): a tag, and the other
+// nodes it computes, whose words become part of the node's words.
+struct NodeExtra {
+    uint64_t tag = 0;
+    std::span<Tensor* const> members;
+};
+
 class SpanSignature {
 public:
-    // Rebuilds the signature of `nodes` (reusing the storage of the last build).
-    void build(std::span<Tensor* const> nodes);
+    // Rebuilds the signature of `nodes` (reusing the storage of the last build); `extra` is empty or
+    // has one entry per node.
+    void build(std::span<Tensor* const> nodes, std::span<const NodeExtra> extra = {});
 
     size_t size() const { return hashes_.size(); }
     // The hash of node i's words: it changes between two builds iff (barring collisions) what node i

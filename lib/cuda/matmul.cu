@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/fusion_plan.h"
 #include "cuda/matmul.cuh"
 #include "cuda/ops_common.cuh"
 
@@ -297,16 +298,118 @@ size_t matmul_scratch_bytes(const Tensor& node) {
     }
 }
 
+namespace {
+
+// Bytes between the F32 rows of x when the GEMV kernel can read them in place (float weights): rows
+// back to back, 16-byte aligned; 0 when they must be copied.
+int64_t direct_row_stride(const Tensor& x) {
+    if (x.type != Type::F32 || x.nb[0] != 4 || x.ne[0] % 4 != 0 || reinterpret_cast<uintptr_t>(x.data) % 16 != 0) {
+        return 0;
+    }
+    size_t expect = 4 * static_cast<size_t>(x.ne[0]);
+    for (int d = 1; d < 4; ++d) {
+        if (x.ne[d] > 1 && x.nb[d] != expect) return 0;
+        expect *= static_cast<size_t>(x.ne[d]);
+    }
+    return 4 * x.ne[0];
+}
+
+// One weight of a GEMV launch: its MUL_MAT and, optionally, the ADD of a bias row to its result.
+struct GemvUnit {
+    DenseOp d;
+    const Tensor* mm = nullptr;
+    float* out = nullptr;
+    const float* bias = nullptr;
+    float* out2 = nullptr;
+    const Tensor* add = nullptr;
+};
+
+// The products of `units` (one activation x, the same weight type and k) in one GEMV launch. The
+// activation comes from ctx.q8_act when a fused norm has quantised it already, is read in place for
+// float weights when no output overlaps it, and is prepared into scratch otherwise.
+Status run_gemv_units(std::span<const GemvUnit> units, const OpContext& ctx) {
+    const DenseOp& d0 = units[0].d;
+    const Tensor& x = *d0.x;
+    const void* acts = ctx.scratch;
+    int64_t act_stride = 0;
+    bool prepare = true;
+    if (mm::is_quant(d0.w.type)) {
+        if (ctx.q8_act != nullptr) {
+            acts = ctx.q8_act;
+            prepare = false;
+        }
+    } else if (const int64_t stride = direct_row_stride(x); stride > 0) {
+        const ByteRange xr = byte_range(x);
+        bool clear = true;  // the kernel reads x while its blocks write the outputs
+        for (const GemvUnit& u : units) {
+            clear = clear && !xr.overlaps(byte_range(*u.mm)) && (u.add == nullptr || !xr.overlaps(byte_range(*u.add)));
+        }
+        if (clear) {
+            acts = x.data;
+            act_stride = stride;
+            prepare = false;
+        }
+    }
+    if (prepare) {
+        MOE_RETURN_IF_ERROR(check_scratch("MUL_MAT", dense_scratch(d0), ctx));
+        MOE_RETURN_IF_ERROR(mm::gemv_prepare(mm::rows_f32(x), d0.m, d0.w.k, d0.w.type, ctx.scratch, ctx.stream));
+    }
+    mm::GemvOut outs[mm::kMaxGemvSegs];
+    for (size_t i = 0; i < units.size(); ++i) outs[i] = mm::GemvOut{&units[i].d.w, units[i].out, units[i].bias, units[i].out2};
+    return mm::gemv_multi(std::span<const mm::GemvOut>(outs, units.size()), nullptr, acts, act_stride, d0.m, nullptr,
+                          nullptr, ctx.stream);
+}
+
+}  // namespace
+
 Status mul_mat(Tensor& dst, const OpContext& ctx) {
     MOE_ASSIGN_OR_RETURN(const DenseOp d, parse_mul_mat(dst));
     if (d.m == 0 || d.w.n == 0) return Status::ok();
-    MOE_RETURN_IF_ERROR(check_scratch("MUL_MAT", dense_scratch(d), ctx));
     auto* out = static_cast<float*>(dst.data);
     if (d.m <= mm::kGemvMaxCols) {
-        MOE_RETURN_IF_ERROR(mm::gemv_prepare(mm::rows_f32(*d.x), d.m, d.w.k, d.w.type, ctx.scratch, ctx.stream));
-        return mm::gemv(d.w, nullptr, ctx.scratch, d.m, nullptr, nullptr, out, ctx.stream);
+        GemvUnit u;
+        u.d = d;
+        u.mm = &dst;
+        u.out = out;
+        return run_gemv_units(std::span<const GemvUnit>(&u, 1), ctx);
     }
+    MOE_RETURN_IF_ERROR(check_scratch("MUL_MAT", dense_scratch(d), ctx));
     return mm::gemm_dense(d.w, *d.x, out, ctx);
+}
+
+Status mul_mat_group(std::span<Tensor* const> parts, const OpContext& ctx) {
+    GemvUnit units[mm::kMaxGemvSegs];
+    size_t n = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+        Tensor& p = *parts[i];
+        if (p.op == Op::MUL_MAT) {
+            if (n == mm::kMaxGemvSegs) return internal_error("mul_mat_group: more than 3 products");
+            MOE_ASSIGN_OR_RETURN(units[n].d, parse_mul_mat(p));
+            units[n].mm = &p;
+            units[n].out = static_cast<float*>(p.data);
+            const DenseOp& d = units[n].d;
+            if (d.m > mm::kGemvMaxCols || (n > 0 && (d.m != units[0].d.m || d.w.type != units[0].d.w.type ||
+                                                     d.w.k != units[0].d.w.k || d.x->data != units[0].d.x->data))) {
+                return internal_error("mul_mat_group: the products do not share one GEMV activation");
+            }
+            ++n;
+            continue;
+        }
+        // The ADD of a bias row to the previous product (matched by the planner).
+        if (p.op != Op::ADD || n == 0 || units[n - 1].add != nullptr) return internal_error("mul_mat_group: unexpected part");
+        GemvUnit& u = units[n - 1];
+        const Tensor* m = parts[i - 1];
+        const Tensor* b = p.src[0] == m || (p.src[0] != nullptr && p.src[0]->data == m->data) ? p.src[1] : p.src[0];
+        if (b == nullptr || b->data == nullptr || p.data == nullptr || b->ne[0] != m->ne[0]) {
+            return internal_error("mul_mat_group: the ADD is not a bias row of the product");
+        }
+        u.bias = static_cast<const float*>(b->data);
+        u.out2 = static_cast<float*>(p.data);
+        u.add = &p;
+    }
+    if (n == 0) return internal_error("mul_mat_group: no product");
+    if (units[0].d.m == 0) return Status::ok();
+    return run_gemv_units(std::span<const GemvUnit>(units, n), ctx);
 }
 
 Status mul_mat_id(Tensor& dst, const OpContext& ctx) {
@@ -319,6 +422,33 @@ Status moe_up_gate(Tensor& dst, const OpContext& ctx) {
     MOE_ASSIGN_OR_RETURN(const mm::MoeArgs a, parse_moe_up_gate(dst));
     MOE_RETURN_IF_ERROR(check_scratch("MOE_UP_GATE", mm::moe_scratch(a), ctx));
     return mm::moe_run(a, ctx);
+}
+
+const Tensor* gemv_q8_activation(const Tensor& node) {
+    switch (node.op) {
+        case Op::MUL_MAT: {
+            const StatusOr<DenseOp> d = parse_mul_mat(node);
+            if (!d.is_ok() || d->m == 0 || d->m > mm::kGemvMaxCols || !mm::is_quant(d->w.type)) return nullptr;
+            return d->x;
+        }
+        case Op::MUL_MAT_ID: {
+            const StatusOr<mm::MoeArgs> a = parse_mul_mat_id(node);
+            if (!a.is_ok() || a->b_rows != 1 || !mm::is_quant(a->w.type) || !mm::moe_takes_gemv(*a)) return nullptr;
+            return node.src[1];
+        }
+        case Op::MOE_UP_GATE: {
+            const StatusOr<mm::MoeArgs> a = parse_moe_up_gate(node);
+            if (!a.is_ok() || !mm::is_quant(a->w.type) || !mm::moe_takes_gemv(*a)) return nullptr;
+            return node.src[2];
+        }
+        default: return nullptr;
+    }
+}
+
+bool mul_mat_takes_gemv(const Tensor& node) {
+    if (node.op != Op::MUL_MAT) return false;
+    const StatusOr<DenseOp> d = parse_mul_mat(node);
+    return d.is_ok() && d->m >= 1 && d->m <= mm::kGemvMaxCols && d->w.n > 0;
 }
 
 }  // namespace moe::cuda

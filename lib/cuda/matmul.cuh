@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <type_traits>
 
@@ -98,6 +99,20 @@ struct GemvRoute {
 Status gemv(const WeightArg& w, const WeightArg* gate, const void* acts, int64_t n_cols, const GemvRoute* route,
             const GluParams* glu, float* dst, cudaStream_t stream);
 
+// Weights of one launch that multiply the same prepared activation rows (same type and k): each
+// writes dst[c * w.n + r] and, with a bias, dst2[c * w.n + r] = dst[...] + bias[r].
+constexpr int kMaxGemvSegs = 3;
+struct GemvOut {
+    const WeightArg* w;
+    float* dst;
+    const float* bias;
+    float* dst2;
+};
+// gemv() over up to kMaxGemvSegs weights in one launch (routed: exactly one). act_stride: bytes
+// between activation rows; 0 = gemv_act_row_bytes (rows as gemv_prepare writes them).
+Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const void* acts, int64_t act_stride,
+                  int64_t n_cols, const GemvRoute* route, const GluParams* glu, cudaStream_t stream);
+
 // ---- tensor-core GEMM (matmul_gemm.cu) ----
 
 // Converts `rows` rows of x to BF16 rows of k elements, contiguous, into dst.
@@ -146,6 +161,8 @@ struct MoeArgs {
 };
 
 size_t moe_scratch(const MoeArgs& a);
+// Whether moe_run takes the GEMV path (small batches).
+bool moe_takes_gemv(const MoeArgs& a);
 Status moe_run(const MoeArgs& a, const OpContext& ctx);
 
 }  // namespace moe::cuda::mm

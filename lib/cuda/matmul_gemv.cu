@@ -10,6 +10,9 @@
 //   amax / 127, q = nearest-even(x * 127 / amax): the CPU backend's rule, so both backends compute
 //   the same integer dot products) with dp4a; Q4_0 and MXFP4 nibbles become int8 values first
 //   (byte-wise subtract / table permute). Float weights multiply the F32 activations.
+// - Several weights that multiply the same activation (q, k, v) run as segments of one launch: grid x
+//   walks the row blocks of each weight in turn; each segment has its own output and optionally a
+//   bias row added in the epilogue (written to a second output, as MUL_MAT + ADD would).
 // - Expert ops run one job per (token, slot) pair (grid.y): the job reads its expert id on the device;
 //   an id outside [0, E) raises kErrorBadIndex and makes that pair's outputs NaN, without reading.
 //   MOE_UP_GATE reads the up and gate rows in the same warp and applies bias and activation at the end.
@@ -17,6 +20,7 @@
 #include <string>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/fusion_plan.h"
 #include "cuda/matmul.cuh"
 #include "cuda/ops_common.cuh"
 
@@ -26,20 +30,32 @@ namespace {
 constexpr int kGemvWarps = 4;
 constexpr int kGemvThreads = kGemvWarps * 32;
 
-struct GemvParams {
-    const uint8_t* w[2];  // up (or the only weight), gate
-    const uint8_t* lo[2];
-    const uint8_t* hi[2];
-    int64_t nb1, nb2;
+// One weight of a launch and where its products go (dense: up to kMaxGemvSegs of them).
+struct GemvSeg {
+    const uint8_t* w;
+    const uint8_t* lo;
+    const uint8_t* hi;
+    int64_t nb1;
     int64_t n_rows;
+    int64_t blk0;        // first grid.x block of this segment
+    float* dst;          // [n_rows, n_cols] (or per routed pair)
+    const float* bias;   // nullptr, or [n_rows]: dst2 = dst + bias
+    float* dst2;
+};
+
+struct GemvParams {
+    GemvSeg seg[kMaxGemvSegs];
+    int n_seg;
+    const uint8_t* gate;  // MOE_UP_GATE: the gate weight (same strides as seg[0].w)
+    const uint8_t* gate_lo;
+    const uint8_t* gate_hi;
+    int64_t nb2;
     int64_t k;
     int nblk;
     int64_t n_expert;
     const uint8_t* acts;
     int64_t act_stride;  // bytes between prepared rows
     int n_cols;
-    float* dst;
-    int64_t dst_stride;  // floats between output columns
     const int32_t* ids;  // nullptr: dense
     int64_t ids_stride;
     int n_used;
@@ -60,8 +76,15 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 
     const int warp = static_cast<int>(threadIdx.x) >> 5;
     const int lane = static_cast<int>(threadIdx.x) & 31;
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp;
-    if (row >= p.n_rows) return;  // no block-wide barrier below
+    // This block's segment, selected with constant indices (no dynamically indexed parameters).
+    GemvSeg seg = p.seg[0];
+#pragma unroll
+    for (int i = 1; i < kMaxGemvSegs; ++i) {
+        if (i < p.n_seg && static_cast<int64_t>(blockIdx.x) >= p.seg[i].blk0) seg = p.seg[i];
+    }
+    const int64_t row = (static_cast<int64_t>(blockIdx.x) - seg.blk0) * kGemvWarps + warp;
+    if (row >= seg.n_rows) return;  // no block-wide barrier below
+    const int64_t dst_stride = seg.n_rows;  // floats between output columns
 
     int64_t expert = 0, act_row = 0, out_col = 0;
     int n_cols = p.n_cols;
@@ -73,7 +96,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         if (e < 0 || e >= p.n_expert) {
             if (lane == 0) {
                 ops::flag_error(p.error_flags, kErrorBadIndex);
-                p.dst[pair * p.dst_stride + row] = __int_as_float(0x7FC00000);
+                seg.dst[pair * dst_stride + row] = __int_as_float(0x7FC00000);
             }
             return;
         }
@@ -83,9 +106,12 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         n_cols = 1;
     }
 
+    const uint8_t* wbase[2] = {seg.w, p.gate};
+    const uint8_t* wlo[2] = {seg.lo, p.gate_lo};
+    const uint8_t* whi[2] = {seg.hi, p.gate_hi};
     const uint8_t* wrow[kNM];
 #pragma unroll
-    for (int m = 0; m < kNM; ++m) wrow[m] = p.w[m] + expert * p.nb2 + row * p.nb1;
+    for (int m = 0; m < kNM; ++m) wrow[m] = wbase[m] + expert * p.nb2 + row * seg.nb1;
 
     float acc[kNM][MC];
 #pragma unroll
@@ -106,7 +132,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 #pragma unroll
             for (int v = 0; v < kVpl; ++v) {
                 const uint8_t* q = a0 + 16 * (lane + 32 * v);
-                buf[m][v] = q < end ? load16_guarded(q, p.lo[m], p.hi[m]) : make_uint4(0u, 0u, 0u, 0u);
+                buf[m][v] = q < end ? load16_guarded(q, wlo[m], whi[m]) : make_uint4(0u, 0u, 0u, 0u);
             }
         }
     };
@@ -188,55 +214,126 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         float g = acc[1][0];
         if (p.glu.bias_up != nullptr) u += p.glu.bias_up[expert * p.glu.bias_stride + row];
         if (p.glu.bias_gate != nullptr) g += p.glu.bias_gate[expert * p.glu.bias_stride + row];
-        p.dst[out_col * p.dst_stride + row] = glu_apply(p.glu, g, u);
+        seg.dst[out_col * dst_stride + row] = glu_apply(p.glu, g, u);
     } else {
+        const float b = seg.bias != nullptr ? seg.bias[row] : 0.0f;
 #pragma unroll
         for (int mc = 0; mc < MC; ++mc) {
-            if (mc < n_cols) p.dst[(out_col + mc) * p.dst_stride + row] = acc[0][mc];
+            if (mc < n_cols) {
+                const int64_t o = (out_col + mc) * dst_stride + row;
+                seg.dst[o] = acc[0][mc];
+                if (seg.bias != nullptr) seg.dst2[o] = acc[0][mc] + b;  // the ADD node's one rounding
+            }
         }
     }
 }
 
-// One thread per (row, block): Q8 quantisation exactly as the CPU's quantize_q8a.
-__global__ void quantize_q8_kernel(const RowsF32 x, int64_t rows, int nblk, int64_t k, uint8_t* dst, int64_t stride) {
-    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= rows * nblk) return;
+// Float weights with few rows (the router: 128 x 2048 F32): one block per row, each thread a slice
+// of 4 consecutive values per step, so that the row's bytes are all in flight at once (a warp per row
+// would leave most SMs idle), then a block sum. Segments as in gemv_kernel, blk0 counting rows.
+constexpr int kRowThreads = 256;
+constexpr int64_t kRowKernelMaxRows = 1024;  // rows per segment up to which float weights use it
+
+template <Type W>
+__device__ __forceinline__ void load_w4(const uint8_t* row, int64_t e, float (&w)[4]) {
+    if constexpr (W == Type::F32) {
+        const float4 v = __ldg(reinterpret_cast<const float4*>(row) + e / 4);
+        w[0] = v.x;
+        w[1] = v.y;
+        w[2] = v.z;
+        w[3] = v.w;
+    } else {
+        const uint2 v = __ldg(reinterpret_cast<const uint2*>(row) + e / 4);
+        if constexpr (W == Type::F16) {
+            w[0] = fp16_bits_to_float(v.x);
+            w[1] = fp16_bits_to_float(v.x >> 16);
+            w[2] = fp16_bits_to_float(v.y);
+            w[3] = fp16_bits_to_float(v.y >> 16);
+        } else {
+            w[0] = bf16_bits_to_float(v.x);
+            w[1] = bf16_bits_to_float(v.x >> 16);
+            w[2] = bf16_bits_to_float(v.y);
+            w[3] = bf16_bits_to_float(v.y >> 16);
+        }
+    }
+}
+
+template <Type W, int MC>
+__global__ void __launch_bounds__(kRowThreads) gemv_rows_kernel(const GemvParams p) {
+    __shared__ float part[kRowThreads / 32][MC];
+    GemvSeg seg = p.seg[0];
+#pragma unroll
+    for (int i = 1; i < kMaxGemvSegs; ++i) {
+        if (i < p.n_seg && static_cast<int64_t>(blockIdx.x) >= p.seg[i].blk0) seg = p.seg[i];
+    }
+    const int64_t row = static_cast<int64_t>(blockIdx.x) - seg.blk0;
+    const uint8_t* wr = seg.w + row * seg.nb1;
+    float acc[MC];
+#pragma unroll
+    for (int mc = 0; mc < MC; ++mc) acc[mc] = 0.0f;
+#pragma unroll 4
+    for (int64_t e = 4 * static_cast<int64_t>(threadIdx.x); e < p.k; e += 4 * kRowThreads) {
+        float w[4];
+        load_w4<W>(wr, e, w);
+#pragma unroll
+        for (int mc = 0; mc < MC; ++mc) {
+            if (mc < p.n_cols) {
+                const float4 x = __ldg(reinterpret_cast<const float4*>(p.acts + mc * p.act_stride) + e / 4);
+                acc[mc] += w[0] * x.x + w[1] * x.y + w[2] * x.z + w[3] * x.w;
+            }
+        }
+    }
+    const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+#pragma unroll
+    for (int mc = 0; mc < MC; ++mc) {
+        const float v = ops::warp_sum(acc[mc]);
+        if (lane == 0) part[warp][mc] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    const float b = seg.bias != nullptr ? seg.bias[row] : 0.0f;
+#pragma unroll
+    for (int mc = 0; mc < MC; ++mc) {
+        if (mc >= p.n_cols) continue;
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kRowThreads / 32; ++w) v += part[w][mc];
+        const int64_t o = mc * seg.n_rows + row;
+        seg.dst[o] = v;
+        if (seg.bias != nullptr) seg.dst2[o] = v + b;
+    }
+}
+
+// One warp per (row, block of 32): lane j takes element j (one coalesced 128-byte load per warp), the
+// block's amax is a warp max, and lanes 0, 4, ... store the packed words. Q8 quantisation exactly as
+// the CPU's quantize_q8a.
+constexpr int kQuantWarps = 8;
+
+__global__ void __launch_bounds__(kQuantWarps * 32) quantize_q8_kernel(const RowsF32 x, int64_t rows, int nblk,
+                                                                         int64_t k, uint8_t* dst, int64_t stride) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
+    if (i >= rows * nblk) return;  // whole warps leave together
+    const int lane = static_cast<int>(threadIdx.x) & 31;
     const int64_t r = i / nblk;
     const int b = static_cast<int>(i - r * nblk);
-    const float* src = row_f32(x, r) + 32 * b;
-    float v[32];
-    float amax = 0.0f;
-    bool finite = true;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-        v[j] = src[j];
-        finite = finite && isfinite(v[j]);
-        amax = fmaxf(amax, fabsf(v[j]));
-    }
+    const float v = row_f32(x, r)[32 * b + lane];
+    const bool finite = __all_sync(0xffffffffu, isfinite(v));
+    const float amax = ops::warp_max(fabsf(v));
     uint8_t* row = dst + r * stride;
-    int4* qs = reinterpret_cast<int4*>(row + 32 * static_cast<int64_t>(b));
+    auto* qs = reinterpret_cast<uint32_t*>(row + 32 * static_cast<int64_t>(b));
     float* d = reinterpret_cast<float*>(row + k) + b;
     if (!finite) {  // the CPU makes the block's scale NaN, so every dot that uses it is NaN
-        qs[0] = make_int4(0, 0, 0, 0);
-        qs[1] = make_int4(0, 0, 0, 0);
-        *d = __int_as_float(0x7FC00000);
+        if ((lane & 3) == 0) qs[lane >> 2] = 0u;
+        if (lane == 0) *d = __int_as_float(0x7FC00000);
         return;
     }
     const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    int w[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        uint32_t word = 0;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int q = __float2int_rn(v[4 * j + e] * id);
-            word |= (static_cast<uint32_t>(q) & 0xFFu) << (8 * e);
-        }
-        w[j] = static_cast<int>(word);
-    }
-    qs[0] = make_int4(w[0], w[1], w[2], w[3]);
-    qs[1] = make_int4(w[4], w[5], w[6], w[7]);
-    *d = amax / 127.0f;
+    const uint32_t q = static_cast<uint32_t>(__float2int_rn(v * id)) & 0xFFu;
+    const uint32_t q1 = __shfl_down_sync(0xffffffffu, q, 1);
+    const uint32_t q2 = __shfl_down_sync(0xffffffffu, q, 2);
+    const uint32_t q3 = __shfl_down_sync(0xffffffffu, q, 3);
+    if ((lane & 3) == 0) qs[lane >> 2] = q | q1 << 8 | q2 << 16 | q3 << 24;
+    if (lane == 0) *d = amax / 127.0f;
 }
 
 // One thread per element: F32 rows copied into contiguous prepared rows.
@@ -248,8 +345,8 @@ __global__ void copy_f32_kernel(const RowsF32 x, int64_t rows, int64_t k, float*
 }
 
 template <Type W, int MC, bool FUSED>
-Status launch_gemv(const GemvParams& p, int64_t n_jobs, cudaStream_t stream) {
-    const dim3 grid(static_cast<unsigned int>((p.n_rows + kGemvWarps - 1) / kGemvWarps), static_cast<unsigned int>(n_jobs));
+Status launch_gemv(const GemvParams& p, int64_t blocks, int64_t n_jobs, cudaStream_t stream) {
+    const dim3 grid(static_cast<unsigned int>(blocks), static_cast<unsigned int>(n_jobs));
     gemv_kernel<W, MC, FUSED><<<grid, kGemvThreads, 0, stream>>>(p);
     return ops::launch_status("gemv_kernel");
 }
@@ -257,20 +354,21 @@ Status launch_gemv(const GemvParams& p, int64_t n_jobs, cudaStream_t stream) {
 }  // namespace
 
 size_t gemv_act_row_bytes(Type w, int64_t k) {
-    const size_t bytes = is_quant(w) ? static_cast<size_t>(k) + 4 * static_cast<size_t>(k / 32) : 4 * static_cast<size_t>(k);
-    return (bytes + 15) & ~size_t{15};
+    if (is_quant(w)) return q8_row_bytes(k);
+    return (4 * static_cast<size_t>(k) + 15) & ~size_t{15};
 }
 
 Status gemv_prepare(const RowsF32& x, int64_t rows, int64_t k, Type w, void* dst, cudaStream_t stream) {
     if (rows == 0) return Status::ok();
-    constexpr int kThreads = 256;
     if (is_quant(w)) {
         const int nblk = static_cast<int>(k / 32);
         const int64_t n = rows * nblk;
-        quantize_q8_kernel<<<static_cast<unsigned int>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-            x, rows, nblk, k, static_cast<uint8_t*>(dst), static_cast<int64_t>(gemv_act_row_bytes(w, k)));
+        quantize_q8_kernel<<<static_cast<unsigned int>((n + kQuantWarps - 1) / kQuantWarps), kQuantWarps * 32, 0,
+                             stream>>>(x, rows, nblk, k, static_cast<uint8_t*>(dst),
+                                       static_cast<int64_t>(gemv_act_row_bytes(w, k)));
         return ops::launch_status("quantize_q8_kernel");
     }
+    constexpr int kThreads = 256;
     const int64_t n = rows * k;
     copy_f32_kernel<<<static_cast<unsigned int>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
         x, rows, k, static_cast<float*>(dst));
@@ -279,27 +377,47 @@ Status gemv_prepare(const RowsF32& x, int64_t rows, int64_t k, Type w, void* dst
 
 Status gemv(const WeightArg& w, const WeightArg* gate, const void* acts, int64_t n_cols, const GemvRoute* route,
             const GluParams* glu, float* dst, cudaStream_t stream) {
-    if (w.n == 0) return Status::ok();
+    const GemvOut out{&w, dst, nullptr, nullptr};
+    return gemv_multi(std::span<const GemvOut>(&out, 1), gate, acts, 0, n_cols, route, glu, stream);
+}
+
+Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const void* acts, int64_t act_stride,
+                  int64_t n_cols, const GemvRoute* route, const GluParams* glu, cudaStream_t stream) {
+    if (outs.empty() || outs.size() > static_cast<size_t>(kMaxGemvSegs)) {
+        return internal_error("cuda gemv: " + std::to_string(outs.size()) + " weights in one launch (1 .. " +
+                              std::to_string(kMaxGemvSegs) + " expected)");
+    }
+    const WeightArg& w = *outs[0].w;
     GemvParams p{};
-    p.w[0] = w.data;
-    p.lo[0] = w.data;
-    p.hi[0] = w.end;
-    p.w[1] = gate != nullptr ? gate->data : w.data;
-    p.lo[1] = gate != nullptr ? gate->data : w.data;
-    p.hi[1] = gate != nullptr ? gate->end : w.end;
-    p.nb1 = w.nb1;
+    int64_t blocks = 0;
+    for (const GemvOut& o : outs) {
+        if (o.w->type != w.type || o.w->k != w.k) return internal_error("cuda gemv: segments of one launch differ in type or k");
+        GemvSeg& sg = p.seg[p.n_seg++];
+        sg.w = o.w->data;
+        sg.lo = o.w->data;
+        sg.hi = o.w->end;
+        sg.nb1 = o.w->nb1;
+        sg.n_rows = o.w->n;
+        sg.blk0 = blocks;
+        sg.dst = o.dst;
+        sg.bias = o.bias;
+        sg.dst2 = o.dst2;
+        blocks += (o.w->n + kGemvWarps - 1) / kGemvWarps;
+    }
+    if (blocks == 0) return Status::ok();
+    p.gate = gate != nullptr ? gate->data : w.data;
+    p.gate_lo = gate != nullptr ? gate->data : w.data;
+    p.gate_hi = gate != nullptr ? gate->end : w.end;
     p.nb2 = w.nb2;
-    p.n_rows = w.n;
     p.k = w.k;
     p.nblk = static_cast<int>(w.k / 32);
     p.n_expert = w.n_expert;
     p.acts = static_cast<const uint8_t*>(acts);
-    p.act_stride = static_cast<int64_t>(gemv_act_row_bytes(w.type, w.k));
+    p.act_stride = act_stride > 0 ? act_stride : static_cast<int64_t>(gemv_act_row_bytes(w.type, w.k));
     p.n_cols = static_cast<int>(n_cols);
-    p.dst = dst;
-    p.dst_stride = w.n;
     int64_t n_jobs = 1;
     if (route != nullptr) {
+        if (outs.size() != 1) return internal_error("cuda gemv: routed products take one weight");
         p.ids = route->ids;
         p.ids_stride = route->ids_stride;
         p.n_used = route->n_used;
@@ -314,15 +432,55 @@ Status gemv(const WeightArg& w, const WeightArg* gate, const void* acts, int64_t
     if (n_jobs > static_cast<int64_t>(ops::kMaxGridYZ)) {
         return internal_error("cuda gemv: " + std::to_string(n_jobs) + " routed pairs exceed the grid");
     }
+    if (blocks > 0x7fffffff) return internal_error("cuda gemv: too many rows");
     if (glu != nullptr) p.glu = *glu;
     const bool fused = gate != nullptr;
+    // Float weights with few rows: a block per row (16-byte activation rows, aligned weight rows).
+    if (route == nullptr && !is_quant(w.type) && reinterpret_cast<uintptr_t>(p.acts) % 16 == 0 &&
+        p.act_stride % 16 == 0) {
+        const size_t wa = w.type == Type::F32 ? 16 : 8;
+        bool rows_ok = true;
+        int64_t rows = 0;
+        for (int i = 0; i < p.n_seg; ++i) {
+            GemvSeg& sg = p.seg[i];
+            rows_ok = rows_ok && sg.n_rows <= kRowKernelMaxRows && reinterpret_cast<uintptr_t>(sg.w) % wa == 0 &&
+                      sg.nb1 % static_cast<int64_t>(wa) == 0;
+            sg.blk0 = rows;
+            rows += sg.n_rows;
+        }
+        if (rows_ok) {
+            return with_weight_type(w.type, [&](auto wt) -> Status {
+                constexpr Type W = decltype(wt)::value;
+                if constexpr (is_quant(W)) {
+                    return internal_error("cuda gemv: the row kernel takes float weights");
+                } else {
+                    const auto grid = static_cast<unsigned int>(rows);
+                    if (p.n_cols == 1) {
+                        gemv_rows_kernel<W, 1><<<grid, kRowThreads, 0, stream>>>(p);
+                    } else if (p.n_cols == 2) {
+                        gemv_rows_kernel<W, 2><<<grid, kRowThreads, 0, stream>>>(p);
+                    } else if (p.n_cols <= 4) {
+                        gemv_rows_kernel<W, 4><<<grid, kRowThreads, 0, stream>>>(p);
+                    } else {
+                        gemv_rows_kernel<W, 8><<<grid, kRowThreads, 0, stream>>>(p);
+                    }
+                    return ops::launch_status("gemv_rows_kernel");
+                }
+            });
+        }
+        int64_t blk = 0;
+        for (int i = 0; i < p.n_seg; ++i) {  // back to warp rows: blocks of kGemvWarps rows
+            p.seg[i].blk0 = blk;
+            blk += (p.seg[i].n_rows + kGemvWarps - 1) / kGemvWarps;
+        }
+    }
     return with_weight_type(w.type, [&](auto wt) -> Status {
         constexpr Type W = decltype(wt)::value;
-        if (fused) return launch_gemv<W, 1, true>(p, n_jobs, stream);
-        if (p.n_cols == 1) return launch_gemv<W, 1, false>(p, n_jobs, stream);
-        if (p.n_cols == 2) return launch_gemv<W, 2, false>(p, n_jobs, stream);
-        if (p.n_cols <= 4) return launch_gemv<W, 4, false>(p, n_jobs, stream);
-        return launch_gemv<W, 8, false>(p, n_jobs, stream);
+        if (fused) return launch_gemv<W, 1, true>(p, blocks, n_jobs, stream);
+        if (p.n_cols == 1) return launch_gemv<W, 1, false>(p, blocks, n_jobs, stream);
+        if (p.n_cols == 2) return launch_gemv<W, 2, false>(p, blocks, n_jobs, stream);
+        if (p.n_cols <= 4) return launch_gemv<W, 4, false>(p, blocks, n_jobs, stream);
+        return launch_gemv<W, 8, false>(p, blocks, n_jobs, stream);
     });
 }
 

@@ -120,9 +120,7 @@ __global__ void route_scatter_kernel(const int32_t* pair_expert, int64_t n_pairs
     perm[seg_off[e] + atomicAdd(&cursor[e], 1)] = static_cast<int32_t>(p);
 }
 
-bool use_gemv(const MoeArgs& a) {
-    return a.n_tokens <= kGemvMaxCols && a.n_used * a.n_tokens <= static_cast<int64_t>(ops::kMaxGridYZ);
-}
+bool use_gemv(const MoeArgs& a) { return moe_takes_gemv(a); }
 
 struct MoeLayout {
     void* acts = nullptr;
@@ -153,6 +151,10 @@ MoeLayout moe_layout(const MoeArgs& a, Carver& c) {
 
 }  // namespace
 
+bool moe_takes_gemv(const MoeArgs& a) {
+    return a.n_tokens <= kGemvMaxCols && a.n_used * a.n_tokens <= static_cast<int64_t>(ops::kMaxGridYZ);
+}
+
 size_t moe_scratch(const MoeArgs& a) {
     Carver c(nullptr);
     (void)moe_layout(a, c);
@@ -173,7 +175,12 @@ Status moe_run(const MoeArgs& a, const OpContext& ctx) {
     const GluParams* glu = a.fused ? &a.glu : nullptr;
 
     if (use_gemv(a)) {
-        MOE_RETURN_IF_ERROR(gemv_prepare(a.x, x_rows, a.w.k, a.w.type, l.acts, ctx.stream));
+        const void* acts = l.acts;
+        if (ctx.q8_act != nullptr && is_quant(a.w.type) && a.b_rows == 1) {
+            acts = ctx.q8_act;  // quantised already by the norm that produced x (fusion_plan.h)
+        } else {
+            MOE_RETURN_IF_ERROR(gemv_prepare(a.x, x_rows, a.w.k, a.w.type, l.acts, ctx.stream));
+        }
         GemvRoute r;
         r.ids = a.ids;
         r.ids_stride = a.ids_stride;
@@ -181,7 +188,7 @@ Status moe_run(const MoeArgs& a, const OpContext& ctx) {
         r.b_rows = static_cast<int>(a.b_rows);
         r.n_pairs = n_pairs;
         r.error_flags = ctx.error_flags;
-        return gemv(a.w, gate, l.acts, 1, &r, glu, a.dst, ctx.stream);
+        return gemv(a.w, gate, acts, 1, &r, glu, a.dst, ctx.stream);
     }
 
     const int n_expert = static_cast<int>(a.w.n_expert);

@@ -13,9 +13,12 @@
 // Tiles that no row of a warp can see are skipped, so a sliding window costs O(window) at any depth.
 //
 // Decode (few rows) would leave most SMs idle, so the key range of each block is also split (split-K,
-// grid z): each split writes (m, l, acc) partials to scratch and a second kernel merges them with the
-// sink logit. The split count is chosen on the host from the shapes alone (positions are on the
-// device); each block computes its real key range from the positions, so the choice only affects speed.
+// grid z) down to kMinSplitKeys keys per split, at short contexts too: each split writes (m, l, acc)
+// partials to scratch, counts itself in a per-(row tile, KV head) counter, and the last split to
+// arrive merges the partials with the sink logit and resets the counter (threadfence reduction), so
+// a decode step's attention is one launch. Without counters (ctx.attn_counters) a second kernel merges.
+// The split count is chosen on the host from the shapes alone (positions are on the device); each
+// block computes its real key range from the positions, so the choice only affects speed.
 //
 // Supported head sizes: D in {32, 64, 96, 128, 256}; K and V of one type (F16 or F32).
 #include <algorithm>
@@ -33,7 +36,7 @@ constexpr int kBK = 32;              // keys per tile: one per lane
 constexpr int kWarps = 4;            // warps per block
 constexpr int kMaxRowsPerWarp = 8;   // register budget: acc is rows x D/32 floats per lane
 constexpr int kThreads = kWarps * 32;
-constexpr int kMinSplitKeys = 128;   // a split-K chunk smaller than this costs more than it saves
+constexpr int kMinSplitKeys = 32;    // one key tile: a split-K chunk is never shorter
 constexpr int kMaxSplit = 128;
 constexpr int kBlocksPerSm = 4;      // split-K aims at this many blocks per SM (decode is latency-bound)
 constexpr int kMergeWarps = 4;
@@ -43,6 +46,7 @@ struct AttnArgs {
     const int32_t* pos;
     const float* sinks;  // nullptr: none
     float* part;         // split-K partials [n_split][T][H] x (m, l, acc[D]); nullptr when n_split == 1
+    unsigned int* counters;  // split-K arrivals per (row tile, KV head); nullptr: attention_merge_kernel
     float scale;
     int window;
     int n_kv;
@@ -64,12 +68,14 @@ struct Plan {
 Plan make_plan(int64_t n_tok, int64_t group, int64_t n_head_kv, int64_t n_kv, int window, int n_sm) {
     Plan p{};
     const int64_t rows = n_tok * group;
+    const int64_t target = kBlocksPerSm * static_cast<int64_t>(std::max(n_sm, 1));
     p.rows_per_warp = static_cast<int>(std::clamp<int64_t>((rows + kWarps - 1) / kWarps, 1, kMaxRowsPerWarp));
+    // Too few blocks while decoding: one row per warp, more row tiles (they share K/V tiles in L2).
+    if (n_tok <= 8 && ((rows + kWarps * p.rows_per_warp - 1) / (kWarps * p.rows_per_warp)) * n_head_kv < target) p.rows_per_warp = 1;
     const int64_t tile_rows = static_cast<int64_t>(kWarps) * p.rows_per_warp;
     p.n_tiles = (rows + tile_rows - 1) / tile_rows;
     p.n_split = 1;
     const int64_t blocks = p.n_tiles * n_head_kv;
-    const int64_t target = kBlocksPerSm * static_cast<int64_t>(std::max(n_sm, 1));
     if (blocks < target) {
         // The longest key range a tile can have, from the shapes: all keys, or a window plus the
         // tile's own tokens.
@@ -156,8 +162,45 @@ struct TileLoad {
     }
 };
 
+// Merges the n_split partials of output row `row` (= t * n_head + h) with the sink into dst; one warp,
+// `wts` holds kMaxSplit floats of its own. Partials come from other blocks: read through L2.
+template <int D>
+__device__ void merge_row(const AttnArgs& a, int64_t row, float* wts, int lane) {
+    const int64_t t = row / a.n_head, h = row % a.n_head;
+    const int64_t stride = a.n_tok * a.n_head * (D + 2);  // between splits
+    const float* p0 = a.part + row * (D + 2);
+    const float sink = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
+    float mx = sink;
+    for (int s = lane; s < a.n_split; s += 32) mx = fmaxf(mx, __ldcg(p0 + s * stride));
+    mx = ops::warp_max(mx);
+    auto* out = reinterpret_cast<float*>(ops::row_at(a.d, h, t, 0));
+    if (mx == -INFINITY) {  // no key and no sink
+        for (int e = lane; e < D; e += 32) out[e] = 0.0f;
+        return;
+    }
+    float total = 0.0f;
+    for (int s = lane; s < a.n_split; s += 32) {
+        const float ms = __ldcg(p0 + s * stride);
+        const float w = ms == -INFINITY ? 0.0f : expf(ms - mx);
+        wts[s] = w;
+        total += w * __ldcg(p0 + s * stride + 1);
+    }
+    total = ops::warp_sum(total) + (a.sinks != nullptr ? expf(sink - mx) : 0.0f);
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    __syncwarp();
+    for (int e = lane; e < D; e += 32) {
+        float o = 0.0f;
+        for (int s = 0; s < a.n_split; ++s) {
+            const float w = wts[s];
+            if (w != 0.0f) o += w * __ldcg(p0 + s * stride + 2 + e);
+        }
+        out[e] = o * inv;
+    }
+    __syncwarp();  // wts is reused for the warp's next row
+}
+
 template <int D, typename KV>
-__global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
+__global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_constant__ AttnArgs a) {
     using TL = TileLoad<D, KV>;
     constexpr int kPerLane = D / 32;
     extern __shared__ float4 smem4[];
@@ -174,13 +217,21 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
     const int64_t n_rows = a.n_tok * a.group;
     const int64_t row0 = static_cast<int64_t>(blockIdx.x) * R;
 
+    // Each row's key range, read by one thread each (one round trip for all the positions).
+    __shared__ int s_lo[kWarps * kMaxRowsPerWarp], s_hi[kWarps * kMaxRowsPerWarp];
+    if (tid < R) {
+        int lo = 0, hi = 0;
+        if (row0 + tid < n_rows) key_range(a.pos[(row0 + tid) / a.group], a.n_kv, a.window, lo, hi);
+        s_lo[tid] = lo;
+        s_hi[tid] = hi;
+    }
+    __syncthreads();
     // Union of the tile's key ranges.
     int blo = a.n_kv, bhi = 0;
     for (int r = 0; r < R; ++r) {
         const int64_t f = row0 + r;
         if (f >= n_rows) break;
-        int lo, hi;
-        key_range(a.pos[f / a.group], a.n_kv, a.window, lo, hi);
+        const int lo = s_lo[r], hi = s_hi[r];
         if (lo < hi) {
             blo = min(blo, lo);
             bhi = max(bhi, hi);
@@ -205,7 +256,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
         rlo[r] = 0;
         rhi[r] = 0;
         if (valid[r]) {
-            key_range(a.pos[f / a.group], a.n_kv, a.window, rlo[r], rhi[r]);
+            rlo[r] = s_lo[warp * rpw + r];
+            rhi[r] = s_hi[warp * rpw + r];
             rlo[r] = max(rlo[r], k_begin);
             rhi[r] = max(rlo[r], min(rhi[r], k_end));
         }
@@ -364,46 +416,37 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
             for (int i = 0; i < kPerLane; ++i) p[2 + lane + 32 * i] = acc[r][i];
         }
     }
+    if (a.n_split == 1 || a.counters == nullptr) return;
+
+    // The last split of this (row tile, KV head) to arrive merges the tile's rows.
+    __shared__ unsigned int s_last;
+    __shared__ float wts[kWarps][kMaxSplit];
+    __threadfence();  // this block's partials are visible before it counts itself
+    __syncthreads();
+    if (tid == 0) {
+        const unsigned int idx = blockIdx.y * gridDim.x + blockIdx.x;
+        const unsigned int before = atomicAdd(&a.counters[idx], 1u);
+        s_last = before + 1 == static_cast<unsigned int>(a.n_split) ? 1u : 0u;
+        if (s_last != 0u) a.counters[idx] = 0u;  // ready for the next launch (stream-ordered after this one)
+    }
+    __syncthreads();
+    if (s_last == 0u) return;
+    __threadfence();
+    for (int r = warp; r < R; r += kWarps) {
+        const int64_t f = row0 + r;
+        if (f >= n_rows) break;
+        const int64_t t = f / a.group, h = static_cast<int64_t>(g) * a.group + f % a.group;
+        merge_row<D>(a, t * a.n_head + h, wts[warp], lane);
+    }
 }
 
 // Merges the n_split partials of each (token, head) row with the sink: one warp per row.
 template <int D>
 __global__ void attention_merge_kernel(AttnArgs a) {
     __shared__ float wts[kMergeWarps][kMaxSplit];
-    const int lane = threadIdx.x, wy = threadIdx.y;
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarps + wy;
-    const int64_t n_rows = a.n_tok * a.n_head;
-    if (row >= n_rows) return;
-    const int64_t t = row / a.n_head, h = row % a.n_head;
-    const int64_t stride = a.n_tok * a.n_head * (D + 2);  // between splits
-    const float* p0 = a.part + row * (D + 2);
-    const float sink = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
-    float mx = sink;
-    for (int s = lane; s < a.n_split; s += 32) mx = fmaxf(mx, p0[s * stride]);
-    mx = ops::warp_max(mx);
-    auto* out = reinterpret_cast<float*>(ops::row_at(a.d, h, t, 0));
-    if (mx == -INFINITY) {  // no key and no sink
-        for (int e = lane; e < D; e += 32) out[e] = 0.0f;
-        return;
-    }
-    float total = 0.0f;
-    for (int s = lane; s < a.n_split; s += 32) {
-        const float ms = p0[s * stride];
-        const float w = ms == -INFINITY ? 0.0f : expf(ms - mx);
-        wts[wy][s] = w;
-        total += w * p0[s * stride + 1];
-    }
-    total = ops::warp_sum(total) + (a.sinks != nullptr ? expf(sink - mx) : 0.0f);
-    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    __syncwarp();
-    for (int e = lane; e < D; e += 32) {
-        float o = 0.0f;
-        for (int s = 0; s < a.n_split; ++s) {
-            const float w = wts[wy][s];
-            if (w != 0.0f) o += w * p0[s * stride + 2 + e];
-        }
-        out[e] = o * inv;
-    }
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.y;
+    if (row >= a.n_tok * a.n_head) return;
+    merge_row<D>(a, row, wts[threadIdx.y], static_cast<int>(threadIdx.x));
 }
 
 template <int D, typename KV>
@@ -418,7 +461,7 @@ Status launch(AttnArgs a, const Plan& plan, int64_t n_head_kv, cudaStream_t stre
                     static_cast<unsigned int>(plan.n_split));
     attention_kernel<D, KV><<<grid, kThreads, shm, stream>>>(a);
     MOE_RETURN_IF_ERROR(ops::launch_status("attention_kernel"));
-    if (plan.n_split > 1) {
+    if (plan.n_split > 1 && a.counters == nullptr) {
         const int64_t n_rows = a.n_tok * a.n_head;
         attention_merge_kernel<D><<<ops::ceil_div(n_rows, kMergeWarps), dim3(32, kMergeWarps), 0, stream>>>(a);
         MOE_RETURN_IF_ERROR(ops::launch_status("attention_merge_kernel"));
@@ -503,6 +546,7 @@ Status attention(Tensor& dst, const OpContext& ctx) {
                                   std::to_string(need));
         }
         a.part = static_cast<float*>(ctx.scratch);
+        if (plan.n_tiles * k.ne[1] <= kAttnCounters) a.counters = ctx.attn_counters;
     }
     if (k.type == Type::F16) return launch_d<__half>(q.ne[0], a, plan, k.ne[1], ctx.stream);
     return launch_d<float>(q.ne[0], a, plan, k.ne[1], ctx.stream);

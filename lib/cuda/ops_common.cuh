@@ -78,6 +78,30 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// WEIGHTED_SUM's element i of token t: sum_j w[j, t] * y[i, j, t], summed in order j = 0, 1, ...
+// The first kUnroll experts' values are loaded together (a loop over a runtime k would wait for
+// each load in turn); shared by weighted_sum_kernel and the fused row chain, so both sum alike.
+__device__ __forceinline__ float weighted_sum_at(const View& y, const View& w, int64_t t, int64_t i) {
+    constexpr int kUnroll = 8;
+    const int64_t k = y.ne[1];
+    const auto* wr = reinterpret_cast<const float*>(row_at(w, t, 0, 0));
+    float yv[kUnroll], wv[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+        if (j < k) {
+            yv[j] = reinterpret_cast<const float*>(row_at(y, j, t, 0))[i];
+            wv[j] = wr[j];
+        }
+    }
+    float acc = wv[0] * yv[0];
+#pragma unroll
+    for (int j = 1; j < kUnroll; ++j) {
+        if (j < k) acc += wv[j] * yv[j];
+    }
+    for (int64_t j = kUnroll; j < k; ++j) acc += wr[j] * reinterpret_cast<const float*>(row_at(y, j, t, 0))[i];
+    return acc;
+}
+
 // 1 / (1 + e^-x) without overflow: through e^-|x|.
 __device__ __forceinline__ float sigmoid(float x) {
     const float e = expf(-fabsf(x));

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <string>
 
+#include "cuda/fusion_plan.h"
 #include "cuda/ops_common.cuh"
 
 namespace moe::cuda {
@@ -117,6 +118,19 @@ Status rms_norm(Tensor& dst, const OpContext& ctx) {
     if (dst.ne[0] == 0 || n_rows == 0) return Status::ok();
     const RowLaunch l = row_launch(dst.ne[0], n_rows);
     const float* wp = w != nullptr ? w->as<float>() : nullptr;
+    // Long rows: the row-chain kernel (ops_fused.cu) holds a row in registers and keeps more threads
+    // busy; with several blocks it needs dst to be disjoint from (or exactly) its inputs.
+    if (!l.warp_row && dst.ne[0] <= kMaxChainRow) {
+        const ByteRange d = byte_range(dst);
+        const bool ok = n_rows == 1 || ((!d.overlaps(byte_range(x)) || (x.data == dst.data && ops::same_shape(x, dst) &&
+                                                                          x.nb[1] == dst.nb[1] && x.nb[2] == dst.nb[2] &&
+                                                                          x.nb[3] == dst.nb[3])) &&
+                                        (w == nullptr || !d.overlaps(byte_range(*w))));
+        if (ok) {
+            Tensor* parts[] = {&dst};
+            return row_chain(parts, ctx);
+        }
+    }
     if (l.warp_row) {
         rms_norm_kernel<true><<<l.grid, l.block, 0, ctx.stream>>>(ops::view_of(dst), ops::view_of(x), wp, eps);
     } else {

@@ -4,13 +4,15 @@
 //
 // Angles are formed in double (at position 30k a float angle is off by ~2e-3 rad); the YaRN ramp
 // comes from core's yarn_ramp(), shared with the CPU kernel. A block takes one token and up to kHeadsPerBlock heads: it computes the
-// token's cos/sin once into shared memory and applies them to each of its heads.
+// token's cos/sin once into shared memory and applies them to each of its heads. Small batches
+// (decoding) take one head per block instead, so that the launch covers more SMs.
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <string>
 
 #include "cuda/ops_common.cuh"
+#include "cuda/rope_math.cuh"
 
 namespace moe::cuda {
 namespace {
@@ -18,44 +20,16 @@ namespace {
 using ops::View;
 
 constexpr int kHeadsPerBlock = 8;
-constexpr int kThreads = 128;
 
-struct RopeArgs {
-    int n_dims;
-    double freq_base;
-    double freq_scale;
-    double ext_factor;
-    double corr_lo;           // YaRN ramp start (pair index), clamped
-    double corr_den;          // max(0.001, hi - lo)
-    float mscale;
-};
-
-// Per pair i: theta_i(pos) = pos * coef(i); written as the CPU's angle_coefficients().
-__device__ double angle_coef(const RopeArgs& a, int i) {
-    const double inv_freq = pow(a.freq_base, -2.0 * i / a.n_dims);
-    double mix = a.freq_scale;
-    if (a.ext_factor != 0.0) {
-        const double y = (i - a.corr_lo) / a.corr_den;
-        const double ramp_mix = (1.0 - fmin(fmax(y, 0.0), 1.0)) * a.ext_factor;
-        mix = a.freq_scale * (1.0 - ramp_mix) + ramp_mix;
-    }
-    return inv_freq * mix;
-}
-
-__global__ void rope_kernel(View d, View x, const int32_t* pos, RopeArgs a) {
+__global__ void rope_kernel(View d, View x, const int32_t* pos, RopeArgs a, int heads_per_block) {
     extern __shared__ float cs[];  // cos[half], then sin[half]
     const int half = a.n_dims / 2;
     const int64_t t = blockIdx.x;
-    const double p = pos[t];
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double s, c;
-        sincos(p * angle_coef(a, i), &s, &c);
-        cs[i] = static_cast<float>(c) * a.mscale;
-        cs[half + i] = static_cast<float>(s) * a.mscale;
-    }
+    const int p = pos[t];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) rope_cos_sin(a, i, p, cs[i], cs[half + i]);
     __syncthreads();
-    const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kHeadsPerBlock;
-    const int64_t h1 = min(h0 + kHeadsPerBlock, x.ne[1]);
+    const int64_t h0 = static_cast<int64_t>(blockIdx.y) * heads_per_block;
+    const int64_t h1 = min(h0 + heads_per_block, x.ne[1]);
     const int64_t n_all = x.ne[0];
     for (int64_t h = h0; h < h1; ++h) {
         const auto* xs = reinterpret_cast<const float*>(ops::row_at(x, h, t, 0));
@@ -83,23 +57,17 @@ Status rope(Tensor& dst, const OpContext& ctx) {
     if (x.ne[1] == 0 || x.ne[2] == 0) return Status::ok();
     if (x.ne[2] > 0x7fffffff) return invalid_argument("ROPE: too many tokens (" + std::to_string(x.ne[2]) + ")");
 
-    RopeArgs a{};
-    a.n_dims = p.n_dims;
-    a.freq_base = p.freq_base;
-    a.freq_scale = p.freq_scale;
-    a.ext_factor = p.ext_factor;
-    if (p.ext_factor != 0.0f) {
-        const YarnRamp ramp = yarn_ramp(p);  // shared with the CPU kernel
-        a.corr_lo = ramp.lo;
-        a.corr_den = ramp.den;
-    }
-    a.mscale = p.attn_factor;
-    if (p.ext_factor != 0.0f) a.mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
+    const RopeArgs a = rope_args(p);
 
-    const dim3 grid(static_cast<unsigned int>(x.ne[2]), ops::ceil_div(x.ne[1], kHeadsPerBlock));
+    // One head per block while that leaves fewer blocks than ~2 per SM; else kHeadsPerBlock.
+    const int64_t wide = x.ne[2] * ops::ceil_div(x.ne[1], kHeadsPerBlock);
+    const int hpb = wide < 2 * static_cast<int64_t>(ctx.n_sm) ? 1 : kHeadsPerBlock;
+    const dim3 grid(static_cast<unsigned int>(x.ne[2]), ops::ceil_div(x.ne[1], hpb));
     if (grid.y > ops::kMaxGridYZ) return invalid_argument("ROPE: too many heads (" + std::to_string(x.ne[1]) + ")");
     const size_t shm = static_cast<size_t>(p.n_dims) * sizeof(float);
-    rope_kernel<<<grid, kThreads, shm, ctx.stream>>>(ops::view_of(dst), ops::view_of(x), pos.as<int32_t>(), a);
+    const int half = p.n_dims / 2;
+    const int threads = std::clamp((half + 31) / 32 * 32, 32, 128);
+    rope_kernel<<<grid, threads, shm, ctx.stream>>>(ops::view_of(dst), ops::view_of(x), pos.as<int32_t>(), a, hpb);
     return ops::launch_status("rope_kernel");
 }
 

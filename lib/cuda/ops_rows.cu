@@ -154,12 +154,8 @@ __global__ void gather_kernel(View d, View x, View ids, unsigned int* err) {
 __global__ void weighted_sum_kernel(View d, View y, View w) {
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= d.ne[0]) return;
-    const int64_t k = y.ne[1];
     for (int64_t t = blockIdx.y; t < d.ne[1]; t += gridDim.y) {
-        const auto* wr = reinterpret_cast<const float*>(ops::row_at(w, t, 0, 0));
-        float acc = wr[0] * reinterpret_cast<const float*>(ops::row_at(y, 0, t, 0))[i];
-        for (int64_t j = 1; j < k; ++j) acc += wr[j] * reinterpret_cast<const float*>(ops::row_at(y, j, t, 0))[i];
-        reinterpret_cast<float*>(ops::row_at(d, t, 0, 0))[i] = acc;
+        reinterpret_cast<float*>(ops::row_at(d, t, 0, 0))[i] = ops::weighted_sum_at(y, w, t, i);
     }
 }
 

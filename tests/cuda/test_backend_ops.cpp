@@ -593,6 +593,15 @@ TEST_CASE("CUDA ATTENTION matches the CPU: prefill, decode split-K, GQA, windows
         {128, 4, 4, 130, 130, Type::F16, false, 0, 0},    // no grouping, several row tiles
         {128, 8, 2, 40, 600, Type::F32, false, 0, 0},     // F32 cache in batched 16-byte chunks
         {64, 8, 1, 16, 2048, Type::F32, true, 1000, 0},   // split-K with a window
+        // Decoding at short contexts: one row per warp, split-K down to one key tile per split, the
+        // last split of each tile merging in the kernel.
+        {128, 32, 4, 1, 1, Type::F16, false, 0, 0},       // the first token
+        {128, 32, 4, 1, 35, Type::F16, false, 0, 0},      // one split
+        {128, 32, 4, 1, 100, Type::F16, false, 0, 0},     // 3 splits, the last one short
+        {128, 32, 4, 3, 129, Type::F16, false, 0, 0},     // 3 tokens
+        {64, 64, 8, 1, 200, Type::F16, true, 128, 0},     // window + sinks, splits past the window
+        {64, 64, 8, 2, 77, Type::F32, true, 0, 4},        // F32 cache, strided views
+        {128, 32, 4, 1, 40000, Type::F16, false, 0, 0},   // deep: the most splits
     };
     moe::cpu::Scratch scratch;
     for (const Case& c : cases) {

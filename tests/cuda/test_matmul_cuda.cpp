@@ -478,6 +478,7 @@ TEST_CASE("cuda MUL_MAT matches the CPU backend on every weight type and batch s
             check_mul_mat(type, 1184, 77, rows);   // 37 blocks: two chunks, odd block count
         }
         check_mul_mat(type, 320, 129, 6, 2);       // 3-D activations [K, 3, 2]
+        check_mul_mat(type, 256, 1100, 3);         // float weights: many rows take warp rows again
         check_mul_mat(type, 320, 129, 300, 3);     // [K, 100, 3]: the dequantise + cuBLAS path
     }
 }

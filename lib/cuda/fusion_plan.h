@@ -1,0 +1,89 @@
+// Which nodes of a span the CUDA backend computes together in one launch, decided per compute() call
+// from the span alone (plain host code, no CUDA calls). Decoding runs ~30 small kernels per layer, each
+// a few microseconds; these launches replace the commonest runs of them:
+//   kGemvGroup  consecutive MUL_MATs of one activation on the GEMV path (q, k, v), each optionally
+//               followed by an ADD of a bias row: one quantisation, one GEMV launch over all weights,
+//               the bias added in the epilogue;
+//   kRowChain   [WEIGHTED_SUM] [ADD] RMS_NORM over rows of up to kMaxChainRow floats (the residual
+//               add and the next norm): one block per row, optionally also writing the norm's result
+//               quantised to Q8 into an activation slot (below);
+//   kRouter     TOPK, GATHER of the chosen logits, SOFTMAX of them: one warp per token;
+//   kAttnPrep   the attention prologue of a few tokens: [RMS_NORM q, k] ROPE q, k [CPY k, v into the
+//               KV cache], one block (per-head norms, rotation and cache writes of every head).
+// A Q8 activation slot holds the norm's result as the GEMV kernels read it (int8 rows and a scale per
+// 32 values, exactly what their own quantisation would write): the GEMV nodes that read that tensor
+// later (q, k, v; the experts' up/gate) take it from the slot instead of quantising it again.
+//
+// Correctness rests on memory ranges: parts of a launch are consecutive nodes; a fused kernel reads
+// every input of a row before writing any output of it and writes outputs in node order, and where
+// several blocks run, every pair of an output and another tensor of the launch is either disjoint or
+// the very same rows (equal data and strides). A slot is used only while no node between its producer
+// and its consumer writes bytes of the norm's result. Every part must pass its own op's checks, so a
+// node the kernels would refuse is never fused and reports its error as before.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace moe::cuda {
+
+enum class FusedKind : uint8_t { kNone = 0, kGemvGroup, kRowChain, kRouter, kAttnPrep };
+
+constexpr int kMaxParts = 6;         // a group of 3 MUL_MAT + ADD pairs
+constexpr int kMaxQ8Slots = 4;
+constexpr int kMaxPrepRows = 128;     // (head, token) rows of a kAttnPrep launch: 4 per warp of 32
+constexpr int64_t kMaxPrepFloats = 24 * 1024;  // its shared memory: tables and rows, 96 KiB
+constexpr int64_t kMaxChainRow = 8192;  // floats per row of a kRowChain launch (8 per thread of 1024)
+
+struct LaunchItem {
+    Tensor* node = nullptr;  // == part[0]: the launch happens where this node was
+    FusedKind kind = FusedKind::kNone;
+    std::array<Tensor*, kMaxParts> part{};  // every node this launch computes, in span order
+    int n_part = 1;
+    int q8_in = -1;   // the activation's Q8 rows are ready in this slot (GEMV nodes, kGemvGroup)
+    int q8_out = -1;  // the RMS_NORM's result is also written to this slot as Q8 rows (kRowChain)
+
+    // What the launch does besides its nodes' own words (for CUDA graph signatures).
+    uint64_t tag() const {
+        return static_cast<uint64_t>(kind) | static_cast<uint64_t>(n_part) << 8 |
+               static_cast<uint64_t>(q8_in + 1) << 16 | static_cast<uint64_t>(q8_out + 1) << 24;
+    }
+};
+
+struct FusionPlan {
+    std::vector<LaunchItem> items;  // in launch order; nodes that are parts of an item appear only there
+    size_t slot_bytes = 0;          // bytes of one Q8 slot (0: no slots used)
+    int n_slots = 0;
+};
+
+// Queries the planner asks of the kernels (matmul.cu); each answers from shapes and types only.
+// The activation a GEMV node quantises to Q8 (MUL_MAT, MOE_UP_GATE, MUL_MAT_ID with one row per token,
+// small batch, quantised weights), or nullptr.
+const Tensor* gemv_q8_activation(const Tensor& node);
+// True when MUL_MAT `node` passes its checks and takes the GEMV path.
+bool mul_mat_takes_gemv(const Tensor& node);
+
+// Bytes of one Q8 activation row of k values as the GEMV kernels read it: int8 qs[k], float d[k / 32],
+// rounded up to 16.
+inline size_t q8_row_bytes(int64_t k) {
+    const size_t bytes = static_cast<size_t>(k) + 4 * static_cast<size_t>(k / 32);
+    return (bytes + 15) & ~size_t{15};
+}
+
+// Bytes [lo, hi) of a tensor's elements (views included).
+struct ByteRange {
+    uintptr_t lo = 0, hi = 0;
+    bool overlaps(const ByteRange& o) const { return lo < o.hi && o.lo < hi; }
+};
+ByteRange byte_range(const Tensor& t);
+
+// Plans `nodes` (every one launches kernels: no NONE / VIEW). With enabled == false every node is its
+// own item and no slot is used.
+void plan_fusions(std::span<Tensor* const> nodes, bool enabled, FusionPlan& out);
+
+}  // namespace moe::cuda

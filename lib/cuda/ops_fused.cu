@@ -1,0 +1,523 @@
+// Fused launches of fusion_plan.h that are not matrix products:
+//
+// row_chain: [WEIGHTED_SUM] [ADD] RMS_NORM, one block per row (the residual stream between a layer's
+// halves, and the hidden-state norm alone). Each thread keeps up to kPer elements of the row in
+// registers: it reads every input first, the block reduces the sum of squares, then the results are
+// written in node order with a barrier between nodes, so an output may even reuse an input's bytes.
+// The norm can also write its result as Q8 activation rows (ctx.q8_out): a warp holds 32 consecutive
+// values, so a Q8 block is a warp max and a shuffle away, quantised exactly as quantize_q8_kernel
+// (matmul_gemv.cu) would. Each value is computed with the separate kernels' arithmetic; only the
+// order of the squares' sum differs.
+//
+// router_select: TOPK, GATHER of the chosen logits, SOFTMAX of them, one warp per token (lane j holds
+// the j-th choice), one block; bitwise the separate kernels' results.
+//
+// attn_prep: the attention prologue of up to 4 tokens, [RMS_NORM q, k] ROPE q, k [CPY k, v] into the
+// cache, in one block: the token's cos / sin tables first (rope_math.cuh, as rope_kernel), then a warp
+// per (head, token) row computes the norm (as rms_norm_kernel's warp rows: lane-strided squares, one
+// warp sum) and the rotation into shared memory, and finally every node's output is written in node
+// order (CPY converting to F16 as cpy_kernel does). Bitwise the separate kernels' results.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "cuda/fusion_plan.h"
+#include "cuda/ops_common.cuh"
+#include "cuda/rope_math.cuh"
+
+namespace moe::cuda {
+namespace {
+
+using ops::View;
+
+constexpr int kPer = 8;  // elements per thread: rows up to 8 * 1024 = kMaxChainRow
+static_assert(kPer * 1024 == kMaxChainRow, "row chains hold a row in the registers of one block");
+
+struct ChainArgs {
+    View y, wts, wsum;             // WEIGHTED_SUM: y [N, k, T], wts [k, T] -> wsum [N, T]
+    View add_a, add_b, add_dst;    // ADD: add_a + add_b; an operand that is the chain value is not read
+    int add_prev;                  // 0: add_a is the WEIGHTED_SUM result, 1: add_b, 2: both, -1: neither
+    View x;                        // RMS_NORM's src0 when it is an input (no ADD)
+    View out;                      // RMS_NORM result
+    const float* w;                // norm weight or nullptr
+    float eps;
+    uint8_t* q8;                   // Q8 rows of the result (nullptr: none)
+    int64_t q8_stride;
+    int64_t n;                     // row length
+};
+
+__device__ __forceinline__ const float* frow(const View& t, int64_t i1, int64_t i2, int64_t i3) {
+    return reinterpret_cast<const float*>(ops::row_at(t, i1, i2, i3));
+}
+
+template <bool kWsum, bool kAdd>
+__global__ void __launch_bounds__(1024) row_chain_kernel(ChainArgs a) {
+    __shared__ float part[32];
+    const int tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
+    const int lane = tid & 31, warp = tid >> 5;
+    const int64_t r = blockIdx.x;
+    int64_t i1, i2, i3;
+    ops::split_row(r, a.out.ne[1], a.out.ne[2], i1, i2, i3);
+
+    // Phase 1: every read.
+    float wv[kPer], sv[kPer], xv[kPer], gv[kPer];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int64_t i = tid + static_cast<int64_t>(j) * nt;
+        wv[j] = sv[j] = xv[j] = 0.0f;
+        gv[j] = 1.0f;
+        if (i >= a.n) continue;
+        float x = 0.0f;
+        if constexpr (kWsum) {  // as weighted_sum_kernel: token t = r of the [N, T] result
+            wv[j] = ops::weighted_sum_at(a.y, a.wts, r, i);
+            x = wv[j];
+        }
+        if constexpr (kAdd) {
+            const float lhs = a.add_prev == 0 || a.add_prev == 2 ? wv[j] : frow(a.add_a, i1, i2, i3)[i];
+            const float rhs = a.add_prev == 1 || a.add_prev == 2 ? wv[j] : frow(a.add_b, i1, i2, i3)[i];
+            sv[j] = lhs + rhs;
+            x = sv[j];
+        }
+        if constexpr (!kWsum && !kAdd) x = frow(a.x, i1, i2, i3)[i];
+        xv[j] = x;
+        if (a.w != nullptr) gv[j] = a.w[i];
+        ss += x * x;
+    }
+    // The block's sum of squares.
+    ss = ops::warp_sum(ss);
+    if (lane == 0) part[warp] = ss;
+    __syncthreads();
+    if (warp == 0) {
+        float v = lane < (nt >> 5) ? part[lane] : 0.0f;
+        v = ops::warp_sum(v);
+        if (lane == 0) part[0] = v;
+    }
+    __syncthreads();
+    ss = part[0];
+    // The mean and the root in double, as the CPU kernel does.
+    const auto scale = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / static_cast<double>(a.n) + a.eps));
+
+    // Phase 2: the writes, node by node.
+    if constexpr (kWsum) {
+        auto* d = reinterpret_cast<float*>(ops::row_at(a.wsum, r, 0, 0));
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+            const int64_t i = tid + static_cast<int64_t>(j) * nt;
+            if (i < a.n) d[i] = wv[j];
+        }
+        __syncthreads();
+    }
+    if constexpr (kAdd) {
+        auto* d = reinterpret_cast<float*>(ops::row_at(a.add_dst, i1, i2, i3));
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+            const int64_t i = tid + static_cast<int64_t>(j) * nt;
+            if (i < a.n) d[i] = sv[j];
+        }
+        __syncthreads();
+    }
+    auto* d = reinterpret_cast<float*>(ops::row_at(a.out, i1, i2, i3));
+    uint8_t* q8row = a.q8 != nullptr ? a.q8 + r * a.q8_stride : nullptr;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int64_t i = tid + static_cast<int64_t>(j) * nt;
+        if (i >= a.n) continue;  // with Q8 rows n % 32 == 0: whole warps leave together
+        const float y = a.w != nullptr ? xv[j] * scale * gv[j] : xv[j] * scale;
+        d[i] = y;
+        if (q8row != nullptr) {
+            const int64_t b = i >> 5;  // this warp's 32 values are block b
+            const bool finite = __all_sync(0xffffffffu, isfinite(y));
+            const float amax = ops::warp_max(fabsf(y));
+            auto* qs = reinterpret_cast<uint32_t*>(q8row + 32 * b);
+            float* qd = reinterpret_cast<float*>(q8row + a.n) + b;
+            if (!finite) {
+                if ((lane & 3) == 0) qs[lane >> 2] = 0u;
+                if (lane == 0) *qd = __int_as_float(0x7FC00000);
+                continue;
+            }
+            const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            const uint32_t q = static_cast<uint32_t>(__float2int_rn(y * id)) & 0xFFu;
+            const uint32_t q1 = __shfl_down_sync(0xffffffffu, q, 1);
+            const uint32_t q2 = __shfl_down_sync(0xffffffffu, q, 2);
+            const uint32_t q3 = __shfl_down_sync(0xffffffffu, q, 3);
+            if ((lane & 3) == 0) qs[lane >> 2] = q | q1 << 8 | q2 << 16 | q3 << 24;
+            if (lane == 0) *qd = amax / 127.0f;
+        }
+    }
+}
+
+// ---- router ----
+
+__device__ __forceinline__ unsigned long long topk_key(float v, int64_t e) {
+    if (isnan(v)) v = -INFINITY;
+    if (v == 0.0f) v = 0.0f;
+    const unsigned int b = __float_as_uint(v);
+    const unsigned int u = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return (static_cast<unsigned long long>(u) << 32) | (0xffffffffu - static_cast<unsigned int>(e));
+}
+
+__device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned long long other = __shfl_xor_sync(0xffffffffu, v, o);
+        v = other > v ? other : v;
+    }
+    return v;
+}
+
+// blockDim (32, T): warp t takes token t. The keys and the tie rule are topk_kernel's (ops_rows.cu).
+__global__ void router_kernel(View x, View ids, View vals, View probs, int k) {
+    const int lane = static_cast<int>(threadIdx.x);
+    const int64_t t = threadIdx.y;
+    const auto* xr = reinterpret_cast<const float*>(ops::row_at(x, t, 0, 0));
+    const int64_t n = x.ne[0];
+    unsigned long long prev = ~0ull;
+    int my_id = 0;
+    for (int j = 0; j < k; ++j) {
+        unsigned long long best = 0;
+        for (int64_t e = lane; e < n; e += 32) {
+            const unsigned long long key = topk_key(xr[e], e);
+            if (key < prev && key > best) best = key;
+        }
+        best = warp_max_u64(best);
+        if (lane == j) my_id = static_cast<int>(0xffffffffu - static_cast<unsigned int>(best));
+        prev = best;
+    }
+    const float g = lane < k ? xr[my_id] : -INFINITY;
+    // As softmax_kernel's warp rows: one value per lane, so the same reductions in the same order.
+    const float mx = ops::warp_max(g);
+    float p = 0.0f;
+    if (mx != -INFINITY) {
+        const float e = lane < k ? expf(g - mx) : 0.0f;
+        const float inv = 1.0f / ops::warp_sum(e);
+        p = e * inv;
+    }
+    __syncthreads();  // every read is done: outputs may reuse the logits' bytes
+    if (lane < k) reinterpret_cast<int32_t*>(ops::row_at(ids, t, 0, 0))[lane] = my_id;
+    __syncthreads();
+    if (lane < k) reinterpret_cast<float*>(ops::row_at(vals, t, 0, 0))[lane] = g;
+    __syncthreads();
+    if (lane < k) reinterpret_cast<float*>(ops::row_at(probs, t, 0, 0))[lane] = p;
+}
+
+// ---- attention prologue ----
+
+constexpr int kPrepStreams = 4;
+constexpr int kPrepWrites = 6;
+
+// Rows that go through the same steps: q (norm, rope), k (norm, rope, cache), v (cache).
+struct PrepStream {
+    View src;          // [D, H, T] input rows
+    View norm;         // RMS_NORM dst (has_norm)
+    const float* w;    // its weight or nullptr
+    float eps;
+    View rope;         // ROPE dst (has_rope)
+    int has_norm, has_rope;
+    int rows;          // H * T
+    int row0;          // first row among all streams' rows
+    int nbuf, rbuf;    // shared-memory offsets (floats) of the norm and rope results; -1: none
+};
+
+struct PrepWrite {
+    int stream;
+    int what;          // 0: norm dst, 1: rope dst, 2: cache (dst view `cpy`)
+    View cpy;
+    int to_f16;
+};
+
+struct PrepArgs {
+    PrepStream s[kPrepStreams];
+    int n_streams;
+    PrepWrite w[kPrepWrites];
+    int n_writes;
+    int d, t, total_rows;
+    const int32_t* pos;
+    RopeArgs rope;
+};
+
+// As cpy_kernel: round to nearest even; a NaN becomes the quiet NaN sign|0x7E00.
+__device__ __forceinline__ unsigned short prep_half_bits(float f) {
+    if (isnan(f)) return static_cast<unsigned short>(((__float_as_uint(f) >> 16) & 0x8000u) | 0x7e00u);
+    return __half_as_ushort(__float2half_rn(f));
+}
+
+template <int D>
+__global__ void __launch_bounds__(1024) attn_prep_kernel(const __grid_constant__ PrepArgs a) {
+    extern __shared__ float sm[];  // cos / sin per token ([t][D]: cos half, sin half), then row buffers
+    constexpr int kPerLane = D / 32;
+    constexpr int kHalf = D / 2;
+    const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    const int n_warps = static_cast<int>(blockDim.x) >> 5;
+    for (int i = tid; i < a.t * kHalf; i += blockDim.x) {
+        const int t = i / kHalf, p = i % kHalf;
+        rope_cos_sin(a.rope, p, a.pos[t], sm[t * D + p], sm[t * D + kHalf + p]);
+    }
+    __syncthreads();
+    // Rows: every read, the norms and the rotations, into shared memory.
+    for (int gr = warp; gr < a.total_rows; gr += n_warps) {
+        int si = 0;
+#pragma unroll
+        for (int k = 1; k < kPrepStreams; ++k) {
+            if (k < a.n_streams && gr >= a.s[k].row0) si = k;
+        }
+        const PrepStream& st = a.s[si];
+        const int r = gr - st.row0;
+        const int64_t h = r % st.src.ne[1], t = r / st.src.ne[1];
+        const auto* x = reinterpret_cast<const float*>(ops::row_at(st.src, h, t, 0));
+        float v[kPerLane];
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) v[i] = x[lane + 32 * i];
+        if (st.has_norm) {
+            float ss = 0.0f;
+#pragma unroll
+            for (int i = 0; i < kPerLane; ++i) ss += v[i] * v[i];
+            ss = ops::warp_sum(ss);
+            const auto scale = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / static_cast<double>(D) + st.eps));
+#pragma unroll
+            for (int i = 0; i < kPerLane; ++i) {
+                const int e = lane + 32 * i;
+                v[i] = st.w != nullptr ? v[i] * scale * st.w[e] : v[i] * scale;
+                sm[st.nbuf + r * D + e] = v[i];
+            }
+        }
+        if (st.has_rope) {
+            const float* cs = sm + t * D;
+            constexpr int kH = kPerLane / 2;  // element i pairs with i + kH (e and e + D/2)
+#pragma unroll
+            for (int i = 0; i < kH; ++i) {
+                const int e = lane + 32 * i;
+                const float x0 = v[i], x1 = v[i + kH];
+                const float c = cs[e], s = cs[kHalf + e];
+                sm[st.rbuf + r * D + e] = __fmul_rn(x0, c) - __fmul_rn(x1, s);
+                sm[st.rbuf + r * D + e + kHalf] = __fmul_rn(x0, s) + __fmul_rn(x1, c);
+            }
+        }
+        if (!st.has_norm && !st.has_rope) {
+#pragma unroll
+            for (int i = 0; i < kPerLane; ++i) sm[st.rbuf + r * D + lane + 32 * i] = v[i];
+        }
+    }
+    // Writes, node by node.
+    for (int wi = 0; wi < a.n_writes; ++wi) {
+        __syncthreads();
+        const PrepWrite& w = a.w[wi];
+        const PrepStream& st = a.s[w.stream];
+        const int buf = w.what == 0 ? st.nbuf : st.rbuf;
+        const View& dv = w.what == 0 ? st.norm : w.what == 1 ? st.rope : w.cpy;
+        for (int i = tid; i < st.rows * D; i += blockDim.x) {
+            const int r = i / D, e = i % D;
+            const int64_t h = r % st.src.ne[1], t = r / st.src.ne[1];
+            char* row = ops::row_at(dv, h, t, 0);
+            const float val = sm[buf + i];
+            if (w.what == 2 && w.to_f16) {
+                *reinterpret_cast<unsigned short*>(row + 2 * e) = prep_half_bits(val);
+            } else {
+                reinterpret_cast<float*>(row)[e] = val;
+            }
+        }
+    }
+}
+
+bool is_f32_rows(const Tensor* t) { return t != nullptr && t->type == Type::F32 && t->data != nullptr && t->nb[0] == 4; }
+
+bool same_tensor(const Tensor* a, const Tensor* b) {
+    if (a == nullptr || b == nullptr || a->data != b->data) return false;
+    for (int d = 0; d < 4; ++d) {
+        if (a->ne[d] != b->ne[d] || a->nb[d] != b->nb[d]) return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+Status row_chain(std::span<Tensor* const> parts, const OpContext& ctx) {
+    Tensor* wsum = nullptr;
+    Tensor* add = nullptr;
+    size_t i = 0;
+    if (i < parts.size() && parts[i]->op == Op::WEIGHTED_SUM) wsum = parts[i++];
+    if (i < parts.size() && parts[i]->op == Op::ADD) add = parts[i++];
+    if (i + 1 != parts.size() || parts[i]->op != Op::RMS_NORM || (wsum != nullptr && add == nullptr)) {
+        return internal_error("row_chain: expected [WEIGHTED_SUM] [ADD] RMS_NORM");
+    }
+    Tensor& norm = *parts[i];
+    MOE_RETURN_IF_ERROR(moe::op_checks::check_rms_norm(norm));
+    const int64_t n = norm.ne[0], rows = norm.n_rows();
+    if (n == 0 || rows == 0) return Status::ok();
+    if (n > kMaxChainRow || rows > 0x7fffffff) return internal_error("row_chain: rows too long or too many");
+    ChainArgs a{};
+    a.out = ops::view_of(norm);
+    a.w = norm.src[1] != nullptr ? norm.src[1]->as<float>() : nullptr;
+    a.eps = norm.params.f[0];
+    a.n = n;
+    a.add_prev = -1;
+    if (wsum != nullptr) {
+        if (!is_f32_rows(wsum->src[0]) || !is_f32_rows(wsum->src[1]) || !is_f32_rows(wsum) || wsum->ne[0] != n ||
+            wsum->ne[1] != rows || wsum->src[0]->ne[0] != n || wsum->src[0]->ne[2] != rows ||
+            wsum->src[1]->ne[0] != wsum->src[0]->ne[1] || wsum->src[0]->ne[1] < 1) {
+            return internal_error("row_chain: WEIGHTED_SUM does not match the chain");
+        }
+        a.y = ops::view_of(*wsum->src[0]);
+        a.wts = ops::view_of(*wsum->src[1]);
+        a.wsum = ops::view_of(*wsum);
+    }
+    if (add != nullptr) {
+        if (!is_f32_rows(add) || !is_f32_rows(add->src[0]) || !is_f32_rows(add->src[1]) ||
+            !moe::op_checks::same_shape(*add, norm) || !moe::op_checks::same_shape(*add->src[0], norm) ||
+            !moe::op_checks::same_shape(*add->src[1], norm) || !same_tensor(norm.src[0], add)) {
+            return internal_error("row_chain: ADD does not match the chain");
+        }
+        const bool p0 = wsum != nullptr && same_tensor(add->src[0], wsum);
+        const bool p1 = wsum != nullptr && same_tensor(add->src[1], wsum);
+        if (wsum != nullptr && !p0 && !p1) return internal_error("row_chain: ADD does not read the WEIGHTED_SUM");
+        a.add_prev = p0 && p1 ? 2 : p0 ? 0 : p1 ? 1 : -1;
+        a.add_a = ops::view_of(*add->src[0]);
+        a.add_b = ops::view_of(*add->src[1]);
+        a.add_dst = ops::view_of(*add);
+    } else {
+        a.x = ops::view_of(*norm.src[0]);
+    }
+    if (ctx.q8_out != nullptr) {
+        if (n % 32 != 0) return internal_error("row_chain: Q8 rows need a multiple of 32 values");
+        a.q8 = static_cast<uint8_t*>(ctx.q8_out);
+        a.q8_stride = static_cast<int64_t>(q8_row_bytes(n));
+    }
+    // Few rows (decoding): the widest block, for latency; many rows: ~4 values per thread.
+    const int64_t per = rows <= ctx.n_sm ? 1 : 4;
+    int64_t threads = ((n + per - 1) / per + 31) / 32 * 32;
+    threads = std::max<int64_t>(threads, ((n + kPer - 1) / kPer + 31) / 32 * 32);
+    threads = std::min<int64_t>(std::max<int64_t>(threads, 32), 1024);
+    const auto grid = static_cast<unsigned int>(rows);
+    const auto block = static_cast<unsigned int>(threads);
+    if (wsum != nullptr) {
+        row_chain_kernel<true, true><<<grid, block, 0, ctx.stream>>>(a);
+    } else if (add != nullptr) {
+        row_chain_kernel<false, true><<<grid, block, 0, ctx.stream>>>(a);
+    } else {
+        row_chain_kernel<false, false><<<grid, block, 0, ctx.stream>>>(a);
+    }
+    return ops::launch_status("row_chain_kernel");
+}
+
+Status router_select(std::span<Tensor* const> parts, const OpContext& ctx) {
+    if (parts.size() != 3 || parts[0]->op != Op::TOPK || parts[1]->op != Op::GATHER || parts[2]->op != Op::SOFTMAX) {
+        return internal_error("router_select: expected TOPK, GATHER, SOFTMAX");
+    }
+    const Tensor& tk = *parts[0];
+    const Tensor& ga = *parts[1];
+    const Tensor& sm = *parts[2];
+    const Tensor* x = tk.src[0];
+    const int k = tk.params.i[0];
+    if (!is_f32_rows(x) || x->ne[2] != 1 || x->ne[3] != 1 || k < 1 || k > 32 || k > x->ne[0] || x->ne[1] < 1 ||
+        x->ne[1] > 32 || tk.type != Type::I32 || tk.data == nullptr || tk.nb[0] != 4 || tk.ne[0] != k ||
+        tk.ne[1] != x->ne[1] || !same_tensor(ga.src[0], x) || !same_tensor(ga.src[1], &tk) || !is_f32_rows(&ga) ||
+        !moe::op_checks::same_shape(ga, tk) || !same_tensor(sm.src[0], &ga) || !is_f32_rows(&sm) ||
+        !moe::op_checks::same_shape(sm, ga)) {
+        return internal_error("router_select: the parts do not form a router");
+    }
+    router_kernel<<<1, dim3(32, static_cast<unsigned int>(x->ne[1])), 0, ctx.stream>>>(
+        ops::view_of(*x), ops::view_of(tk), ops::view_of(ga), ops::view_of(sm), k);
+    return ops::launch_status("router_kernel");
+}
+
+Status attn_prep(std::span<Tensor* const> parts, const OpContext& ctx) {
+    Tensor* norms[2] = {};
+    Tensor* ropes[2] = {};
+    Tensor* cpys[2] = {};
+    int nn = 0, nr = 0, nc = 0;
+    for (Tensor* p : parts) {
+        if (p->op == Op::RMS_NORM && nr == 0 && nn < 2) {
+            norms[nn++] = p;
+        } else if (p->op == Op::ROPE && nc == 0 && nr < 2) {
+            ropes[nr++] = p;
+        } else if (p->op == Op::CPY && nc < 2) {
+            cpys[nc++] = p;
+        } else {
+            return internal_error("attn_prep: expected [RMS_NORM x2] ROPE x1-2 [CPY x1-2]");
+        }
+    }
+    if (nr == 0 || (nn != 0 && nn != nr)) return internal_error("attn_prep: norms do not match the ropes");
+    PrepArgs a{};
+    const Tensor& x0 = *ropes[0]->src[0];
+    a.d = static_cast<int>(x0.ne[0]);
+    a.t = static_cast<int>(x0.ne[2]);
+    a.pos = ropes[0]->src[1]->as<int32_t>();
+    a.rope = rope_args(ropes[0]->rope_params());
+    if ((a.d != 64 && a.d != 128) || a.t < 1 || a.t > 4) return internal_error("attn_prep: unsupported shape");
+    int off = a.t * a.d;  // after the cos / sin tables
+    int rows = 0;
+    for (int k = 0; k < nr; ++k) {
+        MOE_RETURN_IF_ERROR(moe::op_checks::check_rope(*ropes[k]));
+        PrepStream& st = a.s[a.n_streams++];
+        const Tensor& src = nn > 0 ? *norms[k]->src[0] : *ropes[k]->src[0];
+        if (src.ne[0] != a.d || src.ne[2] != a.t || ropes[k]->src[0]->ne[1] != src.ne[1]) {
+            return internal_error("attn_prep: rows differ in shape");
+        }
+        st.src = ops::view_of(src);
+        st.rows = static_cast<int>(src.ne[1] * src.ne[2]);
+        st.row0 = rows;
+        rows += st.rows;
+        st.nbuf = -1;
+        if (nn > 0) {
+            MOE_RETURN_IF_ERROR(moe::op_checks::check_rms_norm(*norms[k]));
+            st.has_norm = 1;
+            st.norm = ops::view_of(*norms[k]);
+            st.w = norms[k]->src[1] != nullptr ? norms[k]->src[1]->as<float>() : nullptr;
+            st.eps = norms[k]->params.f[0];
+            st.nbuf = off;
+            off += st.rows * a.d;
+        }
+        st.has_rope = 1;
+        st.rope = ops::view_of(*ropes[k]);
+        st.rbuf = off;
+        off += st.rows * a.d;
+    }
+    // Writes in node order: norms, ropes, then the cache copies.
+    for (int k = 0; k < nn; ++k) a.w[a.n_writes++] = PrepWrite{k, 0, {}, 0};
+    for (int k = 0; k < nr; ++k) a.w[a.n_writes++] = PrepWrite{k, 1, {}, 0};
+    for (int k = 0; k < nc; ++k) {
+        const Tensor& c = *cpys[k];
+        const Tensor* s = c.src[0];
+        if (s == nullptr || s->type != Type::F32 || s->nb[0] != 4 || !moe::op_checks::same_shape(*s, c) ||
+            s->ne[0] != a.d || s->ne[2] != a.t || (c.type != Type::F16 && c.type != Type::F32)) {
+            return internal_error("attn_prep: CPY does not match");
+        }
+        int stream = -1;
+        for (int r = 0; r < nr; ++r) {
+            if (same_tensor(s, ropes[r])) stream = r;
+        }
+        if (stream < 0) {  // rows of its own, copied as they are
+            if (a.n_streams == kPrepStreams) return internal_error("attn_prep: too many streams");
+            stream = a.n_streams++;
+            PrepStream& st = a.s[stream];
+            st.src = ops::view_of(*s);
+            st.rows = static_cast<int>(s->ne[1] * s->ne[2]);
+            st.row0 = rows;
+            rows += st.rows;
+            st.nbuf = -1;
+            st.rbuf = off;
+            off += st.rows * a.d;
+        }
+        a.w[a.n_writes++] = PrepWrite{stream, 2, ops::view_of(c), c.type == Type::F16 ? 1 : 0};
+    }
+    a.total_rows = rows;
+    if (rows > kMaxPrepRows || off > kMaxPrepFloats) return internal_error("attn_prep: too many rows");
+    const size_t shm = static_cast<size_t>(off) * sizeof(float);
+    const int threads = std::min(1024, std::max(32 * rows, 128));
+    if (a.d == 64) {
+        if (shm > 48 * 1024) {
+            MOE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(attn_prep_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                          static_cast<int>(shm)));
+        }
+        attn_prep_kernel<64><<<1, threads, shm, ctx.stream>>>(a);
+    } else {
+        if (shm > 48 * 1024) {
+            MOE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(attn_prep_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                          static_cast<int>(shm)));
+        }
+        attn_prep_kernel<128><<<1, threads, shm, ctx.stream>>>(a);
+    }
+    return ops::launch_status("attn_prep_kernel");
+}
+
+}  // namespace moe::cuda

@@ -1,0 +1,709 @@
+// Fused launches of the CUDA backend (lib/cuda/fusion_plan.h).
+//
+// Without a device ("[cuda]"): the planner on the real decode and prefill graphs of both
+// architectures (real layer shapes, the allocator's real memory reuse, fake addresses) fuses what it
+// should (q/k/v, residual add + norm, the router, Q8 activations handed from norms to products), and
+// on hand-made spans refuses what would change results (a node that overwrites the norm's result
+// before its reader, outputs that overlap).
+//
+// On a device ("[gpu]"): spans and whole contexts computed with fusion give bitwise the results of
+// the same backend without fusion (each fused kernel uses the unfused kernels' arithmetic; the unfused
+// kernels are compared with the CPU in test_backend_ops.cpp / test_matmul_cuda.cpp), on fresh random
+// inputs per run, odd sizes included; the fusion counters prove the fused paths ran.
+#include <catch2/catch.hpp>
+
+#include "moeinfer/moeinfer_version.h"
+
+#if MOEINFER_HAS_CUDA
+
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <utility>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/graph.h"
+#include "core/models/model_graph.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/fusion_plan.h"
+#include "moeinfer/moeinfer.h"
+#include "runtime/context.h"
+
+namespace {
+
+using moe::Op;
+using moe::Status;
+using moe::Tensor;
+using moe::Type;
+using moe::cuda::FusedKind;
+
+// ---- the planner on model graphs (no device) ----
+
+// Weights and caches with fake addresses (the planner never dereferences data).
+class FakeLeaves {
+public:
+    Tensor* make(Type type, std::initializer_list<int64_t> ne) {
+        Tensor& t = leaves_.emplace_back();
+        const std::vector<int64_t> v(ne);
+        moe::set_shape(t, type, static_cast<int>(v.size()), v.data());
+        t.data = reinterpret_cast<void*>(next_);
+        next_ += (t.n_bytes() + 4095) & ~uintptr_t{4095};
+        t.is_weight = true;
+        return &t;
+    }
+
+private:
+    std::deque<Tensor> leaves_;
+    uintptr_t next_ = uintptr_t{1} << 40;
+};
+
+moe::HParams q30_hparams(int layers) {
+    moe::HParams hp;
+    hp.arch = moe::Arch::QWEN3MOE;
+    hp.n_layer = layers;
+    hp.n_embd = 2048;
+    hp.n_vocab = 1000;
+    hp.n_head = 32;
+    hp.n_head_kv = 4;
+    hp.head_dim = 128;
+    hp.n_expert = 128;
+    hp.n_expert_used = 8;
+    hp.n_ff_expert = 768;
+    hp.rope_freq_base = 1e6f;
+    return hp;
+}
+
+moe::HParams g20_hparams(int layers) {
+    moe::HParams hp;
+    hp.arch = moe::Arch::GPT_OSS;
+    hp.n_layer = layers;
+    hp.n_embd = 2880;
+    hp.n_vocab = 1000;
+    hp.n_head = 64;
+    hp.n_head_kv = 8;
+    hp.head_dim = 64;
+    hp.n_expert = 32;
+    hp.n_expert_used = 4;
+    hp.n_ff_expert = 2880;
+    hp.sliding_window = 128;
+    hp.rope_freq_base = 150000.0f;
+    hp.rope_yarn_factor = 32.0f;
+    hp.rope_yarn_orig_ctx = 4096;
+    return hp;
+}
+
+moe::ModelWeights fake_weights(const moe::HParams& hp, Type dense, Type experts, FakeLeaves& f) {
+    const int64_t E = hp.n_embd, V = hp.n_vocab, D = hp.head_dim, H = hp.n_head, Hkv = hp.n_head_kv;
+    const int64_t X = hp.n_expert, F = hp.n_ff_expert;
+    const bool oss = hp.arch == moe::Arch::GPT_OSS;
+    moe::ModelWeights w;
+    w.tok_embd = f.make(dense, {E, V});
+    w.output_norm = f.make(Type::F32, {E});
+    w.output = f.make(dense, {E, V});
+    w.layers.resize(static_cast<size_t>(hp.n_layer));
+    for (moe::LayerWeights& l : w.layers) {
+        l.attn_norm = f.make(Type::F32, {E});
+        l.wq = f.make(dense, {E, H * D});
+        l.wk = f.make(dense, {E, Hkv * D});
+        l.wv = f.make(dense, {E, Hkv * D});
+        l.wo = f.make(dense, {H * D, E});
+        l.router = f.make(Type::F32, {E, X});
+        l.up_exps = f.make(experts, {E, F, X});
+        l.gate_exps = f.make(experts, {E, F, X});
+        l.down_exps = f.make(experts, {F, E, X});
+        l.ffn_norm = f.make(Type::F32, {E});
+        if (oss) {
+            l.bq = f.make(Type::F32, {H * D});
+            l.bk = f.make(Type::F32, {Hkv * D});
+            l.bv = f.make(Type::F32, {Hkv * D});
+            l.bo = f.make(Type::F32, {E});
+            l.sinks = f.make(Type::F32, {H});
+            l.router_bias = f.make(Type::F32, {X});
+            l.up_exps_bias = f.make(Type::F32, {F, X});
+            l.gate_exps_bias = f.make(Type::F32, {F, X});
+            l.down_exps_bias = f.make(Type::F32, {E, X});
+        } else {
+            l.q_norm = f.make(Type::F32, {D});
+            l.k_norm = f.make(Type::F32, {D});
+        }
+    }
+    return w;
+}
+
+struct PlanCounts {
+    int items = 0, nodes = 0;
+    std::map<FusedKind, int> kinds;
+    int q8_in = 0, q8_out = 0;
+    std::string layer0;  // the item sequence of the first layer, for the failure message
+};
+
+PlanCounts plan_model(const moe::HParams& hp, Type dense, Type experts, int n_tokens, int n_past) {
+    FakeLeaves f;
+    const moe::ModelWeights w = fake_weights(hp, dense, experts, f);
+    moe::KvCache kv;
+    kv.n_ctx = 512;
+    for (int il = 0; il < hp.n_layer; ++il) {
+        kv.k.push_back(f.make(Type::F16, {hp.head_dim, hp.n_head_kv, kv.n_ctx}));
+        kv.v.push_back(f.make(Type::F16, {hp.head_dim, hp.n_head_kv, kv.n_ctx}));
+    }
+    moe::Graph g;
+    moe::build_model_graph(g, hp, w, kv, n_tokens, n_past, moe::LogitsMode::LAST);
+    const moe::AllocPlan alloc = moe::plan_allocation(g);
+    moe::bind_allocation(g, alloc, reinterpret_cast<void*>(uintptr_t{1} << 44));
+    std::vector<Tensor*> nodes;
+    for (Tensor* n : g.nodes()) {
+        if (n->op != Op::NONE && n->op != Op::VIEW) nodes.push_back(n);
+    }
+    moe::cuda::FusionPlan plan;
+    moe::cuda::plan_fusions(nodes, true, plan);
+    PlanCounts c;
+    c.nodes = static_cast<int>(nodes.size());
+    c.items = static_cast<int>(plan.items.size());
+    static const char* const kind_names[] = {"", "group", "chain", "router", "prep"};
+    for (const moe::cuda::LaunchItem& it : plan.items) {
+        ++c.kinds[it.kind];
+        c.q8_in += it.q8_in >= 0;
+        c.q8_out += it.q8_out >= 0;
+        if (it.node->layer == 0) {
+            c.layer0 += std::string(" ") + (it.kind == FusedKind::kNone ? moe::op_name(it.node->op)
+                                                                         : kind_names[static_cast<int>(it.kind)]);
+            if (it.q8_in >= 0) c.layer0 += "<q8";
+            if (it.q8_out >= 0) c.layer0 += ">q8";
+        }
+    }
+    // Every node is launched exactly once.
+    int parts = 0;
+    for (const moe::cuda::LaunchItem& it : plan.items) parts += it.n_part;
+    CHECK(parts == c.nodes);
+    // Disabled: one launch per node.
+    moe::cuda::FusionPlan off;
+    moe::cuda::plan_fusions(nodes, false, off);
+    CHECK(off.items.size() == nodes.size());
+    CHECK(off.n_slots == 0);
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("CUDA fusion plans of real decode graphs fuse q/k/v, norms, routers and Q8 hand-offs", "[cuda]") {
+    constexpr int kLayers = 3;
+    {
+        const PlanCounts c = plan_model(q30_hparams(kLayers), Type::Q8_0, Type::Q8_0, 1, 37);
+        INFO("qwen3moe decode, layer 0:" << c.layer0);
+        // Per layer: q/k/v as one group, the output projection with the residual add in its epilogue
+        // (a one-row add is a bias row), the router, the norms with their residual adds (the first
+        // attention norm alone; the last layer's chain ends in the output norm), and Q8 activations for
+        // q/k/v and the experts' up/gate in every layer, and for the output product.
+        CHECK(c.kinds.at(FusedKind::kGemvGroup) == 2 * kLayers);
+        CHECK(c.kinds.at(FusedKind::kRouter) == kLayers);
+        CHECK(c.kinds.at(FusedKind::kRowChain) == 2 * kLayers + 1);
+        CHECK(c.kinds.at(FusedKind::kAttnPrep) == kLayers);  // q/k norms, ropes, cache writes
+        CHECK(c.q8_out == 2 * kLayers + 1);
+        CHECK(c.q8_in == 2 * kLayers + 1);
+        // 22 nodes per layer, 10 launches: chain, group, prep, attention, group, chain, router product,
+        // router, up/gate, down; plus the embedding, the first norm and the output product.
+        CHECK(c.nodes == 22 * kLayers + 3);
+        CHECK(c.items == 10 * kLayers + 3);
+    }
+    {
+        const PlanCounts c = plan_model(g20_hparams(kLayers), Type::Q8_0, Type::MXFP4, 1, 300);
+        INFO("gpt-oss decode, layer 0:" << c.layer0);
+        CHECK(c.kinds.at(FusedKind::kRouter) == kLayers);
+        CHECK(c.kinds.at(FusedKind::kRowChain) == 2 * kLayers + 1);
+        CHECK(c.q8_in >= 2 * kLayers + 1);
+        // The bias adds of q, k, v, the output projection and the router ride in GEMV epilogues.
+        CHECK(c.kinds.at(FusedKind::kGemvGroup) >= 3 * kLayers);
+        CHECK(c.kinds.at(FusedKind::kAttnPrep) == kLayers);  // ropes, cache writes
+        CHECK(c.items <= c.nodes - 11 * kLayers);
+    }
+    {
+        // Prefill: GEMM-sized batches get no GEMV groups, and the long-row chains still run (several
+        // blocks: only where outputs and inputs are disjoint or the same rows). The last token's
+        // output norm hands its Q8 row to the output product.
+        const PlanCounts c = plan_model(q30_hparams(kLayers), Type::Q8_0, Type::Q8_0, 40, 0);
+        INFO("qwen3moe prefill, layer 0:" << c.layer0);
+        CHECK(c.kinds.count(FusedKind::kGemvGroup) == 0);
+        CHECK(c.q8_in == 1);
+        CHECK(c.q8_out == 1);
+        CHECK(c.kinds.count(FusedKind::kRouter) == 0);  // 40 tokens: more than one block of warps
+        CHECK(c.kinds.count(FusedKind::kAttnPrep) == 0);  // more than 4 tokens
+        CHECK(c.kinds.at(FusedKind::kRowChain) == 2 * kLayers + 1);
+    }
+}
+
+TEST_CASE("CUDA fusion plans refuse what would change results", "[cuda]") {
+    FakeLeaves f;
+    Tensor* wn = f.make(Type::F32, {2048});
+    Tensor* wq = f.make(Type::Q8_0, {2048, 512});
+    Tensor* wk = f.make(Type::Q8_0, {2048, 128});
+    const auto arena = [](moe::Graph& g) {
+        const moe::AllocPlan a = moe::plan_allocation(g);
+        moe::bind_allocation(g, a, reinterpret_cast<void*>(uintptr_t{1} << 44));
+    };
+    SECTION("a node between a norm and its reader overwrites the norm's result") {
+        moe::Graph g;
+        Tensor* x = g.input(Type::F32, {2048, 1}, "x");
+        Tensor* n = g.rms_norm(x, wn, 1e-6f);
+        Tensor* q = g.mul_mat(wq, n);
+        Tensor* s = g.silu(x);  // writes n's bytes below
+        Tensor* k = g.mul_mat(wk, n);
+        g.set_output(q);
+        g.set_output(k);
+        g.set_output(s);
+        arena(g);
+        s->data = n->data;
+        std::vector<Tensor*> nodes = {n, q, s, k};
+        moe::cuda::FusionPlan plan;
+        moe::cuda::plan_fusions(nodes, true, plan);
+        REQUIRE(plan.items.size() == 4);
+        CHECK(plan.items[0].q8_out >= 0);
+        CHECK(plan.items[1].q8_in == plan.items[0].q8_out);  // before the overwrite: reused
+        CHECK(plan.items[3].q8_in < 0);                       // after it: quantised anew
+    }
+    SECTION("products whose outputs overlap are not grouped") {
+        moe::Graph g;
+        Tensor* x = g.input(Type::F32, {2048, 2}, "x");
+        Tensor* q = g.mul_mat(wq, x);
+        Tensor* k = g.mul_mat(wk, x);
+        g.set_output(q);
+        g.set_output(k);
+        arena(g);
+        std::vector<Tensor*> nodes = {q, k};
+        moe::cuda::FusionPlan plan;
+        moe::cuda::plan_fusions(nodes, true, plan);
+        REQUIRE(plan.items.size() == 1);
+        CHECK(plan.items[0].kind == FusedKind::kGemvGroup);
+        k->data = static_cast<uint8_t*>(q->data) + 64;  // now k's rows overlap q's
+        moe::cuda::plan_fusions(nodes, true, plan);
+        CHECK(plan.items.size() == 2);
+    }
+    SECTION("a multi-row chain whose output overlaps an input with other rows is not fused") {
+        moe::Graph g;
+        Tensor* a = g.input(Type::F32, {2048, 3}, "a");
+        Tensor* b = g.input(Type::F32, {2048, 3}, "b");
+        Tensor* s = g.add(a, b);
+        Tensor* n = g.rms_norm(s, wn, 1e-6f);
+        g.set_output(s);
+        g.set_output(n);
+        arena(g);
+        std::vector<Tensor*> nodes = {s, n};
+        moe::cuda::FusionPlan plan;
+        moe::cuda::plan_fusions(nodes, true, plan);
+        REQUIRE(plan.items.size() == 1);
+        CHECK(plan.items[0].kind == FusedKind::kRowChain);
+        n->data = static_cast<uint8_t*>(a->data) + 4 * 2048;  // n's row 0 is a's row 1
+        moe::cuda::plan_fusions(nodes, true, plan);
+        CHECK(plan.items.size() == 2);
+        n->data = a->data;  // the very same rows: fine
+        moe::cuda::plan_fusions(nodes, true, plan);
+        CHECK(plan.items.size() == 1);
+    }
+}
+
+// ---- on the device ----
+
+namespace {
+
+#define MOE_GPU_OR_SKIP()                          \
+    do {                                           \
+        if (moe::cuda::device_count() == 0) {      \
+            WARN("skipped: no CUDA device");       \
+            return;                                \
+        }                                          \
+    } while (0)
+
+void require_ok(const Status& s) {
+    INFO(s.message());
+    REQUIRE(s.is_ok());
+}
+
+uint64_t run_seed() {
+    static const uint64_t seed = Catch::rngSeed() != 0 ? Catch::rngSeed() : std::random_device{}();
+    return seed;
+}
+
+std::vector<float> random_f32(std::mt19937_64& rng, size_t n, float lo, float hi) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> v(n);
+    for (float& x : v) x = u(rng);
+    return v;
+}
+
+class Device {
+public:
+    Device() {
+        auto b = moe::cuda::CudaBackend::create(0);
+        require_ok(b.status());
+        backend_ = std::move(b).value();
+    }
+    moe::cuda::CudaBackend& be() { return static_cast<moe::cuda::CudaBackend&>(*backend_); }
+    void* alloc(size_t n) {
+        auto buf = backend_->alloc_buffer(n);
+        require_ok(buf.status());
+        buffers_.push_back(std::move(buf).value());
+        return buffers_.back()->data();
+    }
+    void upload(void* dst, const void* src, size_t n) {
+        require_ok(backend_->copy_to_device(dst, src, n));
+        require_ok(backend_->synchronize());
+    }
+    std::vector<uint8_t> download(const Tensor& t) {
+        std::vector<uint8_t> out(t.n_bytes());
+        require_ok(backend_->copy_to_host(out.data(), t.data, out.size()));
+        require_ok(backend_->synchronize());
+        return out;
+    }
+    Tensor* leaf(Type type, std::initializer_list<int64_t> ne, const void* host) {
+        Tensor& t = leaves_.emplace_back();
+        const std::vector<int64_t> v(ne);
+        moe::set_shape(t, type, static_cast<int>(v.size()), v.data());
+        t.data = alloc(t.n_bytes());
+        t.is_weight = true;
+        upload(t.data, host, t.n_bytes());
+        return &t;
+    }
+    // A weight of `type` from random floats through the reference quantiser.
+    Tensor* weight(Type type, int64_t k, int64_t n, std::mt19937_64& rng) {
+        const std::vector<float> f = random_f32(rng, static_cast<size_t>(k * n), -1.0f, 1.0f);
+        std::vector<uint8_t> bytes(static_cast<size_t>(moe::row_bytes(type, k) * n));
+        moe::traits(type).from_float(f.data(), bytes.data(), k * n);
+        return leaf(type, {k, n}, bytes.data());
+    }
+
+private:
+    std::unique_ptr<moe::Backend> backend_;
+    std::vector<std::unique_ptr<moe::Buffer>> buffers_;
+    std::deque<Tensor> leaves_;
+};
+
+// Runs g with fusion off, then on (outputs poisoned in between), graphs on; every output must be
+// bitwise equal. Returns the fused run's launches as (kind, parts).
+std::vector<std::pair<FusedKind, int>> check_fused_matches_unfused(Device& dev, moe::Graph& g,
+                                                                   const std::function<void()>& upload) {
+    dev.be().set_fusion_enabled(false);
+    upload();
+    require_ok(dev.be().compute(g.nodes()));
+    std::vector<std::vector<uint8_t>> want;
+    for (const Tensor* o : g.outputs()) want.push_back(dev.download(*o));
+    for (const Tensor* o : g.outputs()) {
+        const std::vector<uint8_t> nan(o->n_bytes(), 0xFF);
+        dev.upload(o->data, nan.data(), nan.size());
+    }
+    dev.be().set_fusion_enabled(true);
+    upload();
+    require_ok(dev.be().compute(g.nodes()));
+    require_ok(dev.be().synchronize());
+    for (size_t i = 0; i < g.outputs().size(); ++i) {
+        INFO("output " << i << " (" << moe::op_name(g.outputs()[i]->op) << "), seed " << run_seed());
+        CHECK(dev.download(*g.outputs()[i]) == want[i]);
+    }
+    std::vector<std::pair<FusedKind, int>> items;
+    for (const moe::cuda::LaunchItem& it : dev.be().last_plan().items) items.emplace_back(it.kind, it.n_part);
+    return items;
+}
+
+}  // namespace
+
+TEST_CASE("CUDA fused q/k/v products, norms and Q8 hand-offs match unfused launches bit for bit", "[gpu]") {
+    MOE_GPU_OR_SKIP();
+    Device dev;
+    std::mt19937_64 rng(run_seed() * 0x9E3779B97F4A7C15ull + 201);
+    struct Case {
+        int64_t k, nq, nk, rows;
+        Type type;
+        bool bias;
+    };
+    // Odd output counts (not multiples of the 4 rows of a GEMV block), K of 33 to 256 blocks, 1 to 8
+    // activation rows, every weight type, with and without bias rows.
+    const Case cases[] = {
+        {2048, 4096, 512, 1, Type::Q8_0, false}, {2880, 4096, 514, 1, Type::MXFP4, true},
+        {1056, 1030, 130, 3, Type::Q4_0, true},  {8192, 256, 36, 8, Type::Q8_0, false},
+        {2048, 520, 260, 5, Type::F16, true},    {1088, 96, 64, 2, Type::F32, false},
+    };
+    for (const Case& c : cases) {
+        INFO("k " << c.k << " nq " << c.nq << " nk " << c.nk << " rows " << c.rows << " " << moe::type_name(c.type)
+                  << " bias " << c.bias);
+        const std::vector<float> wn = random_f32(rng, static_cast<size_t>(c.k), 0.5f, 1.5f);
+        Tensor* norm_w = dev.leaf(Type::F32, {c.k}, wn.data());
+        Tensor* wq = dev.weight(c.type, c.k, c.nq, rng);
+        Tensor* wk = dev.weight(c.type, c.k, c.nk, rng);
+        Tensor* wv = dev.weight(c.type, c.k, c.nk, rng);
+        Tensor* w2 = dev.weight(c.type, c.k, 96, rng);  // a second reader of the norm, two nodes later
+        std::vector<Tensor*> biases;
+        for (int64_t n : {c.nq, c.nk, c.nk}) {
+            const std::vector<float> b = random_f32(rng, static_cast<size_t>(n), -1.0f, 1.0f);
+            biases.push_back(dev.leaf(Type::F32, {n}, b.data()));
+        }
+        moe::Graph g;
+        Tensor* a = g.input(Type::F32, {c.k, c.rows}, "a");
+        Tensor* b = g.input(Type::F32, {c.k, c.rows}, "b");
+        Tensor* s = g.add(a, b);
+        Tensor* n = g.rms_norm(s, norm_w, 1e-6f);
+        Tensor* wts[] = {wq, wk, wv};
+        for (int i = 0; i < 3; ++i) {
+            Tensor* y = g.mul_mat(wts[i], n);
+            g.set_output(y);  // kept: its bytes are not reused by the next product (that is not grouped)
+            if (c.bias) g.set_output(g.add(y, biases[static_cast<size_t>(i)]));
+        }
+        g.set_output(g.silu(s));
+        g.set_output(g.mul_mat(w2, n));
+        g.set_output(n);
+        const moe::AllocPlan plan = moe::plan_allocation(g);
+        moe::bind_allocation(g, plan, dev.alloc(plan.arena_size));
+        const std::vector<float> av = random_f32(rng, static_cast<size_t>(c.k * c.rows), -3.0f, 3.0f);
+        const std::vector<float> bv = random_f32(rng, static_cast<size_t>(c.k * c.rows), -3.0f, 3.0f);
+        const auto items = check_fused_matches_unfused(dev, g, [&] {
+            dev.upload(a->data, av.data(), a->n_bytes());
+            dev.upload(b->data, bv.data(), b->n_bytes());
+        });
+        // add + norm; the three products (with their bias adds); silu; the second reader.
+        REQUIRE(items.size() == 4);
+        CHECK(items[0] == std::make_pair(FusedKind::kRowChain, 2));
+        CHECK(items[1] == std::make_pair(FusedKind::kGemvGroup, c.bias ? 6 : 3));
+    }
+    CHECK(dev.be().fusion_stats().q8_reused > 0);
+}
+
+TEST_CASE("CUDA fused weighted sums, residual adds, norms and routers match unfused launches bit for bit", "[gpu]") {
+    MOE_GPU_OR_SKIP();
+    Device dev;
+    std::mt19937_64 rng(run_seed() * 0x9E3779B97F4A7C15ull + 202);
+    struct Case {
+        int64_t n, k, t, n_expert;
+        int32_t top;
+    };
+    // Rows of 1056 to 8192 floats, 1 to 33 tokens (several blocks; past 32 tokens the router runs
+    // unfused), k of 1 to 8 experts per token, top-k up to 32.
+    const Case cases[] = {{2048, 8, 1, 128, 8}, {2880, 4, 1, 32, 4}, {1056, 3, 7, 40, 32},
+                          {8192, 1, 2, 16, 1},  {4000, 8, 33, 64, 8}};
+    for (const Case& c : cases) {
+        INFO("n " << c.n << " k " << c.k << " tokens " << c.t << " experts " << c.n_expert << " top " << c.top);
+        const std::vector<float> wn = random_f32(rng, static_cast<size_t>(c.n), 0.5f, 1.5f);
+        Tensor* norm_w = dev.leaf(Type::F32, {c.n}, wn.data());
+        moe::Graph g;
+        Tensor* y = g.input(Type::F32, {c.n, c.k, c.t}, "y");
+        Tensor* p = g.input(Type::F32, {c.k, c.t}, "p");
+        Tensor* cur = g.input(Type::F32, {c.n, c.t}, "cur");
+        Tensor* logits = g.input(Type::F32, {c.n_expert, c.t}, "logits");
+        Tensor* ids = g.topk(logits, c.top);
+        Tensor* probs = g.softmax(g.gather(logits, ids));
+        Tensor* ws = g.weighted_sum(y, p);
+        Tensor* sum = g.add(cur, ws);
+        Tensor* n = g.rms_norm(sum, norm_w, 1e-5f);
+        g.set_output(ws);
+        g.set_output(ids);
+        g.set_output(probs);
+        g.set_output(sum);
+        g.set_output(n);
+        // Later readers keep the inputs alive, so that no output reuses their bytes (several rows
+        // are fused only where outputs and inputs are disjoint or the same rows).
+        for (Tensor* in : {y, p, cur}) g.set_output(g.silu(in));
+        const moe::AllocPlan plan = moe::plan_allocation(g);
+        moe::bind_allocation(g, plan, dev.alloc(plan.arena_size));
+        const std::vector<float> yv = random_f32(rng, static_cast<size_t>(c.n * c.k * c.t), -2.0f, 2.0f);
+        const std::vector<float> pv = random_f32(rng, static_cast<size_t>(c.k * c.t), 0.0f, 1.0f);
+        const std::vector<float> cv = random_f32(rng, static_cast<size_t>(c.n * c.t), -4.0f, 4.0f);
+        std::vector<float> lv = random_f32(rng, static_cast<size_t>(c.n_expert * c.t), -5.0f, 5.0f);
+        for (size_t i = 0; i < lv.size(); i += 5) lv[i] = lv[i / 2];  // ties: the lower index wins
+        const auto items = check_fused_matches_unfused(dev, g, [&] {
+            dev.upload(y->data, yv.data(), y->n_bytes());
+            dev.upload(p->data, pv.data(), p->n_bytes());
+            dev.upload(cur->data, cv.data(), cur->n_bytes());
+            dev.upload(logits->data, lv.data(), logits->n_bytes());
+        });
+        // The router (one launch up to 32 tokens), the chain, three silus.
+        REQUIRE(items.size() == (c.t <= 32 ? 5u : 7u));
+        if (c.t <= 32) CHECK(items[0] == std::make_pair(FusedKind::kRouter, 3));
+        CHECK(items[c.t <= 32 ? 1 : 3] == std::make_pair(FusedKind::kRowChain, 3));
+    }
+}
+
+TEST_CASE("CUDA fused attention prologues (norms, ropes, cache writes) match unfused launches bit for bit", "[gpu]") {
+    MOE_GPU_OR_SKIP();
+    Device dev;
+    std::mt19937_64 rng(run_seed() * 0x9E3779B97F4A7C15ull + 203);
+    moe::RopeParams qwen;
+    qwen.n_dims = 128;
+    qwen.freq_base = 1000000.0f;
+    moe::RopeParams oss;  // YaRN as gpt-oss
+    oss.n_dims = 64;
+    oss.n_ctx_orig = 4096;
+    oss.freq_base = 150000.0f;
+    oss.freq_scale = 1.0f / 32.0f;
+    oss.ext_factor = 1.0f;
+    moe::RopeParams oss_trunc = oss;
+    oss_trunc.yarn_truncate = true;
+    moe::RopeParams small = qwen;
+    small.n_dims = 64;
+    struct Case {
+        int64_t d, h, hkv, t;
+        bool norms;
+        Type cache;
+        moe::RopeParams rope;
+    };
+    const Case cases[] = {
+        {128, 32, 4, 1, true, Type::F16, qwen},    {64, 64, 8, 1, false, Type::F16, oss},
+        {128, 8, 2, 4, true, Type::F32, qwen},     {64, 12, 4, 3, false, Type::F32, oss_trunc},
+        {64, 16, 16, 2, true, Type::F16, small},
+    };
+    for (const Case& c : cases) {
+        INFO("D " << c.d << " H " << c.h << "/" << c.hkv << " T " << c.t << " norms " << c.norms << " cache "
+                  << moe::type_name(c.cache));
+        constexpr int64_t kCtx = 64;
+        const int n_past = 37;
+        std::vector<uint8_t> cache0[2];
+        Tensor* caches[2];
+        for (int i = 0; i < 2; ++i) {
+            const std::vector<float> f = random_f32(rng, static_cast<size_t>(c.d * c.hkv * kCtx), -1.0f, 1.0f);
+            cache0[i].resize(static_cast<size_t>(c.d * c.hkv * kCtx) * (c.cache == Type::F16 ? 2 : 4));
+            moe::traits(c.cache).from_float(f.data(), cache0[i].data(), c.d * c.hkv * kCtx);
+            caches[i] = dev.leaf(c.cache, {c.d, c.hkv, kCtx}, cache0[i].data());
+            caches[i]->is_weight = false;
+        }
+        const std::vector<float> wqn = random_f32(rng, static_cast<size_t>(c.d), 0.5f, 1.5f);
+        const std::vector<float> wkn = random_f32(rng, static_cast<size_t>(c.d), 0.5f, 1.5f);
+        Tensor* qn = dev.leaf(Type::F32, {c.d}, wqn.data());
+        Tensor* kn = dev.leaf(Type::F32, {c.d}, wkn.data());
+        moe::Graph g;
+        Tensor* q = g.input(Type::F32, {c.d, c.h, c.t}, "q");
+        Tensor* k = g.input(Type::F32, {c.d, c.hkv, c.t}, "k");
+        Tensor* v = g.input(Type::F32, {c.d, c.hkv, c.t}, "v");
+        Tensor* pos = g.input(Type::I32, {c.t}, "pos");
+        Tensor* qx = q;
+        Tensor* kx = k;
+        if (c.norms) {
+            qx = g.rms_norm(q, qn, 1e-6f);
+            kx = g.rms_norm(k, kn, 1e-6f);
+            g.set_output(qx);
+            g.set_output(kx);
+        }
+        Tensor* rq = g.rope(qx, pos, c.rope);
+        Tensor* rk = g.rope(kx, pos, c.rope);
+        g.set_output(rq);
+        g.set_output(rk);
+        const auto rows = [&](Tensor* cache) {
+            return g.view(cache, {c.d, c.hkv, c.t}, {cache->nb[1], cache->nb[2]}, static_cast<size_t>(n_past) * cache->nb[2]);
+        };
+        g.cpy(rk, rows(caches[0]));
+        g.cpy(v, rows(caches[1]));
+        const moe::AllocPlan plan = moe::plan_allocation(g);
+        moe::bind_allocation(g, plan, dev.alloc(plan.arena_size));
+        const std::vector<float> qv = random_f32(rng, static_cast<size_t>(c.d * c.h * c.t), -2.0f, 2.0f);
+        const std::vector<float> kv = random_f32(rng, static_cast<size_t>(c.d * c.hkv * c.t), -2.0f, 2.0f);
+        std::vector<float> vv = random_f32(rng, static_cast<size_t>(c.d * c.hkv * c.t), -70000.0f, 70000.0f);
+        vv[3] = std::numeric_limits<float>::quiet_NaN();  // F16: the canonical quiet NaN on both paths
+        std::vector<int32_t> pv(static_cast<size_t>(c.t));
+        std::uniform_int_distribution<int32_t> deep(0, 131071);
+        for (auto& x : pv) x = deep(rng);
+        const auto upload = [&] {
+            dev.upload(q->data, qv.data(), q->n_bytes());
+            dev.upload(k->data, kv.data(), k->n_bytes());
+            dev.upload(v->data, vv.data(), v->n_bytes());
+            dev.upload(pos->data, pv.data(), pos->n_bytes());
+            for (int i = 0; i < 2; ++i) dev.upload(caches[i]->data, cache0[i].data(), cache0[i].size());
+        };
+        const auto items = check_fused_matches_unfused(dev, g, upload);
+        REQUIRE(items.size() == 1);
+        CHECK(items[0] == std::make_pair(FusedKind::kAttnPrep, c.norms ? 6 : 4));
+        // The caches after the fused run against a run without fusion.
+        std::vector<uint8_t> fused_cache[2] = {dev.download(*caches[0]), dev.download(*caches[1])};
+        dev.be().set_fusion_enabled(false);
+        upload();
+        require_ok(dev.be().compute(g.nodes()));
+        for (int i = 0; i < 2; ++i) {
+            INFO("cache " << i << ", seed " << run_seed());
+            CHECK(dev.download(*caches[i]) == fused_cache[i]);
+            CHECK(fused_cache[i] != cache0[i]);
+        }
+    }
+}
+
+TEST_CASE("cuda contexts give the same logits with and without fused launches", "[gpu]") {
+    MOE_GPU_OR_SKIP();
+    const char* prev = std::getenv("MOEINFER_CUDA_FUSION");
+    const std::string saved = prev != nullptr ? prev : "";
+    std::mt19937 rng(static_cast<uint32_t>(run_seed()));
+    for (const char* arch : {"qwen3moe", "gpt-oss"}) {
+        INFO(arch);
+        const bool oss = std::strcmp(arch, "gpt-oss") == 0;
+        const std::string path =
+            (std::filesystem::temp_directory_path() / (std::string("moe_cuda_fusion_") + arch + ".gguf")).string();
+        moe_synth_params sp;
+        REQUIRE(moe_synth_params_init(&sp, arch) == MOE_STATUS_OK);
+        sp.preset = "tiny";
+        sp.head_dim = 64;
+        sp.n_embd = oss ? 2880 : 1152;  // rows longer than a warp's: the row chains run
+        sp.expert_type = oss ? MOE_TYPE_MXFP4 : MOE_TYPE_Q8_0;
+        sp.dense_type = MOE_TYPE_Q8_0;
+        sp.seed = rng();
+        REQUIRE(moe_synth_write(path.c_str(), &sp) == MOE_STATUS_OK);
+        moe_model* model = nullptr;
+        REQUIRE(moe_model_load(path.c_str(), nullptr, &model) == MOE_STATUS_OK);
+        moe_model_info info;
+        moe_model_info_init(&info);
+        REQUIRE(moe_model_get_info(model, &info) == MOE_STATUS_OK);
+        moe_context_params p;
+        moe_context_params_init(&p);
+        p.n_ctx = 256;
+        p.n_ubatch = 32;
+        p.device = MOE_DEVICE_CUDA;
+        moe_context* fused = nullptr;
+        moe_context* plain = nullptr;
+        setenv("MOEINFER_CUDA_FUSION", "1", 1);
+        REQUIRE(moe_context_create(model, &p, &fused) == MOE_STATUS_OK);
+        setenv("MOEINFER_CUDA_FUSION", "0", 1);
+        REQUIRE(moe_context_create(model, &p, &plain) == MOE_STATUS_OK);
+        if (prev != nullptr) {
+            setenv("MOEINFER_CUDA_FUSION", saved.c_str(), 1);
+        } else {
+            unsetenv("MOEINFER_CUDA_FUSION");
+        }
+        auto& fbe = static_cast<moe::cuda::CudaBackend&>(*fused->device);
+        auto& pbe = static_cast<moe::cuda::CudaBackend&>(*plain->device);
+        REQUIRE(fbe.fusion_enabled());
+        REQUIRE_FALSE(pbe.fusion_enabled());
+        std::uniform_int_distribution<int32_t> tok(0, info.n_vocab - 1);
+        std::vector<int> steps = {40};
+        for (int i = 0; i < 12; ++i) steps.push_back(1);
+        steps.push_back(5);
+        for (int i = 0; i < 3; ++i) steps.push_back(1);
+        for (const int n : steps) {
+            std::vector<int32_t> tokens(static_cast<size_t>(n));
+            for (auto& t : tokens) t = tok(rng);
+            INFO("n_tokens " << n);
+            std::vector<float> out[2];
+            moe_context* ctxs[2] = {fused, plain};
+            for (int i = 0; i < 2; ++i) {
+                REQUIRE(moe_decode(ctxs[i], tokens.data(), nullptr, n, 1) == MOE_STATUS_OK);
+                const float* logits = nullptr;
+                int32_t rows = 0, nv = 0;
+                REQUIRE(moe_get_logits(ctxs[i], &logits, &rows, &nv) == MOE_STATUS_OK);
+                out[i].assign(logits, logits + static_cast<size_t>(rows) * static_cast<size_t>(nv));
+            }
+            REQUIRE(out[0].size() == out[1].size());
+            CHECK(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)) == 0);
+        }
+        const auto& st = fbe.fusion_stats();
+        INFO("groups " << st.fused[1] << ", chains " << st.fused[2] << ", routers " << st.fused[3] << ", q8 reused "
+                       << st.q8_reused);
+        CHECK(st.fused[static_cast<int>(FusedKind::kGemvGroup)] > 0);
+        CHECK(st.fused[static_cast<int>(FusedKind::kRowChain)] > 0);
+        CHECK(st.fused[static_cast<int>(FusedKind::kRouter)] > 0);
+        CHECK(st.q8_reused > 0);
+        const auto& ps = pbe.fusion_stats();
+        CHECK(ps.fused[1] + ps.fused[2] + ps.fused[3] + ps.q8_reused == 0);
+        moe_context_free(fused);
+        moe_context_free(plain);
+        moe_model_free(model);
+    }
+}
+
+#endif  // MOEINFER_HAS_CUDA
