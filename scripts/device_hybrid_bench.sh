@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Hybrid (experts in pinned host RAM) benchmarks on the GPU machine, issue #5 targets, from prebuilt
 # binaries:  scripts/device_hybrid_bench.sh BIN_DIR OUT_DIR [GROUP...]
-# Groups: llama (the llama.cpp comparison), active (FULL vs ACTIVE_ONLY on skewed GPT-OSS, ubatch
+# Groups: llama (the llama.cpp comparison), tg (hybrid TG with CUDA graphs on and off), active (FULL vs ACTIVE_ONLY on skewed GPT-OSS, ubatch
 # 256..4096), biasdup (bias duplication on/off), default: all. JSON per run in OUT_DIR, medians of 3.
 set -uo pipefail
 bin=$1; out=$2; shift 2
-groups=${*:-llama active biasdup}
+groups=${*:-llama tg active biasdup}
 export LD_LIBRARY_PATH="$bin/lib:${LD_LIBRARY_PATH:-}"
 dir=/tmp/moe-synth
 Q30="qwen3moe:preset=qwen3-30b-a3b:layers=16:experts=q8_0:dense=q8_0"
@@ -24,7 +24,8 @@ for r in json.load(open(sys.argv[1])):
     print(f"  {r['test']:10s} ub {r.get('n_ubatch', '?'):>5}  median {statistics.median(r['samples_ts']):9.2f} t/s"
           f"  upload/ubatch {r.get('sched_bytes_uploaded_per_ubatch', 0) / 1e9:6.2f} GB"
           f"  upload {r.get('sched_upload_gbps', 0):6.1f} GB/s  wait {r.get('sched_seconds_wait', 0):.3f} s"
-          f"  host {r.get('sched_seconds_host_compute', 0):.3f} s")
+          f"  host {r.get('sched_seconds_host_compute', 0):.3f} s  submit {r.get('sched_seconds_device_submit', 0):.3f} s"
+          f"  total {r.get('sched_seconds_total', 0):.3f} s")
 PY
 }
 
@@ -39,6 +40,13 @@ for g in $groups; do
       run g20_pp4096    --synthetic "$G20" -ot exps=CPU -p 4096 -n 0 -ub 4096
       run q48_tg        --synthetic "$Q48" -ot exps=CPU -p 0 -n 128
       rm -f $dir/*layers=48* ;;
+    tg)
+      for spec in "$Q30" "$Q48"; do
+        tag=$(echo "$spec" | grep -q layers=48 && echo q48 || echo q30)
+        run ${tag}_tg_graphs  --synthetic "$spec" -ot exps=CPU -p 0 -n 128
+        MOEINFER_CUDA_GRAPHS=0 run ${tag}_tg_eager --synthetic "$spec" -ot exps=CPU -p 0 -n 128
+        rm -f $dir/*layers=16* $dir/*layers=48*
+      done ;;
     active)
       for ub in 256 512 1024 2048 4096; do
         for copy in full active; do

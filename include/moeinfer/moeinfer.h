@@ -390,6 +390,10 @@ typedef struct moe_sched_stats {
                                       * each tensor padded to 256) */
     int32_t n_layer;                 /* dimensions of moe_context_get_expert_counts */
     int32_t n_expert;
+    /* Host time spent handing device splits to the device (kernels run asynchronously: this is the
+     * queueing cost, not the device's compute time). seconds_total minus this, host compute and wait
+     * is the scheduler's own overhead (graph building, planning, copies queued). */
+    double seconds_device_submit;
 } moe_sched_stats;
 
 MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats* out_stats);

@@ -104,6 +104,7 @@ MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats
     c.seconds_total = s.seconds_total;
     c.seconds_host_compute = s.seconds_host_compute;
     c.seconds_wait = s.seconds_wait;
+    c.seconds_device_submit = s.seconds_device_submit;
     c.weights_host_bytes = ctx->weights_host_bytes;
     c.weights_device_bytes = ctx->weights_device_bytes;
     c.n_layer = ctx->model->hparams.n_layer;

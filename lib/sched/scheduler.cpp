@@ -268,8 +268,10 @@ Status Scheduler::flush(RunState& rs) {
         MOE_RETURN_IF_ERROR(host_.compute(nodes));
         stats_.seconds_host_compute += seconds_since(t0);
     } else {
+        const Clock::time_point t0 = Clock::now();
         MOE_RETURN_IF_ERROR(device_->compute(nodes));
         MOE_ASSIGN_OR_RETURN(const uint64_t fence, device_->mark_compute());
+        stats_.seconds_device_submit += seconds_since(t0);
         for (size_t s : rs.pending_slots) slots_[s].fence = fence;
     }
     rs.pending.clear();
@@ -545,6 +547,15 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
     for (const HostInput& in : inputs) std::memcpy(in.tensor->data, in.data, in.tensor->n_bytes());
 
     Status status = [&]() -> Status {
+        // Inputs read on the device are copied there up front, so no device span is cut to fetch them.
+        for (const HostInput& in : inputs) {
+            bool on_device = false;
+            for (size_t i = 0; i < nodes.size() && !on_device; ++i) {
+                if (sides[i] != Side::DEVICE || nodes[i]->op == Op::VIEW) continue;
+                for (const Tensor* s : nodes[i]->src) on_device = on_device || s == in.tensor;
+            }
+            if (on_device) MOE_RETURN_IF_ERROR(activation_operand(in.tensor, Side::DEVICE, rs).status());
+        }
         bool first = true;
         for (size_t i = 0; i < nodes.size(); ++i) {
             Tensor& node = *nodes[i];

@@ -26,6 +26,7 @@ struct Stats {
     double seconds_total = 0.0;
     double seconds_host_compute = 0.0;
     double seconds_wait = 0.0;
+    double seconds_device_submit = 0.0;
     // counts[layer * n_expert + expert]: tokens that selected the expert.
     std::vector<uint64_t> expert_counts;
 };

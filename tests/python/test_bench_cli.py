@@ -37,7 +37,7 @@ OPS = ["mul_mat", "mul_mat_id", "moe_up_gate"]
 STATS_FIELDS = (["n_ubatches", "n_splits", "bytes_weights_full", "bytes_weights_experts", "bytes_weights_skipped",
                  "bytes_activations", "n_weight_copies", "n_activation_copies", "n_id_readbacks"] +
                 [f"n_offloaded_{op}" for op in OPS] + [f"n_kept_host_{op}" for op in OPS] +
-                ["n_ops_host", "n_ops_device", "seconds_total", "seconds_host_compute", "seconds_wait",
+                ["n_ops_host", "n_ops_device", "seconds_total", "seconds_host_compute", "seconds_wait", "seconds_device_submit",
                  "bytes_uploaded", "bytes_uploaded_per_ubatch", "upload_gbps"])
 SWEEP_CSV_FIELDS = (SWEEP_FIELDS + RUN_FIELDS + ["sched_pp_" + f for f in STATS_FIELDS] +
                     ["sched_tg_" + f for f in STATS_FIELDS])

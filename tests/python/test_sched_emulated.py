@@ -32,7 +32,7 @@ PAD = 4096  # at most this much alignment padding per tensor in the placement fi
 STATS_KEYS = {"n_ubatches", "n_splits", "bytes_weights_full", "bytes_weights_experts", "bytes_weights_skipped",
               "bytes_activations", "n_weight_copies", "n_activation_copies", "n_id_readbacks", "n_offloaded",
               "n_kept_host", "n_ops_host", "n_ops_device", "seconds_total", "seconds_host_compute", "seconds_wait",
-              "weights_host_bytes", "weights_device_bytes", "n_layer", "n_expert"}
+              "weights_host_bytes", "weights_device_bytes", "n_layer", "n_expert", "seconds_device_submit"}
 
 
 @pytest.fixture(scope="module", params=ARCHS)
