@@ -49,7 +49,7 @@ for g in $groups; do
       done ;;
     active)
       for ub in 256 512 1024 2048 4096; do
-        for copy in full active; do
+        for copy in full active prefetch; do
           run g20s_${copy}_ub$ub --synthetic "$G20S" -ot exps=CPU -p 4096 -n 0 -ub $ub --expert-copy $copy -r 2
         done
       done ;;

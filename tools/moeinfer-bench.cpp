@@ -153,7 +153,9 @@ std::optional<Failure> describe_placement(const moe_context* ctx, const Config& 
     moe_sched_policy_init(&p);
     if (moe_context_get_policy(ctx, &p) != MOE_STATUS_OK) return bench::library_error("moe_context_get_policy");
     run.offload_policy = offload_spec(p);
-    run.expert_copy = p.expert_copy == MOE_EXPERT_COPY_ACTIVE_ONLY ? "active" : "full";
+    run.expert_copy = p.expert_copy == MOE_EXPERT_COPY_ACTIVE_ONLY       ? "active"
+                      : p.expert_copy == MOE_EXPERT_COPY_ACTIVE_PREFETCH ? "prefetch"
+                                                                         : "full";
     run.bias_dup = p.bias_dup != 0;
     run.offload_vram_budget = p.offload_vram_budget;
     return std::nullopt;

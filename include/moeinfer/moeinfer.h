@@ -249,8 +249,13 @@ typedef struct moe_offload_rule {
 
 typedef enum moe_expert_copy {
     MOE_EXPERT_COPY_FULL = 0,        /* upload whole expert tensors */
-    MOE_EXPERT_COPY_ACTIVE_ONLY = 1  /* read the router's choices back (once per layer) and upload only the
-                                      * selected experts, adjacent ones in one copy */
+    MOE_EXPERT_COPY_ACTIVE_ONLY = 1,     /* read the router's choices back (once per layer) and upload only the
+                                          * selected experts, adjacent ones in one copy */
+    MOE_EXPERT_COPY_ACTIVE_PREFETCH = 2  /* ACTIVE_ONLY that first uploads, before the readback, the experts
+                                          * the layer selected in the previous ubatch (overlapping the
+                                          * previous layer's compute), then only the ones still missing.
+                                          * Uploads more bytes than ACTIVE_ONLY when the routing shifts,
+                                          * but hides most of the readback stall */
 } moe_expert_copy;
 
 typedef struct moe_sched_policy {

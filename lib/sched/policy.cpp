@@ -40,8 +40,9 @@ Status validate_policy(const Policy& p) {
                                     "(or -1 for the default), got " + std::to_string(p.offload[i].min_batch));
         }
     }
-    if (p.expert_copy != ExpertCopy::FULL && p.expert_copy != ExpertCopy::ACTIVE_ONLY) {
-        return invalid_argument("expert_copy must be MOE_EXPERT_COPY_FULL (0) or MOE_EXPERT_COPY_ACTIVE_ONLY (1), got " +
+    if (p.expert_copy != ExpertCopy::FULL && p.expert_copy != ExpertCopy::ACTIVE_ONLY &&
+        p.expert_copy != ExpertCopy::ACTIVE_PREFETCH) {
+        return invalid_argument("expert_copy must be MOE_EXPERT_COPY_FULL (0), _ACTIVE_ONLY (1) or _ACTIVE_PREFETCH (2), got " +
                                 std::to_string(static_cast<int>(p.expert_copy)));
     }
     return Status::ok();

@@ -24,7 +24,7 @@ struct OffloadRule {
     int32_t min_batch = -1;  // -1: default_min_batch()
 };
 
-enum class ExpertCopy : int32_t { FULL = 0, ACTIVE_ONLY = 1 };
+enum class ExpertCopy : int32_t { FULL = 0, ACTIVE_ONLY = 1, ACTIVE_PREFETCH = 2 };
 
 struct Policy {
     OffloadRule offload[kOffloadOps];

@@ -62,6 +62,11 @@ struct Scheduler::RunState {
     std::vector<size_t> pending_slots;                           // upload slots the pending nodes read
     std::vector<size_t> node_slots;                              // ... the node being prepared reads
     bool host_waits = false;  // host compute must first wait for queued device copies
+    struct Prefetch {
+        size_t slot;
+        std::vector<uint8_t> uploaded;  // experts already on their way
+    };
+    std::map<std::pair<const Tensor*, int>, Prefetch> prefetched;  // (node, operand) -> its early upload
 };
 
 Scheduler::Scheduler(Backend& host, Backend* device, int n_layer, int n_expert, int n_expert_used)
@@ -129,6 +134,7 @@ Status Scheduler::set_policy(const Policy& policy) {
     }
     policy_ = policy;
     plans_.clear();  // sides depend on the policy
+    last_selected_.clear();
     return Status::ok();
 }
 
@@ -348,28 +354,40 @@ StatusOr<Tensor*> Scheduler::weight_operand(Tensor& node, int src_index, Side si
     }
     if (c->device != nullptr) return c->device == w->data ? w : substitute(rs, *w, c->device, c->device_buffer);
 
-    // Host-resident weight used on the device: upload it into the next slot of the ring.
+    // Host-resident weight used on the device: upload it into the next slot of the ring (or the slot
+    // its prefetch already took).
     MOE_RETURN_IF_ERROR(ensure_slots());
     MOE_RETURN_IF_ERROR(flush(rs));
-    const size_t slot = next_slot_++ % slots_.size();
+    const auto pre = rs.prefetched.find({&node, src_index});
+    const size_t slot = pre != rs.prefetched.end() ? pre->second.slot : next_slot_++ % slots_.size();
     rs.node_slots.push_back(slot);
     uint8_t* dst = static_cast<uint8_t*>(slot_buffer_->data()) + slot * slot_size_;
     const auto* src = static_cast<const uint8_t*>(c->host);
     const uint64_t after = slots_[slot].fence;
-    if (policy_.expert_copy == ExpertCopy::ACTIVE_ONLY && is_expert_matrix(node, src_index) && w->ne[2] == n_expert_) {
+    if (uploads_active_experts(node, src_index)) {
         MOE_ASSIGN_OR_RETURN(const std::vector<int32_t>* ids, read_ids(expert_ids_of(node), rs));
         MOE_ASSIGN_OR_RETURN(std::vector<uint8_t> selected, selected_experts(*ids, n_expert_));
         const size_t per_expert = w->nb[2];
-        size_t uploaded = 0;
-        for (const ExpertRun& r : coalesce_runs(selected)) {
+        size_t prefetched = 0, sent = 0;  // bytes uploaded before the readback (counted then) and after
+        std::vector<uint8_t> missing = selected;
+        if (pre != rs.prefetched.end()) {
+            for (size_t e = 0; e < missing.size(); ++e) {
+                if (pre->second.uploaded[e]) {
+                    missing[e] = 0;
+                    prefetched += per_expert;
+                }
+            }
+            last_selected_[w] = std::move(selected);
+        }
+        for (const ExpertRun& r : coalesce_runs(missing)) {
             const size_t offset = static_cast<size_t>(r.first) * per_expert;
             const size_t bytes = static_cast<size_t>(r.count) * per_expert;
             MOE_RETURN_IF_ERROR(device_->upload(dst + offset, src + offset, bytes, after));
-            uploaded += bytes;
+            sent += bytes;
             ++stats_.n_weight_copies;
         }
-        stats_.bytes_weights_experts += uploaded;
-        stats_.bytes_weights_skipped += n - uploaded;
+        stats_.bytes_weights_experts += sent;
+        stats_.bytes_weights_skipped += n - prefetched - sent;
     } else {
         MOE_RETURN_IF_ERROR(device_->upload(dst, src, n, after));
         stats_.bytes_weights_full += n;
@@ -378,10 +396,44 @@ StatusOr<Tensor*> Scheduler::weight_operand(Tensor& node, int src_index, Side si
     return substitute(rs, *w, dst, slot_buffer_.get());
 }
 
+bool Scheduler::uploads_active_experts(const Tensor& node, int src_index) const {
+    return policy_.expert_copy != ExpertCopy::FULL && is_expert_matrix(node, src_index) &&
+           node.src[src_index]->ne[2] == n_expert_;
+}
+
+// ACTIVE_PREFETCH: queues the upload of the experts this tensor needed last time, before the router's
+// choices are read back, so that it overlaps the compute already queued.
+Status Scheduler::prefetch_experts(Tensor& node, int src_index, RunState& rs) {
+    const Tensor* w = node.src[src_index];
+    const std::optional<WeightCopies> c = weight_copies(w);
+    if (!c || c->device != nullptr || !uploads_active_experts(node, src_index)) return Status::ok();
+    MOE_RETURN_IF_ERROR(ensure_slots());
+    MOE_RETURN_IF_ERROR(flush(rs));
+    RunState::Prefetch p{next_slot_++ % slots_.size(), std::vector<uint8_t>(static_cast<size_t>(n_expert_), 0)};
+    if (auto it = last_selected_.find(w); it != last_selected_.end()) p.uploaded = it->second;
+    uint8_t* dst = static_cast<uint8_t*>(slot_buffer_->data()) + p.slot * slot_size_;
+    const auto* src = static_cast<const uint8_t*>(c->host);
+    const size_t per_expert = w->nb[2];
+    for (const ExpertRun& r : coalesce_runs(p.uploaded)) {
+        const size_t offset = static_cast<size_t>(r.first) * per_expert;
+        const size_t bytes = static_cast<size_t>(r.count) * per_expert;
+        MOE_RETURN_IF_ERROR(device_->upload(dst + offset, src + offset, bytes, slots_[p.slot].fence));
+        stats_.bytes_weights_experts += bytes;
+        ++stats_.n_weight_copies;
+    }
+    rs.prefetched[{&node, src_index}] = std::move(p);
+    return Status::ok();
+}
+
 Status Scheduler::prepare_operands(Tensor& node, Side side, RunState& rs) {
     // Expert matrices first: ACTIVE_ONLY reads the node's ids before they are redirected.
     Tensor* original[kMaxSrc];
     std::copy(std::begin(node.src), std::end(node.src), original);
+    if (side == Side::DEVICE && policy_.expert_copy == ExpertCopy::ACTIVE_PREFETCH) {
+        for (int j = 0; j < kMaxSrc; ++j) {
+            if (original[j] != nullptr && original[j]->is_weight) MOE_RETURN_IF_ERROR(prefetch_experts(node, j, rs));
+        }
+    }
     for (int j = 0; j < kMaxSrc; ++j) {
         Tensor* s = original[j];
         if (s == nullptr) continue;

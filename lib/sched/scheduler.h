@@ -117,6 +117,8 @@ private:
     void bind(Graph& graph, RunState& rs);
     Status prepare_operands(Tensor& node, Side side, RunState& rs);
     StatusOr<Tensor*> weight_operand(Tensor& node, int src_index, Side side, RunState& rs);
+    Status prefetch_experts(Tensor& node, int src_index, RunState& rs);
+    bool uploads_active_experts(const Tensor& node, int src_index) const;
     StatusOr<Tensor*> activation_operand(Tensor* src, Side side, RunState& rs);
     StatusOr<const std::vector<int32_t>*> read_ids(const Tensor* ids, RunState& rs);
     Status flush(RunState& rs);
@@ -141,6 +143,8 @@ private:
     std::vector<Slot> slots_;
     size_t next_slot_ = 0;
 
+    // ACTIVE_PREFETCH: per expert tensor, the experts selected the last time it was uploaded.
+    std::unordered_map<const Tensor*, std::vector<uint8_t>> last_selected_;
     std::unordered_map<uint64_t, CachedPlan> plans_;  // by graph signature; cleared by set_policy
 
     Stats stats_;

@@ -507,7 +507,7 @@ def test_help_documents_every_flag():
     (["x.gguf", "--device", "emulated", "--offload-policy", "bogus=3"], "bogus"),
     (["x.gguf", "--device", "emulated", "--offload-policy", "mul_mat_id=-4"], "-4"),
     (["x.gguf", "--device", "emulated", "--offload-policy", "mul_mat=many"], "many"),
-    (["x.gguf", "--device", "emulated", "--expert-copy", "some"], "expected full or active"),
+    (["x.gguf", "--device", "emulated", "--expert-copy", "some"], "expected full, active or prefetch"),
     (["x.gguf", "--device", "emulated", "--vram-budget", "12XB"], "unknown unit"),
     (["x.gguf", "--device", "emulated", "--vram-budget", "-5G"], "byte count"),
     (["x.gguf", "--device", "emulated", "--vram-budget", "1.5.3G"], "byte count"),

@@ -168,6 +168,7 @@ TEST_CASE("hybrid cuda contexts match the cpu path", "[gpu]") {
             {"exps=CPU", "all=4", MOE_EXPERT_COPY_FULL, 1},
             {"exps=CPU", "all=4", MOE_EXPERT_COPY_ACTIVE_ONLY, 1},
             {"exps=CPU", "all=4", MOE_EXPERT_COPY_ACTIVE_ONLY, 0},
+            {"exps=CPU", "all=4", MOE_EXPERT_COPY_ACTIVE_PREFETCH, 1},
             {"ffn_(up|gate|down)_exps\\.weight=CPU", nullptr, MOE_EXPERT_COPY_FULL, 0},
             {"blk\\.0\\.=CPU", "all=2", MOE_EXPERT_COPY_FULL, 1},
         };

@@ -139,7 +139,7 @@ TEST_CASE("hybrid contexts match the cpu path for every policy", "[sched]") {
         const char* offloads[] = {nullptr, "all=4", "all=off", "mul_mat_id=0,moe_up_gate=8,mul_mat=64"};
         for (const char* ot : overrides) {
             for (const char* off : offloads) {
-                for (int32_t copy : {MOE_EXPERT_COPY_FULL, MOE_EXPERT_COPY_ACTIVE_ONLY}) {
+                for (int32_t copy : {MOE_EXPERT_COPY_FULL, MOE_EXPERT_COPY_ACTIVE_ONLY, MOE_EXPERT_COPY_ACTIVE_PREFETCH}) {
                     for (int32_t dup : {1, 0}) {
                         INFO(arch << " -ot " << (ot ? ot : "(none)") << " offload " << (off ? off : "(default)")
                                   << " copy " << copy << " bias_dup " << dup);
@@ -166,20 +166,26 @@ TEST_CASE("ACTIVE_ONLY uploads exactly the selected experts, coalesced", "[sched
         const int32_t nv = m.info.n_vocab, n_layer = m.info.n_layer, n_expert = m.info.n_expert;
         const moe_sched_policy active = make_policy("all=0", MOE_EXPERT_COPY_ACTIVE_ONLY, 1);
         const moe_sched_policy full = make_policy("all=0", MOE_EXPERT_COPY_FULL, 1);
+        const moe_sched_policy prefetch = make_policy("all=0", MOE_EXPERT_COPY_ACTIVE_PREFETCH, 1);
         Ctx a(m, MOE_DEVICE_EMULATED, "exps=CPU", &active, 64);
         Ctx f(m, MOE_DEVICE_EMULATED, "exps=CPU", &full, 64);
-        for (int n : {1, 2, 5, 40}) {
+        Ctx pf(m, MOE_DEVICE_EMULATED, "exps=CPU", &prefetch, 64);
+        std::vector<uint8_t> previous(static_cast<size_t>(n_layer) * static_cast<size_t>(n_expert), 0);
+        for (int n : {1, 2, 5, 40, 3}) {
             INFO(arch << " n_tokens " << n);
             const auto tokens = random_tokens(rng, n, nv);
             REQUIRE(moe_context_reset_stats(a.ctx) == MOE_STATUS_OK);
             REQUIRE(moe_context_reset_stats(f.ctx) == MOE_STATUS_OK);
-            require_close(a.decode(tokens, nv), f.decode(tokens, nv), nv);
+            const std::vector<float> la = a.decode(tokens, nv);
+            require_close(la, f.decode(tokens, nv), nv);
+            REQUIRE(moe_context_reset_stats(pf.ctx) == MOE_STATUS_OK);
+            require_close(pf.decode(tokens, nv), la, nv);
             const std::vector<uint64_t> counts = a.counts();
             REQUIRE(counts.size() == static_cast<size_t>(n_layer) * static_cast<size_t>(n_expert));
             CHECK(counts == f.counts());
 
             // Expected: per layer, the selected experts of up, gate and down; one copy per run.
-            uint64_t expect_bytes = 0, expect_total = 0, expect_copies = 0, selections = 0;
+            uint64_t expect_bytes = 0, expect_total = 0, expect_copies = 0, selections = 0, expect_prefetch = 0;
             for (int il = 0; il < n_layer; ++il) {
                 uint64_t selected = 0, runs = 0;
                 bool prev = false;
@@ -190,9 +196,18 @@ TEST_CASE("ACTIVE_ONLY uploads exactly the selected experts, coalesced", "[sched
                     runs += on && !prev;
                     prev = on;
                 }
+                // PREFETCH uploads the previous batch's experts early, then the missing ones: the union.
+                uint64_t in_union = 0;
+                for (int e = 0; e < n_expert; ++e) {
+                    const size_t k = static_cast<size_t>(il * n_expert + e);
+                    const bool on = counts[k] > 0;
+                    in_union += on || previous[k];
+                    previous[k] = on;
+                }
                 for (const char* part : {"ffn_up_exps.weight", "ffn_gate_exps.weight", "ffn_down_exps.weight"}) {
                     const uint64_t bytes = m.tensor_bytes("blk." + std::to_string(il) + "." + part);
                     expect_bytes += bytes / static_cast<uint64_t>(n_expert) * selected;
+                    expect_prefetch += bytes / static_cast<uint64_t>(n_expert) * in_union;
                     expect_total += bytes;
                     expect_copies += runs;
                 }
@@ -208,6 +223,11 @@ TEST_CASE("ACTIVE_ONLY uploads exactly the selected experts, coalesced", "[sched
             CHECK(sa.n_weight_copies == expect_copies);
             CHECK(sa.n_offloaded[MOE_OFFLOAD_MOE_UP_GATE] == static_cast<uint64_t>(n_layer));
             CHECK(sa.n_offloaded[MOE_OFFLOAD_MUL_MAT_ID] == static_cast<uint64_t>(n_layer));
+            const moe_sched_stats sp = pf.stats();
+            CHECK(sp.bytes_weights_experts == expect_prefetch);
+            CHECK(sp.bytes_weights_experts + sp.bytes_weights_skipped == expect_total);
+            CHECK(sp.n_id_readbacks == static_cast<uint64_t>(n_layer));
+            CHECK(pf.counts() == counts);
         }
     }
 }

@@ -199,17 +199,20 @@ inline std::vector<Option> make_options(Config& c) {
              c.policy = p;
              return std::nullopt;
          }},
-        {"", "--expert-copy", "full|active",
-         "what an offloaded expert op uploads: full expert tensors, or only the experts the router selected "
-         "(one readback of its choices per layer; adjacent experts in one copy)",
+        {"", "--expert-copy", "full|active|prefetch",
+         "what an offloaded expert op uploads: full expert tensors, only the experts the router selected "
+         "(one readback of its choices per layer; adjacent experts in one copy), or prefetch: active, with the "
+         "experts the layer used in the previous ubatch uploaded before the readback",
          "full", sched,
          [&c](const std::string& v) -> std::optional<std::string> {
              if (v == "full") {
                  c.policy.expert_copy = MOE_EXPERT_COPY_FULL;
              } else if (v == "active") {
                  c.policy.expert_copy = MOE_EXPERT_COPY_ACTIVE_ONLY;
+             } else if (v == "prefetch") {
+                 c.policy.expert_copy = MOE_EXPERT_COPY_ACTIVE_PREFETCH;
              } else {
-                 return "expected full or active, got '" + v + "'";
+                 return "expected full, active or prefetch, got '" + v + "'";
              }
              return std::nullopt;
          }},

@@ -57,6 +57,7 @@ std::string expert_copy_name(int32_t copy) {
     switch (copy) {
         case MOE_EXPERT_COPY_FULL: return "full";
         case MOE_EXPERT_COPY_ACTIVE_ONLY: return "active";
+        case MOE_EXPERT_COPY_ACTIVE_PREFETCH: return "prefetch";
         default: return "expert_copy" + std::to_string(copy);
     }
 }
@@ -64,7 +65,8 @@ std::string expert_copy_name(int32_t copy) {
 int32_t expert_copy_from_name(const std::string& name) {
     if (name == "full") return MOE_EXPERT_COPY_FULL;
     if (name == "active") return MOE_EXPERT_COPY_ACTIVE_ONLY;
-    throw py::value_error("Policy: expert_copy must be 'full' or 'active', got '" + name + "'");
+    if (name == "prefetch") return MOE_EXPERT_COPY_ACTIVE_PREFETCH;
+    throw py::value_error("Policy: expert_copy must be 'full', 'active' or 'prefetch', got '" + name + "'");
 }
 
 // "mul_mat=on,mul_mat_id=128,moe_up_gate=off": the rules as a spec parse_offload accepts.
@@ -119,7 +121,8 @@ void bind_policy(py::module_& m) {
                                   "weights are in host RAM runs on the device when enabled and the ubatch has at\n"
                                   "least min_batch tokens (-1: the default threshold, 32 for mul_mat and\n"
                                   "32 * n_expert / n_expert_used for the expert ops). expert_copy: \"full\" uploads\n"
-                                  "whole expert tensors, \"active\" only the experts the router selected.\n"
+                                  "whole expert tensors, \"active\" only the experts the router selected,\n"
+                                  "\"prefetch\" active plus an early upload of the experts the previous ubatch used.\n"
                                   "bias_dup: keep expert biases on both sides. offload_vram_budget: bytes of\n"
                                   "device memory for the upload slots (0: automatic).")
                                      .c_str())
