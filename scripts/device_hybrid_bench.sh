@@ -2,7 +2,7 @@
 # Hybrid (experts in pinned host RAM) benchmarks on the GPU machine, issue #5 targets, from prebuilt
 # binaries:  scripts/device_hybrid_bench.sh BIN_DIR OUT_DIR [GROUP...]
 # Groups: llama (the llama.cpp comparison), tg (hybrid TG with CUDA graphs on and off), active (FULL vs ACTIVE_ONLY on skewed GPT-OSS, ubatch
-# 256..4096), biasdup (bias duplication on/off), default: all. JSON per run in OUT_DIR, medians of 3.
+# 256..4096), biasdup (bias duplication on/off, PP and TG), biasdup_ub (on/off over ubatch 256..4096), default: all. JSON per run in OUT_DIR, medians of 3.
 set -uo pipefail
 bin=$1; out=$2; shift 2
 groups=${*:-llama tg active biasdup}
@@ -52,6 +52,11 @@ for g in $groups; do
         for copy in full active prefetch; do
           run g20s_${copy}_ub$ub --synthetic "$G20S" -ot exps=CPU -p 4096 -n 0 -ub $ub --expert-copy $copy -r 2
         done
+      done ;;
+    biasdup_ub)
+      for ub in 256 512 1024 2048 4096; do
+        run g20_dup_ub$ub   --synthetic "$G20" -ot exps=CPU -p 4096 -n 0 -ub $ub -r 2
+        run g20_nodup_ub$ub --synthetic "$G20" -ot exps=CPU -p 4096 -n 0 -ub $ub -r 2 --no-bias-dup
       done ;;
     biasdup)
       for ot in 'exps=CPU' 'ffn_(up|gate|down)_exps\.weight=CPU'; do
