@@ -24,6 +24,7 @@
 #include "cuda/fusion_plan.h"
 #include "cuda/ops_common.cuh"
 #include "cuda/rope_math.cuh"
+#include "cuda/topk_key.cuh"
 
 namespace moe::cuda {
 namespace {
@@ -149,24 +150,7 @@ __global__ void __launch_bounds__(1024) row_chain_kernel(ChainArgs a) {
 
 // ---- router ----
 
-__device__ __forceinline__ unsigned long long topk_key(float v, int64_t e) {
-    if (isnan(v)) v = -INFINITY;
-    if (v == 0.0f) v = 0.0f;
-    const unsigned int b = __float_as_uint(v);
-    const unsigned int u = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-    return (static_cast<unsigned long long>(u) << 32) | (0xffffffffu - static_cast<unsigned int>(e));
-}
-
-__device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const unsigned long long other = __shfl_xor_sync(0xffffffffu, v, o);
-        v = other > v ? other : v;
-    }
-    return v;
-}
-
-// blockDim (32, T): warp t takes token t. The keys and the tie rule are topk_kernel's (ops_rows.cu).
+// blockDim (32, T): warp t takes token t. The keys and the tie rule are topk_kernel's (cuda/topk_key.cuh).
 __global__ void router_kernel(View x, View ids, View vals, View probs, int k) {
     const int lane = static_cast<int>(threadIdx.x);
     const int64_t t = threadIdx.y;
