@@ -117,6 +117,10 @@ AllocPlan plan_allocation(const Graph& graph) {
 void bind_allocation(const Graph& graph, const AllocPlan& plan, void* base) {
     auto* bytes = static_cast<uint8_t*>(base);
     for (const auto& [t, offset] : plan.offsets) const_cast<Tensor*>(t)->data = bytes + offset;
+    bind_views(graph);
+}
+
+void bind_views(const Graph& graph) {
     for (Tensor* n : graph.nodes()) {
         if (n->view_src != nullptr) {
             MOE_ASSERT(n->view_src->data != nullptr);

@@ -26,6 +26,10 @@ AllocPlan plan_allocation(const Graph& graph);
 // REQUIRES: every leaf that is not planned has data already.
 void bind_allocation(const Graph& graph, const AllocPlan& plan, void* base);
 
+// Points every view node (and CPY) of `graph` at its source's data + view_offset, in node order.
+// REQUIRES: every view source has data.
+void bind_views(const Graph& graph);
+
 // The tensor whose memory `t` uses (follows view chains).
 const Tensor* storage_of(const Tensor* t);
 

@@ -15,7 +15,6 @@ using sched::Side;
 
 constexpr size_t kWeightAlign = 256;
 constexpr uint64_t kVramReserve = uint64_t{1} << 30;  // CUDA context, cuBLAS, kernel scratch
-constexpr int kAutoSlots = 6;
 
 size_t aligned(size_t n) { return (n + kWeightAlign - 1) & ~(kWeightAlign - 1); }
 
@@ -189,7 +188,8 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
             const uint64_t need = kv + estimate_arena_bytes(ctx) + kVramReserve;
             const uint64_t free = ctx.device->free_memory();
             uint64_t budget = free > need ? free - need : 0;
-            if (total > budget) budget = budget > kAutoSlots * largest_expert ? budget - kAutoSlots * largest_expert : 0;
+            const uint64_t slots = sched::kAutoUploadSlots * largest_expert;
+            if (total > budget) budget = budget > slots ? budget - slots : 0;
             pp.vram_budget = budget;
         }
         MOE_ASSIGN_OR_RETURN(sides, sched::place_weights(desc, pp));

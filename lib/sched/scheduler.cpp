@@ -44,7 +44,6 @@ int64_t op_tokens(const Tensor& node) {
     }
 }
 
-constexpr int kAutoSlots = 6;
 constexpr int kMinSlots = 4;  // one node may upload up to four operands (up, gate and their biases)
 
 }  // namespace
@@ -99,25 +98,21 @@ std::optional<WeightCopies> Scheduler::weight_copies(const Tensor* weight) const
 
 int32_t Scheduler::min_batch(OffloadOp op) const { return resolved_min_batch(policy_, op, n_expert_, n_expert_used_); }
 
-uint64_t Scheduler::slot_bytes(const Policy& policy) const {
+// The slot size: every host-resident weight may be uploaded (biases too, without duplication).
+size_t Scheduler::largest_host_weight() const {
     size_t largest = 0;
     for (const auto& [w, c] : weights_) {
         if (c.home == Side::HOST) largest = std::max(largest, w->n_bytes());
     }
-    if (largest == 0 || device_ == nullptr) return 0;
-    const uint64_t n = policy.offload_vram_budget == 0 ? kAutoSlots : policy.offload_vram_budget / largest;
-    return n * largest;
+    return largest;
 }
 
 Status Scheduler::set_policy(const Policy& policy) {
     MOE_RETURN_IF_ERROR(validate_policy(policy));
-    size_t largest = 0;
-    for (const auto& [w, c] : weights_) {
-        if (c.home == Side::HOST) largest = std::max(largest, w->n_bytes());
-    }
+    const size_t largest = largest_host_weight();
     size_t n_slots = 0;
     if (largest > 0 && device_ != nullptr) {
-        n_slots = policy.offload_vram_budget == 0 ? kAutoSlots : policy.offload_vram_budget / largest;
+        n_slots = policy.offload_vram_budget == 0 ? kAutoUploadSlots : policy.offload_vram_budget / largest;
         if (n_slots < kMinSlots) {
             return invalid_argument("offload_vram_budget of " + std::to_string(policy.offload_vram_budget) +
                                     " bytes holds fewer than " + std::to_string(kMinSlots) +
@@ -230,18 +225,13 @@ Status Scheduler::ensure_arenas(size_t size) {
 
 void Scheduler::bind(Graph& graph, RunState& rs) {
     for (const auto& [t, offset] : rs.plan.offsets) {
-        const Side side = rs.produced.count(t) ? rs.produced.at(t) : Side::HOST;
+        const auto it = rs.produced.find(t);
+        const int side = static_cast<int>(it != rs.produced.end() ? it->second : Side::HOST);
         Tensor* mt = const_cast<Tensor*>(t);
-        mt->data = rs.base[static_cast<int>(side)] + offset;
-        mt->buffer = arena_[static_cast<int>(side)].get();
+        mt->data = rs.base[side] + offset;
+        mt->buffer = arena_[side].get();
     }
-    for (Tensor* n : graph.nodes()) {
-        if (n->view_src != nullptr) {
-            MOE_ASSERT(n->view_src->data != nullptr);
-            n->data = static_cast<uint8_t*>(n->view_src->data) + n->view_offset;
-            n->buffer = n->view_src->buffer;
-        }
-    }
+    bind_views(graph);
 }
 
 Tensor* Scheduler::substitute(RunState& rs, const Tensor& like, void* data, Buffer* buffer) {
@@ -368,7 +358,7 @@ StatusOr<Tensor*> Scheduler::weight_operand(Tensor& node, int src_index, Side si
         MOE_ASSIGN_OR_RETURN(const std::vector<int32_t>* ids, read_ids(expert_ids_of(node), rs));
         MOE_ASSIGN_OR_RETURN(std::vector<uint8_t> selected, selected_experts(*ids, n_expert_));
         const size_t per_expert = w->nb[2];
-        size_t prefetched = 0, sent = 0;  // bytes uploaded before the readback (counted then) and after
+        size_t prefetched = 0;  // bytes uploaded before the readback (counted then)
         std::vector<uint8_t> missing = selected;
         if (pre != rs.prefetched.end()) {
             for (size_t e = 0; e < missing.size(); ++e) {
@@ -379,14 +369,7 @@ StatusOr<Tensor*> Scheduler::weight_operand(Tensor& node, int src_index, Side si
             }
             last_selected_[w] = std::move(selected);
         }
-        for (const ExpertRun& r : coalesce_runs(missing)) {
-            const size_t offset = static_cast<size_t>(r.first) * per_expert;
-            const size_t bytes = static_cast<size_t>(r.count) * per_expert;
-            MOE_RETURN_IF_ERROR(device_->upload(dst + offset, src + offset, bytes, after));
-            sent += bytes;
-            ++stats_.n_weight_copies;
-        }
-        stats_.bytes_weights_experts += sent;
+        MOE_ASSIGN_OR_RETURN(const size_t sent, upload_experts(dst, src, per_expert, missing, after));
         stats_.bytes_weights_skipped += n - prefetched - sent;
     } else {
         MOE_RETURN_IF_ERROR(device_->upload(dst, src, n, after));
@@ -394,6 +377,22 @@ StatusOr<Tensor*> Scheduler::weight_operand(Tensor& node, int src_index, Side si
         ++stats_.n_weight_copies;
     }
     return substitute(rs, *w, dst, slot_buffer_.get());
+}
+
+// Uploads the marked experts of an expert tensor (src) into its slot (dst), one copy per run of
+// adjacent experts, at their own offsets; returns the bytes sent (counted in bytes_weights_experts).
+StatusOr<size_t> Scheduler::upload_experts(uint8_t* dst, const uint8_t* src, size_t per_expert,
+                                           const std::vector<uint8_t>& experts, uint64_t after) {
+    size_t sent = 0;
+    for (const ExpertRun& r : coalesce_runs(experts)) {
+        const size_t offset = static_cast<size_t>(r.first) * per_expert;
+        const size_t bytes = static_cast<size_t>(r.count) * per_expert;
+        MOE_RETURN_IF_ERROR(device_->upload(dst + offset, src + offset, bytes, after));
+        sent += bytes;
+        ++stats_.n_weight_copies;
+    }
+    stats_.bytes_weights_experts += sent;
+    return sent;
 }
 
 bool Scheduler::uploads_active_experts(const Tensor& node, int src_index) const {
@@ -413,14 +412,7 @@ Status Scheduler::prefetch_experts(Tensor& node, int src_index, RunState& rs) {
     if (auto it = last_selected_.find(w); it != last_selected_.end()) p.uploaded = it->second;
     uint8_t* dst = static_cast<uint8_t*>(slot_buffer_->data()) + p.slot * slot_size_;
     const auto* src = static_cast<const uint8_t*>(c->host);
-    const size_t per_expert = w->nb[2];
-    for (const ExpertRun& r : coalesce_runs(p.uploaded)) {
-        const size_t offset = static_cast<size_t>(r.first) * per_expert;
-        const size_t bytes = static_cast<size_t>(r.count) * per_expert;
-        MOE_RETURN_IF_ERROR(device_->upload(dst + offset, src + offset, bytes, slots_[p.slot].fence));
-        stats_.bytes_weights_experts += bytes;
-        ++stats_.n_weight_copies;
-    }
+    MOE_RETURN_IF_ERROR(upload_experts(dst, src, w->nb[2], p.uploaded, slots_[p.slot].fence).status());
     rs.prefetched[{&node, src_index}] = std::move(p);
     return Status::ok();
 }

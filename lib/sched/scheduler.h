@@ -42,6 +42,9 @@ struct WeightCopies {
     bool duplicate = false;
 };
 
+// Upload slots when the policy leaves offload_vram_budget at 0 (context creation reserves as many).
+constexpr int kAutoUploadSlots = 6;
+
 struct HostInput {
     Tensor* tensor;
     const void* data;  // tensor->n_bytes() bytes
@@ -76,8 +79,6 @@ public:
     Status set_policy(const Policy& policy);
     const Policy& policy() const { return policy_; }
     int32_t min_batch(OffloadOp op) const;
-    // Device memory the upload slots of `policy` take (0 without host-resident offloadable weights).
-    uint64_t slot_bytes(const Policy& policy) const;
 
     // Evaluates one ubatch graph of n_tokens tokens: inputs are written before compute, outputs read
     // after. The graph is consumed (operands are rewritten to their copies on the side that uses them).
@@ -118,6 +119,9 @@ private:
     Status prepare_operands(Tensor& node, Side side, RunState& rs);
     StatusOr<Tensor*> weight_operand(Tensor& node, int src_index, Side side, RunState& rs);
     Status prefetch_experts(Tensor& node, int src_index, RunState& rs);
+    StatusOr<size_t> upload_experts(uint8_t* dst, const uint8_t* src, size_t per_expert,
+                                    const std::vector<uint8_t>& experts, uint64_t after);
+    size_t largest_host_weight() const;
     bool uploads_active_experts(const Tensor& node, int src_index) const;
     StatusOr<Tensor*> activation_operand(Tensor* src, Side side, RunState& rs);
     StatusOr<const std::vector<int32_t>*> read_ids(const Tensor* ids, RunState& rs);
