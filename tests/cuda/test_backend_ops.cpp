@@ -37,6 +37,7 @@
 #include "../cpu/op_test_util.h"
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_backend.h"
+#include "cuda_test_util.h"
 
 namespace {
 
@@ -44,30 +45,12 @@ using moe::Op;
 using moe::Status;
 using moe::Tensor;
 using moe::Type;
+using moe::test::fresh_rng;
+using moe::test::require_ok;
+using moe::test::run_seed;
 using moe::test::elem;
 using moe::test::fill_uniform;
 using moe::test::TensorPool;
-
-#define MOE_GPU_OR_SKIP()                          \
-    do {                                           \
-        if (moe::cuda::device_count() == 0) {      \
-            WARN("skipped: no CUDA device");       \
-            return;                                \
-        }                                          \
-    } while (0)
-
-void require_ok(const Status& s) {
-    INFO(s.message());
-    REQUIRE(s.is_ok());
-}
-
-// A fresh seed per process unless --rng-seed gives one; printed with every failure.
-uint64_t run_seed() {
-    static const uint64_t seed = Catch::rngSeed() != 0 ? Catch::rngSeed() : std::random_device{}();
-    return seed;
-}
-
-std::mt19937_64 fresh_rng(uint64_t salt) { return std::mt19937_64(run_seed() * 0x9E3779B97F4A7C15ull + salt); }
 
 moe::cuda::CudaBackend& gpu() {
     static std::unique_ptr<moe::Backend> backend = [] {

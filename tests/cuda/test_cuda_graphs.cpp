@@ -24,6 +24,7 @@
 #include "core/allocator.h"
 #include "core/graph.h"
 #include "cuda/cuda_backend.h"
+#include "cuda_test_util.h"
 #include "cuda/graph_signature.h"
 
 namespace {
@@ -32,80 +33,11 @@ using moe::Op;
 using moe::Status;
 using moe::Tensor;
 using moe::Type;
-
-#define MOE_GPU_OR_SKIP()                          \
-    do {                                           \
-        if (moe::cuda::device_count() == 0) {      \
-            WARN("skipped: no CUDA device");       \
-            return;                                \
-        }                                          \
-    } while (0)
-
-void require_ok(const Status& s) {
-    INFO(s.message());
-    REQUIRE(s.is_ok());
-}
-
-uint64_t run_seed() {
-    static const uint64_t seed = Catch::rngSeed() != 0 ? Catch::rngSeed() : std::random_device{}();
-    return seed;
-}
-
-std::mt19937_64 fresh_rng(uint64_t salt) { return std::mt19937_64(run_seed() * 0x9E3779B97F4A7C15ull + salt); }
-
-// A backend of its own per test (graphs toggled per run) and its device memory.
-class Device {
-public:
-    Device() {
-        auto b = moe::cuda::CudaBackend::create(0);
-        require_ok(b.status());
-        backend_ = std::move(b).value();
-    }
-    moe::cuda::CudaBackend& be() { return static_cast<moe::cuda::CudaBackend&>(*backend_); }
-
-    void* alloc(size_t n) {
-        auto buf = backend_->alloc_buffer(n);
-        require_ok(buf.status());
-        buffers_.push_back(std::move(buf).value());
-        return buffers_.back()->data();
-    }
-    void upload(void* dst, const void* src, size_t n) {
-        require_ok(backend_->copy_to_device(dst, src, n));
-        require_ok(backend_->synchronize());
-    }
-    std::vector<uint8_t> download(const Tensor& t) {
-        std::vector<uint8_t> out(t.n_bytes());
-        require_ok(backend_->copy_to_host(out.data(), t.data, out.size()));
-        require_ok(backend_->synchronize());
-        return out;
-    }
-    void poison(const Tensor& t) {
-        const std::vector<uint8_t> nan(t.n_bytes(), 0xFF);
-        upload(t.data, nan.data(), nan.size());
-    }
-    // A leaf with device data (a weight when `weight`), filled from `host` bytes.
-    Tensor* leaf(Type type, std::initializer_list<int64_t> ne, const void* host, bool weight) {
-        Tensor& t = leaves_.emplace_back();
-        const std::vector<int64_t> v(ne);
-        moe::set_shape(t, type, static_cast<int>(v.size()), v.data());
-        t.data = alloc(t.n_bytes());
-        t.is_weight = weight;
-        if (host != nullptr) upload(t.data, host, t.n_bytes());
-        return &t;
-    }
-
-private:
-    std::unique_ptr<moe::Backend> backend_;
-    std::vector<std::unique_ptr<moe::Buffer>> buffers_;
-    std::deque<Tensor> leaves_;
-};
-
-std::vector<float> random_f32(std::mt19937_64& rng, size_t n, float lo, float hi) {
-    std::uniform_real_distribution<float> u(lo, hi);
-    std::vector<float> v(n);
-    for (float& x : v) x = u(rng);
-    return v;
-}
+using moe::test::Device;
+using moe::test::fresh_rng;
+using moe::test::random_f32;
+using moe::test::require_ok;
+using moe::test::run_seed;
 
 std::vector<uint16_t> random_f16(std::mt19937_64& rng, size_t n) {
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);

@@ -33,6 +33,7 @@
 #include "core/graph.h"
 #include "core/models/model_graph.h"
 #include "cuda/cuda_backend.h"
+#include "cuda_test_util.h"
 #include "cuda/fusion_plan.h"
 #include "moeinfer/moeinfer.h"
 #include "runtime/context.h"
@@ -43,6 +44,10 @@ using moe::Op;
 using moe::Status;
 using moe::Tensor;
 using moe::Type;
+using moe::test::Device;
+using moe::test::random_f32;
+using moe::test::require_ok;
+using moe::test::run_seed;
 using moe::cuda::FusedKind;
 
 // ---- the planner on model graphs (no device) ----
@@ -312,77 +317,13 @@ TEST_CASE("CUDA fusion plans refuse what would change results", "[cuda]") {
 
 namespace {
 
-#define MOE_GPU_OR_SKIP()                          \
-    do {                                           \
-        if (moe::cuda::device_count() == 0) {      \
-            WARN("skipped: no CUDA device");       \
-            return;                                \
-        }                                          \
-    } while (0)
-
-void require_ok(const Status& s) {
-    INFO(s.message());
-    REQUIRE(s.is_ok());
+// A weight of `type` from random floats through the reference quantiser.
+Tensor* random_weight(Device& dev, Type type, int64_t k, int64_t n, std::mt19937_64& rng) {
+    const std::vector<float> f = random_f32(rng, static_cast<size_t>(k * n), -1.0f, 1.0f);
+    std::vector<uint8_t> bytes(static_cast<size_t>(moe::row_bytes(type, k) * n));
+    moe::traits(type).from_float(f.data(), bytes.data(), k * n);
+    return dev.leaf(type, {k, n}, bytes.data());
 }
-
-uint64_t run_seed() {
-    static const uint64_t seed = Catch::rngSeed() != 0 ? Catch::rngSeed() : std::random_device{}();
-    return seed;
-}
-
-std::vector<float> random_f32(std::mt19937_64& rng, size_t n, float lo, float hi) {
-    std::uniform_real_distribution<float> u(lo, hi);
-    std::vector<float> v(n);
-    for (float& x : v) x = u(rng);
-    return v;
-}
-
-class Device {
-public:
-    Device() {
-        auto b = moe::cuda::CudaBackend::create(0);
-        require_ok(b.status());
-        backend_ = std::move(b).value();
-    }
-    moe::cuda::CudaBackend& be() { return static_cast<moe::cuda::CudaBackend&>(*backend_); }
-    void* alloc(size_t n) {
-        auto buf = backend_->alloc_buffer(n);
-        require_ok(buf.status());
-        buffers_.push_back(std::move(buf).value());
-        return buffers_.back()->data();
-    }
-    void upload(void* dst, const void* src, size_t n) {
-        require_ok(backend_->copy_to_device(dst, src, n));
-        require_ok(backend_->synchronize());
-    }
-    std::vector<uint8_t> download(const Tensor& t) {
-        std::vector<uint8_t> out(t.n_bytes());
-        require_ok(backend_->copy_to_host(out.data(), t.data, out.size()));
-        require_ok(backend_->synchronize());
-        return out;
-    }
-    Tensor* leaf(Type type, std::initializer_list<int64_t> ne, const void* host) {
-        Tensor& t = leaves_.emplace_back();
-        const std::vector<int64_t> v(ne);
-        moe::set_shape(t, type, static_cast<int>(v.size()), v.data());
-        t.data = alloc(t.n_bytes());
-        t.is_weight = true;
-        upload(t.data, host, t.n_bytes());
-        return &t;
-    }
-    // A weight of `type` from random floats through the reference quantiser.
-    Tensor* weight(Type type, int64_t k, int64_t n, std::mt19937_64& rng) {
-        const std::vector<float> f = random_f32(rng, static_cast<size_t>(k * n), -1.0f, 1.0f);
-        std::vector<uint8_t> bytes(static_cast<size_t>(moe::row_bytes(type, k) * n));
-        moe::traits(type).from_float(f.data(), bytes.data(), k * n);
-        return leaf(type, {k, n}, bytes.data());
-    }
-
-private:
-    std::unique_ptr<moe::Backend> backend_;
-    std::vector<std::unique_ptr<moe::Buffer>> buffers_;
-    std::deque<Tensor> leaves_;
-};
 
 // Runs g with fusion off, then on (outputs poisoned in between), graphs on; every output must be
 // bitwise equal. Returns the fused run's launches as (kind, parts).
@@ -433,10 +374,10 @@ TEST_CASE("CUDA fused q/k/v products, norms and Q8 hand-offs match unfused launc
                   << " bias " << c.bias);
         const std::vector<float> wn = random_f32(rng, static_cast<size_t>(c.k), 0.5f, 1.5f);
         Tensor* norm_w = dev.leaf(Type::F32, {c.k}, wn.data());
-        Tensor* wq = dev.weight(c.type, c.k, c.nq, rng);
-        Tensor* wk = dev.weight(c.type, c.k, c.nk, rng);
-        Tensor* wv = dev.weight(c.type, c.k, c.nk, rng);
-        Tensor* w2 = dev.weight(c.type, c.k, 96, rng);  // a second reader of the norm, two nodes later
+        Tensor* wq = random_weight(dev, c.type, c.k, c.nq, rng);
+        Tensor* wk = random_weight(dev, c.type, c.k, c.nk, rng);
+        Tensor* wv = random_weight(dev, c.type, c.k, c.nk, rng);
+        Tensor* w2 = random_weight(dev, c.type, c.k, 96, rng);  // a second reader of the norm, two nodes later
         std::vector<Tensor*> biases;
         for (int64_t n : {c.nq, c.nk, c.nk}) {
             const std::vector<float> b = random_f32(rng, static_cast<size_t>(n), -1.0f, 1.0f);

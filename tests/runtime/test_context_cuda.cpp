@@ -37,6 +37,26 @@ std::vector<float> decode(moe_context* ctx, const std::vector<int32_t>& tokens, 
     return std::vector<float>(logits, logits + static_cast<size_t>(rows) * static_cast<size_t>(nv));
 }
 
+// Writes and loads a tiny synthetic model (head_dim 64: the CUDA attention kernels cover 32..256).
+moe_model* load_tiny(const std::string& path, const char* arch, int32_t expert_type, uint64_t seed,
+                     moe_model_info* info, float skew = 0.0f, int32_t n_layer = 0) {
+    moe_synth_params sp;
+    REQUIRE(moe_synth_params_init(&sp, arch) == MOE_STATUS_OK);
+    sp.preset = "tiny";
+    sp.head_dim = 64;
+    sp.expert_type = expert_type;
+    sp.dense_type = MOE_TYPE_Q8_0;
+    sp.routing_skew = skew;
+    sp.n_layer = n_layer;
+    sp.seed = seed;
+    REQUIRE(moe_synth_write(path.c_str(), &sp) == MOE_STATUS_OK);
+    moe_model* model = nullptr;
+    REQUIRE(moe_model_load(path.c_str(), nullptr, &model) == MOE_STATUS_OK);
+    moe_model_info_init(info);
+    REQUIRE(moe_model_get_info(model, info) == MOE_STATUS_OK);
+    return model;
+}
+
 // Rows (tokens) of a batch whose logits miss the bound.
 size_t rows_off(const std::vector<float>& gpu, const std::vector<float>& cpu, int32_t n_vocab) {
     REQUIRE(gpu.size() == cpu.size());
@@ -76,19 +96,8 @@ TEST_CASE("cuda contexts match the cpu path", "[gpu]") {
             INFO(arch << " expert type " << moe_type_name(expert_type));
             // The system temp dir, not the build tree: GPU tests may run from a binary built elsewhere.
             const std::string path = (std::filesystem::temp_directory_path() / (std::string("moe_cuda_ctx_") + arch + ".gguf")).string();
-            moe_synth_params sp;
-            REQUIRE(moe_synth_params_init(&sp, arch) == MOE_STATUS_OK);
-            sp.preset = "tiny";
-            sp.head_dim = 64;  // the CUDA attention kernels cover head sizes 32..256
-            sp.expert_type = expert_type;
-            sp.dense_type = MOE_TYPE_Q8_0;
-            sp.seed = rng();
-            REQUIRE(moe_synth_write(path.c_str(), &sp) == MOE_STATUS_OK);
-            moe_model* model = nullptr;
-            REQUIRE(moe_model_load(path.c_str(), nullptr, &model) == MOE_STATUS_OK);
             moe_model_info info;
-            moe_model_info_init(&info);
-            REQUIRE(moe_model_get_info(model, &info) == MOE_STATUS_OK);
+            moe_model* model = load_tiny(path, arch, expert_type, rng(), &info);
 
             moe_context_params p;
             moe_context_params_init(&p);
@@ -133,21 +142,9 @@ TEST_CASE("hybrid cuda contexts match the cpu path", "[gpu]") {
     for (const char* arch : {"qwen3moe", "gpt-oss"}) {
         const std::string path =
             (std::filesystem::temp_directory_path() / (std::string("moe_cuda_hybrid_") + arch + ".gguf")).string();
-        moe_synth_params sp;
-        REQUIRE(moe_synth_params_init(&sp, arch) == MOE_STATUS_OK);
-        sp.preset = "tiny";
-        sp.head_dim = 64;
-        sp.expert_type = MOE_TYPE_Q8_0;
-        sp.dense_type = MOE_TYPE_Q8_0;
-        sp.routing_skew = 0.5f;
-        sp.n_layer = 6;  // 18 expert uploads per ubatch: the slot ring is reused within every ubatch
-        sp.seed = rng();
-        REQUIRE(moe_synth_write(path.c_str(), &sp) == MOE_STATUS_OK);
-        moe_model* model = nullptr;
-        REQUIRE(moe_model_load(path.c_str(), nullptr, &model) == MOE_STATUS_OK);
+        // 6 layers: 18 expert uploads per ubatch, so the slot ring is reused within every ubatch.
         moe_model_info info;
-        moe_model_info_init(&info);
-        REQUIRE(moe_model_get_info(model, &info) == MOE_STATUS_OK);
+        moe_model* model = load_tiny(path, arch, MOE_TYPE_Q8_0, rng(), &info, 0.5f, 6);
         std::uniform_int_distribution<int32_t> tok(0, info.n_vocab - 1);
         std::vector<std::vector<int32_t>> batches;
         for (int n : {40, 5, 1, 1, 17}) {
@@ -240,19 +237,9 @@ TEST_CASE("cuda contexts give the same logits with and without CUDA graphs", "[g
         INFO(arch);
         const std::string path =
             (std::filesystem::temp_directory_path() / (std::string("moe_cuda_graphs_") + arch + ".gguf")).string();
-        moe_synth_params sp;
-        REQUIRE(moe_synth_params_init(&sp, arch) == MOE_STATUS_OK);
-        sp.preset = "tiny";
-        sp.head_dim = 64;
-        sp.expert_type = std::strcmp(arch, "gpt-oss") == 0 ? MOE_TYPE_MXFP4 : MOE_TYPE_Q4_0;
-        sp.dense_type = MOE_TYPE_Q8_0;
-        sp.seed = rng();
-        REQUIRE(moe_synth_write(path.c_str(), &sp) == MOE_STATUS_OK);
-        moe_model* model = nullptr;
-        REQUIRE(moe_model_load(path.c_str(), nullptr, &model) == MOE_STATUS_OK);
         moe_model_info info;
-        moe_model_info_init(&info);
-        REQUIRE(moe_model_get_info(model, &info) == MOE_STATUS_OK);
+        moe_model* model =
+            load_tiny(path, arch, std::strcmp(arch, "gpt-oss") == 0 ? MOE_TYPE_MXFP4 : MOE_TYPE_Q4_0, rng(), &info);
         moe_context_params p;
         moe_context_params_init(&p);
         p.n_ctx = 256;
