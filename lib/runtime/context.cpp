@@ -105,16 +105,17 @@ size_t estimate_arena_bytes(const moe_context& ctx) {
 }
 
 // The side of layer il's attention (its KV cache lives there).
-Side attention_side(const moe_context& ctx, const std::unordered_map<const Tensor*, Side>& side_of, int il) {
-    return side_of.at(ctx.weights.layers[static_cast<size_t>(il)].wq);
+// REQUIRES: the weights are registered with the scheduler.
+Side attention_side(const moe_context& ctx, int il) {
+    return ctx.sched->weight_copies(ctx.weights.layers[static_cast<size_t>(il)].wq)->home;
 }
 
-Status allocate_kv_cache(moe_context& ctx, const std::unordered_map<const Tensor*, Side>& side_of) {
+Status allocate_kv_cache(moe_context& ctx) {
     const HParams& hp = ctx.model->hparams;
     const Tensor proto = kv_prototype(ctx);
     const size_t per_tensor = proto.n_bytes();
     size_t count[sched::kSides] = {};
-    for (int il = 0; il < hp.n_layer; ++il) count[static_cast<int>(attention_side(ctx, side_of, il))] += 2;
+    for (int il = 0; il < hp.n_layer; ++il) count[static_cast<int>(attention_side(ctx, il))] += 2;
     for (int s = 0; s < sched::kSides; ++s) {
         if (count[s] == 0) continue;
         Backend& be = s == static_cast<int>(Side::DEVICE) ? *ctx.device : *ctx.host;
@@ -125,7 +126,7 @@ Status allocate_kv_cache(moe_context& ctx, const std::unordered_map<const Tensor
     size_t used[sched::kSides] = {};
     ctx.kv.n_ctx = ctx.params.n_ctx;
     for (int il = 0; il < hp.n_layer; ++il) {
-        const int s = static_cast<int>(attention_side(ctx, side_of, il));
+        const int s = static_cast<int>(attention_side(ctx, il));
         for (int kv = 0; kv < 2; ++kv) {
             Tensor& t = ctx.kv_tensors.emplace_back(proto);
             t.data = static_cast<uint8_t*>(ctx.kv_buffer[s]->data()) + used[s]++ * per_tensor;
@@ -157,6 +158,61 @@ private:
     uint64_t done_ = 0;
 };
 
+// Where each weight lives: all on the host for CPU contexts, else per the placement parameters (with
+// a default VRAM budget of what the device has free, less what the context will also need there).
+StatusOr<std::vector<Side>> decide_sides(const moe_context& ctx, const std::vector<Tensor*>& ws) {
+    if (!ctx.device) return std::vector<Side>(ws.size(), Side::HOST);
+    const HParams& hp = ctx.model->hparams;
+    sched::PlacementParams pp;
+    MOE_ASSIGN_OR_RETURN(pp.overrides,
+                         sched::parse_overrides(ctx.params.tensor_overrides ? ctx.params.tensor_overrides : ""));
+    pp.n_layer = hp.n_layer;
+    pp.n_cpu_moe = ctx.params.n_cpu_moe;
+    pp.n_gpu_layers = ctx.params.n_gpu_layers;
+    std::vector<sched::WeightDesc> desc;
+    uint64_t total = 0, largest_expert = 0;
+    for (const Tensor* t : ws) {
+        desc.push_back({t->name, aligned(t->n_bytes())});
+        total += aligned(t->n_bytes());
+        if (sched::is_expert_tensor(t->name)) largest_expert = std::max<uint64_t>(largest_expert, t->n_bytes());
+    }
+    if (ctx.params.vram_budget > 0) {
+        pp.vram_budget = ctx.params.vram_budget;
+    } else {
+        // What the device has free, less the KV cache (all of it, to be safe), the activations and a
+        // reserve; if the weights do not all fit, also less the slots offloaded experts go through.
+        const uint64_t kv = kv_prototype(ctx).n_bytes() * 2 * static_cast<uint64_t>(hp.n_layer);
+        const uint64_t need = kv + estimate_arena_bytes(ctx) + kVramReserve;
+        const uint64_t free = ctx.device->free_memory();
+        uint64_t budget = free > need ? free - need : 0;
+        const uint64_t slots = sched::kAutoUploadSlots * largest_expert;
+        if (total > budget) budget = budget > slots ? budget - slots : 0;
+        pp.vram_budget = budget;
+    }
+    return sched::place_weights(desc, pp);
+}
+
+// Expert biases whose expert weights stay on the host get a copy on both sides (device contexts);
+// the policy's bias_dup decides whether ops use the second one.
+std::vector<bool> duplicated_biases(const moe_context& ctx, const std::vector<Tensor*>& ws,
+                                    const std::vector<Side>& sides) {
+    std::vector<bool> dup(ws.size(), false);
+    if (!ctx.device) return dup;
+    std::unordered_map<std::string, Side> side_by_name;
+    for (size_t i = 0; i < ws.size(); ++i) side_by_name[ws[i]->name] = sides[i];
+    const std::string suffix = ".bias";
+    for (size_t i = 0; i < ws.size(); ++i) {
+        const std::string& name = ws[i]->name;
+        if (!sched::is_expert_tensor(name) || name.size() < suffix.size() ||
+            name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+            continue;
+        }
+        auto it = side_by_name.find(name.substr(0, name.size() - suffix.size()) + ".weight");
+        dup[i] = it != side_by_name.end() && it->second == Side::HOST;
+    }
+    return dup;
+}
+
 // Places the weights (device contexts), copies them to their sides and registers them with the scheduler.
 Status place_weights(moe_context& ctx, const sched::Policy& policy) {
     const HParams& hp = ctx.model->hparams;
@@ -164,54 +220,10 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
     for (Tensor& t : ctx.weight_tensors) {
         if (t.is_weight) ws.push_back(&t);
     }
-    std::vector<Side> sides(ws.size(), Side::HOST);
-    if (ctx.device) {
-        sched::PlacementParams pp;
-        MOE_ASSIGN_OR_RETURN(pp.overrides,
-                             sched::parse_overrides(ctx.params.tensor_overrides ? ctx.params.tensor_overrides : ""));
-        pp.n_layer = hp.n_layer;
-        pp.n_cpu_moe = ctx.params.n_cpu_moe;
-        pp.n_gpu_layers = ctx.params.n_gpu_layers;
-        std::vector<sched::WeightDesc> desc;
-        uint64_t total = 0, largest_expert = 0;
-        for (const Tensor* t : ws) {
-            desc.push_back({t->name, aligned(t->n_bytes())});
-            total += aligned(t->n_bytes());
-            if (sched::is_expert_tensor(t->name)) largest_expert = std::max<uint64_t>(largest_expert, t->n_bytes());
-        }
-        if (ctx.params.vram_budget > 0) {
-            pp.vram_budget = ctx.params.vram_budget;
-        } else {
-            // What the device has free, less the KV cache (all of it, to be safe), the activations and a
-            // reserve; if the weights do not all fit, also less the slots offloaded experts go through.
-            const uint64_t kv = kv_prototype(ctx).n_bytes() * 2 * static_cast<uint64_t>(hp.n_layer);
-            const uint64_t need = kv + estimate_arena_bytes(ctx) + kVramReserve;
-            const uint64_t free = ctx.device->free_memory();
-            uint64_t budget = free > need ? free - need : 0;
-            const uint64_t slots = sched::kAutoUploadSlots * largest_expert;
-            if (total > budget) budget = budget > slots ? budget - slots : 0;
-            pp.vram_budget = budget;
-        }
-        MOE_ASSIGN_OR_RETURN(sides, sched::place_weights(desc, pp));
-    }
+    MOE_ASSIGN_OR_RETURN(const std::vector<Side> sides, decide_sides(ctx, ws));
     MOE_RETURN_IF_ERROR(check_weight_types(ctx, sides, ws));
 
-    // Expert biases of host-resident experts are duplicated (used per the policy's bias_dup).
-    std::vector<bool> dup(ws.size(), false);
-    if (ctx.device) {
-        std::unordered_map<std::string, Side> side_by_name;
-        for (size_t i = 0; i < ws.size(); ++i) side_by_name[ws[i]->name] = sides[i];
-        const std::string suffix = ".bias";
-        for (size_t i = 0; i < ws.size(); ++i) {
-            const std::string& name = ws[i]->name;
-            if (!sched::is_expert_tensor(name) || name.size() < suffix.size() ||
-                name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
-                continue;
-            }
-            auto it = side_by_name.find(name.substr(0, name.size() - suffix.size()) + ".weight");
-            dup[i] = it != side_by_name.end() && it->second == Side::HOST;
-        }
-    }
+    const std::vector<bool> dup = duplicated_biases(ctx, ws, sides);
 
     // Buffers: device memory for device-side weights and duplicates; pinned memory for host-side
     // weights that may be uploaded (every host-side weight of a device context).
@@ -277,9 +289,7 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
     }
     if (ctx.device) MOE_RETURN_IF_ERROR(ctx.device->synchronize().with_context("uploading the weights"));
 
-    std::unordered_map<const Tensor*, Side> side_of;
-    for (size_t i = 0; i < ws.size(); ++i) side_of[ws[i]] = sides[i];
-    MOE_RETURN_IF_ERROR(allocate_kv_cache(ctx, side_of));
+    MOE_RETURN_IF_ERROR(allocate_kv_cache(ctx));
     return ctx.sched->set_policy(policy);
 }
 
