@@ -8,6 +8,7 @@
 #include "core/backend_registry.h"
 #include "moeinfer/moeinfer.h"
 #include "runtime/c_api_guard.h"
+#include "runtime/c_api_structs.h"
 
 namespace {
 
@@ -111,15 +112,12 @@ MOE_API moe_status moe_measure_bandwidth(const moe_bandwidth_params* params, moe
     if (params != nullptr) {
         MOE_CHECK_ARG(params->struct_size >= offsetof(moe_bandwidth_params, device) + sizeof(int32_t),
                       "params->struct_size is too small (call moe_bandwidth_params_init first)");
-        std::memcpy(&p, params, std::min<size_t>(params->struct_size, sizeof p));
-        p.struct_size = sizeof p;
+        p = moe::read_sized(*params, p);
     }
     moe_bandwidth_result r;
     moe_bandwidth_result_init(&r);
     MOE_RETURN_API(measure(p, r));
-    const uint32_t caller_size = out_result->struct_size;
-    std::memcpy(out_result, &r, std::min<size_t>(caller_size, sizeof r));
-    out_result->struct_size = caller_size;
+    moe::write_sized(r, out_result);
     return MOE_STATUS_OK;
     MOE_API_END
 }

@@ -5,6 +5,7 @@
 
 #include "moeinfer/moeinfer.h"
 #include "runtime/c_api_guard.h"
+#include "runtime/c_api_structs.h"
 #include "runtime/context.h"
 
 extern "C" {
@@ -35,8 +36,7 @@ MOE_API moe_status moe_context_create(moe_model* model, const moe_context_params
     if (params != nullptr) {
         MOE_CHECK_ARG(params->struct_size >= offsetof(moe_context_params, n_ctx) + sizeof(int32_t),
                       "params->struct_size is too small (call moe_context_params_init first)");
-        std::memcpy(&p, params, std::min<size_t>(params->struct_size, sizeof p));
-        p.struct_size = sizeof p;
+        p = moe::read_sized(*params, p);
     }
     MOE_API_ASSIGN(std::unique_ptr<moe_context> ctx, moe::create_context(model, p));
     *out_ctx = ctx.release();

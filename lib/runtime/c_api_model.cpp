@@ -6,6 +6,7 @@
 
 #include "moeinfer/moeinfer.h"
 #include "runtime/c_api_guard.h"
+#include "runtime/c_api_structs.h"
 #include "runtime/model.h"
 
 namespace {
@@ -60,8 +61,7 @@ MOE_API moe_status moe_model_load(const char* path, const moe_model_params* para
     if (params != nullptr) {
         // Copy only the fields the caller's struct has; the rest keep their defaults.
         MOE_RETURN_API(check_struct_size(params->struct_size, offsetof(moe_model_params, use_mmap) + sizeof(int32_t), "params"));
-        std::memcpy(&p, params, std::min<size_t>(params->struct_size, sizeof p));
-        p.struct_size = sizeof p;
+        p = moe::read_sized(*params, p);
     }
     moe::StatusOr<std::unique_ptr<moe_model>> model = moe::load_model(path, p);
     if (!model.is_ok()) return moe::api_return(model.status());
@@ -96,9 +96,7 @@ MOE_API moe_status moe_model_get_info(const moe_model* model, moe_model_info* ou
     info.n_tensors = static_cast<int32_t>(model->file->tensors().size());
     info.n_bytes = model->n_bytes;
     info.n_expert_bytes = model->n_expert_bytes;
-    const uint32_t caller_size = out_info->struct_size;
-    std::memcpy(out_info, &info, std::min<size_t>(caller_size, sizeof info));
-    out_info->struct_size = caller_size;
+    moe::write_sized(info, out_info);
     return MOE_STATUS_OK;
     MOE_API_END
 }
@@ -122,9 +120,7 @@ MOE_API moe_status moe_model_get_tensor(const moe_model* model, int32_t index, m
     for (int d = 0; d < MOE_MAX_DIMS; ++d) info.ne[d] = t.ne[d];
     info.n_bytes = t.n_bytes;
     info.file_offset = t.file_offset;
-    const uint32_t caller_size = out_info->struct_size;
-    std::memcpy(out_info, &info, std::min<size_t>(caller_size, sizeof info));
-    out_info->struct_size = caller_size;
+    moe::write_sized(info, out_info);
     return MOE_STATUS_OK;
     MOE_API_END
 }

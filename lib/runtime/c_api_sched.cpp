@@ -5,6 +5,7 @@
 
 #include "moeinfer/moeinfer.h"
 #include "runtime/c_api_guard.h"
+#include "runtime/c_api_structs.h"
 #include "runtime/context.h"
 #include "runtime/policy_convert.h"
 
@@ -109,9 +110,7 @@ MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats
     c.weights_device_bytes = ctx->weights_device_bytes;
     c.n_layer = ctx->model->hparams.n_layer;
     c.n_expert = ctx->model->hparams.n_expert;
-    const uint32_t size = out_stats->struct_size;
-    std::memcpy(out_stats, &c, std::min<size_t>(size, sizeof c));
-    out_stats->struct_size = size;
+    moe::write_sized(c, out_stats);
     return MOE_STATUS_OK;
     MOE_API_END
 }

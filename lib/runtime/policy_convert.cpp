@@ -1,8 +1,8 @@
 #include "runtime/policy_convert.h"
 
-#include <algorithm>
 #include <cstddef>
-#include <cstring>
+
+#include "runtime/c_api_structs.h"
 
 namespace moe {
 
@@ -10,9 +10,9 @@ StatusOr<sched::Policy> policy_from_c(const moe_sched_policy& policy) {
     if (policy.struct_size < offsetof(moe_sched_policy, offload)) {
         return invalid_argument("policy->struct_size is too small (call moe_sched_policy_init first)");
     }
-    moe_sched_policy c;
-    moe_sched_policy_init(&c);
-    std::memcpy(&c, &policy, std::min<size_t>(policy.struct_size, sizeof c));
+    moe_sched_policy defaults;
+    moe_sched_policy_init(&defaults);
+    const moe_sched_policy c = read_sized(policy, defaults);
     sched::Policy p;
     for (int i = 0; i < sched::kOffloadOps; ++i) {
         p.offload[i].enabled = c.offload[i].enabled != 0;
@@ -35,9 +35,7 @@ void policy_to_c(const sched::Policy& p, const int32_t* resolved_min_batch, moe_
     c.expert_copy = static_cast<int32_t>(p.expert_copy);
     c.bias_dup = p.bias_dup ? 1 : 0;
     c.offload_vram_budget = p.offload_vram_budget;
-    const uint32_t size = out->struct_size;
-    std::memcpy(out, &c, std::min<size_t>(size, sizeof c));
-    out->struct_size = size;
+    write_sized(c, out);
 }
 
 }  // namespace moe
