@@ -15,6 +15,7 @@ Tensor* Graph::new_tensor(Type type, std::initializer_list<int64_t> ne, std::str
     set_shape(t, type, static_cast<int>(d.size()), d.data());
     t.name = std::move(name);
     t.layer = layer_;
+    t.expert_group = expert_group_;
     return &t;
 }
 
@@ -159,6 +160,13 @@ Tensor* Graph::gather(Tensor* x, Tensor* ids) {
 Tensor* Graph::weighted_sum(Tensor* y, Tensor* w) {
     MOE_ASSERT(y->type == Type::F32 && w->type == Type::F32 && y->ne[1] == w->ne[0] && y->ne[2] == w->ne[1]);
     return new_node(Op::WEIGHTED_SUM, Type::F32, {y->ne[0], y->ne[2]}, {y, w});
+}
+
+Tensor* Graph::mask_ids(Tensor* ids, Tensor* groups, int32_t keep) {
+    MOE_ASSERT(ids->type == Type::I32 && groups->type == Type::I32 && groups->n_rows() == 1);
+    Tensor* t = new_node(Op::MASK_IDS, Type::I32, {ids->ne[0], ids->ne[1]}, {ids, groups});
+    t->params.i[0] = keep;
+    return t;
 }
 
 Tensor* Graph::silu(Tensor* x) {

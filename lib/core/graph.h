@@ -41,6 +41,7 @@ public:
     Tensor* topk(Tensor* x, int32_t k);
     Tensor* gather(Tensor* x, Tensor* ids);
     Tensor* weighted_sum(Tensor* y, Tensor* w);
+    Tensor* mask_ids(Tensor* ids, Tensor* groups, int32_t keep);
     Tensor* silu(Tensor* x);
     Tensor* swiglu(Tensor* gate, Tensor* up);
     Tensor* swiglu_oai(Tensor* gate, Tensor* up, float alpha, float limit);
@@ -53,6 +54,8 @@ public:
     const std::vector<Tensor*>& outputs() const { return outputs_; }
     // Tensors tagged with `layer` from now on (for stats and placement).
     void set_layer(int32_t layer) { layer_ = layer; }
+    // Tensors tagged with `expert_group` from now on (the parts of a split expert block); -1 = none.
+    void set_expert_group(int32_t group) { expert_group_ = group; }
 
 private:
     Tensor* new_node(Op op, Type type, std::initializer_list<int64_t> ne, std::initializer_list<Tensor*> srcs);
@@ -61,6 +64,7 @@ private:
     std::vector<Tensor*> nodes_;
     std::vector<Tensor*> outputs_;
     int32_t layer_ = -1;
+    int32_t expert_group_ = -1;
 };
 
 }  // namespace moe

@@ -24,6 +24,7 @@ const char* op_name(Op op) {
         case Op::TOPK: return "TOPK";
         case Op::GATHER: return "GATHER";
         case Op::WEIGHTED_SUM: return "WEIGHTED_SUM";
+        case Op::MASK_IDS: return "MASK_IDS";
         case Op::SILU: return "SILU";
         case Op::SWIGLU: return "SWIGLU";
         case Op::SWIGLU_OAI: return "SWIGLU_OAI";

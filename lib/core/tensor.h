@@ -19,18 +19,21 @@ namespace moe {
 enum class Op : int32_t {
     NONE = 0,     // a leaf: weight, input, KV cache
     VIEW,         // dst shares src0's data at view_offset with its own shape/strides (no compute)
-    GET_ROWS,     // src0 [K, R] any type, src1 I32 [T] -> [K, T] F32: dst[:, t] = src0[:, src1[t]]
+    GET_ROWS,     // src0 [K, R] any type, src1 I32 [T] -> [K, T] F32: dst[:, t] = src0[:, src1[t]];
+                  // an id of -1 (kNoExpert) gives a zero row
     RMS_NORM,     // src0 [K, ...]; src1 optional F32 [K] weight -> x / sqrt(mean(x^2) + eps) (* w). f[0] = eps
     MUL,          // src0 [K, ...] * src1, src1 broadcast: ne of src1 divides ne of src0 in every dim
     ADD,          // src0 + src1, same broadcasting as MUL
     MUL_MAT,      // src0 weight [K, N] any type, src1 F32 [K, M, ...] -> [N, M, ...]: dst[n,m] = sum_k src0[k,n] src1[k,m]
     MUL_MAT_ID,   // src0 experts [K, N, E], src1 F32 [K, B, T] (B = 1: one input row shared by all of the
                   // token's experts; B = n_used: one row per selected expert), src2 ids I32 [n_used, T]
-                  // -> [N, n_used, T]: dst[:, j, t] = src0[:, :, ids[j,t]] . src1[:, B==1 ? 0 : j, t]
+                  // -> [N, n_used, T]: dst[:, j, t] = src0[:, :, ids[j,t]] . src1[:, B==1 ? 0 : j, t];
+                  // an id of -1 (kNoExpert, see MASK_IDS) selects no expert: that dst row is zero
     MOE_UP_GATE,  // fused expert up+gate+activation: src0 up [K, F, E], src1 gate [K, F, E], src2 x F32 [K, T],
                   // src3 ids I32 [n_used, T], src4/src5 optional up/gate biases F32 [F, E]
                   // -> [F, n_used, T] = act(gate_e x + bg_e, up_e x + bu_e), act = i[0] (an Activation);
-                  // SWIGLU_OAI takes alpha = f[0], limit = f[1] as SWIGLU_OAI below (0 = 1.702 / 7)
+                  // SWIGLU_OAI takes alpha = f[0], limit = f[1] as SWIGLU_OAI below (0 = 1.702 / 7);
+                  // ids of -1 give zero rows as in MUL_MAT_ID
     ROPE,         // src0 F32 [D, H, T], src1 positions I32 [T] -> rotated; RopeParams in op_params
     ATTENTION,    // src0 q F32 [D, H, T], src1 k [D, Hkv, n_kv] (F16 or F32), src2 v [D, Hkv, n_kv],
                   // src3 query positions I32 [T], src4 optional sinks F32 [H] -> [D, H, T].
@@ -47,8 +50,15 @@ enum class Op : int32_t {
                   // f[0] = alpha (1.702), f[1] = L (7)
     CPY,          // src0 F32 -> src1 (a view of a persistent tensor, e.g. the KV cache; F16 or F32):
                   // converts and writes src0 into src1's bytes; dst is a view of src1 (for ordering)
+    MASK_IDS,     // src0 ids I32 [k, T], src1 expert groups I32 [E] -> I32 [k, T]: ids[j, t] where
+                  // src1[ids[j, t]] == i[0], else -1 (kNoExpert). Splits one expert block into parts that
+                  // compute disjoint sets of experts (the hybrid scheduler's host/device expert split).
     COUNT,
 };
+
+// The expert id that selects no expert (MASK_IDS output; MUL_MAT_ID, MOE_UP_GATE and GET_ROWS give
+// zero rows for it).
+constexpr int32_t kNoExpert = -1;
 
 const char* op_name(Op op);
 
@@ -108,6 +118,9 @@ struct Tensor {
     bool is_input = false;        // filled by the runtime before compute (tokens, positions)
     bool is_output = false;       // read by the runtime after compute (logits)
     int32_t layer = -1;           // model layer, for stats and placement; -1 = none
+    // Nodes of one part of a split expert block: the expert group (MASK_IDS i[0]) whose experts they
+    // compute, so the scheduler runs the whole part where that group's experts are; -1 = none.
+    int32_t expert_group = -1;
     std::string name;
 
     int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }

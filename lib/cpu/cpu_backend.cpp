@@ -63,6 +63,7 @@ Status CpuBackend::compute_node(Tensor& node) {
         case Op::TOPK: return topk(node);
         case Op::GATHER: return gather(node);
         case Op::WEIGHTED_SUM: return weighted_sum(node);
+        case Op::MASK_IDS: return mask_ids(node);
         case Op::SILU: return unary(node);
         case Op::SWIGLU:
         case Op::SWIGLU_OAI: return glu(node);

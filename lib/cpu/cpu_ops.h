@@ -42,6 +42,7 @@ Status softmax(Tensor& dst);
 Status topk(Tensor& dst);
 Status gather(Tensor& dst);
 Status weighted_sum(Tensor& dst);
+Status mask_ids(Tensor& dst);
 Status unary(Tensor& dst);  // SILU
 Status glu(Tensor& dst);    // SWIGLU, SWIGLU_OAI
 Status cpy(Tensor& dst);

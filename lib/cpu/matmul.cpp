@@ -116,7 +116,7 @@ Status check_dst_shape(const char* op, const Tensor& dst, int64_t n0, int64_t n1
     return Status::ok();
 }
 
-// ids I32 [n_used, T]: every entry must name an expert in [0, n_expert).
+// ids I32 [n_used, T]: every entry must name an expert in [0, n_expert) or be kNoExpert.
 Status check_ids(const char* op, const char* role, const Tensor* ids, int64_t n_tokens, int64_t n_expert) {
     MOE_RETURN_IF_ERROR(ops::check_operand(op, role, ids, Type::I32));
     if (ids->ne[1] != n_tokens || ids->ne[2] != 1 || ids->ne[3] != 1 || ids->ne[0] < 1) {
@@ -126,10 +126,10 @@ Status check_ids(const char* op, const char* role, const Tensor* ids, int64_t n_
     for (int64_t t = 0; t < n_tokens; ++t) {
         const auto* row = reinterpret_cast<const int32_t*>(ids->row(t));
         for (int64_t j = 0; j < ids->ne[0]; ++j) {
-            if (row[j] < 0 || row[j] >= n_expert) {
+            if ((row[j] < 0 || row[j] >= n_expert) && row[j] != kNoExpert) {
                 return invalid_argument(std::string(op) + ": " + role + "[" + std::to_string(j) + ", " +
                                         std::to_string(t) + "] = " + std::to_string(row[j]) +
-                                        " is not an expert id (0 <= id < " + std::to_string(n_expert) + ")");
+                                        " is not an expert id (0 <= id < " + std::to_string(n_expert) + ", or -1 for none)");
             }
         }
     }
@@ -237,19 +237,29 @@ struct ExpertGroups {
 };
 
 // Stable counting sort of the ids (already validated) by expert; `cursor` is n_expert ints of room.
-void group_by_expert(const Tensor& ids, int64_t n_expert, bool shared_input, ExpertGroups g, int32_t* cursor) {
+// Pairs with kNoExpert are left out; their dst rows (of out_row floats) are zeroed here.
+void group_by_expert(const Tensor& ids, int64_t n_expert, bool shared_input, ExpertGroups g, int32_t* cursor,
+                     float* out, int64_t out_row) {
     const int64_t n_used = ids.ne[0];
     const int64_t n_tokens = ids.ne[1];
     std::fill(g.offsets, g.offsets + n_expert + 1, 0);
     for (int64_t t = 0; t < n_tokens; ++t) {
         const auto* row = reinterpret_cast<const int32_t*>(ids.row(t));
-        for (int64_t j = 0; j < n_used; ++j) ++g.offsets[row[j] + 1];
+        for (int64_t j = 0; j < n_used; ++j) {
+            if (row[j] == kNoExpert) {
+                float* o = out + (j + n_used * t) * out_row;
+                std::fill(o, o + out_row, 0.0f);
+            } else {
+                ++g.offsets[row[j] + 1];
+            }
+        }
     }
     for (int64_t e = 0; e < n_expert; ++e) g.offsets[e + 1] += g.offsets[e];
     std::copy(g.offsets, g.offsets + n_expert, cursor);
     for (int64_t t = 0; t < n_tokens; ++t) {
         const auto* row = reinterpret_cast<const int32_t*>(ids.row(t));
         for (int64_t j = 0; j < n_used; ++j) {
+            if (row[j] == kNoExpert) continue;
             const int32_t pos = cursor[row[j]]++;
             g.act_idx[pos] = static_cast<int32_t>(shared_input ? t : j + n_used * t);
             g.out_idx[pos] = static_cast<int32_t>(j + n_used * t);
@@ -410,7 +420,7 @@ Status mul_mat_id(Tensor& dst, Scratch& scratch) {
 
     ExpertGroups g{reinterpret_cast<int32_t*>(base + offsets_off), reinterpret_cast<int32_t*>(base + act_idx_off),
                    reinterpret_cast<int32_t*>(base + out_idx_off)};
-    group_by_expert(ids, n_expert, x.ne[1] == 1, g, reinterpret_cast<int32_t*>(base + cursor_off));
+    group_by_expert(ids, n_expert, x.ne[1] == 1, g, reinterpret_cast<int32_t*>(base + cursor_off), dst.as<float>(), n);
     uint8_t* acts = base + acts_off;
     prepare_acts(kt, layout, k, n_act, acts, [&](int64_t i) {
         return reinterpret_cast<const float*>(x.row(i % x.ne[1], i / x.ne[1]));
@@ -506,7 +516,7 @@ Status moe_up_gate(Tensor& dst, Scratch& scratch) {
 
     ExpertGroups g{reinterpret_cast<int32_t*>(base + offsets_off), reinterpret_cast<int32_t*>(base + act_idx_off),
                    reinterpret_cast<int32_t*>(base + out_idx_off)};
-    group_by_expert(ids, n_expert, true, g, reinterpret_cast<int32_t*>(base + cursor_off));
+    group_by_expert(ids, n_expert, true, g, reinterpret_cast<int32_t*>(base + cursor_off), dst.as<float>(), f);
     auto x_row = [&](int64_t t) { return reinterpret_cast<const float*>(x.row(t)); };
     uint8_t* up_acts = base + up_acts_off;
     uint8_t* gate_acts = base + gate_acts_off;

@@ -3,6 +3,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -15,14 +16,15 @@ namespace moe::cpu {
 namespace {
 
 // Ids are checked in a serial pre-pass (they are few) so that the parallel loops cannot fail.
-Status check_ids(const char* op, const Tensor& ids, int64_t limit, const char* what) {
+// allow_none: kNoExpert is valid too (GET_ROWS of expert biases in a split expert block).
+Status check_ids(const char* op, const Tensor& ids, int64_t limit, const char* what, bool allow_none = false) {
     for (int64_t r = 0; r < ids.n_rows(); ++r) {
         const auto* row = reinterpret_cast<const int32_t*>(ops::row_ptr(ids, r));
         for (int64_t i = 0; i < ids.ne[0]; ++i) {
-            if (row[i] < 0 || row[i] >= limit) {
+            if ((row[i] < 0 || row[i] >= limit) && !(allow_none && row[i] == kNoExpert)) {
                 return out_of_range(std::string(op) + ": src1[" + std::to_string(i) + ", " + std::to_string(r) +
                                     "] = " + std::to_string(row[i]) + " is not a valid " + what + " (0 <= id < " +
-                                    std::to_string(limit) + ")");
+                                    std::to_string(limit) + (allow_none ? ", or -1 for none)" : ")"));
             }
         }
     }
@@ -62,14 +64,19 @@ Status get_rows(Tensor& dst) {
         return invalid_argument("GET_ROWS: dst " + ops::shape_str(dst) + " does not match src0 " + ops::shape_str(*w) +
                                 " and src1 " + ops::shape_str(ids));
     }
-    MOE_RETURN_IF_ERROR(check_ids("GET_ROWS", ids, w->ne[1], "row of src0"));
+    MOE_RETURN_IF_ERROR(check_ids("GET_ROWS", ids, w->ne[1], "row of src0", true));
     const auto* id = ids.as<int32_t>();
     const int64_t k = dst.ne[0];
     const DequantizeRowFn to_float = tt->to_float;
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, dst.ne[1], ops::row_grain(k)),
                       [&](const tbb::blocked_range<int64_t>& r) {
                           for (int64_t t = r.begin(); t < r.end(); ++t) {
-                              to_float(w->row(id[t]), reinterpret_cast<float*>(dst.row(t)), k);
+                              auto* d = reinterpret_cast<float*>(dst.row(t));
+                              if (id[t] == kNoExpert) {
+                                  std::fill(d, d + k, 0.0f);
+                              } else {
+                                  to_float(w->row(id[t]), d, k);
+                              }
                           }
                       });
     return Status::ok();
@@ -143,6 +150,29 @@ Status gather(Tensor& dst) {
                               for (int64_t j = 0; j < k; ++j) d[j] = xr[ir[j]];
                           }
                       });
+    return Status::ok();
+}
+
+Status mask_ids(Tensor& dst) {
+    if (dst.op != Op::MASK_IDS) return invalid_argument(std::string("mask_ids: dst.op is ") + op_name(dst.op));
+    MOE_RETURN_IF_ERROR(ops::check_operand("MASK_IDS", "src0 (ids)", dst.src[0], Type::I32));
+    MOE_RETURN_IF_ERROR(ops::check_operand("MASK_IDS", "src1 (groups)", dst.src[1], Type::I32));
+    MOE_RETURN_IF_ERROR(ops::check_operand("MASK_IDS", "dst", &dst, Type::I32));
+    const Tensor& ids = *dst.src[0];
+    const Tensor& groups = *dst.src[1];
+    MOE_RETURN_IF_ERROR(check_2d("MASK_IDS", "src0 (ids)", ids));
+    if (!ops::same_shape(dst, ids) || groups.n_rows() != 1 || groups.nb[0] != sizeof(int32_t)) {
+        return invalid_argument("MASK_IDS: src0 " + ops::shape_str(ids) + ", src1 " + ops::shape_str(groups) +
+                                " and dst " + ops::shape_str(dst) + " do not match ([k, T], contiguous [E] -> [k, T])");
+    }
+    MOE_RETURN_IF_ERROR(check_ids("MASK_IDS", ids, groups.ne[0], "expert id", true));
+    const auto* group = groups.as<int32_t>();
+    const int32_t keep = dst.params.i[0];
+    for (int64_t t = 0; t < ids.ne[1]; ++t) {
+        const auto* in = reinterpret_cast<const int32_t*>(ids.row(t));
+        auto* out = reinterpret_cast<int32_t*>(dst.row(t));
+        for (int64_t j = 0; j < ids.ne[0]; ++j) out[j] = in[j] != kNoExpert && group[in[j]] == keep ? in[j] : kNoExpert;
+    }
     return Status::ok();
 }
 

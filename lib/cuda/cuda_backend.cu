@@ -56,7 +56,6 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device) {
     MOE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&b->n_sm_, cudaDevAttrMultiProcessorCount, device));
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->compute_stream_, cudaStreamNonBlocking));
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->copy_stream_, cudaStreamNonBlocking));
-    MOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->compute_mark_, cudaEventDisableTiming));
     MOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->copy_mark_, cudaEventDisableTiming));
     for (cudaEvent_t& e : b->fences_) MOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     MOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->readback_done_, cudaEventDisableTiming));
@@ -96,7 +95,6 @@ CudaBackend::~CudaBackend() {
     if (scratch_) cudaFree(scratch_);
     if (attn_counters_) cudaFree(attn_counters_);
     if (error_flags_) cudaFreeHost(error_flags_);
-    if (compute_mark_) cudaEventDestroy(compute_mark_);
     if (copy_mark_) cudaEventDestroy(copy_mark_);
     for (cudaEvent_t e : fences_) {
         if (e) cudaEventDestroy(e);
@@ -151,6 +149,7 @@ bool CudaBackend::supports_op(const Tensor& node) const {
         case Op::TOPK:
         case Op::GATHER:
         case Op::WEIGHTED_SUM:
+        case Op::MASK_IDS:
         case Op::SILU:
         case Op::SWIGLU:
         case Op::SWIGLU_OAI: return true;
@@ -218,6 +217,7 @@ Status dispatch(Tensor& node, const OpContext& ctx) {
         case Op::TOPK: return topk(node, ctx);
         case Op::GATHER: return gather(node, ctx);
         case Op::WEIGHTED_SUM: return weighted_sum(node, ctx);
+        case Op::MASK_IDS: return mask_ids(node, ctx);
         case Op::SILU: return unary(node, ctx);
         case Op::SWIGLU:
         case Op::SWIGLU_OAI: return glu(node, ctx);
@@ -308,12 +308,10 @@ Status CudaBackend::copy_to_device(void* dst_dev, const void* src_host, size_t n
     if (dst_dev == nullptr || src_host == nullptr) {
         return invalid_argument("copy_to_device: dst_dev and src_host must not be null");
     }
+    // On the compute stream: activations are small, and behind queued weight uploads on the copy
+    // stream they would wait for those.
     MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_mark_, compute_stream_));
-    MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, compute_mark_, 0));
-    MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_dev, src_host, n, cudaMemcpyHostToDevice, copy_stream_));
-    MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_mark_, copy_stream_));
-    MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, copy_mark_, 0));
+    MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_dev, src_host, n, cudaMemcpyHostToDevice, compute_stream_));
     return Status::ok();
 }
 
@@ -323,9 +321,7 @@ Status CudaBackend::copy_to_host(void* dst_host, const void* src_dev, size_t n) 
         return invalid_argument("copy_to_host: dst_host and src_dev must not be null");
     }
     MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_mark_, compute_stream_));
-    MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, compute_mark_, 0));
-    MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_host, src_dev, n, cudaMemcpyDeviceToHost, copy_stream_));
+    MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_host, src_dev, n, cudaMemcpyDeviceToHost, compute_stream_));
     return Status::ok();
 }
 
@@ -354,6 +350,14 @@ Status CudaBackend::upload(void* dst_dev, const void* src_host, size_t n, uint64
     MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_dev, src_host, n, cudaMemcpyHostToDevice, copy_stream_));
     MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_mark_, copy_stream_));
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, copy_mark_, 0));
+    return Status::ok();
+}
+
+Status CudaBackend::wait_fence(uint64_t fence) {
+    if (fence == 0) return Status::ok();
+    if (fence >= next_fence_) return invalid_argument("wait_fence: fence " + std::to_string(fence) + " was never marked");
+    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    MOE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(fences_[fence % kFences]));
     return Status::ok();
 }
 

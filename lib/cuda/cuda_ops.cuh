@@ -61,6 +61,7 @@ Status softmax(Tensor& dst, const OpContext& ctx);
 Status topk(Tensor& dst, const OpContext& ctx);
 Status gather(Tensor& dst, const OpContext& ctx);
 Status weighted_sum(Tensor& dst, const OpContext& ctx);
+Status mask_ids(Tensor& dst, const OpContext& ctx);
 Status unary(Tensor& dst, const OpContext& ctx);  // SILU
 Status glu(Tensor& dst, const OpContext& ctx);    // SWIGLU, SWIGLU_OAI
 Status cpy(Tensor& dst, const OpContext& ctx);

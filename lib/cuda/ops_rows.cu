@@ -69,6 +69,10 @@ __global__ void get_rows_kernel(View d, View w, const int32_t* ids, unsigned int
     for (int64_t t = blockIdx.y; t < d.ne[1]; t += gridDim.y) {
         const int32_t id = ids[t];
         auto* dr = reinterpret_cast<float*>(ops::row_at(d, t, 0, 0));
+        if (id == kNoExpert) {
+            dr[i] = 0.0f;
+            continue;
+        }
         if (id < 0 || id >= w.ne[1]) {
             dr[i] = __int_as_float(0x7fc00000);
             if (i == 0) ops::flag_error(err, kErrorBadIndex);
@@ -222,6 +226,47 @@ Status gather(Tensor& dst, const OpContext& ctx) {
     gather_kernel<<<ops::ceil_div(n, kThreads), kThreads, 0, ctx.stream>>>(ops::view_of(dst), ops::view_of(x),
                                                                           ops::view_of(ids), ctx.error_flags);
     return ops::launch_status("gather_kernel");
+}
+
+namespace {
+
+__global__ void mask_ids_kernel(View d, View src, const int32_t* groups, int n_expert, int32_t keep,
+                                unsigned int* err) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= d.ne[0] * d.ne[1]) return;
+    const int64_t t = i / d.ne[0];
+    const int64_t j = i - t * d.ne[0];
+    const int32_t e = reinterpret_cast<const int32_t*>(ops::row_at(src, t, 0, 0))[j];
+    int32_t out = kNoExpert;
+    if (e >= 0 && e < n_expert) {
+        out = groups[e] == keep ? e : kNoExpert;
+    } else if (e != kNoExpert) {
+        ops::flag_error(err, kErrorBadIndex);
+    }
+    reinterpret_cast<int32_t*>(ops::row_at(d, t, 0, 0))[j] = out;
+}
+
+}  // namespace
+
+Status mask_ids(Tensor& dst, const OpContext& ctx) {
+    if (dst.op != Op::MASK_IDS) return invalid_argument(std::string("mask_ids: dst.op is ") + op_name(dst.op));
+    MOE_RETURN_IF_ERROR(ops::check_operand("MASK_IDS", "src0 (ids)", dst.src[0], Type::I32));
+    MOE_RETURN_IF_ERROR(ops::check_operand("MASK_IDS", "src1 (groups)", dst.src[1], Type::I32));
+    MOE_RETURN_IF_ERROR(ops::check_operand("MASK_IDS", "dst", &dst, Type::I32));
+    const Tensor& ids = *dst.src[0];
+    const Tensor& groups = *dst.src[1];
+    MOE_RETURN_IF_ERROR(ops::check_2d("MASK_IDS", "src0 (ids)", ids));
+    if (!ops::same_shape(dst, ids) || groups.n_rows() != 1 || groups.nb[0] != sizeof(int32_t)) {
+        return invalid_argument("MASK_IDS: src0 " + ops::shape_str(ids) + ", src1 " + ops::shape_str(groups) +
+                                " and dst " + ops::shape_str(dst) + " do not match ([k, T], contiguous [E] -> [k, T])");
+    }
+    const int64_t n = ids.ne[0] * ids.ne[1];
+    if (n == 0) return Status::ok();
+    constexpr int kThreads = 256;
+    mask_ids_kernel<<<ops::ceil_div(n, kThreads), kThreads, 0, ctx.stream>>>(
+        ops::view_of(dst), ops::view_of(ids), groups.as<int32_t>(), static_cast<int>(groups.ne[0]),
+        dst.params.i[0], ctx.error_flags);
+    return ops::launch_status("mask_ids_kernel");
 }
 
 Status weighted_sum(Tensor& dst, const OpContext& ctx) {

@@ -523,7 +523,7 @@ TEST_CASE("matmul: bad expert ids are INVALID_ARGUMENT and leave dst alone", "[m
     const int64_t k = 64, n = 8, n_expert = 4, n_used = 2, n_tokens = 3;
     HostTensor w = random_weights(Type::Q8_0, k, n, n_expert);
     HostTensor x = random_acts({k, 1, n_tokens});
-    for (int32_t bad : {-1, 4, 1000}) {
+    for (int32_t bad : {-2, 4, 1000}) {  // -1 is kNoExpert (a zero row), not an error
         Ids ids = make_ids(n_used, n_tokens, {0, 1, 2, 3});
         ids.v[3] = bad;  // slot 1 of token 1
         HostTensor dst = make_tensor(Type::F32, {n, n_used, n_tokens});
@@ -549,6 +549,55 @@ TEST_CASE("matmul: bad expert ids are INVALID_ARGUMENT and leave dst alone", "[m
         const moe::Status st2 = cpu::moe_up_gate(dst2.t, scratch);
         CHECK(st2.code() == MOE_STATUS_INVALID_ARGUMENT);
         CHECK_THAT(st2.message(), Catch::Contains(std::to_string(bad)));
+    }
+}
+
+TEST_CASE("matmul: kNoExpert ids give zero rows and leave the other rows as they were", "[matmul]") {
+    // The parts of a split expert block: every row of the masked op is either the unmasked op's row
+    // (bit for bit: the same kernel on the same pairs) or zero.
+    const int64_t k = 64, n = 24, f = 96, n_expert = 6, n_used = 3, n_tokens = 37;
+    cpu::Scratch scratch;
+    for (Type type : {Type::Q8_0, Type::MXFP4, Type::F32}) {
+        INFO("type " << type_name(type));
+        HostTensor down = random_weights(type, f, n, n_expert);
+        HostTensor up = random_weights(type, k, f, n_expert);
+        HostTensor gate = random_weights(type, k, f, n_expert);
+        HostTensor h = random_acts({f, n_used, n_tokens});
+        HostTensor x = random_acts({k, n_tokens});
+        Ids ids = make_ids(n_used, n_tokens, {0, 1, 2, 3, 4, 5});
+        Ids masked = ids;
+        masked.t.data = masked.v.data();
+        std::bernoulli_distribution drop(0.4);
+        for (auto& e : masked.v) {
+            if (drop(rng())) e = moe::kNoExpert;
+        }
+        auto run = [&](Op op, Ids& i, int64_t rows) {
+            HostTensor dst = make_tensor(Type::F32, {rows, n_used, n_tokens});
+            fill_nan(dst);
+            dst.t.op = op;
+            if (op == Op::MUL_MAT_ID) {
+                dst.t.src[0] = &down.t;
+                dst.t.src[1] = &h.t;
+                dst.t.src[2] = &i.t;
+                REQUIRE(cpu::mul_mat_id(dst.t, scratch).is_ok());
+            } else {
+                dst.t.src[0] = &up.t;
+                dst.t.src[1] = &gate.t;
+                dst.t.src[2] = &x.t;
+                dst.t.src[3] = &i.t;
+                REQUIRE(cpu::moe_up_gate(dst.t, scratch).is_ok());
+            }
+            return as_vector(dst);
+        };
+        for (auto [op, rows] : {std::pair{Op::MUL_MAT_ID, n}, std::pair{Op::MOE_UP_GATE, f}}) {
+            const std::vector<float> all = run(op, ids, rows), part = run(op, masked, rows);
+            for (size_t pair = 0; pair < masked.v.size(); ++pair) {
+                for (int64_t r = 0; r < rows; ++r) {
+                    const size_t i = pair * static_cast<size_t>(rows) + static_cast<size_t>(r);
+                    REQUIRE(part[i] == (masked.v[pair] == moe::kNoExpert ? 0.0f : all[i]));
+                }
+            }
+        }
     }
 }
 

@@ -409,6 +409,30 @@ double decode(Type type, const uint8_t* row, int64_t i) {
 
 }  // namespace
 
+TEST_CASE("MASK_IDS keeps the ids of one expert group", "[ops]") {
+    auto rng = make_rng(7);
+    const int64_t k = 4, T = 29, E = 11;
+    TensorPool pool;
+    Tensor* ids = pool.make(Type::I32, {k, T});
+    Tensor* groups = pool.make(Type::I32, {E});
+    std::uniform_int_distribution<int32_t> pick(-1, E - 1), group(0, 1);
+    for (int64_t i = 0; i < k * T; ++i) *elem<int32_t>(*ids, i) = pick(rng);
+    for (int64_t e = 0; e < E; ++e) *elem<int32_t>(*groups, e) = group(rng);
+    for (int32_t keep : {0, 1}) {
+        Tensor* d = pool.node(Op::MASK_IDS, Type::I32, {k, T}, {ids, groups});
+        d->params.i[0] = keep;
+        REQUIRE(moe::cpu::mask_ids(*d).is_ok());
+        for (int64_t i = 0; i < k * T; ++i) {
+            const int32_t e = *elem<int32_t>(*ids, i);
+            const int32_t want = e >= 0 && *elem<int32_t>(*groups, e) == keep ? e : moe::kNoExpert;
+            REQUIRE(*elem<int32_t>(*d, i) == want);
+        }
+    }
+    *elem<int32_t>(*ids, 5) = static_cast<int32_t>(E);
+    Tensor* d = pool.node(Op::MASK_IDS, Type::I32, {k, T}, {ids, groups});
+    CHECK(moe::cpu::mask_ids(*d).code() == MOE_STATUS_OUT_OF_RANGE);
+}
+
 TEST_CASE("GET_ROWS from every weight type", "[ops]") {
     auto rng = make_rng(9);
     const int64_t K = 96, R = 13, T = 9;
@@ -431,7 +455,11 @@ TEST_CASE("GET_ROWS from every weight type", "[ops]") {
             const uint8_t* row = w->row(*elem<int32_t>(*ids, t));
             for (int64_t i = 0; i < K; ++i) REQUIRE(value(*d, i, t) == decode(type, row, i));
         }
-        *elem<int32_t>(*ids, 3) = -1;
+        // kNoExpert (-1) gives a zero row; other ids outside the rows are errors.
+        *elem<int32_t>(*ids, 3) = moe::kNoExpert;
+        REQUIRE(moe::cpu::get_rows(*d).is_ok());
+        for (int64_t i = 0; i < K; ++i) REQUIRE(value(*d, i, 3) == 0.0f);
+        *elem<int32_t>(*ids, 3) = -2;
         CHECK(moe::cpu::get_rows(*d).code() == MOE_STATUS_OUT_OF_RANGE);
     }
 }
