@@ -158,6 +158,7 @@ std::optional<Failure> describe_placement(const moe_context* ctx, const Config& 
                                                                          : "full";
     run.bias_dup = p.bias_dup != 0;
     run.offload_vram_budget = p.offload_vram_budget;
+    run.expert_split = p.expert_split;
     return std::nullopt;
 }
 

@@ -271,7 +271,16 @@ typedef struct moe_sched_policy {
      * let uploads run further ahead of compute. 0: automatic (6 slots of the largest host-resident
      * weight). Too small for one slot -> INVALID_ARGUMENT. Default: 0. */
     uint64_t offload_vram_budget;
+    /* Expert split, for layers whose expert weights are all in host RAM, at batch sizes where their
+     * expert ops are offloaded: the host computes this many of the layer's experts (those expected to
+     * see the fewest tokens, from the previous prompt ubatch) while the device computes the others,
+     * whose weights alone cross PCIe; the two parts' outputs are added. MOE_EXPERT_SPLIT_AUTO (-1)
+     * picks the count per layer from the measured upload time and host expert throughput; 0 turns
+     * the split off. Below -1 -> INVALID_ARGUMENT. Default: MOE_EXPERT_SPLIT_AUTO. */
+    int32_t expert_split;
 } moe_sched_policy;
+
+#define MOE_EXPERT_SPLIT_AUTO (-1)
 
 MOE_API void moe_sched_policy_init(moe_sched_policy* policy);
 
@@ -399,6 +408,10 @@ typedef struct moe_sched_stats {
      * queueing cost, not the device's compute time). seconds_total minus this, host compute and wait
      * is the scheduler's own overhead (graph building, planning, copies queued). */
     double seconds_device_submit;
+    /* Expert split (moe_sched_policy.expert_split): expert blocks computed in two parts, and the experts
+     * those blocks left to the host, summed over ubatches. */
+    uint64_t n_split_layers;
+    uint64_t n_split_host_experts;
 } moe_sched_stats;
 
 MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats* out_stats);

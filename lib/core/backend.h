@@ -50,10 +50,12 @@ public:
     virtual Status compute(std::span<Tensor* const> nodes) = 0;
 
     // Queues a copy of n bytes from host memory into this backend's memory, ordered after the
-    // compute queued before it and before the compute queued after it. src must stay valid until
-    // synchronize(). Host backends copy at once.
+    // compute queued before it and before the compute queued after it (in the compute order, not
+    // behind queued uploads). src must stay valid until synchronize() or a later fence. Host backends
+    // copy at once.
     virtual Status copy_to_device(void* dst, const void* src_host, size_t n) = 0;
-    // Queues a copy of n bytes of this backend's memory to host memory; in place after synchronize().
+    // Queues a copy of n bytes of this backend's memory to host memory, in the compute order; in place
+    // after synchronize() or after waiting for a fence marked after it.
     virtual Status copy_to_host(void* dst_host, const void* src, size_t n) = 0;
 
     // Waits until all work queued on this backend has finished.
@@ -76,6 +78,12 @@ public:
     virtual Status upload(void* dst, const void* src_host, size_t n, uint64_t after) {
         (void)after;
         return copy_to_device(dst, src_host, n);
+    }
+    // Waits until the compute and copies queued before fence `fence` have finished (not what was queued
+    // after it, nor uploads); 0 returns at once.
+    virtual Status wait_fence(uint64_t fence) {
+        if (fence == 0) return Status::ok();
+        return synchronize();
     }
     // Copies n bytes of this backend's memory to host memory and returns once they are in place,
     // waiting only for the compute queued so far (not for queued uploads).

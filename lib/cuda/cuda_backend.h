@@ -71,13 +71,13 @@ public:
     Status compute(std::span<Tensor* const> nodes) override;
     Status synchronize() override;
 
-    // Queues a copy of n bytes from host memory to device memory of this backend on the copy stream.
-    // Ordered after every compute queued before the call (a buffer still being read is not
-    // overwritten) and before every compute queued after it. src_host must stay valid and unchanged
-    // until synchronize() (for pinned memory the copy is truly asynchronous).
+    // Queues a copy of n bytes from host memory to device memory of this backend on the compute stream
+    // (not behind uploads on the copy stream): after every compute queued before the call, before
+    // every compute queued after it. src_host must stay valid and unchanged until synchronize() or a
+    // fence marked after the copy (for pinned memory the copy is truly asynchronous).
     Status copy_to_device(void* dst_dev, const void* src_host, size_t n) override;
-    // Queues a copy of n bytes from device memory to host memory on the copy stream, ordered after
-    // every compute queued before the call. The bytes are in place after synchronize().
+    // Queues a copy of n bytes from device memory to host memory on the compute stream, after every
+    // compute queued before the call. The bytes are in place after synchronize() or a later fence.
     Status copy_to_host(void* dst_host, const void* src_dev, size_t n) override;
 
     StatusOr<std::unique_ptr<Buffer>> alloc_host_buffer(size_t size) override { return alloc_pinned_host_buffer(size); }
@@ -85,6 +85,7 @@ public:
     StatusOr<uint64_t> mark_compute() override;
     Status upload(void* dst_dev, const void* src_host, size_t n, uint64_t after) override;
     Status read_now(void* dst_host, const void* src_dev, size_t n) override;
+    Status wait_fence(uint64_t fence) override;
     // Whether compute() uses CUDA graphs (default: on, unless MOEINFER_CUDA_GRAPHS=0 at create()).
     // REQUIRES: nothing queued by compute() is still capturing (always true between calls).
     void set_graphs_enabled(bool on) { graphs_enabled_ = on; }
@@ -118,7 +119,6 @@ private:
     int n_sm_ = 0;
     cudaStream_t compute_stream_ = nullptr;
     cudaStream_t copy_stream_ = nullptr;
-    cudaEvent_t compute_mark_ = nullptr;  // recorded on the compute stream; the copy stream waits on it
     cudaEvent_t copy_mark_ = nullptr;     // recorded on the copy stream; the compute stream waits on it
     // Compute fences: fence f is fences_[f % kFences], re-recorded every kFences marks. Waiting on a
     // re-recorded event waits for later compute than asked (only ever queued before the waiter), so a

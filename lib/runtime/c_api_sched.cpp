@@ -22,6 +22,7 @@ MOE_API void moe_sched_policy_init(moe_sched_policy* policy) {
     policy->expert_copy = MOE_EXPERT_COPY_FULL;
     policy->bias_dup = 1;
     policy->offload_vram_budget = 0;
+    policy->expert_split = MOE_EXPERT_SPLIT_AUTO;
 }
 
 MOE_API const char* moe_offload_op_name(int32_t op) { return moe::sched::offload_op_name(op); }
@@ -106,6 +107,8 @@ MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats
     c.seconds_host_compute = s.seconds_host_compute;
     c.seconds_wait = s.seconds_wait;
     c.seconds_device_submit = s.seconds_device_submit;
+    c.n_split_layers = s.n_split_layers;
+    c.n_split_host_experts = s.n_split_host_experts;
     c.weights_host_bytes = ctx->weights_host_bytes;
     c.weights_device_bytes = ctx->weights_device_bytes;
     c.n_layer = ctx->model->hparams.n_layer;

@@ -100,7 +100,9 @@ size_t estimate_arena_bytes(const moe_context& ctx) {
     }
     const int n = std::min(ctx.params.n_ubatch, ctx.params.n_ctx);
     Graph g;
-    build_model_graph(g, hp, ctx.weights, kv, n, ctx.params.n_ctx - n, LogitsMode::ALL);
+    // With a device, every expert block may be split (its two parts need more room than one).
+    const std::vector<uint8_t> split(ctx.device ? static_cast<size_t>(hp.n_layer) : 0, 1);
+    build_model_graph(g, hp, ctx.weights, kv, n, ctx.params.n_ctx - n, LogitsMode::ALL, split);
     return plan_allocation(g).arena_size;
 }
 
@@ -327,11 +329,14 @@ Status validate_batch(const moe_context& ctx, const int32_t* tokens, const int32
 // Evaluates one ubatch; logits_dst receives the logits `mode` asks for (nullptr for NONE).
 Status decode_ubatch(moe_context& ctx, const int32_t* tokens, int n_tokens, int n_past, LogitsMode mode,
                      float* logits_dst) {
+    MOE_ASSIGN_OR_RETURN(const sched::ExpertSplitPlan split, ctx.sched->plan_expert_split(n_tokens));
     Graph g;
-    UbatchGraph ub = build_model_graph(g, ctx.model->hparams, ctx.weights, ctx.kv, n_tokens, n_past, mode);
+    UbatchGraph ub =
+        build_model_graph(g, ctx.model->hparams, ctx.weights, ctx.kv, n_tokens, n_past, mode, split.layers);
     std::vector<int32_t> positions(static_cast<size_t>(n_tokens));
     for (int i = 0; i < n_tokens; ++i) positions[static_cast<size_t>(i)] = n_past + i;
-    const sched::HostInput inputs[] = {{ub.tokens, tokens}, {ub.positions, positions.data()}};
+    std::vector<sched::HostInput> inputs = {{ub.tokens, tokens}, {ub.positions, positions.data()}};
+    if (ub.expert_groups != nullptr) inputs.push_back({ub.expert_groups, split.groups.data()});
     std::vector<sched::HostOutput> outputs;
     if (ub.logits != nullptr) outputs.push_back({ub.logits, logits_dst});
     return ctx.sched->run(g, n_tokens, inputs, outputs);

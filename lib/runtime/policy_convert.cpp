@@ -21,6 +21,7 @@ StatusOr<sched::Policy> policy_from_c(const moe_sched_policy& policy) {
     p.expert_copy = static_cast<sched::ExpertCopy>(c.expert_copy);
     p.bias_dup = c.bias_dup != 0;
     p.offload_vram_budget = c.offload_vram_budget;
+    p.expert_split = c.expert_split;
     MOE_RETURN_IF_ERROR(sched::validate_policy(p));
     return p;
 }
@@ -35,6 +36,7 @@ void policy_to_c(const sched::Policy& p, const int32_t* resolved_min_batch, moe_
     c.expert_copy = static_cast<int32_t>(p.expert_copy);
     c.bias_dup = p.bias_dup ? 1 : 0;
     c.offload_vram_budget = p.offload_vram_budget;
+    c.expert_split = p.expert_split;
     write_sized(c, out);
 }
 

@@ -45,6 +45,10 @@ Status validate_policy(const Policy& p) {
         return invalid_argument("expert_copy must be MOE_EXPERT_COPY_FULL (0), _ACTIVE_ONLY (1) or _ACTIVE_PREFETCH (2), got " +
                                 std::to_string(static_cast<int>(p.expert_copy)));
     }
+    if (p.expert_split < kExpertSplitAuto) {
+        return invalid_argument("expert_split must be >= 0 (experts per layer on the host) or -1 (automatic), got " +
+                                std::to_string(p.expert_split));
+    }
     return Status::ok();
 }
 

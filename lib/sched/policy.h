@@ -26,11 +26,18 @@ struct OffloadRule {
 
 enum class ExpertCopy : int32_t { FULL = 0, ACTIVE_ONLY = 1, ACTIVE_PREFETCH = 2 };
 
+constexpr int32_t kExpertSplitAuto = -1;
+
 struct Policy {
     OffloadRule offload[kOffloadOps];
     ExpertCopy expert_copy = ExpertCopy::FULL;
     bool bias_dup = true;
     uint64_t offload_vram_budget = 0;  // 0: automatic
+    // Expert split: while a layer's expert ops are offloaded, the host computes this many of its
+    // experts (those expected to see the fewest tokens) at the same time as the device computes the
+    // rest, whose weights alone are uploaded. kExpertSplitAuto balances the host's measured expert
+    // throughput against the upload time; 0 turns it off.
+    int32_t expert_split = kExpertSplitAuto;
 
     const OffloadRule& rule(OffloadOp op) const { return offload[static_cast<int>(op)]; }
 };
@@ -42,7 +49,8 @@ int32_t default_min_batch(OffloadOp op, int n_expert, int n_expert_used);
 // The threshold in use for `op` (min_batch, or the default when it is -1).
 int32_t resolved_min_batch(const Policy& p, OffloadOp op, int n_expert, int n_expert_used);
 
-// INVALID_ARGUMENT naming the field for a negative min_batch other than -1 or an unknown expert copy.
+// INVALID_ARGUMENT naming the field for a negative min_batch other than -1, an unknown expert copy or
+// an expert_split below -1.
 Status validate_policy(const Policy& p);
 
 // Applies "op=N|on|off[,...]" ("all" names every op) to *p; on error *p is unchanged.

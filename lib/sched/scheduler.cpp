@@ -60,7 +60,16 @@ struct Scheduler::RunState {
     Side pending_side = Side::HOST;
     std::vector<size_t> pending_slots;                           // upload slots the pending nodes read
     std::vector<size_t> node_slots;                              // ... the node being prepared reads
-    bool host_waits = false;  // host compute must first wait for queued device copies
+    // Host compute must first wait for queued device copies: until fence host_fence (0: for the whole
+    // device, where copies do not mark fences).
+    bool host_waits = false;
+    uint64_t host_fence = 0;
+    std::vector<uint8_t> eager;  // per node (see CachedPlan::eager)
+    // Expert split, measured for learn_split_costs().
+    double split_host_seconds = 0.0;
+    double split_wait_seconds = 0.0;
+    uint64_t split_host_pairs = 0;
+    int split_host_flushes = 0;
     struct Prefetch {
         size_t slot;
         std::vector<uint8_t> uploaded;  // experts already on their way
@@ -78,7 +87,15 @@ Scheduler::~Scheduler() {
     if (device_ != nullptr) (void)device_->synchronize();
 }
 
-void Scheduler::add_weight(Tensor* weight, const WeightCopies& copies) { weights_[weight] = copies; }
+void Scheduler::add_weight(Tensor* weight, const WeightCopies& copies) {
+    weights_[weight] = copies;
+    // Expert matrices [K, N, n_expert] by layer (of the name: weights carry no layer tag), for the split.
+    const int layer = layer_of(weight->name);
+    if (weight->ne[2] == n_expert_ && weight->ne[3] == 1 && layer >= 0 && layer < n_layer_) {
+        if (expert_matrices_.empty()) expert_matrices_.resize(static_cast<size_t>(n_layer_));
+        expert_matrices_[static_cast<size_t>(layer)].push_back(weight);
+    }
+}
 
 std::optional<WeightCopies> Scheduler::weight_copies(const Tensor* weight) const {
     auto it = weights_.find(weight);
@@ -173,6 +190,13 @@ Side Scheduler::assign(const Tensor& node, const RunState& rs) {
         case Op::ATTENTION: return side_of_storage(storage_of(node.src[1]), rs);
         default: break;
     }
+    if (node.expert_group >= 0) {
+        // A part of a split expert block runs where its group's experts are computed, whole.
+        const std::optional<OffloadOp> kind = offload_op_of(node.op);
+        const bool on_device = node.expert_group == kDeviceExpertGroup && device_->supports_op(node);
+        if (kind) ++(on_device ? stats_.n_offloaded : stats_.n_kept_host)[static_cast<size_t>(*kind)];
+        return on_device ? Side::DEVICE : Side::HOST;
+    }
     const std::optional<OffloadOp> kind = offload_op_of(node.op);
     if (kind && node.src[0] != nullptr && node.src[0]->is_weight) {
         const std::optional<WeightCopies> w = weight_copies(node.src[0]);
@@ -255,14 +279,50 @@ Status Scheduler::wait_for_device(RunState& rs) {
     return Status::ok();
 }
 
+// Waits for the copies the host is about to read or overwrite, not for compute queued after them.
+Status Scheduler::wait_host_fence(RunState& rs) {
+    if (!rs.host_waits) return Status::ok();
+    if (rs.host_fence == 0) return wait_for_device(rs);
+    const Clock::time_point t0 = Clock::now();
+    MOE_RETURN_IF_ERROR(device_->wait_fence(rs.host_fence));
+    stats_.seconds_wait += seconds_since(t0);
+    rs.host_waits = false;
+    rs.host_fence = 0;
+    return Status::ok();
+}
+
+// Marks the copies queued so far as what the host must wait for before its next compute.
+StatusOr<uint64_t> Scheduler::mark_copy(RunState& rs) {
+    MOE_ASSIGN_OR_RETURN(const uint64_t fence, device_->mark_compute());
+    rs.host_waits = true;
+    rs.host_fence = fence;
+    return fence;
+}
+
 Status Scheduler::flush(RunState& rs) {
     if (rs.pending.empty()) return Status::ok();
     const std::span<Tensor* const> nodes(rs.pending);
     if (rs.pending_side == Side::HOST) {
-        if (rs.host_waits) MOE_RETURN_IF_ERROR(wait_for_device(rs));
+        const bool split_part = std::any_of(nodes.begin(), nodes.end(), [](const Tensor* n) {
+            return n->expert_group == kHostExpertGroup;
+        });
+        const Clock::time_point t_wait = Clock::now();
+        MOE_RETURN_IF_ERROR(wait_host_fence(rs));
         const Clock::time_point t0 = Clock::now();
         MOE_RETURN_IF_ERROR(host_.compute(nodes));
-        stats_.seconds_host_compute += seconds_since(t0);
+        const double host_seconds = seconds_since(t0);
+        stats_.seconds_host_compute += host_seconds;
+        if (split_part) {
+            rs.split_wait_seconds += std::chrono::duration<double>(t0 - t_wait).count();
+            rs.split_host_seconds += host_seconds;
+            ++rs.split_host_flushes;
+            for (const Tensor* n : nodes) {
+                if (n->op != Op::MASK_IDS || n->expert_group != kHostExpertGroup) continue;
+                const int32_t* ids = n->as<int32_t>();
+                rs.split_host_pairs += static_cast<uint64_t>(
+                    std::count_if(ids, ids + n->n_elements(), [](int32_t e) { return e != kNoExpert; }));
+            }
+        }
     } else {
         const Clock::time_point t0 = Clock::now();
         MOE_RETURN_IF_ERROR(device_->compute(nodes));
@@ -294,7 +354,8 @@ StatusOr<Tensor*> Scheduler::activation_operand(Tensor* src, Side side, RunState
     } else {
         MOE_RETURN_IF_ERROR(device_->copy_to_host(dst, src_bytes, n));
     }
-    rs.host_waits = true;  // D2H: the host reads it; H2D: the host must not reuse the source before
+    // D2H: the host reads it; H2D: the host must not reuse the source before.
+    MOE_RETURN_IF_ERROR(mark_copy(rs).status());
     stats_.bytes_activations += n;
     ++stats_.n_activation_copies;
     Tensor* shadow = substitute(rs, *src, dst, arena_[static_cast<int>(side)].get());
@@ -311,7 +372,7 @@ StatusOr<const std::vector<int32_t>*> Scheduler::read_ids(const Tensor* ids, Run
     std::vector<int32_t> v(static_cast<size_t>(ids->n_elements()));
     MOE_RETURN_IF_ERROR(flush(rs));
     if (side_of_storage(st, rs) == Side::HOST) {
-        if (rs.host_waits) MOE_RETURN_IF_ERROR(wait_for_device(rs));
+        MOE_RETURN_IF_ERROR(wait_host_fence(rs));
         std::memcpy(v.data(), ids->data, v.size() * sizeof(int32_t));
     } else {
         const Clock::time_point t0 = Clock::now();
@@ -337,7 +398,7 @@ StatusOr<Tensor*> Scheduler::weight_operand(Tensor& node, int src_index, Side si
         }
         MOE_RETURN_IF_ERROR(flush(rs));
         MOE_RETURN_IF_ERROR(device_->copy_to_host(buf->data(), c->device, n));
-        rs.host_waits = true;
+        MOE_RETURN_IF_ERROR(mark_copy(rs).status());
         stats_.bytes_weights_full += n;
         ++stats_.n_weight_copies;
         return substitute(rs, *w, buf->data(), buf.get());
@@ -354,7 +415,15 @@ StatusOr<Tensor*> Scheduler::weight_operand(Tensor& node, int src_index, Side si
     uint8_t* dst = static_cast<uint8_t*>(slot_buffer_->data()) + slot * slot_size_;
     const auto* src = static_cast<const uint8_t*>(c->host);
     const uint64_t after = slots_[slot].fence;
-    if (uploads_active_experts(node, src_index)) {
+    if (node.expert_group == kDeviceExpertGroup && is_expert_matrix(node, src_index) && !split_.groups.empty() &&
+        node.layer >= 0 && node.layer < n_layer_ && w->ne[2] == n_expert_) {
+        // The device part of a split expert block: only the device group's experts.
+        std::vector<uint8_t> on_device(static_cast<size_t>(n_expert_));
+        const int32_t* g = split_.groups.data() + static_cast<size_t>(node.layer) * static_cast<size_t>(n_expert_);
+        for (size_t e = 0; e < on_device.size(); ++e) on_device[e] = g[e] == kDeviceExpertGroup;
+        MOE_ASSIGN_OR_RETURN(const size_t sent, upload_experts(dst, src, w->nb[2], on_device, after));
+        stats_.bytes_weights_skipped += n - sent;
+    } else if (uploads_active_experts(node, src_index)) {
         MOE_ASSIGN_OR_RETURN(const std::vector<int32_t>* ids, read_ids(expert_ids_of(node), rs));
         MOE_ASSIGN_OR_RETURN(std::vector<uint8_t> selected, selected_experts(*ids, n_expert_));
         const size_t per_expert = w->nb[2];
@@ -396,7 +465,7 @@ StatusOr<size_t> Scheduler::upload_experts(uint8_t* dst, const uint8_t* src, siz
 }
 
 bool Scheduler::uploads_active_experts(const Tensor& node, int src_index) const {
-    return policy_.expert_copy != ExpertCopy::FULL && is_expert_matrix(node, src_index) &&
+    return policy_.expert_copy != ExpertCopy::FULL && node.expert_group < 0 && is_expert_matrix(node, src_index) &&
            node.src[src_index]->ne[2] == n_expert_;
 }
 
@@ -443,7 +512,7 @@ Status Scheduler::prepare_operands(Tensor& node, Side side, RunState& rs) {
     return Status::ok();
 }
 
-Status Scheduler::count_experts(RunState& rs) {
+Status Scheduler::count_experts(RunState& rs, int n_tokens) {
     if (n_expert_ <= 0) return Status::ok();
     // Ids still only on the device are fetched together, then tallied after one synchronisation.
     std::vector<std::pair<const Tensor*, std::vector<int32_t>>> fetched;
@@ -466,13 +535,20 @@ Status Scheduler::count_experts(RunState& rs) {
         stats_.seconds_wait += seconds_since(t0);
     }
     for (auto& [ids, v] : fetched) sources.emplace_back(ids, v.data());
+    std::vector<uint32_t> counts(stats_.expert_counts.size(), 0);
     for (const auto& [ids, p] : sources) {
         if (ids->layer < 0 || ids->layer >= n_layer_) continue;
-        uint64_t* row = stats_.expert_counts.data() + static_cast<size_t>(ids->layer) * static_cast<size_t>(n_expert_);
+        uint32_t* row = counts.data() + static_cast<size_t>(ids->layer) * static_cast<size_t>(n_expert_);
         for (int64_t i = 0; i < ids->n_elements(); ++i) {
             const int32_t e = p[i];
             if (e >= 0 && e < n_expert_) ++row[e];
         }
+    }
+    for (size_t i = 0; i < counts.size(); ++i) stats_.expert_counts[i] += counts[i];
+    // The expert split predicts the next prompt ubatch's counts from this one (not from decode steps).
+    if (n_tokens >= n_expert_) {
+        last_counts_ = std::move(counts);
+        last_counts_tokens_ = n_tokens;
     }
     return Status::ok();
 }
@@ -515,6 +591,7 @@ Status Scheduler::plan(Graph& graph, std::span<const HostInput> inputs, RunState
     if (auto it = plans_.find(key); it != plans_.end() && it->second.sides.size() == nodes.size()) {
         const CachedPlan& c = it->second;
         sides = c.sides;
+        rs.eager = c.eager;
         rs.plan.arena_size = c.arena_size;
         for (size_t i = 0; i < nodes.size(); ++i) {
             if (nodes[i]->view_src == nullptr) rs.produced[nodes[i]] = sides[i];
@@ -538,9 +615,11 @@ Status Scheduler::plan(Graph& graph, std::span<const HostInput> inputs, RunState
         if (nodes[i]->view_src == nullptr) rs.produced[nodes[i]] = sides[i];
     }
     rs.plan = plan_allocation(graph);
+    rs.eager = eager_downloads(graph, sides);
 
     CachedPlan c;
     c.sides = sides;
+    c.eager = rs.eager;
     c.arena_size = rs.plan.arena_size;
     size_t found = 0;
     c.node_offset.assign(nodes.size(), -1);
@@ -567,7 +646,6 @@ Status Scheduler::plan(Graph& graph, std::span<const HostInput> inputs, RunState
 }
 
 Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inputs, std::span<const HostOutput> outputs) {
-    (void)n_tokens;
     const Clock::time_point t_start = Clock::now();
     RunState rs;
     const std::vector<Tensor*>& nodes = graph.nodes();
@@ -596,7 +674,7 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
             bool on_device = false;
             for (size_t i = 0; i < nodes.size() && !on_device; ++i) {
                 if (sides[i] != Side::DEVICE || nodes[i]->op == Op::VIEW) continue;
-                for (const Tensor* s : nodes[i]->src) on_device = on_device || s == in.tensor;
+                for (const Tensor* s : nodes[i]->src) on_device = on_device || (s != nullptr && storage_of(s) == in.tensor);
             }
             if (on_device) MOE_RETURN_IF_ERROR(activation_operand(in.tensor, Side::DEVICE, rs).status());
         }
@@ -619,6 +697,9 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
             rs.pending.push_back(&node);
             rs.pending_slots.insert(rs.pending_slots.end(), rs.node_slots.begin(), rs.node_slots.end());
             rs.node_slots.clear();
+            // Queued right behind its producer, so the host part of a split expert block waits for
+            // its inputs only, not for the device part queued next.
+            if (rs.eager[i]) MOE_RETURN_IF_ERROR(activation_operand(&node, Side::HOST, rs).status());
             ++(side == Side::HOST ? stats_.n_ops_host : stats_.n_ops_device);
             if (profiling_) {
                 const Clock::time_point t0 = Clock::now();
@@ -638,14 +719,138 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
                 on_host.push_back(&out);
             }
         }
-        MOE_RETURN_IF_ERROR(count_experts(rs));  // ends with the ubatch's synchronisation
+        MOE_RETURN_IF_ERROR(count_experts(rs, n_tokens));  // ends with the ubatch's synchronisation
         for (const HostOutput* out : on_host) std::memcpy(out->data, out->tensor->data, out->tensor->n_bytes());
         return Status::ok();
     }();
     if (!status.is_ok() && device_ != nullptr) (void)device_->synchronize();  // leave nothing in flight
+    if (status.is_ok()) learn_split_costs(rs);
     ++stats_.n_ubatches;
     stats_.seconds_total += seconds_since(t_start);
     return status;
+}
+
+// Device nodes whose output a host part of a split expert block reads.
+std::vector<uint8_t> Scheduler::eager_downloads(const Graph& graph, const std::vector<Side>& sides) const {
+    const std::vector<Tensor*>& nodes = graph.nodes();
+    std::vector<uint8_t> eager(nodes.size(), 0);
+    std::unordered_map<const Tensor*, size_t> index;
+    for (size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = i;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+        if (nodes[i]->expert_group != kHostExpertGroup || sides[i] != Side::HOST) continue;
+        for (const Tensor* s : nodes[i]->src) {
+            if (s == nullptr || s->is_weight) continue;
+            const auto it = index.find(storage_of(s));
+            if (it != index.end() && sides[it->second] == Side::DEVICE && nodes[it->second]->op != Op::VIEW) {
+                eager[it->second] = 1;
+            }
+        }
+    }
+    return eager;
+}
+
+bool Scheduler::splittable_layer(int layer) const {
+    if (expert_matrices_.empty() || expert_matrices_[static_cast<size_t>(layer)].empty()) return false;
+    for (const Tensor* w : expert_matrices_[static_cast<size_t>(layer)]) {
+        const WeightCopies& c = weights_.at(w);
+        if (c.home != Side::HOST || c.device != nullptr) return false;
+    }
+    return true;
+}
+
+// Times one upload of the largest host-resident weight into a slot (the link as the uploads see it).
+StatusOr<double> Scheduler::upload_seconds_per_byte() {
+    if (split_upload_s_per_byte_ > 0.0) return split_upload_s_per_byte_;
+    const Tensor* largest = nullptr;
+    const void* src = nullptr;
+    for (const auto& [w, c] : weights_) {
+        if (c.home == Side::HOST && c.host != nullptr && (largest == nullptr || w->n_bytes() > largest->n_bytes())) {
+            largest = w;
+            src = c.host;
+        }
+    }
+    if (largest == nullptr) return internal_error("scheduler: no host-resident weight to time an upload with");
+    MOE_RETURN_IF_ERROR(ensure_slots());
+    MOE_RETURN_IF_ERROR(device_->synchronize());  // slot 0 may still be in use
+    const Clock::time_point t0 = Clock::now();
+    MOE_RETURN_IF_ERROR(device_->upload(slot_buffer_->data(), src, largest->n_bytes(), 0));
+    MOE_RETURN_IF_ERROR(device_->synchronize());
+    split_upload_s_per_byte_ = std::max(seconds_since(t0), 1e-9) / static_cast<double>(largest->n_bytes());
+    return split_upload_s_per_byte_;
+}
+
+// How many experts of `layer` the host takes (order: the layer's experts, fewest expected tokens
+// first): the count that minimises the slower of the two parts, the host's (waiting for its inputs,
+// then its pairs) and the upload of the device's experts (which the device computes under).
+int Scheduler::choose_host_experts(int layer, int n_tokens, std::vector<int32_t>& order) const {
+    const size_t n = static_cast<size_t>(n_expert_);
+    std::vector<double> expected(n, static_cast<double>(n_tokens) * n_expert_used_ / n_expert_);
+    if (last_counts_tokens_ > 0 && !last_counts_.empty()) {
+        const double scale = static_cast<double>(n_tokens) / last_counts_tokens_;
+        for (size_t e = 0; e < n; ++e) expected[e] = scale * last_counts_[static_cast<size_t>(layer) * n + e];
+    }
+    order.resize(n);
+    for (size_t e = 0; e < n; ++e) order[e] = static_cast<int32_t>(e);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return expected[a] < expected[b]; });
+    if (policy_.expert_split != kExpertSplitAuto) return std::min(policy_.expert_split, n_expert_ - 1);
+
+    size_t bytes = 0;
+    double flops = 0.0;
+    for (const Tensor* w : expert_matrices_[static_cast<size_t>(layer)]) {
+        bytes += w->nb[2];
+        flops += 2.0 * static_cast<double>(w->ne[0]) * static_cast<double>(w->ne[1]);
+    }
+    // Until the host has been measured: 1 TFLOP/s, what a 16-core AVX-512 machine sustains here.
+    const double per_pair = split_host_s_per_pair_ > 0.0 ? split_host_s_per_pair_ : flops / 1e12;
+    const double per_upload = split_upload_s_per_byte_ * static_cast<double>(bytes);
+    double best = per_upload * n_expert_;
+    int best_m = 0;
+    double pairs = 0.0;
+    for (int m = 1; m < n_expert_; ++m) {
+        pairs += expected[static_cast<size_t>(order[static_cast<size_t>(m - 1)])];
+        const double t = std::max(split_host_wait_s_ + per_pair * pairs, per_upload * (n_expert_ - m));
+        if (t < best) {
+            best = t;
+            best_m = m;
+        }
+    }
+    return best_m;
+}
+
+StatusOr<ExpertSplitPlan> Scheduler::plan_expert_split(int n_tokens) {
+    split_ = ExpertSplitPlan{};
+    if (device_ == nullptr || policy_.expert_split == 0 || n_expert_ < 2 || n_layer_ <= 0) return split_;
+    for (OffloadOp op : {OffloadOp::MOE_UP_GATE, OffloadOp::MUL_MAT_ID}) {
+        if (!policy_.rule(op).enabled || n_tokens < min_batch(op)) return split_;
+    }
+    ExpertSplitPlan p;
+    p.layers.assign(static_cast<size_t>(n_layer_), 0);
+    p.groups.assign(static_cast<size_t>(n_layer_) * static_cast<size_t>(n_expert_), kDeviceExpertGroup);
+    bool any = false;
+    std::vector<int32_t> order;
+    for (int il = 0; il < n_layer_; ++il) {
+        if (!splittable_layer(il)) continue;
+        if (policy_.expert_split == kExpertSplitAuto) MOE_RETURN_IF_ERROR(upload_seconds_per_byte().status());
+        const int m = choose_host_experts(il, n_tokens, order);
+        if (m <= 0) continue;
+        p.layers[static_cast<size_t>(il)] = 1;
+        int32_t* g = p.groups.data() + static_cast<size_t>(il) * static_cast<size_t>(n_expert_);
+        for (int j = 0; j < m; ++j) g[order[static_cast<size_t>(j)]] = kHostExpertGroup;
+        ++stats_.n_split_layers;
+        stats_.n_split_host_experts += static_cast<uint64_t>(m);
+        any = true;
+    }
+    if (any) split_ = std::move(p);
+    return split_;
+}
+
+// Folds this ubatch's host-part measurements into the costs the next split balances.
+void Scheduler::learn_split_costs(const RunState& rs) {
+    if (rs.split_host_pairs == 0 || rs.split_host_flushes == 0) return;
+    const double per_pair = rs.split_host_seconds / static_cast<double>(rs.split_host_pairs);
+    const double wait = rs.split_wait_seconds / rs.split_host_flushes;
+    split_host_s_per_pair_ = split_host_s_per_pair_ > 0.0 ? 0.5 * (split_host_s_per_pair_ + per_pair) : per_pair;
+    split_host_wait_s_ = 0.5 * (split_host_wait_s_ + wait);
 }
 
 }  // namespace moe::sched

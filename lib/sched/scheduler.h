@@ -55,6 +55,17 @@ struct HostOutput {
     void* data;  // receives tensor->n_bytes() bytes
 };
 
+// The expert groups of a split expert block (MASK_IDS keep values): the host computes group 0, the
+// device group 1.
+constexpr int32_t kHostExpertGroup = 0;
+constexpr int32_t kDeviceExpertGroup = 1;
+
+// Which expert blocks of the next ubatch are split, and the group of every expert of those layers.
+struct ExpertSplitPlan {
+    std::vector<uint8_t> layers;  // per layer: 1 = split; empty when no layer is
+    std::vector<int32_t> groups;  // [n_layer][n_expert] kHostExpertGroup / kDeviceExpertGroup
+};
+
 struct OpTime {
     int64_t count = 0;
     double seconds = 0.0;
@@ -80,6 +91,11 @@ public:
     const Policy& policy() const { return policy_; }
     int32_t min_batch(OffloadOp op) const;
 
+    // The expert split for the next ubatch of n_tokens tokens (policy expert_split): layers whose expert
+    // weights are all host-resident, at batch sizes where their expert ops are offloaded. The next
+    // run() must get a graph built with plan.layers and plan.groups as its expert-groups input.
+    StatusOr<ExpertSplitPlan> plan_expert_split(int n_tokens);
+
     // Evaluates one ubatch graph of n_tokens tokens: inputs are written before compute, outputs read
     // after. The graph is consumed (operands are rewritten to their copies on the side that uses them).
     Status run(Graph& graph, int n_tokens, std::span<const HostInput> inputs, std::span<const HostOutput> outputs);
@@ -104,6 +120,7 @@ private:
     // (TG rebuilds the same graph every token; only KV-cache view lengths change).
     struct CachedPlan {
         std::vector<Side> sides;            // per node
+        std::vector<uint8_t> eager;         // per node: copy its output to the host as soon as it is queued
         std::vector<int64_t> node_offset;   // per node: arena offset, -1 without arena memory
         std::vector<int64_t> input_offset;  // per input
         size_t arena_size = 0;
@@ -127,8 +144,15 @@ private:
     StatusOr<const std::vector<int32_t>*> read_ids(const Tensor* ids, RunState& rs);
     Status flush(RunState& rs);
     Status wait_for_device(RunState& rs);
+    Status wait_host_fence(RunState& rs);
+    StatusOr<uint64_t> mark_copy(RunState& rs);
+    std::vector<uint8_t> eager_downloads(const Graph& graph, const std::vector<Side>& sides) const;
+    bool splittable_layer(int layer) const;
+    StatusOr<double> upload_seconds_per_byte();
+    int choose_host_experts(int layer, int n_tokens, std::vector<int32_t>& order) const;
+    void learn_split_costs(const RunState& rs);
     Status ensure_slots();
-    Status count_experts(RunState& rs);
+    Status count_experts(RunState& rs, int n_tokens);
     Tensor* substitute(RunState& rs, const Tensor& like, void* data, Buffer* buffer);
 
     Backend& host_;
@@ -139,6 +163,7 @@ private:
     Policy policy_;
 
     std::unordered_map<const Tensor*, WeightCopies> weights_;
+    std::vector<std::vector<const Tensor*>> expert_matrices_;  // per layer (empty: none registered)
     std::unordered_map<const Tensor*, std::unique_ptr<Buffer>> download_buffers_;  // device-only weights used on host
 
     std::unique_ptr<Buffer> arena_[kSides];
@@ -146,6 +171,15 @@ private:
     size_t slot_size_ = 0;
     std::vector<Slot> slots_;
     size_t next_slot_ = 0;
+
+    // Expert split: the groups of the ubatch being planned/run ([n_layer][n_expert], empty when off),
+    // the measured costs it balances, and the last ubatch's activation counts it predicts from.
+    ExpertSplitPlan split_;
+    double split_upload_s_per_byte_ = 0.0;  // measured once, on first use
+    double split_host_s_per_pair_ = 0.0;    // host seconds per (token, expert) pair of a host part
+    double split_host_wait_s_ = 0.0;        // per split layer: host wait for the device's inputs
+    std::vector<uint32_t> last_counts_;     // [n_layer][n_expert] of the last ubatch
+    int last_counts_tokens_ = 0;
 
     // ACTIVE_PREFETCH: per expert tensor, the experts selected the last time it was uploaded.
     std::unordered_map<const Tensor*, std::vector<uint8_t>> last_selected_;

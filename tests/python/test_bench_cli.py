@@ -32,13 +32,14 @@ BENCH_FIELDS = COMMON_FIELDS + ["test", "n_prompt", "n_gen", "n_depth", "repetit
                                 "stdev_ts"]
 # Appended after the llama-bench-like fields: run settings, then the scheduler statistics of the row.
 RUN_FIELDS = ["n_batch", "tensor_overrides", "n_cpu_moe", "n_gpu_layers", "vram_budget", "offload_policy",
-              "expert_copy", "bias_dup", "offload_vram_budget", "weights_host_bytes", "weights_device_bytes"]
+              "expert_copy", "bias_dup", "offload_vram_budget", "expert_split", "weights_host_bytes",
+              "weights_device_bytes"]
 OPS = ["mul_mat", "mul_mat_id", "moe_up_gate"]
 STATS_FIELDS = (["n_ubatches", "n_splits", "bytes_weights_full", "bytes_weights_experts", "bytes_weights_skipped",
                  "bytes_activations", "n_weight_copies", "n_activation_copies", "n_id_readbacks"] +
                 [f"n_offloaded_{op}" for op in OPS] + [f"n_kept_host_{op}" for op in OPS] +
                 ["n_ops_host", "n_ops_device", "seconds_total", "seconds_host_compute", "seconds_wait", "seconds_device_submit",
-                 "bytes_uploaded", "bytes_uploaded_per_ubatch", "upload_gbps"])
+                 "n_split_layers", "n_split_host_experts", "bytes_uploaded", "bytes_uploaded_per_ubatch", "upload_gbps"])
 SWEEP_CSV_FIELDS = (SWEEP_FIELDS + RUN_FIELDS + ["sched_pp_" + f for f in STATS_FIELDS] +
                     ["sched_tg_" + f for f in STATS_FIELDS])
 BENCH_CSV_FIELDS = BENCH_FIELDS + RUN_FIELDS + ["sched_" + f for f in STATS_FIELDS]
@@ -282,13 +283,14 @@ def emulated(*extra: str) -> list[str]:
 
 
 def test_emulated_text_prints_scheduler_summary(cache_dir):
-    out = run(*emulated("--offload-policy", "all=4", "-ub", "8"), "-p", "16", "-n", "2", "-r", "1",
-              cache=cache_dir).stdout
+    out = run(*emulated("--offload-policy", "all=4", "-ub", "8", "--expert-split", "off"), "-p", "16", "-n", "2",
+              "-r", "1", cache=cache_dir).stdout
     header, rows = markdown_table(out)
     assert [r[3] for r in rows] == ["EMULATED", "EMULATED"]
     summary = out[out.index("\nscheduler: "):]
     assert re.search(r"^scheduler: weights [\d.]+ \w+ in host RAM, [\d.]+ \w+ in device memory; offload "
-                     r"mul_mat=4,mul_mat_id=4,moe_up_gate=4, expert copy full, bias dup on$", summary, re.M)
+                     r"mul_mat=4,mul_mat_id=4,moe_up_gate=4, expert copy full, bias dup on, expert split off$",
+                     summary, re.M)
     # One block per test: pp16 is 2 ubatches of 8 (offloaded), tg2 2 ubatches of 1 (kept on the host).
     assert re.search(r"^pp16: 2 ubatches in 1 runs; per ubatch: [\d.]+ \w+ uploaded", summary, re.M)
     assert re.search(r"^tg2: 2 ubatches in 1 runs; per ubatch: 0 B uploaded", summary, re.M)
@@ -308,7 +310,8 @@ def test_cpu_text_has_no_scheduler_summary(cache_dir):
 @pytest.mark.parametrize("copy", ["full", "active"])
 def test_emulated_json_stats_per_row(cache_dir, copy):
     reps = 2
-    records = json.loads(run(*emulated("--offload-policy", "all=4", "--expert-copy", copy, "-ub", "8", "-o", "json"),
+    records = json.loads(run(*emulated("--offload-policy", "all=4", "--expert-copy", copy, "-ub", "8", "-o", "json",
+                                       "--expert-split", "off"),
                              "-p", "16", "-n", "3", "-r", str(reps), cache=cache_dir).stdout)
     assert [r["test"] for r in records] == ["pp16", "tg3"]
     pp, tg = records
@@ -393,6 +396,10 @@ def test_placement_flags_reach_the_context(cache_dir):
     assert split["weights_host_bytes"] == all_experts["weights_host_bytes"] // 2  # 3 of the 6 expert tensors
     no_bias_dup = json.loads(run(*base, "-ot", "exps=CPU", "--no-bias-dup", cache=cache_dir).stdout)[0]
     assert no_bias_dup["bias_dup"] == 0
+    assert everything["expert_split"] == -1
+    for value, expected in (("off", 0), ("3", 3), ("auto", -1)):
+        r = json.loads(run(*base, "-ot", "exps=CPU", "--expert-split", value, cache=cache_dir).stdout)[0]
+        assert r["expert_split"] == expected
 
 
 def test_bad_override_regex_is_a_library_error(cache_dir):
@@ -508,6 +515,8 @@ def test_help_documents_every_flag():
     (["x.gguf", "--device", "emulated", "--offload-policy", "mul_mat_id=-4"], "-4"),
     (["x.gguf", "--device", "emulated", "--offload-policy", "mul_mat=many"], "many"),
     (["x.gguf", "--device", "emulated", "--expert-copy", "some"], "expected full, active or prefetch"),
+    (["x.gguf", "--device", "emulated", "--expert-split", "-3"], "expected auto, off or a number of experts"),
+    (["x.gguf", "--device", "emulated", "--expert-split", "half"], "expected auto, off or a number of experts"),
     (["x.gguf", "--device", "emulated", "--vram-budget", "12XB"], "unknown unit"),
     (["x.gguf", "--device", "emulated", "--vram-budget", "-5G"], "byte count"),
     (["x.gguf", "--device", "emulated", "--vram-budget", "1.5.3G"], "byte count"),

@@ -18,6 +18,7 @@ def test_defaults():
     assert p.expert_copy == "full"
     assert p.bias_dup is True
     assert p.offload_vram_budget == 0
+    assert p.expert_split == -1  # automatic
 
 
 def test_parse_offload_applies_entries_in_order():
@@ -56,6 +57,9 @@ def test_constructor_arguments():
                         offload_vram_budget=1 << 20)
     assert p == q
     assert p != moeinfer.Policy()
+    assert moeinfer.Policy(expert_split=3) != moeinfer.Policy()
+    r = moeinfer.Policy(expert_split=0)
+    assert r.expert_split == 0 and eval(repr(r), {"moeinfer": moeinfer}) == r
     # repr spells a policy that builds an equal one.
     assert eval(repr(p), {"moeinfer": moeinfer}) == p
 
@@ -74,6 +78,10 @@ def test_attribute_validation():
         moeinfer.Policy(expert_copy="fast")
     with pytest.raises(ValueError, match="nope"):
         moeinfer.Policy(offload="nope=1")
+    with pytest.raises(ValueError, match="expert_split"):
+        p.expert_split = -2
+    with pytest.raises(ValueError, match="-5"):
+        moeinfer.Policy(expert_split=-5)
     assert p == moeinfer.Policy()  # nothing changed by the failed assignments
     p.set_offload("moe_up_gate", False)
     p.offload = {"mul_mat_id": (True, 64)}

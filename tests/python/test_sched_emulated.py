@@ -32,7 +32,8 @@ PAD = 4096  # at most this much alignment padding per tensor in the placement fi
 STATS_KEYS = {"n_ubatches", "n_splits", "bytes_weights_full", "bytes_weights_experts", "bytes_weights_skipped",
               "bytes_activations", "n_weight_copies", "n_activation_copies", "n_id_readbacks", "n_offloaded",
               "n_kept_host", "n_ops_host", "n_ops_device", "seconds_total", "seconds_host_compute", "seconds_wait",
-              "weights_host_bytes", "weights_device_bytes", "n_layer", "n_expert", "seconds_device_submit"}
+              "weights_host_bytes", "weights_device_bytes", "n_layer", "n_expert", "seconds_device_submit",
+              "n_split_layers", "n_split_host_experts"}
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -196,7 +197,7 @@ def test_logits_match_cpu(model, rng, placement, expert_copy, bias_dup):
     n_host_layers = {"tensor_overrides": n_layer, "n_cpu_moe": 1}.get(next(iter(placement), ""), 0)
     # Expert ops offload from 5 tokens: the prompt's ubatches of 8 and 8 tokens go to the device, its last
     # ubatch of 3 and the single-token decodes stay on the host.
-    policy = moeinfer.Policy(expert_copy=expert_copy, bias_dup=bias_dup).parse_offload("all=5")
+    policy = moeinfer.Policy(expert_copy=expert_copy, bias_dup=bias_dup, expert_split=0).parse_offload("all=5")
     emu = emulated(model, policy, n_ubatch=8, **placement)
     cpu = moeinfer.Context(model, n_ctx=128, n_ubatch=8)
     prompt = rng.integers(0, model.info.n_vocab, size=19, dtype=np.int32)
@@ -220,7 +221,7 @@ def test_logits_match_cpu(model, rng, placement, expert_copy, bias_dup):
 @pytest.mark.parametrize("expert_copy", ["full", "active"])
 def test_logits_match_cpu_with_dense_weights_on_host(model, rng, expert_copy):
     """n_gpu_layers=1: layer 0 and the embeddings / head in host RAM, so mul_mat offloads as well."""
-    policy = moeinfer.Policy(expert_copy=expert_copy).parse_offload("all=5")
+    policy = moeinfer.Policy(expert_copy=expert_copy, expert_split=0).parse_offload("all=5")
     emu = emulated(model, policy, n_ubatch=8, n_gpu_layers=1)
     cpu = moeinfer.Context(model, n_ctx=128, n_ubatch=8)
     prompt = rng.integers(0, model.info.n_vocab, size=19, dtype=np.int32)
@@ -274,7 +275,7 @@ def test_active_only_uploads_exactly_the_selected_experts(skewed, rng, bias_dup)
     eb = expert_bytes(m)
     n_layer, n_expert = m.info.n_layer, m.info.n_expert
     # Thresholds of 3 tokens: ubatches of 4 offload, those of 2 stay on the host.
-    policy = moeinfer.Policy(expert_copy="active", bias_dup=bias_dup).parse_offload("all=3")
+    policy = moeinfer.Policy(expert_copy="active", bias_dup=bias_dup, expert_split=0).parse_offload("all=3")
     ctx = emulated(m, policy, n_ubatch=4, tensor_overrides="exps=CPU")
     ctx.reset_stats()
     sizes = [4, 4, 2, 4, 4, 4, 2, 4]
@@ -310,7 +311,7 @@ def test_active_only_uploads_exactly_the_selected_experts(skewed, rng, bias_dup)
 def test_full_copy_uploads_whole_expert_tensors(model, rng):
     eb = expert_bytes(model)
     n_layer, n_expert = model.info.n_layer, model.info.n_expert
-    policy = moeinfer.Policy(expert_copy="full", bias_dup=False).parse_offload("all=3")
+    policy = moeinfer.Policy(expert_copy="full", bias_dup=False, expert_split=0).parse_offload("all=3")
     ctx = emulated(model, policy, n_ubatch=4, tensor_overrides="exps=CPU")
     for _ in decode_ubatches(ctx, rng, model.info.n_vocab, [4, 2, 4]):
         pass
@@ -321,6 +322,47 @@ def test_full_copy_uploads_whole_expert_tensors(model, rng):
     assert s["bytes_weights_experts"] == s["bytes_weights_skipped"] == 0
     assert s["n_id_readbacks"] == 0
     assert s["n_weight_copies"] > 0 and s["bytes_activations"] > 0 and s["n_activation_copies"] > 0
+
+
+@pytest.mark.parametrize("expert_copy", ["full", "prefetch"])
+def test_expert_split_matches_cpu_and_uploads_only_the_device_experts(model, rng, expert_copy):
+    """expert_split=2: in each offloaded ubatch, the host computes 2 experts of every layer and the device the
+    others, whose weights alone are uploaded (ACTIVE copies do not apply to the device part)."""
+    eb = expert_bytes(model)
+    n_layer, n_expert = model.info.n_layer, model.info.n_expert
+    policy = moeinfer.Policy(expert_copy=expert_copy, expert_split=2).parse_offload("all=3")
+    emu = emulated(model, policy, n_ubatch=4, tensor_overrides="exps=CPU")
+    cpu = moeinfer.Context(model, n_ctx=128, n_ubatch=4)
+    sizes = [4, 2, 4, 4, 1]
+    for n in sizes:
+        tokens = rng.integers(0, model.info.n_vocab, size=n, dtype=np.int32)
+        assert_logits_close(emu.decode(tokens, logits_all=True), cpu.decode(tokens, logits_all=True))
+    np.testing.assert_array_equal(emu.expert_counts(), cpu.expert_counts())
+    s = emu.stats()
+    split = sum(n >= 3 for n in sizes) * n_layer
+    assert s["n_split_layers"] == split
+    assert s["n_split_host_experts"] == 2 * split
+    # The device part: its op of each kind per split layer; the host part and the small ubatches: the rest.
+    assert s["n_offloaded"]["mul_mat_id"] == s["n_offloaded"]["moe_up_gate"] == split
+    assert s["n_kept_host"]["mul_mat_id"] == s["n_kept_host"]["moe_up_gate"] == split + 2 * n_layer
+    assert s["bytes_weights_experts"] == split * (n_expert - 2) * (eb.up_gate + eb.down)
+    assert s["bytes_weights_skipped"] == split * 2 * (eb.up_gate + eb.down)
+    assert s["n_id_readbacks"] == 0  # the groups are known before the ubatch: nothing waits for the router
+
+
+def test_expert_split_auto_and_off(model, rng):
+    """Automatic splits (whatever count the measured costs pick) still add up to the CPU path; 0 never splits."""
+    cpu = moeinfer.Context(model, n_ctx=128, n_ubatch=8)
+    auto = emulated(model, moeinfer.Policy().parse_offload("all=3"), n_ubatch=8, tensor_overrides="exps=CPU")
+    off = emulated(model, moeinfer.Policy(expert_split=0).parse_offload("all=3"), n_ubatch=8,
+                   tensor_overrides="exps=CPU")
+    for n in (8, 8, 5):
+        tokens = rng.integers(0, model.info.n_vocab, size=n, dtype=np.int32)
+        want = cpu.decode(tokens, logits_all=True)
+        assert_logits_close(auto.decode(tokens, logits_all=True), want)
+        assert_logits_close(off.decode(tokens, logits_all=True), want)
+    assert auto.stats()["n_split_host_experts"] <= auto.stats()["n_split_layers"] * (model.info.n_expert - 1)
+    assert off.stats()["n_split_layers"] == 0
 
 
 def test_stats_fields_and_types(model, rng):
@@ -356,7 +398,7 @@ def test_effective_policy_resolves_default_thresholds(model):
 
 
 def test_set_policy_takes_effect_at_next_decode(model, rng):
-    ctx = emulated(model, moeinfer.Policy(offload="all=1"), n_ubatch=16, tensor_overrides="exps=CPU")
+    ctx = emulated(model, moeinfer.Policy(offload="all=1", expert_split=0), n_ubatch=16, tensor_overrides="exps=CPU")
     ctx.decode(rng.integers(0, model.info.n_vocab, size=16, dtype=np.int32))
     assert ctx.stats()["n_offloaded"]["mul_mat_id"] == model.info.n_layer
     ctx.set_policy(moeinfer.Policy(offload="all=off", expert_copy="active"))

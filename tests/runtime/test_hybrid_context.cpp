@@ -117,6 +117,7 @@ moe_sched_policy make_policy(const char* offload, int32_t expert_copy, int32_t b
     if (offload != nullptr) REQUIRE(moe_sched_policy_parse_offload(&p, offload) == MOE_STATUS_OK);
     p.expert_copy = expert_copy;
     p.bias_dup = bias_dup;
+    p.expert_split = 0;  // exact op and byte counts below; the split has its own test
     return p;
 }
 
@@ -408,4 +409,68 @@ TEST_CASE("context creation reports progress and can be cancelled", "[sched]") {
     CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_CANCELLED);
     CHECK(ctx == nullptr);
     CHECK(cancel.calls == 3);
+}
+
+TEST_CASE("expert split: the host and device parts add up to the cpu path", "[sched]") {
+    std::mt19937 rng(std::random_device{}());
+    for (const char* arch : {"qwen3moe", "gpt-oss"}) {
+        Model m(arch, rng());
+        const int32_t nv = m.info.n_vocab, n_layer = m.info.n_layer, n_expert = m.info.n_expert;
+        const std::vector<std::vector<int32_t>> batches = {random_tokens(rng, 37, nv), random_tokens(rng, 3, nv),
+                                                            random_tokens(rng, 1, nv), random_tokens(rng, 20, nv)};
+        Ctx cpu(m, MOE_DEVICE_CPU, nullptr, nullptr);
+        std::vector<std::vector<float>> want;
+        for (const auto& b : batches) want.push_back(cpu.decode(b, nv));
+        // Per layer, bytes of one expert of up, gate and down.
+        uint64_t per_expert = 0;
+        for (const char* part : {"ffn_up_exps.weight", "ffn_gate_exps.weight", "ffn_down_exps.weight"}) {
+            per_expert += m.tensor_bytes(std::string("blk.0.") + part) / static_cast<uint64_t>(n_expert);
+        }
+        for (const char* ot : {"exps=CPU", "ffn_(up|gate|down)_exps\\.weight=CPU"}) {
+            for (int32_t copy : {MOE_EXPERT_COPY_FULL, MOE_EXPERT_COPY_ACTIVE_ONLY, MOE_EXPERT_COPY_ACTIVE_PREFETCH}) {
+                for (int32_t dup : {1, 0}) {
+                    for (int32_t split : {1, n_expert / 2, n_expert - 1, n_expert + 5, MOE_EXPERT_SPLIT_AUTO}) {
+                        INFO(arch << " -ot " << ot << " copy " << copy << " bias_dup " << dup << " split " << split);
+                        moe_sched_policy pol = make_policy("all=4", copy, dup);
+                        pol.expert_split = split;
+                        Ctx hy(m, MOE_DEVICE_EMULATED, ot, &pol);
+                        for (size_t i = 0; i < batches.size(); ++i) require_close(hy.decode(batches[i], nv), want[i], nv);
+                        CHECK(hy.counts() == cpu.counts());
+                        const moe_sched_stats st = hy.stats();
+                        if (split == MOE_EXPERT_SPLIT_AUTO) {
+                            CHECK(st.n_split_host_experts <= st.n_split_layers * static_cast<uint64_t>(n_expert - 1));
+                            continue;
+                        }
+                        // Ubatches of >= 4 tokens offload (16, 16, 5 and 16, 4 of the 37 + 20 tokens): all split.
+                        const uint64_t layers = 5 * static_cast<uint64_t>(n_layer);
+                        const uint64_t on_host = static_cast<uint64_t>(std::min(split, n_expert - 1));
+                        CHECK(st.n_split_layers == layers);
+                        CHECK(st.n_split_host_experts == layers * on_host);
+                        CHECK(st.bytes_weights_experts == layers * (static_cast<uint64_t>(n_expert) - on_host) * per_expert);
+                        CHECK(st.bytes_weights_skipped == layers * on_host * per_expert);
+                        CHECK(st.n_offloaded[MOE_OFFLOAD_MUL_MAT_ID] == layers);
+                        CHECK(st.n_id_readbacks == 0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("expert split values below -1 are rejected", "[sched]") {
+    std::mt19937 rng(std::random_device{}());
+    Model m("qwen3moe", rng());
+    moe_sched_policy pol;
+    moe_sched_policy_init(&pol);
+    CHECK(pol.expert_split == MOE_EXPERT_SPLIT_AUTO);
+    pol.expert_split = -2;
+    moe_context_params p;
+    moe_context_params_init(&p);
+    p.device = MOE_DEVICE_EMULATED;
+    p.tensor_overrides = "exps=CPU";
+    p.policy = &pol;
+    moe_context* ctx = nullptr;
+    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK_THAT(moe_last_error(), Catch::Contains("expert_split"));
+    CHECK(ctx == nullptr);
 }

@@ -224,6 +224,25 @@ inline std::vector<Option> make_options(Config& c) {
              c.policy.bias_dup = 0;
              return std::nullopt;
          }},
+        {"", "--expert-split", "auto|off|N",
+         "while a layer's host-resident experts are offloaded, the host computes N of them (the least used) at the "
+         "same time as the device computes the rest; auto balances measured upload time and host throughput",
+         "auto", sched,
+         [&c](const std::string& v) -> std::optional<std::string> {
+             if (v == "auto") {
+                 c.policy.expert_split = MOE_EXPERT_SPLIT_AUTO;
+             } else if (v == "off") {
+                 c.policy.expert_split = 0;
+             } else {
+                 char* end = nullptr;
+                 const long n = std::strtol(v.c_str(), &end, 10);
+                 if (v.empty() || *end != '\0' || n < 0 || n > INT32_MAX) {
+                     return "expected auto, off or a number of experts >= 0, got '" + v + "'";
+                 }
+                 c.policy.expert_split = static_cast<int32_t>(n);
+             }
+             return std::nullopt;
+         }},
         {"", "--offload-budget", "SIZE",
          "device memory for the staging slots that offloaded weights are uploaded into (units as --vram-budget); "
          "0: 6 slots of the largest host-resident weight",

@@ -45,6 +45,7 @@ struct RunInfo {
     std::string expert_copy;      // "full", "active" or "prefetch"
     bool bias_dup = true;
     uint64_t offload_vram_budget = 0;
+    int32_t expert_split = MOE_EXPERT_SPLIT_AUTO;
     uint64_t weights_host_bytes = 0;    // placement (moe_sched_stats)
     uint64_t weights_device_bytes = 0;
 };
@@ -69,6 +70,8 @@ struct SchedStats {
     double seconds_host_compute = 0.0;
     double seconds_wait = 0.0;
     double seconds_device_submit = 0.0;
+    uint64_t n_split_layers = 0;
+    uint64_t n_split_host_experts = 0;
 
     void add(const moe_sched_stats& s) {
         ++n_runs;
@@ -110,6 +113,8 @@ private:
         seconds_host_compute += s.seconds_host_compute;
         seconds_wait += s.seconds_wait;
         seconds_device_submit += s.seconds_device_submit;
+        n_split_layers += s.n_split_layers;
+        n_split_host_experts += s.n_split_host_experts;
     }
 };
 
@@ -259,6 +264,7 @@ inline std::vector<Field> run_fields(const RunInfo& i) {
             {"expert_copy", i.expert_copy, true},
             {"bias_dup", i.bias_dup ? "1" : "0", false},
             {"offload_vram_budget", std::to_string(i.offload_vram_budget), false},
+            {"expert_split", std::to_string(i.expert_split), false},
             {"weights_host_bytes", std::to_string(i.weights_host_bytes), false},
             {"weights_device_bytes", std::to_string(i.weights_device_bytes), false}};
 }
@@ -286,6 +292,8 @@ inline void append_stats_fields(std::vector<Field>& f, const std::string& prefix
     d("seconds_host_compute", s.seconds_host_compute);
     d("seconds_wait", s.seconds_wait);
     d("seconds_device_submit", s.seconds_device_submit);
+    u("n_split_layers", s.n_split_layers);
+    u("n_split_host_experts", s.n_split_host_experts);
     u("bytes_uploaded", s.bytes_uploaded());
     d("bytes_uploaded_per_ubatch", s.per_ubatch(static_cast<double>(s.bytes_uploaded())));
     d("upload_gbps", s.upload_gbps());
@@ -358,11 +366,14 @@ inline std::string mean(double v) { return fmt("%.3g", v); }
 // PP / TG phases) what one ubatch moved and waited for, on average.
 inline void print_sched_summary(FILE* out, const RunInfo& i,
                                 const std::vector<std::pair<std::string, SchedStats>>& phases) {
+    const std::string split = i.expert_split == MOE_EXPERT_SPLIT_AUTO ? "auto"
+                              : i.expert_split == 0                   ? "off"
+                                                                      : std::to_string(i.expert_split);
     std::fprintf(out, "\nscheduler: weights %s in host RAM, %s in device memory; offload %s, expert copy %s, "
-                      "bias dup %s\n",
+                      "bias dup %s, expert split %s\n",
                  human_bytes(static_cast<double>(i.weights_host_bytes)).c_str(),
                  human_bytes(static_cast<double>(i.weights_device_bytes)).c_str(), i.offload_policy.c_str(),
-                 i.expert_copy.c_str(), i.bias_dup ? "on" : "off");
+                 i.expert_copy.c_str(), i.bias_dup ? "on" : "off", split.c_str());
     for (const auto& [name, st] : phases) {
         const auto per = [&st](double total) { return st.per_ubatch(total); };
         std::fprintf(out, "%s: %llu ubatches in %llu runs; per ubatch: %s uploaded (%s whole + %s experts, %s "
@@ -382,6 +393,11 @@ inline void print_sched_summary(FILE* out, const RunInfo& i,
                    "/" + mean(per(static_cast<double>(st.n_kept_host[op])));
         }
         std::fprintf(out, "  ops with host weights, offloaded/kept on host per ubatch: %s\n", ops.c_str());
+        if (st.n_split_layers > 0) {
+            std::fprintf(out, "  expert split: %s layers per ubatch, %s experts per split layer on the host\n",
+                         mean(per(static_cast<double>(st.n_split_layers))).c_str(),
+                         mean(static_cast<double>(st.n_split_host_experts) / static_cast<double>(st.n_split_layers)).c_str());
+        }
         std::fprintf(out, "  time per ubatch: %s ms (host compute %s ms, waiting for the device %s ms, handing work to "
                           "the device %s ms); upload %s GB/s\n",
                      fmt("%.3f", 1e3 * per(st.seconds_total)).c_str(),

@@ -80,6 +80,14 @@ std::string offload_spec(const moe_sched_policy& p) {
     return spec;
 }
 
+int32_t checked_expert_split(int32_t n) {
+    if (n < MOE_EXPERT_SPLIT_AUTO) {
+        throw py::value_error("expert_split must be >= 0 (experts per layer on the host) or -1 (automatic), got " +
+                              std::to_string(n));
+    }
+    return n;
+}
+
 bool same(const moe_sched_policy& a, const moe_sched_policy& b) {
     for (int32_t op = 0; op < MOE_OFFLOAD_OP_COUNT; ++op) {
         if ((a.offload[op].enabled != 0) != (b.offload[op].enabled != 0) ||
@@ -88,11 +96,11 @@ bool same(const moe_sched_policy& a, const moe_sched_policy& b) {
         }
     }
     return a.expert_copy == b.expert_copy && (a.bias_dup != 0) == (b.bias_dup != 0) &&
-           a.offload_vram_budget == b.offload_vram_budget;
+           a.offload_vram_budget == b.offload_vram_budget && a.expert_split == b.expert_split;
 }
 
 moe_sched_policy create(const py::object& offload, const std::string& expert_copy, bool bias_dup,
-                        uint64_t offload_vram_budget) {
+                        uint64_t offload_vram_budget, int32_t expert_split) {
     moe_sched_policy p = moeinfer::sched_policy();
     if (py::isinstance<py::str>(offload)) {
         moeinfer::parse_offload(p, offload.cast<std::string>());
@@ -104,6 +112,7 @@ moe_sched_policy create(const py::object& offload, const std::string& expert_cop
     p.expert_copy = expert_copy_from_name(expert_copy);
     p.bias_dup = bias_dup ? 1 : 0;
     p.offload_vram_budget = offload_vram_budget;
+    p.expert_split = checked_expert_split(expert_split);
     return p;
 }
 
@@ -124,14 +133,16 @@ void bind_policy(py::module_& m) {
                                   "whole expert tensors, \"active\" only the experts the router selected,\n"
                                   "\"prefetch\" active plus an early upload of the experts the previous ubatch used.\n"
                                   "bias_dup: keep expert biases on both sides. offload_vram_budget: bytes of\n"
-                                  "device memory for the upload slots (0: automatic).")
+                                  "device memory for the upload slots (0: automatic). expert_split: while a\n"
+                                  "layer's host-resident experts are offloaded, the host computes this many of them\n"
+                                  "at the same time as the device the rest (-1: automatic, 0: off).")
                                      .c_str())
         .def(py::init(&create), py::kw_only(), "offload"_a = py::none(), "expert_copy"_a = "full",
-             "bias_dup"_a = true, "offload_vram_budget"_a = 0,
+             "bias_dup"_a = true, "offload_vram_budget"_a = 0, "expert_split"_a = MOE_EXPERT_SPLIT_AUTO,
              R"(The library's defaults, changed by the arguments given.
 
 offload: None, a spec string (see parse_offload) or a dict {"op": (enabled, min_batch)}.
-ValueError for an unknown op, a bad threshold or expert_copy.)")
+ValueError for an unknown op, a bad threshold, expert_copy or expert_split.)")
         .def_property(
             "offload", [](const moe_sched_policy& p) { return offload_dict(p); }, &set_offload_dict,
             "{op name: (enabled, min_batch)}: a copy; assign a dict to change rules (ops left out keep theirs).")
@@ -165,6 +176,10 @@ unchanged then.)")
             "Keep expert biases whose weights are in host RAM on both sides.")
         .def_readwrite("offload_vram_budget", &moe_sched_policy::offload_vram_budget,
                        "Bytes of device memory for the offload staging slots; 0: automatic.")
+        .def_property(
+            "expert_split", [](const moe_sched_policy& p) { return p.expert_split; },
+            [](moe_sched_policy& p, int32_t n) { p.expert_split = checked_expert_split(n); },
+            "Experts per layer the host computes while the device computes the rest (-1: automatic, 0: off).")
         .def(
             "__eq__", [](const moe_sched_policy& a, const moe_sched_policy& b) { return same(a, b); },
             py::is_operator())
@@ -173,7 +188,8 @@ unchanged then.)")
         .def("__repr__", [](const moe_sched_policy& p) {
             return "moeinfer.Policy(offload='" + offload_spec(p) + "', expert_copy='" + expert_copy_name(p.expert_copy) +
                    "', bias_dup=" + (p.bias_dup != 0 ? "True" : "False") +
-                   ", offload_vram_budget=" + std::to_string(p.offload_vram_budget) + ")";
+                   ", offload_vram_budget=" + std::to_string(p.offload_vram_budget) +
+                   ", expert_split=" + std::to_string(p.expert_split) + ")";
         });
 }
 

@@ -3,6 +3,7 @@
 // window, router weighting and the expert activation.
 #include "core/models/model_graph.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace moe {
@@ -54,17 +55,11 @@ Tensor* build_attention(BuildState& s, const LayerWeights& l, int il, Tensor* x)
     return add_opt(g, g.mul_mat(l.wo, att), l.bo);
 }
 
-Tensor* build_moe(BuildState& s, const LayerWeights& l, Tensor* x) {
+// The experts' part of an expert block: up/gate, down, their biases and the weighted sum.
+Tensor* build_experts(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* ids, Tensor* weights) {
     Graph& g = s.g;
     const HParams& hp = s.hp;
     const int64_t T = s.n_tokens, k = hp.n_expert_used;
-
-    Tensor* logits = add_opt(g, g.mul_mat(l.router, x), l.router_bias);  // [n_expert, T]
-    Tensor* ids = g.topk(logits, hp.n_expert_used);                      // [k, T]
-    // Both architectures weight the selected experts by a softmax over their logits: gpt-oss by
-    // definition, qwen3moe because a softmax over all experts renormalised over the top-k is the same.
-    Tensor* weights = g.softmax(g.gather(logits, ids));  // [k, T]
-
     const Activation act = hp.arch == Arch::GPT_OSS ? Activation::SWIGLU_OAI : Activation::SILU;
     Tensor* h = g.moe_up_gate(l.up_exps, l.gate_exps, x, ids, l.up_exps_bias, l.gate_exps_bias, act);  // [F, k, T]
     Tensor* y = g.mul_mat_id(l.down_exps, h, ids);                                                      // [E, k, T]
@@ -74,6 +69,29 @@ Tensor* build_moe(BuildState& s, const LayerWeights& l, Tensor* x) {
         y = g.add(y, g.reshape(b, {hp.n_embd, k, T}));
     }
     return g.weighted_sum(y, weights);  // [E, T]
+}
+
+// groups: nullptr, or this layer's I32 [n_expert] expert groups (a split block).
+Tensor* build_moe(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* groups) {
+    Graph& g = s.g;
+    const HParams& hp = s.hp;
+
+    Tensor* logits = add_opt(g, g.mul_mat(l.router, x), l.router_bias);  // [n_expert, T]
+    Tensor* ids = g.topk(logits, hp.n_expert_used);                      // [k, T]
+    // Both architectures weight the selected experts by a softmax over their logits: gpt-oss by
+    // definition, qwen3moe because a softmax over all experts renormalised over the top-k is the same.
+    Tensor* weights = g.softmax(g.gather(logits, ids));  // [k, T]
+    if (groups == nullptr) return build_experts(s, l, x, ids, weights);
+
+    // Each part sees only its group's experts (the others' pairs are kNoExpert: zero rows), so the
+    // two weighted sums add up to the whole block's.
+    Tensor* part[2] = {};
+    for (int32_t group : {1, 0}) {
+        g.set_expert_group(group);
+        part[group] = build_experts(s, l, x, g.mask_ids(ids, groups, group), weights);
+    }
+    g.set_expert_group(-1);
+    return g.add(part[1], part[0]);
 }
 
 }  // namespace
@@ -91,19 +109,27 @@ RopeParams rope_params_for(const HParams& hp) {
 }
 
 UbatchGraph build_model_graph(Graph& g, const HParams& hp, const ModelWeights& w, const KvCache& kv, int n_tokens,
-                              int n_past, LogitsMode logits) {
+                              int n_past, LogitsMode logits, const std::vector<uint8_t>& split_layers) {
     MOE_ASSERT(n_tokens > 0 && n_past >= 0 && n_past + n_tokens <= kv.n_ctx);
     UbatchGraph out;
     out.tokens = g.input(Type::I32, {n_tokens}, "tokens");
     out.positions = g.input(Type::I32, {n_tokens}, "positions");
     BuildState s{g, hp, kv, out.positions, n_tokens, n_past};
+    MOE_ASSERT(split_layers.empty() || split_layers.size() == static_cast<size_t>(hp.n_layer));
+    const bool any_split = std::find(split_layers.begin(), split_layers.end(), 1) != split_layers.end();
+    if (any_split) out.expert_groups = g.input(Type::I32, {hp.n_expert, hp.n_layer}, "expert_groups");
 
     Tensor* cur = g.get_rows(w.tok_embd, out.tokens);  // [E, T]
     for (int il = 0; il < hp.n_layer; ++il) {
         g.set_layer(il);
         const LayerWeights& l = w.layers[static_cast<size_t>(il)];
         cur = g.add(cur, build_attention(s, l, il, g.rms_norm(cur, l.attn_norm, hp.rms_eps)));
-        cur = g.add(cur, build_moe(s, l, g.rms_norm(cur, l.ffn_norm, hp.rms_eps)));
+        Tensor* groups = nullptr;
+        if (any_split && split_layers[static_cast<size_t>(il)]) {
+            Tensor* all = out.expert_groups;
+            groups = g.view(all, {hp.n_expert}, {all->nb[1]}, static_cast<size_t>(il) * all->nb[1]);
+        }
+        cur = g.add(cur, build_moe(s, l, g.rms_norm(cur, l.ffn_norm, hp.rms_eps), groups));
     }
     g.set_layer(-1);
     if (logits == LogitsMode::NONE) return out;
