@@ -10,8 +10,11 @@
 //   rel 1e-5:        SILU / SWIGLU / SWIGLU_OAI, RMS_NORM, SOFTMAX, ROPE, WEIGHTED_SUM (float math in
 //                    another order, expf vs the CPU's 2-ulp exp, fused multiply-adds on the GPU);
 //   rel 1e-4 + 2e-5: ATTENTION on the FP32 kernel (online softmax over other tile and split boundaries);
-//   rel 2e-3 + 3e-4: ATTENTION on the tensor cores (Q and P rounded to F16, 2^-12 relative each, on
-//                    outputs of magnitude <= 1: V is drawn from [-1, 1]).
+//   rel 2e-3 + 1e-3: ATTENTION on the tensor cores (Q and P rounded to F16: each moves an output by up
+//                    to about u max|v| = 2^-11 with V drawn from [-1, 1], also where the output is near
+//                    0; a model of that rounding in numpy used 0.26-0.28 of this tolerance on these cases,
+//                    0.8 of rel 2e-3 + abs 3e-4, while one key too many or too few on the diagonal or the
+//                    window edge used 6 to 45 times it).
 //
 // MOEINFER_GPU_PERF=1 adds a throughput table (GB/s over the bytes each op must move; median of 10
 // timed runs after 3 warm-ups, timed with CUDA events on the compute stream) on large shapes, and
@@ -570,7 +573,7 @@ struct AttnTolerance {
 
 // The tolerance of the kernel that computes `node` (device pointers); see the top of this file.
 AttnTolerance attention_tolerance(const Tensor& node) {
-    if (moe::cuda::attention_uses_tensor_cores(node)) return {2e-3, 3e-4};
+    if (moe::cuda::attention_uses_tensor_cores(node)) return {2e-3, 1e-3};
     return {1e-4, 2e-5};
 }
 
@@ -663,7 +666,7 @@ TEST_CASE("CUDA ATTENTION on the tensor cores matches the CPU: D 64 and 128, GQA
         }
     }
     if (perf_mode()) {
-        std::printf("tensor-core ATTENTION: %d cases, worst error at %.3f of the tolerance (rel 2e-3 + abs 3e-4)\n",
+        std::printf("tensor-core ATTENTION: %d cases, worst error at %.3f of the tolerance (rel 2e-3 + abs 1e-3)\n",
                     n_mma, used);
     }
 }
