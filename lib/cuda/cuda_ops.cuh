@@ -68,6 +68,9 @@ Status cpy(Tensor& dst, const OpContext& ctx);
 
 // Device scratch an ATTENTION node needs on a device with n_sm multiprocessors (split-K partials).
 size_t attention_scratch_bytes(const Tensor& node, int n_sm);
+// Whether attention() runs this node (device pointers) on the tensor cores, the prompt kernel with
+// F16 rounding of Q and P, rather than the FP32 kernel (tests choose their tolerance by it).
+bool attention_uses_tensor_cores(const Tensor& node);
 
 // Fused launches (fusion_plan.h); each REQUIRES the parts the planner matched, in span order.
 // kGemvGroup: MUL_MATs of one activation on the GEMV path, each optionally followed by an ADD of a

@@ -1,6 +1,10 @@
 // ATTENTION, flash-style: causal, GQA, optional sliding window and sinks, K/V from the (F16 or F32)
 // KV cache. The same function as cpu/ops_attention.cpp.
 //
+// Prompts with an F16 cache and D in {64, 128} go to the tensor-core kernel (ops_attention_mma.cu,
+// attention_mma_fits); this file's FP32 kernel takes the rest: decode, short prompts, F32 caches,
+// other head sizes, unaligned views.
+//
 // A block takes one KV head g and a tile of R = 4 warps x rows_per_warp query rows, where the rows of
 // a KV head are its (token, query head of the group) pairs in token-major order, so every K/V row a
 // block loads serves all the group's heads of several tokens. The block walks the union of its rows'
@@ -25,6 +29,7 @@
 #include <cmath>
 #include <string>
 
+#include "cuda/ops_attention_mma.cuh"
 #include "cuda/ops_common.cuh"
 
 namespace moe::cuda {
@@ -100,13 +105,6 @@ __device__ __forceinline__ float to_f32(T x) {
     } else {
         return x;
     }
-}
-
-// Keys [lo, hi) visible to a query at position p (the CPU's key_range).
-__device__ __forceinline__ void key_range(int p, int n_kv, int window, int& lo, int& hi) {
-    hi = min(p, n_kv - 1) + 1;
-    lo = window > 0 ? max(0, p - window + 1) : 0;
-    if (hi < lo) hi = lo;
 }
 
 // K/V tiles in 16-byte chunks: kPerThread chunks per thread and tile, the K ones first. Where they
@@ -221,7 +219,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     __shared__ int s_lo[kWarps * kMaxRowsPerWarp], s_hi[kWarps * kMaxRowsPerWarp];
     if (tid < R) {
         int lo = 0, hi = 0;
-        if (row0 + tid < n_rows) key_range(a.pos[(row0 + tid) / a.group], a.n_kv, a.window, lo, hi);
+        if (row0 + tid < n_rows) attention_key_range(a.pos[(row0 + tid) / a.group], a.n_kv, a.window, lo, hi);
         s_lo[tid] = lo;
         s_hi[tid] = hi;
     }
@@ -504,6 +502,10 @@ Plan plan_for(const Tensor& dst, int n_sm) {
 
 }  // namespace
 
+bool attention_uses_tensor_cores(const Tensor& node) {
+    return node.op == Op::ATTENTION && check_inputs(node).is_ok() && attention_mma_fits(node);
+}
+
 size_t attention_scratch_bytes(const Tensor& node, int n_sm) {
     if (node.op != Op::ATTENTION || !check_inputs(node).is_ok()) return 0;
     const Plan plan = plan_for(node, n_sm);
@@ -519,6 +521,7 @@ Status attention(Tensor& dst, const OpContext& ctx) {
     const Tensor& q = *dst.src[0];
     const Tensor& k = *dst.src[1];
     if (q.ne[0] == 0 || q.ne[1] == 0 || q.ne[2] == 0) return Status::ok();  // an empty output
+    if (attention_mma_fits(dst)) return attention_mma(dst, ctx.stream);
     const Plan plan = plan_for(dst, ctx.n_sm);
     AttnArgs a{};
     a.q = ops::view_of(q);

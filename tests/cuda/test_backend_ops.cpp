@@ -9,10 +9,16 @@
 //                    GATHER, CPY (F32 and round-to-nearest-even F16);
 //   rel 1e-5:        SILU / SWIGLU / SWIGLU_OAI, RMS_NORM, SOFTMAX, ROPE, WEIGHTED_SUM (float math in
 //                    another order, expf vs the CPU's 2-ulp exp, fused multiply-adds on the GPU);
-//   rel 1e-4 + 2e-5: ATTENTION (online softmax over other tile and split boundaries).
+//   rel 1e-4 + 2e-5: ATTENTION on the FP32 kernel (online softmax over other tile and split boundaries);
+//   rel 2e-3 + 1e-3: ATTENTION on the tensor cores (Q and P rounded to F16: each moves an output by up
+//                    to about u max|v| = 2^-11 with V drawn from [-1, 1], also where the output is near
+//                    0; a model of that rounding in numpy used 0.26-0.28 of this tolerance on these cases,
+//                    0.8 of rel 2e-3 + abs 3e-4, while one key too many or too few on the diagonal or the
+//                    window edge used 6 to 45 times it).
 //
 // MOEINFER_GPU_PERF=1 adds a throughput table (GB/s over the bytes each op must move; median of 10
-// timed runs after 3 warm-ups, timed with CUDA events on the compute stream) on large shapes.
+// timed runs after 3 warm-ups, timed with CUDA events on the compute stream) on large shapes, and
+// prints how much of its tolerance the tensor-core attention used.
 //
 // Every test case is tagged [gpu] and is skipped with a visible warning where there is no device.
 #include <catch2/catch.hpp>
@@ -37,6 +43,7 @@
 #include "../cpu/op_test_util.h"
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_ops.cuh"
 #include "cuda_test_util.h"
 
 namespace {
@@ -139,9 +146,10 @@ Tensor run_both(Tensor* node, CpuFn&& cpu_fn, DeviceMirror& dev) {
 }
 
 // Every element of F32 tensors got vs want (same shape): |g - w| <= rel |w| + abs; NaN fails.
-void compare_f32(const Tensor& got, const Tensor& want, double rel, double abs) {
+// Returns the largest |g - w| / (rel |w| + abs) (1 = at the tolerance).
+double compare_f32(const Tensor& got, const Tensor& want, double rel, double abs) {
     int64_t bad = 0;
-    double worst = 0.0;
+    double worst = 0.0, used = 0.0;
     for (int64_t i3 = 0; i3 < want.ne[3]; ++i3)
         for (int64_t i2 = 0; i2 < want.ne[2]; ++i2)
             for (int64_t i1 = 0; i1 < want.ne[1]; ++i1)
@@ -150,7 +158,10 @@ void compare_f32(const Tensor& got, const Tensor& want, double rel, double abs) 
                     const double w = *elem<float>(want, i0, i1, i2, i3);
                     const double err = std::fabs(g - w);
                     const bool ok = (std::isnan(w) && std::isnan(g)) || err <= rel * std::fabs(w) + abs;
-                    if (!std::isnan(err)) worst = std::max(worst, err);
+                    if (!std::isnan(err)) {
+                        worst = std::max(worst, err);
+                        used = std::max(used, err / (rel * std::fabs(w) + abs));
+                    }
                     if (!ok && bad++ < 5) {
                         INFO("seed " << run_seed() << " at [" << i0 << ", " << i1 << ", " << i2 << ", " << i3
                                      << "]: gpu " << g << ", cpu " << w);
@@ -159,6 +170,12 @@ void compare_f32(const Tensor& got, const Tensor& want, double rel, double abs) 
                 }
     INFO("seed " << run_seed() << ", worst abs error " << worst << ", " << bad << " bad elements");
     CHECK(bad == 0);
+    return used;
+}
+
+bool perf_mode() {
+    const char* env = std::getenv("MOEINFER_GPU_PERF");
+    return env != nullptr && std::string(env) == "1";
 }
 
 // Every element bit for bit (F32, F16 or I32).
@@ -550,6 +567,16 @@ Tensor* attention_node(TensorPool& pool, std::mt19937_64& rng, int64_t D, int64_
     return dst;
 }
 
+struct AttnTolerance {
+    double rel, abs;
+};
+
+// The tolerance of the kernel that computes `node` (device pointers); see the top of this file.
+AttnTolerance attention_tolerance(const Tensor& node) {
+    if (moe::cuda::attention_uses_tensor_cores(node)) return {2e-3, 1e-3};
+    return {1e-4, 2e-5};
+}
+
 }  // namespace
 
 TEST_CASE("CUDA ATTENTION matches the CPU: prefill, decode split-K, GQA, windows, sinks", "[gpu]") {
@@ -595,8 +622,52 @@ TEST_CASE("CUDA ATTENTION matches the CPU: prefill, decode split-K, GQA, windows
                             << c.pad);
         REQUIRE(gpu().supports_op(*dst));
         DeviceMirror dev;
-        // rel 1e-4, abs 2e-5: online softmax accumulated over other tile and split boundaries.
-        compare_f32(run_both(dst, [&](Tensor& n) { return moe::cpu::attention(n, scratch); }, dev), *dst, 1e-4, 2e-5);
+        Tensor got = run_both(dst, [&](Tensor& n) { return moe::cpu::attention(n, scratch); }, dev);
+        const AttnTolerance tol = attention_tolerance(*dev.of(dst));
+        compare_f32(got, *dst, tol.rel, tol.abs);
+    }
+}
+
+TEST_CASE("CUDA ATTENTION on the tensor cores matches the CPU: D 64 and 128, GQA 8 and 4, windows, sinks", "[gpu]") {
+    MOE_GPU_OR_SKIP();
+    auto rng = fresh_rng(11);
+    struct Tokens {
+        int64_t T, n_past;
+    };
+    // T < kAttnMmaMinTokens (32) keeps the FP32 kernel; the rest run on the tensor cores, after a
+    // cached prefix or from position 0, with row tiles that end inside a token's heads (T 200).
+    const Tokens tokens[] = {{1, 300}, {17, 50}, {64, 0}, {64, 100}, {200, 37}, {1024, 0}, {1024, 300}};
+    moe::cpu::Scratch scratch;
+    double used = 0.0;
+    int n_mma = 0;
+    for (const int64_t D : {64, 128}) {
+        for (const int64_t group : {8, 4}) {
+            for (const Tokens& tk : tokens) {
+                for (const int variant : {0, 1, 2, 3}) {
+                    const bool sinks = variant % 2 == 1;
+                    const int32_t window = variant >= 2 ? 128 : 0;
+                    const int64_t Hkv = 2, H = group * Hkv, n_kv = tk.n_past + tk.T;
+                    TensorPool pool;
+                    Tensor* dst = attention_node(pool, rng, D, H, Hkv, tk.T, n_kv, Type::F16, sinks, window, 0);
+                    INFO("ATTENTION D " << D << " H " << H << " Hkv " << Hkv << " T " << tk.T << " n_kv " << n_kv
+                                        << " sinks " << sinks << " window " << window);
+                    DeviceMirror dev;
+                    Tensor got = run_both(dst, [&](Tensor& n) { return moe::cpu::attention(n, scratch); }, dev);
+                    const bool mma = moe::cuda::attention_uses_tensor_cores(*dev.of(dst));
+                    CHECK(mma == (tk.T >= 32));  // the path this case is meant to exercise
+                    const AttnTolerance tol = attention_tolerance(*dev.of(dst));
+                    const double u = compare_f32(got, *dst, tol.rel, tol.abs);
+                    if (mma) {
+                        used = std::max(used, u);
+                        ++n_mma;
+                    }
+                }
+            }
+        }
+    }
+    if (perf_mode()) {
+        std::printf("tensor-core ATTENTION: %d cases, worst error at %.3f of the tolerance (rel 2e-3 + abs 1e-3)\n",
+                    n_mma, used);
     }
 }
 
@@ -720,8 +791,8 @@ void time_case(const PerfCase& c) {
     std::sort(ms.begin(), ms.end());
     const double med = 0.5 * (ms[4] + ms[5]) * 1e-3;
     if (c.flops > 0) {
-        std::printf("  %-44s %9.3f ms %9.1f GB/s %9.1f GFLOP/s\n", c.name.c_str(), med * 1e3, c.bytes / med * 1e-9,
-                    c.flops / med * 1e-9);
+        std::printf("  %-44s %9.3f ms %9.1f GB/s %9.1f TFLOP/s\n", c.name.c_str(), med * 1e3, c.bytes / med * 1e-9,
+                    c.flops / med * 1e-12);
     } else {
         std::printf("  %-44s %9.3f ms %9.1f GB/s\n", c.name.c_str(), med * 1e3, c.bytes / med * 1e-9);
     }
@@ -732,8 +803,7 @@ void time_case(const PerfCase& c) {
 
 TEST_CASE("CUDA op throughput (MOEINFER_GPU_PERF=1)", "[gpu][perf]") {
     MOE_GPU_OR_SKIP();
-    const char* env = std::getenv("MOEINFER_GPU_PERF");
-    if (env == nullptr || std::string(env) != "1") return;
+    if (!perf_mode()) return;
     std::printf("CUDA op throughput, device 0 (%d SMs): median of 10 after 3 warm-ups\n", gpu().n_sm());
     uint64_t seed = run_seed();
     auto F = [&](TensorPool& pool, Type t, std::initializer_list<int64_t> ne, float scale = 1.0f) {
@@ -832,7 +902,15 @@ TEST_CASE("CUDA op throughput (MOEINFER_GPU_PERF=1)", "[gpu][perf]") {
         cases.push_back({name, n, kv_bytes + 2.0 * static_cast<double>(D * H * T) * 4.0,
                          4.0 * static_cast<double>(D * H) * keys});
     };
+    // Prefill (the tensor-core kernel): flops count 4 D per visible (query head, key) pair.
     attn("ATTENTION prefill D128 H32/4 T2048 causal", 128, 32, 4, 2048, 2048, false, 0);
+    attn("ATTENTION prefill D128 H32/4 T4096 causal", 128, 32, 4, 4096, 4096, false, 0);
+    attn("ATTENTION prefill D64 H64/8 T2048 sinks", 64, 64, 8, 2048, 2048, true, 0);
+    attn("ATTENTION prefill D64 H64/8 T4096 sinks", 64, 64, 8, 4096, 4096, true, 0);
+    attn("ATTENTION prefill D64 H64/8 T4096 window 128 sinks", 64, 64, 8, 4096, 4096, true, 128);
+    attn("ATTENTION prefill D128 H32/4 T512 causal", 128, 32, 4, 512, 512, false, 0);
+    attn("ATTENTION prefill D128 H32/4 T32 n_kv 8192", 128, 32, 4, 32, 8192, false, 0);
+    attn("ATTENTION prefill D128 H32/4 T16 n_kv 8192 (FP32)", 128, 32, 4, 16, 8192, false, 0);
     attn("ATTENTION decode D128 H32/4 n_kv 32768", 128, 32, 4, 1, 32768, false, 0);
     attn("ATTENTION decode D64 H64/8 n_kv 32768 sinks", 64, 64, 8, 1, 32768, true, 0);
     attn("ATTENTION decode D64 H64/8 window 128 sinks", 64, 64, 8, 1, 32768, true, 128);
