@@ -396,6 +396,33 @@ TEST_CASE("CUDA GET_ROWS matches the CPU bit for bit for every weight type", "[g
     }
 }
 
+TEST_CASE("CUDA MASK_IDS and GET_ROWS with kNoExpert ids match the CPU bit for bit", "[gpu]") {
+    MOE_GPU_OR_SKIP();
+    auto rng = fresh_rng(8);
+    for (const auto& [E, k, T] : {std::tuple<int64_t, int64_t, int64_t>{128, 8, 37}, {32, 4, 300}, {5, 1, 1}}) {
+        TensorPool pool;
+        Tensor* ids = pool.make(Type::I32, {k, T});
+        fill_ids(*ids, rng, -1, static_cast<int32_t>(E));  // some already kNoExpert
+        Tensor* groups = pool.make(Type::I32, {E});
+        fill_ids(*groups, rng, 0, 2);
+        for (int32_t keep : {0, 1}) {
+            Tensor* dst = pool.node(Op::MASK_IDS, Type::I32, {k, T}, {ids, groups});
+            dst->params.i[0] = keep;
+            INFO("MASK_IDS E " << E << " k " << k << " T " << T << " keep " << keep);
+            DeviceMirror dev;
+            compare_exact(run_both(dst, [](Tensor& n) { return moe::cpu::mask_ids(n); }, dev), *dst);
+        }
+        // The masked ids pick expert-bias rows: kNoExpert gives a zero row.
+        Tensor* w = pool.make(Type::F32, {64, E});
+        fill_uniform(*w, rng, -1.0f, 1.0f);
+        Tensor* flat = pool.make(Type::I32, {k * T});
+        fill_ids(*flat, rng, -1, static_cast<int32_t>(E));
+        Tensor* rows = pool.node(Op::GET_ROWS, Type::F32, {64, k * T}, {w, flat});
+        DeviceMirror dev;
+        compare_exact(run_both(rows, [](Tensor& n) { return moe::cpu::get_rows(n); }, dev), *rows);
+    }
+}
+
 TEST_CASE("CUDA GET_ROWS and GATHER report an out-of-range id at synchronize", "[gpu]") {
     MOE_GPU_OR_SKIP();
     auto rng = fresh_rng(6);

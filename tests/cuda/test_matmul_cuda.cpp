@@ -534,7 +534,7 @@ TEST_CASE("cuda MUL_MAT_ID: out-of-range ids give NaN columns and raise kErrorBa
         const int64_t bad0 = 0;                       // (slot 0, token 0)
         const int64_t bad1 = n_used * n_tokens - 1;   // the last pair
         id[bad0] = static_cast<int32_t>(n_expert);
-        id[bad1] = -1;
+        id[bad1] = -2;  // -1 is kNoExpert (a zero row, see below)
         const Outputs o = run_both(Op::MUL_MAT_ID, {&w, &x, &ids}, {n, n_used, n_tokens}, moe::OpParams{}, false);
         CHECK(o.flags == moe::cuda::kErrorBadIndex);
         int wrong = 0;
@@ -550,6 +550,56 @@ TEST_CASE("cuda MUL_MAT_ID: out-of-range ids give NaN columns and raise kErrorBa
         }
         INFO("T = " << n_tokens);
         CHECK(wrong == 0);
+    }
+}
+
+TEST_CASE("cuda expert products give zero rows for kNoExpert ids, without an error", "[gpu][cuda][matmul]") {
+    if (moe::cuda::device_count() == 0) {
+        WARN("skipped: no CUDA device");
+        return;
+    }
+    // The parts of a split expert block: a masked pair's rows are 0, the others what the unmasked op
+    // gives (the same kernels on the same pairs), on the GEMV (T = 1) and tensor-core paths.
+    const int64_t k = 256, n = 96, f = 64, n_expert = 6, n_used = 3;
+    for (Type type : {Type::Q8_0, Type::MXFP4}) {
+        for (int64_t n_tokens : {int64_t{1}, int64_t{33}, int64_t{300}}) {
+            const HostTensor down = random_weights(type, f, n, n_expert);
+            const HostTensor up = random_weights(type, k, f, n_expert);
+            const HostTensor gate = random_weights(type, k, f, n_expert);
+            const HostTensor h = random_acts({f, n_used, n_tokens});
+            const HostTensor x = random_acts({k, n_tokens});
+            const HostTensor ids = random_ids(n_used, n_tokens, {0, 1, 2, 3, 4, 5});
+            HostTensor masked = ids;
+            masked.t.data = masked.bytes.data();
+            auto* id = reinterpret_cast<int32_t*>(masked.bytes.data());
+            std::bernoulli_distribution drop(0.4);
+            for (int64_t p = 0; p < n_used * n_tokens; ++p) {
+                if (drop(rng()) || p == 0) id[p] = moe::kNoExpert;
+            }
+            moe::OpParams silu{};
+            silu.i[0] = static_cast<int32_t>(Activation::SILU);
+            for (Op op : {Op::MUL_MAT_ID, Op::MOE_UP_GATE}) {
+                const int64_t rows = op == Op::MUL_MAT_ID ? n : f;
+                const std::vector<const HostTensor*> all_srcs =
+                    op == Op::MUL_MAT_ID ? std::vector<const HostTensor*>{&down, &h, &ids}
+                                         : std::vector<const HostTensor*>{&up, &gate, &x, &ids};
+                std::vector<const HostTensor*> part_srcs = all_srcs;
+                part_srcs.back() = &masked;
+                const Outputs all = run_both(op, all_srcs, {rows, n_used, n_tokens}, silu, false);
+                const Outputs part = run_both(op, part_srcs, {rows, n_used, n_tokens}, silu);
+                INFO(moe::op_name(op) << " " << moe::type_name(type) << " T = " << n_tokens);
+                CHECK(part.flags == 0);
+                int wrong = 0;
+                for (int64_t p = 0; p < n_used * n_tokens; ++p) {
+                    for (int64_t r = 0; r < rows; ++r) {
+                        const float g = part.gpu[p * rows + r];
+                        wrong += g == (id[p] == moe::kNoExpert ? 0.0f : all.gpu[p * rows + r]) ? 0 : 1;
+                        if (id[p] == moe::kNoExpert) wrong += part.cpu[p * rows + r] == 0.0f ? 0 : 1;
+                    }
+                }
+                CHECK(wrong == 0);
+            }
+        }
     }
 }
 

@@ -167,6 +167,7 @@ TEST_CASE("hybrid cuda contexts match the cpu path", "[gpu]") {
             int32_t copy;
             int32_t dup;
             int32_t slots = 0;  // offload budget in upload slots (0: automatic, 6); 4 is the minimum
+            int32_t split = 0;  // expert_split: experts per layer on the host (-1: automatic)
         };
         const Config configs[] = {
             {"exps=CPU", "all=4", MOE_EXPERT_COPY_FULL, 1},
@@ -177,6 +178,9 @@ TEST_CASE("hybrid cuda contexts match the cpu path", "[gpu]") {
             {"blk\\.0\\.=CPU", "all=2", MOE_EXPERT_COPY_FULL, 1},
             {"exps=CPU", "all=4", MOE_EXPERT_COPY_FULL, 1, 4},
             {"exps=CPU", "all=4", MOE_EXPERT_COPY_ACTIVE_PREFETCH, 0, 4},
+            {"exps=CPU", "all=4", MOE_EXPERT_COPY_FULL, 1, 0, 3},
+            {"exps=CPU", "all=4", MOE_EXPERT_COPY_ACTIVE_PREFETCH, 0, 4, 5},
+            {"ffn_(up|gate|down)_exps\\.weight=CPU", "all=4", MOE_EXPERT_COPY_FULL, 1, 0, MOE_EXPERT_SPLIT_AUTO},
         };
         int32_t down_index = -1;
         REQUIRE(moe_model_find_tensor(model, "blk.0.ffn_down_exps.weight", &down_index) == MOE_STATUS_OK);
@@ -185,12 +189,13 @@ TEST_CASE("hybrid cuda contexts match the cpu path", "[gpu]") {
         REQUIRE(moe_model_get_tensor(model, down_index, &down) == MOE_STATUS_OK);
         for (const Config& c : configs) {
             INFO(arch << " -ot " << c.overrides << " offload " << (c.offload ? c.offload : "(default)") << " copy "
-                      << c.copy << " dup " << c.dup << " slots " << c.slots);
+                      << c.copy << " dup " << c.dup << " slots " << c.slots << " split " << c.split);
             moe_sched_policy pol;
             moe_sched_policy_init(&pol);
             if (c.offload) REQUIRE(moe_sched_policy_parse_offload(&pol, c.offload) == MOE_STATUS_OK);
             pol.expert_copy = c.copy;
             pol.bias_dup = c.dup;
+            pol.expert_split = c.split;
             pol.offload_vram_budget = static_cast<uint64_t>(c.slots) * down.n_bytes;  // all expert tensors are this size
             p.device = MOE_DEVICE_CUDA;
             p.tensor_overrides = c.overrides;
@@ -208,6 +213,13 @@ TEST_CASE("hybrid cuda contexts match the cpu path", "[gpu]") {
             }
             INFO(off << " of " << rows << " rows outside the bound");
             CHECK(off * 10 <= rows);
+            if (c.split > 0) {
+                moe_sched_stats st;
+                st.struct_size = sizeof st;
+                REQUIRE(moe_context_get_stats(gpu.ctx, &st) == MOE_STATUS_OK);
+                CHECK(st.n_split_layers > 0);
+                CHECK(st.n_split_host_experts == st.n_split_layers * static_cast<uint64_t>(c.split));
+            }
         }
         moe_context_free(cpu.ctx);
         cpu.ctx = nullptr;
