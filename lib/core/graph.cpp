@@ -157,9 +157,10 @@ Tensor* Graph::gather(Tensor* x, Tensor* ids) {
     return new_node(Op::GATHER, Type::F32, {ids->ne[0], ids->ne[1]}, {x, ids});
 }
 
-Tensor* Graph::weighted_sum(Tensor* y, Tensor* w) {
+Tensor* Graph::weighted_sum(Tensor* y, Tensor* w, Tensor* ids) {
     MOE_ASSERT(y->type == Type::F32 && w->type == Type::F32 && y->ne[1] == w->ne[0] && y->ne[2] == w->ne[1]);
-    return new_node(Op::WEIGHTED_SUM, Type::F32, {y->ne[0], y->ne[2]}, {y, w});
+    MOE_ASSERT(ids == nullptr || (ids->type == Type::I32 && ids->ne[0] == w->ne[0] && ids->ne[1] == w->ne[1]));
+    return new_node(Op::WEIGHTED_SUM, Type::F32, {y->ne[0], y->ne[2]}, {y, w, ids});
 }
 
 Tensor* Graph::mask_ids(Tensor* ids, Tensor* groups, int32_t keep) {

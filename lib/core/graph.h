@@ -40,7 +40,7 @@ public:
     Tensor* softmax(Tensor* x);
     Tensor* topk(Tensor* x, int32_t k);
     Tensor* gather(Tensor* x, Tensor* ids);
-    Tensor* weighted_sum(Tensor* y, Tensor* w);
+    Tensor* weighted_sum(Tensor* y, Tensor* w, Tensor* ids = nullptr);
     Tensor* mask_ids(Tensor* ids, Tensor* groups, int32_t keep);
     Tensor* silu(Tensor* x);
     Tensor* swiglu(Tensor* gate, Tensor* up);

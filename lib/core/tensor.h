@@ -28,12 +28,13 @@ enum class Op : int32_t {
     MUL_MAT_ID,   // src0 experts [K, N, E], src1 F32 [K, B, T] (B = 1: one input row shared by all of the
                   // token's experts; B = n_used: one row per selected expert), src2 ids I32 [n_used, T]
                   // -> [N, n_used, T]: dst[:, j, t] = src0[:, :, ids[j,t]] . src1[:, B==1 ? 0 : j, t];
-                  // an id of -1 (kNoExpert, see MASK_IDS) selects no expert: that dst row is zero
+                  // an id of -1 (kNoExpert, see MASK_IDS) selects no expert: that dst row is left
+                  // unwritten (WEIGHTED_SUM with ids skips it)
     MOE_UP_GATE,  // fused expert up+gate+activation: src0 up [K, F, E], src1 gate [K, F, E], src2 x F32 [K, T],
                   // src3 ids I32 [n_used, T], src4/src5 optional up/gate biases F32 [F, E]
                   // -> [F, n_used, T] = act(gate_e x + bg_e, up_e x + bu_e), act = i[0] (an Activation);
                   // SWIGLU_OAI takes alpha = f[0], limit = f[1] as SWIGLU_OAI below (0 = 1.702 / 7);
-                  // ids of -1 give zero rows as in MUL_MAT_ID
+                  // rows of kNoExpert ids are left unwritten as in MUL_MAT_ID
     ROPE,         // src0 F32 [D, H, T], src1 positions I32 [T] -> rotated; RopeParams in op_params
     ATTENTION,    // src0 q F32 [D, H, T], src1 k [D, Hkv, n_kv] (F16 or F32), src2 v [D, Hkv, n_kv],
                   // src3 query positions I32 [T], src4 optional sinks F32 [H] -> [D, H, T].
@@ -43,7 +44,8 @@ enum class Op : int32_t {
     TOPK,         // src0 F32 [E, T] -> I32 [k, T]: indices of the k largest per column, in descending
                   // order of value, ties to the lower index. i[0] = k
     GATHER,       // src0 F32 [E, T], src1 I32 [k, T] -> [k, T]: dst[j, t] = src0[src1[j, t], t]
-    WEIGHTED_SUM, // src0 F32 [N, k, T], src1 F32 [k, T] -> [N, T]: sum_j src1[j,t] * src0[:, j, t]
+    WEIGHTED_SUM, // src0 F32 [N, k, T], src1 F32 [k, T] -> [N, T]: sum_j src1[j,t] * src0[:, j, t];
+                  // optional src2 ids I32 [k, T]: slots whose id is kNoExpert are skipped (not read)
     SILU,         // x * sigmoid(x)
     SWIGLU,       // src0 gate, src1 up (same shape) -> silu(gate) * up
     SWIGLU_OAI,   // src0 gate, src1 up -> (clamp(up, -L, L) + 1) * g * sigmoid(alpha * g), g = min(gate, L);
@@ -56,8 +58,8 @@ enum class Op : int32_t {
     COUNT,
 };
 
-// The expert id that selects no expert (MASK_IDS output; MUL_MAT_ID, MOE_UP_GATE and GET_ROWS give
-// zero rows for it).
+// The expert id that selects no expert (MASK_IDS output): MUL_MAT_ID and MOE_UP_GATE leave its rows
+// unwritten, WEIGHTED_SUM with ids skips them, GET_ROWS gives a zero row.
 constexpr int32_t kNoExpert = -1;
 
 const char* op_name(Op op);

@@ -237,21 +237,15 @@ struct ExpertGroups {
 };
 
 // Stable counting sort of the ids (already validated) by expert; `cursor` is n_expert ints of room.
-// Pairs with kNoExpert are left out; their dst rows (of out_row floats) are zeroed here.
-void group_by_expert(const Tensor& ids, int64_t n_expert, bool shared_input, ExpertGroups g, int32_t* cursor,
-                     float* out, int64_t out_row) {
+// Pairs with kNoExpert are left out (their dst rows are not written).
+void group_by_expert(const Tensor& ids, int64_t n_expert, bool shared_input, ExpertGroups g, int32_t* cursor) {
     const int64_t n_used = ids.ne[0];
     const int64_t n_tokens = ids.ne[1];
     std::fill(g.offsets, g.offsets + n_expert + 1, 0);
     for (int64_t t = 0; t < n_tokens; ++t) {
         const auto* row = reinterpret_cast<const int32_t*>(ids.row(t));
         for (int64_t j = 0; j < n_used; ++j) {
-            if (row[j] == kNoExpert) {
-                float* o = out + (j + n_used * t) * out_row;
-                std::fill(o, o + out_row, 0.0f);
-            } else {
-                ++g.offsets[row[j] + 1];
-            }
+            if (row[j] != kNoExpert) ++g.offsets[row[j] + 1];
         }
     }
     for (int64_t e = 0; e < n_expert; ++e) g.offsets[e + 1] += g.offsets[e];
@@ -420,7 +414,7 @@ Status mul_mat_id(Tensor& dst, Scratch& scratch) {
 
     ExpertGroups g{reinterpret_cast<int32_t*>(base + offsets_off), reinterpret_cast<int32_t*>(base + act_idx_off),
                    reinterpret_cast<int32_t*>(base + out_idx_off)};
-    group_by_expert(ids, n_expert, x.ne[1] == 1, g, reinterpret_cast<int32_t*>(base + cursor_off), dst.as<float>(), n);
+    group_by_expert(ids, n_expert, x.ne[1] == 1, g, reinterpret_cast<int32_t*>(base + cursor_off));
     uint8_t* acts = base + acts_off;
     prepare_acts(kt, layout, k, n_act, acts, [&](int64_t i) {
         return reinterpret_cast<const float*>(x.row(i % x.ne[1], i / x.ne[1]));
@@ -516,7 +510,7 @@ Status moe_up_gate(Tensor& dst, Scratch& scratch) {
 
     ExpertGroups g{reinterpret_cast<int32_t*>(base + offsets_off), reinterpret_cast<int32_t*>(base + act_idx_off),
                    reinterpret_cast<int32_t*>(base + out_idx_off)};
-    group_by_expert(ids, n_expert, true, g, reinterpret_cast<int32_t*>(base + cursor_off), dst.as<float>(), f);
+    group_by_expert(ids, n_expert, true, g, reinterpret_cast<int32_t*>(base + cursor_off));
     auto x_row = [&](int64_t t) { return reinterpret_cast<const float*>(x.row(t)); };
     uint8_t* up_acts = base + up_acts_off;
     uint8_t* gate_acts = base + gate_acts_off;

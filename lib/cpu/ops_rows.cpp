@@ -191,6 +191,30 @@ Status weighted_sum(Tensor& dst) {
     }
     const int64_t n = y.ne[0];
     const int64_t k = y.ne[1];
+    if (const Tensor* ids = dst.src[2]) {
+        // A part of a split expert block: only the slots of its own experts (the others are unwritten).
+        MOE_RETURN_IF_ERROR(ops::check_operand("WEIGHTED_SUM", "src2 (ids)", ids, Type::I32));
+        if (ids->ne[0] != k || ids->ne[1] != y.ne[2] || ids->ne[2] != 1 || ids->ne[3] != 1) {
+            return invalid_argument("WEIGHTED_SUM: src2 (ids) " + ops::shape_str(*ids) + " does not match src1 " +
+                                    ops::shape_str(w));
+        }
+        tbb::parallel_for(tbb::blocked_range<int64_t>(0, y.ne[2], ops::row_grain(n * k)),
+                          [&](const tbb::blocked_range<int64_t>& r) {
+                              for (int64_t t = r.begin(); t < r.end(); ++t) {
+                                  const auto* wr = reinterpret_cast<const float*>(w.row(t));
+                                  const auto* ir = reinterpret_cast<const int32_t*>(ids->row(t));
+                                  auto* d = reinterpret_cast<float*>(dst.row(t));
+                                  std::fill(d, d + n, 0.0f);
+                                  for (int64_t j = 0; j < k; ++j) {
+                                      if (ir[j] == kNoExpert) continue;
+                                      const float c = wr[j];
+                                      const auto* yr = reinterpret_cast<const float*>(y.row(j, t));
+                                      for (int64_t i = 0; i < n; ++i) d[i] += c * yr[i];
+                                  }
+                              }
+                          });
+        return Status::ok();
+    }
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, y.ne[2], ops::row_grain(n * k)),
                       [&](const tbb::blocked_range<int64_t>& r) {
                           for (int64_t t = r.begin(); t < r.end(); ++t) {

@@ -97,7 +97,10 @@ bool chain_add_ok(const Tensor& a) {
 }
 
 bool chain_wsum_ok(const Tensor& w) {
-    if (w.op != Op::WEIGHTED_SUM || !is_f32_rows(&w) || !is_f32_rows(w.src[0]) || !is_f32_rows(w.src[1])) return false;
+    if (w.op != Op::WEIGHTED_SUM || w.src[2] != nullptr || !is_f32_rows(&w) || !is_f32_rows(w.src[0]) ||
+        !is_f32_rows(w.src[1])) {
+        return false;  // with ids (a split expert block's part) it keeps its own kernel
+    }
     const Tensor& y = *w.src[0];
     const Tensor& p = *w.src[1];
     return y.ne[1] >= 1 && y.ne[3] == 1 && p.ne[2] == 1 && p.ne[3] == 1 && p.ne[0] == y.ne[1] && p.ne[1] == y.ne[2] &&

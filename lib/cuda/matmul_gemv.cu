@@ -15,7 +15,7 @@
 //   bias row added in the epilogue (written to a second output, as MUL_MAT + ADD would).
 // - Expert ops run one job per (token, slot) pair (grid.y): the job reads its expert id on the device;
 //   an id outside [0, E) raises kErrorBadIndex and makes that pair's outputs NaN, without reading;
-//   kNoExpert (-1) makes them zero.
+//   kNoExpert (-1) leaves them unwritten.
 //   MOE_UP_GATE reads the up and gate rows in the same warp and applies bias and activation at the end.
 #include <cmath>
 #include <string>
@@ -94,10 +94,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         const int64_t t = pair / p.n_used;
         const int64_t j = pair - t * p.n_used;
         const int32_t e = p.ids[t * p.ids_stride + j];
-        if (e == kNoExpert) {  // a pair of another part of a split expert block
-            if (lane == 0) seg.dst[pair * dst_stride + row] = 0.0f;
-            return;
-        }
+        if (e == kNoExpert) return;  // a pair of another part of a split expert block: not written
         if (e < 0 || e >= p.n_expert) {
             if (lane == 0) {
                 ops::flag_error(p.error_flags, kErrorBadIndex);

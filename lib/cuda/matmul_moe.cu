@@ -37,11 +37,10 @@ __global__ void route_count_kernel(const int32_t* ids, int64_t ids_stride, int n
     const int64_t j = p - t * n_used;
     const int32_t e = ids[t * ids_stride + j];
     if (e < 0 || e >= n_expert) {
-        // kNoExpert: a pair of another part of a split expert block, whose output is zero.
-        const bool none = e == kNoExpert;
-        if (!none) ops::flag_error(error_flags, kErrorBadIndex);
         pair_expert[p] = -1;
-        for (int64_t r = 0; r < n_out; ++r) dst[p * n_out + r] = none ? 0.0f : __int_as_float(0x7FC00000);
+        if (e == kNoExpert) return;  // a pair of another part of a split expert block: not written
+        ops::flag_error(error_flags, kErrorBadIndex);
+        for (int64_t r = 0; r < n_out; ++r) dst[p * n_out + r] = __int_as_float(0x7FC00000);
         return;
     }
     pair_expert[p] = e;

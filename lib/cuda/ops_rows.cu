@@ -144,6 +144,21 @@ __global__ void weighted_sum_kernel(View d, View y, View w) {
     }
 }
 
+// With ids (a part of a split expert block): slots of kNoExpert are not read.
+__global__ void weighted_sum_ids_kernel(View d, View y, View w, View ids) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= d.ne[0]) return;
+    for (int64_t t = blockIdx.y; t < d.ne[1]; t += gridDim.y) {
+        const auto* wr = reinterpret_cast<const float*>(ops::row_at(w, t, 0, 0));
+        const auto* ir = reinterpret_cast<const int32_t*>(ops::row_at(ids, t, 0, 0));
+        float acc = 0.0f;
+        for (int64_t j = 0; j < y.ne[1]; ++j) {
+            if (ir[j] != kNoExpert) acc = fmaf(wr[j], reinterpret_cast<const float*>(ops::row_at(y, j, t, 0))[i], acc);
+        }
+        reinterpret_cast<float*>(ops::row_at(d, t, 0, 0))[i] = acc;
+    }
+}
+
 }  // namespace
 
 Status get_rows(Tensor& dst, const OpContext& ctx) {
@@ -286,6 +301,16 @@ Status weighted_sum(Tensor& dst, const OpContext& ctx) {
     if (dst.n_elements() == 0) return Status::ok();
     constexpr int kThreads = 256;
     const dim3 grid(ops::ceil_div(dst.ne[0], kThreads), ops::grid_y(dst.ne[1]));
+    if (const Tensor* ids = dst.src[2]) {
+        MOE_RETURN_IF_ERROR(ops::check_operand("WEIGHTED_SUM", "src2 (ids)", ids, Type::I32));
+        if (ids->ne[0] != y.ne[1] || ids->ne[1] != y.ne[2] || ids->ne[2] != 1 || ids->ne[3] != 1) {
+            return invalid_argument("WEIGHTED_SUM: src2 (ids) " + ops::shape_str(*ids) + " does not match src1 " +
+                                    ops::shape_str(w));
+        }
+        weighted_sum_ids_kernel<<<grid, kThreads, 0, ctx.stream>>>(ops::view_of(dst), ops::view_of(y), ops::view_of(w),
+                                                                    ops::view_of(*ids));
+        return ops::launch_status("weighted_sum_ids_kernel");
+    }
     weighted_sum_kernel<<<grid, kThreads, 0, ctx.stream>>>(ops::view_of(dst), ops::view_of(y), ops::view_of(w));
     return ops::launch_status("weighted_sum_kernel");
 }

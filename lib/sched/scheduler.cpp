@@ -784,10 +784,16 @@ StatusOr<double> Scheduler::upload_seconds_per_byte() {
 // then its pairs) and the upload of the device's experts (which the device computes under).
 int Scheduler::choose_host_experts(int layer, int n_tokens, std::vector<int32_t>& order) const {
     const size_t n = static_cast<size_t>(n_expert_);
-    std::vector<double> expected(n, static_cast<double>(n_tokens) * n_expert_used_ / n_expert_);
+    const double uniform = static_cast<double>(n_tokens) * n_expert_used_ / n_expert_;
+    std::vector<double> expected(n, uniform);
     if (last_counts_tokens_ > 0 && !last_counts_.empty()) {
+        // Halfway between the last prompt ubatch's count and the mean: the least used experts of one
+        // ubatch are only partly the least used of the next (all of them regress to the mean under
+        // uniform routing; a trained router keeps much of its skew).
         const double scale = static_cast<double>(n_tokens) / last_counts_tokens_;
-        for (size_t e = 0; e < n; ++e) expected[e] = scale * last_counts_[static_cast<size_t>(layer) * n + e];
+        for (size_t e = 0; e < n; ++e) {
+            expected[e] = 0.5 * (uniform + scale * last_counts_[static_cast<size_t>(layer) * n + e]);
+        }
     }
     order.resize(n);
     for (size_t e = 0; e < n; ++e) order[e] = static_cast<int32_t>(e);
@@ -803,7 +809,9 @@ int Scheduler::choose_host_experts(int layer, int n_tokens, std::vector<int32_t>
     // Until the host has been measured: 1 TFLOP/s, what a 16-core AVX-512 machine sustains here.
     const double per_pair = split_host_s_per_pair_ > 0.0 ? split_host_s_per_pair_ : flops / 1e12;
     const double per_upload = split_upload_s_per_byte_ * static_cast<double>(bytes);
-    double best = per_upload * n_expert_;
+    // A split must save at least 5% of the layer's upload time: it also costs activation copies, an
+    // extra add and a host thread that cannot queue ahead while it computes.
+    double best = 0.95 * per_upload * n_expert_;
     int best_m = 0;
     double pairs = 0.0;
     for (int m = 1; m < n_expert_; ++m) {

@@ -552,9 +552,9 @@ TEST_CASE("matmul: bad expert ids are INVALID_ARGUMENT and leave dst alone", "[m
     }
 }
 
-TEST_CASE("matmul: kNoExpert ids give zero rows and leave the other rows as they were", "[matmul]") {
+TEST_CASE("matmul: kNoExpert ids leave their rows unwritten and the other rows as they were", "[matmul]") {
     // The parts of a split expert block: every row of the masked op is either the unmasked op's row
-    // (bit for bit: the same kernel on the same pairs) or zero.
+    // (bit for bit: the same kernel on the same pairs) or untouched (still the NaN poison).
     const int64_t k = 64, n = 24, f = 96, n_expert = 6, n_used = 3, n_tokens = 37;
     cpu::Scratch scratch;
     for (Type type : {Type::Q8_0, Type::MXFP4, Type::F32}) {
@@ -594,7 +594,11 @@ TEST_CASE("matmul: kNoExpert ids give zero rows and leave the other rows as they
             for (size_t pair = 0; pair < masked.v.size(); ++pair) {
                 for (int64_t r = 0; r < rows; ++r) {
                     const size_t i = pair * static_cast<size_t>(rows) + static_cast<size_t>(r);
-                    REQUIRE(part[i] == (masked.v[pair] == moe::kNoExpert ? 0.0f : all[i]));
+                    if (masked.v[pair] == moe::kNoExpert) {
+                        REQUIRE(std::isnan(part[i]));
+                    } else {
+                        REQUIRE(part[i] == all[i]);
+                    }
                 }
             }
         }

@@ -351,6 +351,31 @@ TEST_CASE("GATHER and WEIGHTED_SUM", "[ops]") {
         },
         1e-5, 1e-6);
 
+    // With ids (a part of a split expert block): kNoExpert slots are skipped, their NaN rows unread.
+    Tensor* part_ids = pool.make(Type::I32, {k, T});
+    std::bernoulli_distribution drop(0.5);
+    for (int64_t t = 0; t < T; ++t) {
+        for (int64_t j = 0; j < k; ++j) {
+            const bool none = drop(rng);
+            *elem<int32_t>(*part_ids, j, t) = none ? moe::kNoExpert : *elem<int32_t>(*ids, j, t);
+            if (none) {
+                for (int64_t i = 0; i < N; ++i) *elem<float>(*y, i, j, t) = std::numeric_limits<float>::quiet_NaN();
+            }
+        }
+    }
+    Tensor* part = pool.node(Op::WEIGHTED_SUM, Type::F32, {N, T}, {y, g, part_ids});
+    REQUIRE(moe::cpu::weighted_sum(*part).is_ok());
+    check_all(
+        *part,
+        [&](int64_t i0, int64_t i1, int64_t, int64_t) {
+            double s = 0.0;
+            for (int64_t j = 0; j < k; ++j) {
+                if (*elem<int32_t>(*part_ids, j, i1) != moe::kNoExpert) s += value(*g, j, i1) * value(*y, i0, j, i1);
+            }
+            return s;
+        },
+        1e-5, 1e-6);
+
     *elem<int32_t>(*ids, 2, 5) = static_cast<int32_t>(E);
     const moe::Status s = moe::cpu::gather(*g);
     CHECK(s.code() == MOE_STATUS_OUT_OF_RANGE);

@@ -493,6 +493,18 @@ TEST_CASE("CUDA TOPK, GATHER and WEIGHTED_SUM match the CPU", "[gpu]") {
         INFO("WEIGHTED_SUM N " << N << " k " << k << " T " << T);
         DeviceMirror dev;
         compare_f32(run_both(dst, [](Tensor& n) { return moe::cpu::weighted_sum(n); }, dev), *dst, 1e-5, 2e-6);
+        // With ids: kNoExpert slots are skipped, NaN rows there included (unwritten expert outputs).
+        Tensor* ids = pool.make(Type::I32, {k, T});
+        fill_ids(*ids, rng, -1, 3);
+        for (int64_t t = 0; t < T; ++t) {
+            for (int64_t j = 0; j < k; ++j) {
+                if (*elem<int32_t>(*ids, j, t) != moe::kNoExpert) continue;
+                for (int64_t i = 0; i < N; ++i) *elem<float>(*y, i, j, t) = std::numeric_limits<float>::quiet_NaN();
+            }
+        }
+        Tensor* part = pool.node(Op::WEIGHTED_SUM, Type::F32, {N, T}, {y, w, ids});
+        DeviceMirror dev2;
+        compare_f32(run_both(part, [](Tensor& n) { return moe::cpu::weighted_sum(n); }, dev2), *part, 1e-5, 2e-6);
     }
 }
 

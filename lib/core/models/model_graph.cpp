@@ -55,8 +55,9 @@ Tensor* build_attention(BuildState& s, const LayerWeights& l, int il, Tensor* x)
     return add_opt(g, g.mul_mat(l.wo, att), l.bo);
 }
 
-// The experts' part of an expert block: up/gate, down, their biases and the weighted sum.
-Tensor* build_experts(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* ids, Tensor* weights) {
+// The experts' part of an expert block: up/gate, down, their biases and the weighted sum. masked: ids
+// may be kNoExpert (a part of a split block), whose rows the weighted sum must skip.
+Tensor* build_experts(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* ids, Tensor* weights, bool masked) {
     Graph& g = s.g;
     const HParams& hp = s.hp;
     const int64_t T = s.n_tokens, k = hp.n_expert_used;
@@ -68,7 +69,7 @@ Tensor* build_experts(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* i
         Tensor* b = g.get_rows(l.down_exps_bias, g.reshape(ids, {k * T}));
         y = g.add(y, g.reshape(b, {hp.n_embd, k, T}));
     }
-    return g.weighted_sum(y, weights);  // [E, T]
+    return g.weighted_sum(y, weights, masked ? ids : nullptr);  // [E, T]
 }
 
 // groups: nullptr, or this layer's I32 [n_expert] expert groups (a split block).
@@ -81,14 +82,14 @@ Tensor* build_moe(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* group
     // Both architectures weight the selected experts by a softmax over their logits: gpt-oss by
     // definition, qwen3moe because a softmax over all experts renormalised over the top-k is the same.
     Tensor* weights = g.softmax(g.gather(logits, ids));  // [k, T]
-    if (groups == nullptr) return build_experts(s, l, x, ids, weights);
+    if (groups == nullptr) return build_experts(s, l, x, ids, weights, false);
 
-    // Each part sees only its group's experts (the others' pairs are kNoExpert: zero rows), so the
-    // two weighted sums add up to the whole block's.
+    // Each part sees only its group's experts (the others' pairs are kNoExpert: skipped), so the two
+    // weighted sums add up to the whole block's.
     Tensor* part[2] = {};
     for (int32_t group : {1, 0}) {
         g.set_expert_group(group);
-        part[group] = build_experts(s, l, x, g.mask_ids(ids, groups, group), weights);
+        part[group] = build_experts(s, l, x, g.mask_ids(ids, groups, group), weights, true);
     }
     g.set_expert_group(-1);
     return g.add(part[1], part[0]);
