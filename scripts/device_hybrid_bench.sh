@@ -2,7 +2,8 @@
 # Hybrid (experts in pinned host RAM) benchmarks on the GPU machine, issue #5 targets, from prebuilt
 # binaries:  scripts/device_hybrid_bench.sh BIN_DIR OUT_DIR [GROUP...]
 # Groups: llama (the llama.cpp comparison), tg (hybrid TG with CUDA graphs on and off), active (FULL vs ACTIVE_ONLY on skewed GPT-OSS, ubatch
-# 256..4096), biasdup (bias duplication on/off, PP and TG), biasdup_ub (on/off over ubatch 256..4096), default: all. JSON per run in OUT_DIR, medians of 3.
+# 256..4096), biasdup (bias duplication on/off, PP and TG), biasdup_ub (on/off over ubatch 256..4096), split (expert split off / auto /
+# fixed counts at pp512), default: all. JSON per run in OUT_DIR, medians of 3.
 set -uo pipefail
 bin=$1; out=$2; shift 2
 groups=${*:-llama tg active biasdup}
@@ -25,7 +26,9 @@ for r in json.load(open(sys.argv[1])):
           f"  upload/ubatch {r.get('sched_bytes_uploaded_per_ubatch', 0) / 1e9:6.2f} GB"
           f"  upload {r.get('sched_upload_gbps', 0):6.1f} GB/s  wait {r.get('sched_seconds_wait', 0):.3f} s"
           f"  host {r.get('sched_seconds_host_compute', 0):.3f} s  submit {r.get('sched_seconds_device_submit', 0):.3f} s"
-          f"  total {r.get('sched_seconds_total', 0):.3f} s")
+          f"  total {r.get('sched_seconds_total', 0):.3f} s"
+          f"  split layers/ubatch {r.get('sched_n_split_layers', 0) / max(r.get('sched_n_ubatches', 1), 1):.1f}"
+          f"  host experts/layer {r.get('sched_n_split_host_experts', 0) / max(r.get('sched_n_split_layers', 0), 1):.1f}")
 PY
 }
 
@@ -57,6 +60,13 @@ for g in $groups; do
       for ub in 256 512 1024 2048 4096; do
         run g20_dup_ub$ub   --synthetic "$G20" -ot exps=CPU -p 4096 -n 0 -ub $ub -r 2
         run g20_nodup_ub$ub --synthetic "$G20" -ot exps=CPU -p 4096 -n 0 -ub $ub -r 2 --no-bias-dup
+      done ;;
+    split)
+      for s in off auto 20 26 32; do
+        run q30_pp512_split_$s --synthetic "$Q30" -ot exps=CPU -p 512 -n 0 --expert-split $s -r 5
+      done
+      for s in off auto; do
+        run g20_pp512_split_$s --synthetic "$G20" -ot exps=CPU -p 512 -n 0 --expert-split $s
       done ;;
     biasdup)
       for ot in 'exps=CPU' 'ffn_(up|gate|down)_exps\.weight=CPU'; do

@@ -68,7 +68,6 @@ struct Scheduler::RunState {
     // Expert split, measured for learn_split_costs().
     double split_host_seconds = 0.0;
     double split_wait_seconds = 0.0;
-    uint64_t split_host_pairs = 0;
     int split_host_flushes = 0;
     struct Prefetch {
         size_t slot;
@@ -316,12 +315,6 @@ Status Scheduler::flush(RunState& rs) {
             rs.split_wait_seconds += std::chrono::duration<double>(t0 - t_wait).count();
             rs.split_host_seconds += host_seconds;
             ++rs.split_host_flushes;
-            for (const Tensor* n : nodes) {
-                if (n->op != Op::MASK_IDS || n->expert_group != kHostExpertGroup) continue;
-                const int32_t* ids = n->as<int32_t>();
-                rs.split_host_pairs += static_cast<uint64_t>(
-                    std::count_if(ids, ids + n->n_elements(), [](int32_t e) { return e != kNoExpert; }));
-            }
         }
     } else {
         const Clock::time_point t0 = Clock::now();
@@ -782,7 +775,8 @@ StatusOr<double> Scheduler::upload_seconds_per_byte() {
 // How many experts of `layer` the host takes (order: the layer's experts, fewest expected tokens
 // first): the count that minimises the slower of the two parts, the host's (waiting for its inputs,
 // then its pairs) and the upload of the device's experts (which the device computes under).
-int Scheduler::choose_host_experts(int layer, int n_tokens, std::vector<int32_t>& order) const {
+// *expected_pairs: the (token, expert) pairs the host is expected to compute with that count.
+int Scheduler::choose_host_experts(int layer, int n_tokens, std::vector<int32_t>& order, double* expected_pairs) const {
     const size_t n = static_cast<size_t>(n_expert_);
     const double uniform = static_cast<double>(n_tokens) * n_expert_used_ / n_expert_;
     std::vector<double> expected(n, uniform);
@@ -798,7 +792,16 @@ int Scheduler::choose_host_experts(int layer, int n_tokens, std::vector<int32_t>
     order.resize(n);
     for (size_t e = 0; e < n; ++e) order[e] = static_cast<int32_t>(e);
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return expected[a] < expected[b]; });
-    if (policy_.expert_split != kExpertSplitAuto) return std::min(policy_.expert_split, n_expert_ - 1);
+    auto pairs_of = [&](int m) {
+        double p = 0.0;
+        for (int j = 0; j < m; ++j) p += expected[static_cast<size_t>(order[static_cast<size_t>(j)])];
+        return p;
+    };
+    if (policy_.expert_split != kExpertSplitAuto) {
+        const int m = std::min(policy_.expert_split, n_expert_ - 1);
+        *expected_pairs = pairs_of(m);
+        return m;
+    }
 
     size_t bytes = 0;
     double flops = 0.0;
@@ -806,7 +809,8 @@ int Scheduler::choose_host_experts(int layer, int n_tokens, std::vector<int32_t>
         bytes += w->nb[2];
         flops += 2.0 * static_cast<double>(w->ne[0]) * static_cast<double>(w->ne[1]);
     }
-    // Until the host has been measured: 1 TFLOP/s, what a 16-core AVX-512 machine sustains here.
+    // Until the host has been measured: 1 TFLOP/s, what a 16-core AVX-512 machine sustains here. The
+    // measurement is per expected pair, so it also corrects the expectation's bias.
     const double per_pair = split_host_s_per_pair_ > 0.0 ? split_host_s_per_pair_ : flops / 1e12;
     const double per_upload = split_upload_s_per_byte_ * static_cast<double>(bytes);
     // A split must save at least 5% of the layer's upload time: it also costs activation copies, an
@@ -822,6 +826,7 @@ int Scheduler::choose_host_experts(int layer, int n_tokens, std::vector<int32_t>
             best_m = m;
         }
     }
+    *expected_pairs = pairs_of(best_m);
     return best_m;
 }
 
@@ -834,28 +839,38 @@ StatusOr<ExpertSplitPlan> Scheduler::plan_expert_split(int n_tokens) {
     ExpertSplitPlan p;
     p.layers.assign(static_cast<size_t>(n_layer_), 0);
     p.groups.assign(static_cast<size_t>(n_layer_) * static_cast<size_t>(n_expert_), kDeviceExpertGroup);
-    bool any = false;
+    int splittable = 0, wanted = 0;
+    uint64_t host_experts = 0;
+    double expected_pairs = 0.0;
     std::vector<int32_t> order;
     for (int il = 0; il < n_layer_; ++il) {
         if (!splittable_layer(il)) continue;
+        ++splittable;
         if (policy_.expert_split == kExpertSplitAuto) MOE_RETURN_IF_ERROR(upload_seconds_per_byte().status());
-        const int m = choose_host_experts(il, n_tokens, order);
+        double pairs = 0.0;
+        const int m = choose_host_experts(il, n_tokens, order, &pairs);
         if (m <= 0) continue;
+        ++wanted;
         p.layers[static_cast<size_t>(il)] = 1;
         int32_t* g = p.groups.data() + static_cast<size_t>(il) * static_cast<size_t>(n_expert_);
         for (int j = 0; j < m; ++j) g[order[static_cast<size_t>(j)]] = kHostExpertGroup;
-        ++stats_.n_split_layers;
-        stats_.n_split_host_experts += static_cast<uint64_t>(m);
-        any = true;
+        host_experts += static_cast<uint64_t>(m);
+        expected_pairs += pairs;
     }
-    if (any) split_ = std::move(p);
+    // Automatic splits of a few layers only are not worth it, and a set of split layers that changes
+    // from ubatch to ubatch changes the graph's shape (new plans, new CUDA graph captures).
+    if (wanted == 0 || (policy_.expert_split == kExpertSplitAuto && 2 * wanted < splittable)) return split_;
+    split_ = std::move(p);
+    split_expected_pairs_ = expected_pairs;
+    stats_.n_split_layers += static_cast<uint64_t>(wanted);
+    stats_.n_split_host_experts += host_experts;
     return split_;
 }
 
 // Folds this ubatch's host-part measurements into the costs the next split balances.
 void Scheduler::learn_split_costs(const RunState& rs) {
-    if (rs.split_host_pairs == 0 || rs.split_host_flushes == 0) return;
-    const double per_pair = rs.split_host_seconds / static_cast<double>(rs.split_host_pairs);
+    if (rs.split_host_flushes == 0 || split_expected_pairs_ <= 0.0) return;
+    const double per_pair = rs.split_host_seconds / split_expected_pairs_;
     const double wait = rs.split_wait_seconds / rs.split_host_flushes;
     split_host_s_per_pair_ = split_host_s_per_pair_ > 0.0 ? 0.5 * (split_host_s_per_pair_ + per_pair) : per_pair;
     split_host_wait_s_ = 0.5 * (split_host_wait_s_ + wait);

@@ -149,7 +149,7 @@ private:
     std::vector<uint8_t> eager_downloads(const Graph& graph, const std::vector<Side>& sides) const;
     bool splittable_layer(int layer) const;
     StatusOr<double> upload_seconds_per_byte();
-    int choose_host_experts(int layer, int n_tokens, std::vector<int32_t>& order) const;
+    int choose_host_experts(int layer, int n_tokens, std::vector<int32_t>& order, double* expected_pairs) const;
     void learn_split_costs(const RunState& rs);
     Status ensure_slots();
     Status count_experts(RunState& rs, int n_tokens);
@@ -176,7 +176,8 @@ private:
     // the measured costs it balances, and the last ubatch's activation counts it predicts from.
     ExpertSplitPlan split_;
     double split_upload_s_per_byte_ = 0.0;  // measured once, on first use
-    double split_host_s_per_pair_ = 0.0;    // host seconds per (token, expert) pair of a host part
+    double split_host_s_per_pair_ = 0.0;    // host seconds per expected (token, expert) pair of a host part
+    double split_expected_pairs_ = 0.0;     // of the planned ubatch's host parts
     double split_host_wait_s_ = 0.0;        // per split layer: host wait for the device's inputs
     std::vector<uint32_t> last_counts_;     // [n_layer][n_expert] of the last ubatch
     int last_counts_tokens_ = 0;
