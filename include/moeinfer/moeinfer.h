@@ -268,7 +268,7 @@ typedef struct moe_sched_policy {
      * ops and offloaded ops each read their own copy (no PCIe round trip). Default: 1. */
     int32_t bias_dup;
     /* Device memory for the staging slots that offloaded weights are uploaded into, in bytes; more slots
-     * let uploads run further ahead of compute. 0: automatic (6 slots of the largest host-resident
+     * let uploads run further ahead of compute. 0: automatic (8 slots of the largest host-resident
      * weight). Too small for one slot -> INVALID_ARGUMENT. Default: 0. */
     uint64_t offload_vram_budget;
     /* Expert split, for layers whose expert weights are all in host RAM, at batch sizes where their
@@ -276,7 +276,8 @@ typedef struct moe_sched_policy {
      * see the fewest tokens, from the previous prompt ubatch) while the device computes the others,
      * whose weights alone cross PCIe; the two parts' outputs are added. MOE_EXPERT_SPLIT_AUTO (-1)
      * picks the count per layer from the measured upload time and host expert throughput; 0 turns
-     * the split off. Below -1 -> INVALID_ARGUMENT. Default: MOE_EXPERT_SPLIT_AUTO. */
+     * the split off. Below -1 -> INVALID_ARGUMENT. Default: 0 (docs/PERF.md has what it gains and where
+     * it loses so far). */
     int32_t expert_split;
 } moe_sched_policy;
 

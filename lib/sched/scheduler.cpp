@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "core/allocator.h"
 #include "sched/expert_runs.h"
@@ -74,6 +75,7 @@ struct Scheduler::RunState {
         std::vector<uint8_t> uploaded;  // experts already on their way
     };
     std::map<std::pair<const Tensor*, int>, Prefetch> prefetched;  // (node, operand) -> its early upload
+    std::set<size_t> reserved_slots;  // slots of early uploads not consumed yet: no other upload may take them
 };
 
 Scheduler::Scheduler(Backend& host, Backend* device, int n_layer, int n_expert, int n_expert_used)
@@ -403,19 +405,32 @@ StatusOr<Tensor*> Scheduler::weight_operand(Tensor& node, int src_index, Side si
     MOE_RETURN_IF_ERROR(ensure_slots());
     MOE_RETURN_IF_ERROR(flush(rs));
     const auto pre = rs.prefetched.find({&node, src_index});
-    const size_t slot = pre != rs.prefetched.end() ? pre->second.slot : next_slot_++ % slots_.size();
+    size_t slot = 0;
+    if (pre != rs.prefetched.end()) {
+        slot = pre->second.slot;
+        rs.reserved_slots.erase(slot);
+    } else {
+        MOE_ASSIGN_OR_RETURN(slot, take_slot(rs));
+    }
     rs.node_slots.push_back(slot);
     uint8_t* dst = static_cast<uint8_t*>(slot_buffer_->data()) + slot * slot_size_;
     const auto* src = static_cast<const uint8_t*>(c->host);
     const uint64_t after = slots_[slot].fence;
-    if (node.expert_group == kDeviceExpertGroup && is_expert_matrix(node, src_index) && !split_.groups.empty() &&
-        node.layer >= 0 && node.layer < n_layer_ && w->ne[2] == n_expert_) {
-        // The device part of a split expert block: only the device group's experts.
-        std::vector<uint8_t> on_device(static_cast<size_t>(n_expert_));
-        const int32_t* g = split_.groups.data() + static_cast<size_t>(node.layer) * static_cast<size_t>(n_expert_);
-        for (size_t e = 0; e < on_device.size(); ++e) on_device[e] = g[e] == kDeviceExpertGroup;
+    if (splits_experts_of(node, src_index)) {
+        // The device part of a split expert block: only the device group's experts (unless the
+        // look-ahead already sent them).
+        std::vector<uint8_t> on_device = device_experts(node.layer);
+        size_t prefetched = 0;
+        if (pre != rs.prefetched.end()) {
+            for (size_t e = 0; e < on_device.size(); ++e) {
+                if (pre->second.uploaded[e]) {
+                    on_device[e] = 0;
+                    prefetched += w->nb[2];
+                }
+            }
+        }
         MOE_ASSIGN_OR_RETURN(const size_t sent, upload_experts(dst, src, w->nb[2], on_device, after));
-        stats_.bytes_weights_skipped += n - sent;
+        stats_.bytes_weights_skipped += n - sent - prefetched;
     } else if (uploads_active_experts(node, src_index)) {
         MOE_ASSIGN_OR_RETURN(const std::vector<int32_t>* ids, read_ids(expert_ids_of(node), rs));
         MOE_ASSIGN_OR_RETURN(std::vector<uint8_t> selected, selected_experts(*ids, n_expert_));
@@ -462,6 +477,63 @@ bool Scheduler::uploads_active_experts(const Tensor& node, int src_index) const 
            node.src[src_index]->ne[2] == n_expert_;
 }
 
+// The next slot of the ring that neither an early upload nor the node being prepared holds.
+StatusOr<size_t> Scheduler::take_slot(RunState& rs) {
+    for (size_t tries = 0; tries < slots_.size(); ++tries) {
+        const size_t s = next_slot_++ % slots_.size();
+        if (!rs.reserved_slots.count(s) && std::find(rs.node_slots.begin(), rs.node_slots.end(), s) == rs.node_slots.end()) {
+            return s;
+        }
+    }
+    return internal_error("scheduler: every upload slot is held by an early upload");
+}
+
+bool Scheduler::splits_experts_of(const Tensor& node, int src_index) const {
+    return node.expert_group == kDeviceExpertGroup && is_expert_matrix(node, src_index) && !split_.groups.empty() &&
+           node.layer >= 0 && node.layer < n_layer_ && node.src[src_index]->ne[2] == n_expert_;
+}
+
+std::vector<uint8_t> Scheduler::device_experts(int layer) const {
+    std::vector<uint8_t> on_device(static_cast<size_t>(n_expert_));
+    const int32_t* g = split_.groups.data() + static_cast<size_t>(layer) * static_cast<size_t>(n_expert_);
+    for (size_t e = 0; e < on_device.size(); ++e) on_device[e] = g[e] == kDeviceExpertGroup;
+    return on_device;
+}
+
+// Before the host blocks in the host part of split layer L: queues the uploads of the device part of
+// the next split layer, so the copy engine keeps streaming (and the device computes layer L+1's part
+// as soon as the host's result of L arrives) instead of waiting for the host to reach those nodes.
+Status Scheduler::look_ahead_split(const std::vector<Tensor*>& nodes, size_t from, RunState& rs) {
+    int layer = -1;
+    // Only with slots to spare: the held slots wait for their nodes, and the nodes in between (biases,
+    // offloaded dense weights) must still find kMinSlots free.
+    constexpr size_t kHeld = 3;  // up, gate and down of one layer
+    if (slots_.size() < rs.reserved_slots.size() + kHeld + kMinSlots) return Status::ok();
+    for (size_t j = from; j < nodes.size(); ++j) {
+        Tensor& n = *nodes[j];
+        if (n.expert_group != kDeviceExpertGroup || (n.op != Op::MOE_UP_GATE && n.op != Op::MUL_MAT_ID)) continue;
+        if (n.layer == nodes[from]->layer) continue;  // this layer's part is already on its way
+        if (layer >= 0 && n.layer != layer) break;
+        layer = n.layer;
+        for (int k = 0; k < kMaxSrc; ++k) {
+            if (n.src[k] == nullptr || !n.src[k]->is_weight || !splits_experts_of(n, k)) continue;
+            if (rs.prefetched.count({&n, k})) continue;
+            const std::optional<WeightCopies> c = weight_copies(n.src[k]);
+            if (!c || c->device != nullptr) continue;
+            MOE_RETURN_IF_ERROR(ensure_slots());
+            if (rs.reserved_slots.size() + kMinSlots >= slots_.size()) return Status::ok();
+            MOE_ASSIGN_OR_RETURN(const size_t slot, take_slot(rs));
+            rs.reserved_slots.insert(slot);
+            RunState::Prefetch p{slot, device_experts(n.layer)};
+            uint8_t* dst = static_cast<uint8_t*>(slot_buffer_->data()) + p.slot * slot_size_;
+            const auto* src = static_cast<const uint8_t*>(c->host);
+            MOE_RETURN_IF_ERROR(upload_experts(dst, src, n.src[k]->nb[2], p.uploaded, slots_[p.slot].fence).status());
+            rs.prefetched[{&n, k}] = std::move(p);
+        }
+    }
+    return Status::ok();
+}
+
 // ACTIVE_PREFETCH: queues the upload of the experts this tensor needed last time, before the router's
 // choices are read back, so that it overlaps the compute already queued.
 Status Scheduler::prefetch_experts(Tensor& node, int src_index, RunState& rs) {
@@ -470,7 +542,9 @@ Status Scheduler::prefetch_experts(Tensor& node, int src_index, RunState& rs) {
     if (!c || c->device != nullptr || !uploads_active_experts(node, src_index)) return Status::ok();
     MOE_RETURN_IF_ERROR(ensure_slots());
     MOE_RETURN_IF_ERROR(flush(rs));
-    RunState::Prefetch p{next_slot_++ % slots_.size(), std::vector<uint8_t>(static_cast<size_t>(n_expert_), 0)};
+    MOE_ASSIGN_OR_RETURN(const size_t slot, take_slot(rs));
+    rs.reserved_slots.insert(slot);
+    RunState::Prefetch p{slot, std::vector<uint8_t>(static_cast<size_t>(n_expert_), 0)};
     if (auto it = last_selected_.find(w); it != last_selected_.end()) p.uploaded = it->second;
     uint8_t* dst = static_cast<uint8_t*>(slot_buffer_->data()) + p.slot * slot_size_;
     const auto* src = static_cast<const uint8_t*>(c->host);
@@ -681,6 +755,9 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
                 rs.pending_side = side;
                 ++stats_.n_splits;
                 first = false;
+                if (node.expert_group == kHostExpertGroup && side == Side::HOST) {
+                    MOE_RETURN_IF_ERROR(look_ahead_split(nodes, i, rs));
+                }
             }
             MOE_RETURN_IF_ERROR(prepare_operands(node, side, rs));
             if (!backend(side).supports_op(node)) {

@@ -42,8 +42,9 @@ struct WeightCopies {
     bool duplicate = false;
 };
 
-// Upload slots when the policy leaves offload_vram_budget at 0 (context creation reserves as many).
-constexpr int kAutoUploadSlots = 6;
+// Upload slots when the policy leaves offload_vram_budget at 0 (context creation reserves as many):
+// two layers of up, gate and down in flight, and two more for the expert split's look-ahead.
+constexpr int kAutoUploadSlots = 8;
 
 struct HostInput {
     Tensor* tensor;
@@ -136,6 +137,10 @@ private:
     Status prepare_operands(Tensor& node, Side side, RunState& rs);
     StatusOr<Tensor*> weight_operand(Tensor& node, int src_index, Side side, RunState& rs);
     Status prefetch_experts(Tensor& node, int src_index, RunState& rs);
+    bool splits_experts_of(const Tensor& node, int src_index) const;
+    std::vector<uint8_t> device_experts(int layer) const;
+    Status look_ahead_split(const std::vector<Tensor*>& nodes, size_t from, RunState& rs);
+    StatusOr<size_t> take_slot(RunState& rs);
     StatusOr<size_t> upload_experts(uint8_t* dst, const uint8_t* src, size_t per_expert,
                                     const std::vector<uint8_t>& experts, uint64_t after);
     size_t largest_host_weight() const;

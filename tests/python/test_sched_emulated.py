@@ -353,7 +353,8 @@ def test_expert_split_matches_cpu_and_uploads_only_the_device_experts(model, rng
 def test_expert_split_auto_and_off(model, rng):
     """Automatic splits (whatever count the measured costs pick) still add up to the CPU path; 0 never splits."""
     cpu = moeinfer.Context(model, n_ctx=128, n_ubatch=8)
-    auto = emulated(model, moeinfer.Policy().parse_offload("all=3"), n_ubatch=8, tensor_overrides="exps=CPU")
+    auto = emulated(model, moeinfer.Policy(expert_split=-1).parse_offload("all=3"), n_ubatch=8,
+                    tensor_overrides="exps=CPU")
     off = emulated(model, moeinfer.Policy(expert_split=0).parse_offload("all=3"), n_ubatch=8,
                    tensor_overrides="exps=CPU")
     for n in (8, 8, 5):

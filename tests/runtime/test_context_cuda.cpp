@@ -166,7 +166,7 @@ TEST_CASE("hybrid cuda contexts match the cpu path", "[gpu]") {
             const char* offload;
             int32_t copy;
             int32_t dup;
-            int32_t slots = 0;  // offload budget in upload slots (0: automatic, 6); 4 is the minimum
+            int32_t slots = 0;  // offload budget in upload slots (0: automatic, 8); 4 is the minimum
             int32_t split = 0;  // expert_split: experts per layer on the host (-1: automatic)
         };
         const Config configs[] = {

@@ -426,7 +426,9 @@ TEST_CASE("expert split: the host and device parts add up to the cpu path", "[sc
         for (const char* part : {"ffn_up_exps.weight", "ffn_gate_exps.weight", "ffn_down_exps.weight"}) {
             per_expert += m.tensor_bytes(std::string("blk.0.") + part) / static_cast<uint64_t>(n_expert);
         }
-        for (const char* ot : {"exps=CPU", "ffn_(up|gate|down)_exps\\.weight=CPU"}) {
+        // "blk\.": every weight of every layer in RAM, so offloaded dense products and (without bias
+        // duplication) biases take upload slots between the split's look-ahead uploads and their nodes.
+        for (const char* ot : {"exps=CPU", "ffn_(up|gate|down)_exps\\.weight=CPU", "blk\\.=CPU"}) {
             for (int32_t copy : {MOE_EXPERT_COPY_FULL, MOE_EXPERT_COPY_ACTIVE_ONLY, MOE_EXPERT_COPY_ACTIVE_PREFETCH}) {
                 for (int32_t dup : {1, 0}) {
                     for (int32_t split : {1, n_expert / 2, n_expert - 1, n_expert + 5, MOE_EXPERT_SPLIT_AUTO}) {
@@ -462,7 +464,7 @@ TEST_CASE("expert split values below -1 are rejected", "[sched]") {
     Model m("qwen3moe", rng());
     moe_sched_policy pol;
     moe_sched_policy_init(&pol);
-    CHECK(pol.expert_split == MOE_EXPERT_SPLIT_AUTO);
+    CHECK(pol.expert_split == 0);
     pol.expert_split = -2;
     moe_context_params p;
     moe_context_params_init(&p);

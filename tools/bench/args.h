@@ -227,7 +227,7 @@ inline std::vector<Option> make_options(Config& c) {
         {"", "--expert-split", "auto|off|N",
          "while a layer's host-resident experts are offloaded, the host computes N of them (the least used) at the "
          "same time as the device computes the rest; auto balances measured upload time and host throughput",
-         "auto", sched,
+         "off", sched,
          [&c](const std::string& v) -> std::optional<std::string> {
              if (v == "auto") {
                  c.policy.expert_split = MOE_EXPERT_SPLIT_AUTO;
@@ -245,7 +245,7 @@ inline std::vector<Option> make_options(Config& c) {
          }},
         {"", "--offload-budget", "SIZE",
          "device memory for the staging slots that offloaded weights are uploaded into (units as --vram-budget); "
-         "0: 6 slots of the largest host-resident weight",
+         "0: 8 slots of the largest host-resident weight",
          "0", sched, size_flag(c.policy.offload_vram_budget)},
         {"", "--sweep", "", "run the sweep: at N_KV = 0, PP, 2*PP, ... time TG single-token decodes, then a PP-token "
                             "prefill, both from depth N_KV",
