@@ -176,4 +176,33 @@ inline Status check_rms_norm(const Tensor& dst) {
     return Status::ok();
 }
 
+// MASK_IDS: src0 ids I32 [k, T], src1 groups contiguous I32 [E], dst I32 [k, T] (the ids' values are
+// checked by the kernels).
+inline Status check_mask_ids(const Tensor& dst) {
+    if (dst.op != Op::MASK_IDS) return invalid_argument(std::string("mask_ids: dst.op is ") + op_name(dst.op));
+    MOE_RETURN_IF_ERROR(check_operand("MASK_IDS", "src0 (ids)", dst.src[0], Type::I32));
+    MOE_RETURN_IF_ERROR(check_operand("MASK_IDS", "src1 (groups)", dst.src[1], Type::I32));
+    MOE_RETURN_IF_ERROR(check_operand("MASK_IDS", "dst", &dst, Type::I32));
+    const Tensor& ids = *dst.src[0];
+    const Tensor& groups = *dst.src[1];
+    MOE_RETURN_IF_ERROR(check_2d("MASK_IDS", "src0 (ids)", ids));
+    if (!same_shape(dst, ids) || groups.n_rows() != 1) {
+        return invalid_argument("MASK_IDS: src0 " + shape_str(ids) + ", src1 " + shape_str(groups) + " and dst " +
+                                shape_str(dst) + " do not match ([k, T], [E] -> [k, T])");
+    }
+    return Status::ok();
+}
+
+// WEIGHTED_SUM's optional src2 ids I32 [k, T] (a part of a split expert block), against its weights.
+inline Status check_weighted_sum_ids(const Tensor& dst) {
+    const Tensor* ids = dst.src[2];
+    if (ids == nullptr) return Status::ok();
+    MOE_RETURN_IF_ERROR(check_operand("WEIGHTED_SUM", "src2 (ids)", ids, Type::I32));
+    const Tensor& w = *dst.src[1];
+    if (ids->ne[0] != w.ne[0] || ids->ne[1] != w.ne[1] || ids->ne[2] != 1 || ids->ne[3] != 1) {
+        return invalid_argument("WEIGHTED_SUM: src2 (ids) " + shape_str(*ids) + " does not match src1 " + shape_str(w));
+    }
+    return Status::ok();
+}
+
 }  // namespace moe::op_checks

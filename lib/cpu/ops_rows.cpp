@@ -154,17 +154,9 @@ Status gather(Tensor& dst) {
 }
 
 Status mask_ids(Tensor& dst) {
-    if (dst.op != Op::MASK_IDS) return invalid_argument(std::string("mask_ids: dst.op is ") + op_name(dst.op));
-    MOE_RETURN_IF_ERROR(ops::check_operand("MASK_IDS", "src0 (ids)", dst.src[0], Type::I32));
-    MOE_RETURN_IF_ERROR(ops::check_operand("MASK_IDS", "src1 (groups)", dst.src[1], Type::I32));
-    MOE_RETURN_IF_ERROR(ops::check_operand("MASK_IDS", "dst", &dst, Type::I32));
+    MOE_RETURN_IF_ERROR(op_checks::check_mask_ids(dst));
     const Tensor& ids = *dst.src[0];
     const Tensor& groups = *dst.src[1];
-    MOE_RETURN_IF_ERROR(check_2d("MASK_IDS", "src0 (ids)", ids));
-    if (!ops::same_shape(dst, ids) || groups.n_rows() != 1 || groups.nb[0] != sizeof(int32_t)) {
-        return invalid_argument("MASK_IDS: src0 " + ops::shape_str(ids) + ", src1 " + ops::shape_str(groups) +
-                                " and dst " + ops::shape_str(dst) + " do not match ([k, T], contiguous [E] -> [k, T])");
-    }
     MOE_RETURN_IF_ERROR(check_ids("MASK_IDS", ids, groups.ne[0], "expert id", true));
     const auto* group = groups.as<int32_t>();
     const int32_t keep = dst.params.i[0];
@@ -191,13 +183,9 @@ Status weighted_sum(Tensor& dst) {
     }
     const int64_t n = y.ne[0];
     const int64_t k = y.ne[1];
+    MOE_RETURN_IF_ERROR(op_checks::check_weighted_sum_ids(dst));
     if (const Tensor* ids = dst.src[2]) {
         // A part of a split expert block: only the slots of its own experts (the others are unwritten).
-        MOE_RETURN_IF_ERROR(ops::check_operand("WEIGHTED_SUM", "src2 (ids)", ids, Type::I32));
-        if (ids->ne[0] != k || ids->ne[1] != y.ne[2] || ids->ne[2] != 1 || ids->ne[3] != 1) {
-            return invalid_argument("WEIGHTED_SUM: src2 (ids) " + ops::shape_str(*ids) + " does not match src1 " +
-                                    ops::shape_str(w));
-        }
         tbb::parallel_for(tbb::blocked_range<int64_t>(0, y.ne[2], ops::row_grain(n * k)),
                           [&](const tbb::blocked_range<int64_t>& r) {
                               for (int64_t t = r.begin(); t < r.end(); ++t) {

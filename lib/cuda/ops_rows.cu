@@ -264,17 +264,9 @@ __global__ void mask_ids_kernel(View d, View src, const int32_t* groups, int n_e
 }  // namespace
 
 Status mask_ids(Tensor& dst, const OpContext& ctx) {
-    if (dst.op != Op::MASK_IDS) return invalid_argument(std::string("mask_ids: dst.op is ") + op_name(dst.op));
-    MOE_RETURN_IF_ERROR(ops::check_operand("MASK_IDS", "src0 (ids)", dst.src[0], Type::I32));
-    MOE_RETURN_IF_ERROR(ops::check_operand("MASK_IDS", "src1 (groups)", dst.src[1], Type::I32));
-    MOE_RETURN_IF_ERROR(ops::check_operand("MASK_IDS", "dst", &dst, Type::I32));
+    MOE_RETURN_IF_ERROR(op_checks::check_mask_ids(dst));
     const Tensor& ids = *dst.src[0];
     const Tensor& groups = *dst.src[1];
-    MOE_RETURN_IF_ERROR(ops::check_2d("MASK_IDS", "src0 (ids)", ids));
-    if (!ops::same_shape(dst, ids) || groups.n_rows() != 1 || groups.nb[0] != sizeof(int32_t)) {
-        return invalid_argument("MASK_IDS: src0 " + ops::shape_str(ids) + ", src1 " + ops::shape_str(groups) +
-                                " and dst " + ops::shape_str(dst) + " do not match ([k, T], contiguous [E] -> [k, T])");
-    }
     const int64_t n = ids.ne[0] * ids.ne[1];
     if (n == 0) return Status::ok();
     constexpr int kThreads = 256;
@@ -301,12 +293,8 @@ Status weighted_sum(Tensor& dst, const OpContext& ctx) {
     if (dst.n_elements() == 0) return Status::ok();
     constexpr int kThreads = 256;
     const dim3 grid(ops::ceil_div(dst.ne[0], kThreads), ops::grid_y(dst.ne[1]));
+    MOE_RETURN_IF_ERROR(op_checks::check_weighted_sum_ids(dst));
     if (const Tensor* ids = dst.src[2]) {
-        MOE_RETURN_IF_ERROR(ops::check_operand("WEIGHTED_SUM", "src2 (ids)", ids, Type::I32));
-        if (ids->ne[0] != y.ne[1] || ids->ne[1] != y.ne[2] || ids->ne[2] != 1 || ids->ne[3] != 1) {
-            return invalid_argument("WEIGHTED_SUM: src2 (ids) " + ops::shape_str(*ids) + " does not match src1 " +
-                                    ops::shape_str(w));
-        }
         weighted_sum_ids_kernel<<<grid, kThreads, 0, ctx.stream>>>(ops::view_of(dst), ops::view_of(y), ops::view_of(w),
                                                                     ops::view_of(*ids));
         return ops::launch_status("weighted_sum_ids_kernel");
