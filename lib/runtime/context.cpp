@@ -5,6 +5,7 @@
 
 #include "core/allocator.h"
 #include "core/backend_registry.h"
+#include "runtime/parallel_copy.h"
 #include "runtime/policy_convert.h"
 #include "sched/placement.h"
 
@@ -263,7 +264,7 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
         c.duplicate = dup[i];
         if (sides[i] == Side::HOST && ctx.pinned_weights) {
             auto* dst = static_cast<uint8_t*>(ctx.pinned_weights->data()) + pinned_off;
-            std::memcpy(dst, t.data, n);
+            parallel_copy(dst, t.data, n, ctx.params.n_threads);
             c.host = dst;
             c.host_buffer = ctx.pinned_weights.get();
             pinned_off += aligned(n);
