@@ -268,8 +268,8 @@ typedef struct moe_sched_policy {
      * ops and offloaded ops each read their own copy (no PCIe round trip). Default: 1. */
     int32_t bias_dup;
     /* Device memory for the staging slots that offloaded weights are uploaded into, in bytes; more slots
-     * let uploads run further ahead of compute. 0: automatic (8 slots of the largest host-resident
-     * weight). Too small for one slot -> INVALID_ARGUMENT. Default: 0. */
+     * let uploads run further ahead of compute. 0: automatic (6 slots of the largest host-resident
+     * weight, 8 when expert_split is on). Too small for one slot -> INVALID_ARGUMENT. Default: 0. */
     uint64_t offload_vram_budget;
     /* Expert split, for layers whose expert weights are all in host RAM, at batch sizes where their
      * expert ops are offloaded: the host computes this many of the layer's experts (those expected to

@@ -88,8 +88,9 @@ Tensor kv_prototype(const moe_context& ctx) {
     return proto;
 }
 
-// Activation arena of the largest ubatch at the deepest position (what the default budget keeps free).
-size_t estimate_arena_bytes(const moe_context& ctx) {
+// Activation arena of the largest ubatch at the deepest position (what the default budget keeps free);
+// split: every expert block built in two parts (the expert split's graphs need more room).
+size_t estimate_arena_bytes(const moe_context& ctx, bool split) {
     const HParams& hp = ctx.model->hparams;
     std::deque<Tensor> cache;
     KvCache kv;
@@ -101,9 +102,8 @@ size_t estimate_arena_bytes(const moe_context& ctx) {
     }
     const int n = std::min(ctx.params.n_ubatch, ctx.params.n_ctx);
     Graph g;
-    // With a device, every expert block may be split (its two parts need more room than one).
-    const std::vector<uint8_t> split(ctx.device ? static_cast<size_t>(hp.n_layer) : 0, 1);
-    build_model_graph(g, hp, ctx.weights, kv, n, ctx.params.n_ctx - n, LogitsMode::ALL, split);
+    const std::vector<uint8_t> split_layers(split ? static_cast<size_t>(hp.n_layer) : 0, 1);
+    build_model_graph(g, hp, ctx.weights, kv, n, ctx.params.n_ctx - n, LogitsMode::ALL, split_layers);
     return plan_allocation(g).arena_size;
 }
 
@@ -163,7 +163,8 @@ private:
 
 // Where each weight lives: all on the host for CPU contexts, else per the placement parameters (with
 // a default VRAM budget of what the device has free, less what the context will also need there).
-StatusOr<std::vector<Side>> decide_sides(const moe_context& ctx, const std::vector<Tensor*>& ws) {
+StatusOr<std::vector<Side>> decide_sides(const moe_context& ctx, const std::vector<Tensor*>& ws,
+                                         const sched::Policy& policy) {
     if (!ctx.device) return std::vector<Side>(ws.size(), Side::HOST);
     const HParams& hp = ctx.model->hparams;
     sched::PlacementParams pp;
@@ -185,10 +186,10 @@ StatusOr<std::vector<Side>> decide_sides(const moe_context& ctx, const std::vect
         // What the device has free, less the KV cache (all of it, to be safe), the activations and a
         // reserve; if the weights do not all fit, also less the slots offloaded experts go through.
         const uint64_t kv = kv_prototype(ctx).n_bytes() * 2 * static_cast<uint64_t>(hp.n_layer);
-        const uint64_t need = kv + estimate_arena_bytes(ctx) + kVramReserve;
+        const uint64_t need = kv + estimate_arena_bytes(ctx, policy.expert_split != 0) + kVramReserve;
         const uint64_t free = ctx.device->free_memory();
         uint64_t budget = free > need ? free - need : 0;
-        const uint64_t slots = sched::kAutoUploadSlots * largest_expert;
+        const uint64_t slots = static_cast<uint64_t>(sched::auto_upload_slots(policy)) * largest_expert;
         if (total > budget) budget = budget > slots ? budget - slots : 0;
         pp.vram_budget = budget;
     }
@@ -223,7 +224,7 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
     for (Tensor& t : ctx.weight_tensors) {
         if (t.is_weight) ws.push_back(&t);
     }
-    MOE_ASSIGN_OR_RETURN(const std::vector<Side> sides, decide_sides(ctx, ws));
+    MOE_ASSIGN_OR_RETURN(const std::vector<Side> sides, decide_sides(ctx, ws, policy));
     MOE_RETURN_IF_ERROR(check_weight_types(ctx, sides, ws));
 
     const std::vector<bool> dup = duplicated_biases(ctx, ws, sides);

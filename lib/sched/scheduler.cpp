@@ -1,6 +1,7 @@
 #include "sched/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <set>
@@ -130,7 +131,8 @@ Status Scheduler::set_policy(const Policy& policy) {
     const size_t largest = largest_host_weight();
     size_t n_slots = 0;
     if (largest > 0 && device_ != nullptr) {
-        n_slots = policy.offload_vram_budget == 0 ? kAutoUploadSlots : policy.offload_vram_budget / largest;
+        n_slots = policy.offload_vram_budget == 0 ? static_cast<size_t>(auto_upload_slots(policy))
+                                                  : policy.offload_vram_budget / largest;
         if (n_slots < kMinSlots) {
             return invalid_argument("offload_vram_budget of " + std::to_string(policy.offload_vram_budget) +
                                     " bytes holds fewer than " + std::to_string(kMinSlots) +
@@ -503,7 +505,8 @@ std::vector<uint8_t> Scheduler::device_experts(int layer) const {
 // Before the host blocks in the host part of split layer L: queues the uploads of the device part of
 // the next split layer, so the copy engine keeps streaming (and the device computes layer L+1's part
 // as soon as the host's result of L arrives) instead of waiting for the host to reach those nodes.
-Status Scheduler::look_ahead_split(const std::vector<Tensor*>& nodes, size_t from, RunState& rs) {
+Status Scheduler::look_ahead_split(const std::vector<Tensor*>& nodes, const std::vector<Side>& sides, size_t from,
+                                   RunState& rs) {
     int layer = -1;
     // Only with slots to spare: the held slots wait for their nodes, and the nodes in between (biases,
     // offloaded dense weights) must still find kMinSlots free.
@@ -511,7 +514,10 @@ Status Scheduler::look_ahead_split(const std::vector<Tensor*>& nodes, size_t fro
     if (slots_.size() < rs.reserved_slots.size() + kHeld + kMinSlots) return Status::ok();
     for (size_t j = from; j < nodes.size(); ++j) {
         Tensor& n = *nodes[j];
-        if (n.expert_group != kDeviceExpertGroup || (n.op != Op::MOE_UP_GATE && n.op != Op::MUL_MAT_ID)) continue;
+        if (n.expert_group != kDeviceExpertGroup || (n.op != Op::MOE_UP_GATE && n.op != Op::MUL_MAT_ID) ||
+            sides[j] != Side::DEVICE) {
+            continue;
+        }
         if (n.layer == nodes[from]->layer) continue;  // this layer's part is already on its way
         if (layer >= 0 && n.layer != layer) break;
         layer = n.layer;
@@ -520,15 +526,8 @@ Status Scheduler::look_ahead_split(const std::vector<Tensor*>& nodes, size_t fro
             if (rs.prefetched.count({&n, k})) continue;
             const std::optional<WeightCopies> c = weight_copies(n.src[k]);
             if (!c || c->device != nullptr) continue;
-            MOE_RETURN_IF_ERROR(ensure_slots());
             if (rs.reserved_slots.size() + kMinSlots >= slots_.size()) return Status::ok();
-            MOE_ASSIGN_OR_RETURN(const size_t slot, take_slot(rs));
-            rs.reserved_slots.insert(slot);
-            RunState::Prefetch p{slot, device_experts(n.layer)};
-            uint8_t* dst = static_cast<uint8_t*>(slot_buffer_->data()) + p.slot * slot_size_;
-            const auto* src = static_cast<const uint8_t*>(c->host);
-            MOE_RETURN_IF_ERROR(upload_experts(dst, src, n.src[k]->nb[2], p.uploaded, slots_[p.slot].fence).status());
-            rs.prefetched[{&n, k}] = std::move(p);
+            MOE_RETURN_IF_ERROR(early_upload(n, k, c->host, device_experts(n.layer), rs));
         }
     }
     return Status::ok();
@@ -540,16 +539,24 @@ Status Scheduler::prefetch_experts(Tensor& node, int src_index, RunState& rs) {
     const Tensor* w = node.src[src_index];
     const std::optional<WeightCopies> c = weight_copies(w);
     if (!c || c->device != nullptr || !uploads_active_experts(node, src_index)) return Status::ok();
-    MOE_RETURN_IF_ERROR(ensure_slots());
     MOE_RETURN_IF_ERROR(flush(rs));
+    std::vector<uint8_t> experts(static_cast<size_t>(n_expert_), 0);
+    if (auto it = last_selected_.find(w); it != last_selected_.end()) experts = it->second;
+    return early_upload(node, src_index, c->host, std::move(experts), rs);
+}
+
+// Uploads the marked experts of operand src_index of node into a slot held until the node takes it
+// (weight_operand then sends only what is still missing). REQUIRES: nothing pending.
+Status Scheduler::early_upload(Tensor& node, int src_index, const void* host, std::vector<uint8_t> experts,
+                               RunState& rs) {
+    MOE_RETURN_IF_ERROR(ensure_slots());
     MOE_ASSIGN_OR_RETURN(const size_t slot, take_slot(rs));
     rs.reserved_slots.insert(slot);
-    RunState::Prefetch p{slot, std::vector<uint8_t>(static_cast<size_t>(n_expert_), 0)};
-    if (auto it = last_selected_.find(w); it != last_selected_.end()) p.uploaded = it->second;
-    uint8_t* dst = static_cast<uint8_t*>(slot_buffer_->data()) + p.slot * slot_size_;
-    const auto* src = static_cast<const uint8_t*>(c->host);
-    MOE_RETURN_IF_ERROR(upload_experts(dst, src, w->nb[2], p.uploaded, slots_[p.slot].fence).status());
-    rs.prefetched[{&node, src_index}] = std::move(p);
+    uint8_t* dst = static_cast<uint8_t*>(slot_buffer_->data()) + slot * slot_size_;
+    MOE_RETURN_IF_ERROR(upload_experts(dst, static_cast<const uint8_t*>(host), node.src[src_index]->nb[2], experts,
+                                       slots_[slot].fence)
+                            .status());
+    rs.prefetched[{&node, src_index}] = RunState::Prefetch{slot, std::move(experts)};
     return Status::ok();
 }
 
@@ -756,7 +763,7 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
                 ++stats_.n_splits;
                 first = false;
                 if (node.expert_group == kHostExpertGroup && side == Side::HOST) {
-                    MOE_RETURN_IF_ERROR(look_ahead_split(nodes, i, rs));
+                    MOE_RETURN_IF_ERROR(look_ahead_split(nodes, sides, i, rs));
                 }
             }
             MOE_RETURN_IF_ERROR(prepare_operands(node, side, rs));
@@ -794,7 +801,13 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
         return Status::ok();
     }();
     if (!status.is_ok() && device_ != nullptr) (void)device_->synchronize();  // leave nothing in flight
-    if (status.is_ok()) learn_split_costs(rs);
+    if (status.is_ok()) {
+        learn_split_costs(rs);
+        // Counted once the split ran (the graph of the plan), not when it was planned.
+        stats_.n_split_layers += split_.n_layers;
+        stats_.n_split_host_experts += split_.n_host_experts;
+        split_.n_layers = split_.n_host_experts = 0;
+    }
     ++stats_.n_ubatches;
     stats_.seconds_total += seconds_since(t_start);
     return status;
@@ -890,9 +903,16 @@ int Scheduler::choose_host_experts(int layer, int n_tokens, std::vector<int32_t>
     // measurement is per expected pair, so it also corrects the expectation's bias.
     const double per_pair = split_host_s_per_pair_ > 0.0 ? split_host_s_per_pair_ : flops / 1e12;
     const double per_upload = split_upload_s_per_byte_ * static_cast<double>(bytes);
-    // A split must save at least 5% of the layer's upload time: it also costs activation copies, an
+    // Without a split the layer uploads every expert (FULL) or about those the router picks (the ACTIVE
+    // copies; expected distinct experts under uniform routing), while the split's device part uploads
+    // all of its group. A split must save at least 5% of that: it also costs activation copies, an
     // extra add and a host thread that cannot queue ahead while it computes.
-    double best = 0.95 * per_upload * n_expert_;
+    double uploaded = n_expert_;
+    if (policy_.expert_copy != ExpertCopy::FULL) {
+        const double miss = 1.0 - static_cast<double>(n_expert_used_) / n_expert_;
+        uploaded = n_expert_ * (1.0 - std::pow(miss, static_cast<double>(n_tokens)));
+    }
+    double best = 0.95 * per_upload * uploaded;
     int best_m = 0;
     double pairs = 0.0;
     for (int m = 1; m < n_expert_; ++m) {
@@ -916,31 +936,45 @@ StatusOr<ExpertSplitPlan> Scheduler::plan_expert_split(int n_tokens) {
     ExpertSplitPlan p;
     p.layers.assign(static_cast<size_t>(n_layer_), 0);
     p.groups.assign(static_cast<size_t>(n_layer_) * static_cast<size_t>(n_expert_), kDeviceExpertGroup);
-    int splittable = 0, wanted = 0;
-    uint64_t host_experts = 0;
-    double expected_pairs = 0.0;
-    std::vector<int32_t> order;
+    struct LayerChoice {
+        int layer;
+        int m;
+        std::vector<int32_t> order;  // the layer's experts, fewest expected tokens first
+        double pairs;
+    };
+    std::vector<LayerChoice> choices;
+    int wanted = 0;
     for (int il = 0; il < n_layer_; ++il) {
         if (!splittable_layer(il)) continue;
-        ++splittable;
         if (policy_.expert_split == kExpertSplitAuto) MOE_RETURN_IF_ERROR(upload_seconds_per_byte().status());
-        double pairs = 0.0;
-        const int m = choose_host_experts(il, n_tokens, order, &pairs);
-        if (m <= 0) continue;
-        ++wanted;
-        p.layers[static_cast<size_t>(il)] = 1;
-        int32_t* g = p.groups.data() + static_cast<size_t>(il) * static_cast<size_t>(n_expert_);
-        for (int j = 0; j < m; ++j) g[order[static_cast<size_t>(j)]] = kHostExpertGroup;
-        host_experts += static_cast<uint64_t>(m);
-        expected_pairs += pairs;
+        LayerChoice c{il, 0, {}, 0.0};
+        c.m = choose_host_experts(il, n_tokens, c.order, &c.pairs);
+        wanted += c.m > 0;
+        choices.push_back(std::move(c));
     }
-    // Automatic splits of a few layers only are not worth it, and a set of split layers that changes
-    // from ubatch to ubatch changes the graph's shape (new plans, new CUDA graph captures).
-    if (wanted == 0 || (policy_.expert_split == kExpertSplitAuto && 2 * wanted < splittable)) return split_;
+    // Automatic: all splittable layers or none. Splitting a few layers only is not worth it, and a set
+    // of split layers that changes from ubatch to ubatch changes the graph's shape (new plans, new CUDA
+    // graph captures); layers whose own balance wants no split give the host their least used expert.
+    const bool automatic = policy_.expert_split == kExpertSplitAuto;
+    if (wanted == 0 || (automatic && 2 * wanted < static_cast<int>(choices.size()))) return split_;
+    uint64_t host_experts = 0;
+    double expected_pairs = 0.0;
+    for (LayerChoice& c : choices) {
+        if (c.m <= 0) {
+            if (!automatic) continue;
+            c.m = 1;
+            c.pairs = 0.0;  // left out of the learned host cost (which then errs high)
+        }
+        p.layers[static_cast<size_t>(c.layer)] = 1;
+        int32_t* g = p.groups.data() + static_cast<size_t>(c.layer) * static_cast<size_t>(n_expert_);
+        for (int j = 0; j < c.m; ++j) g[c.order[static_cast<size_t>(j)]] = kHostExpertGroup;
+        host_experts += static_cast<uint64_t>(c.m);
+        expected_pairs += c.pairs;
+    }
+    p.n_layers = static_cast<uint64_t>(std::count(p.layers.begin(), p.layers.end(), uint8_t{1}));
+    p.n_host_experts = host_experts;
     split_ = std::move(p);
     split_expected_pairs_ = expected_pairs;
-    stats_.n_split_layers += static_cast<uint64_t>(wanted);
-    stats_.n_split_host_experts += host_experts;
     return split_;
 }
 

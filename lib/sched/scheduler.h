@@ -43,8 +43,8 @@ struct WeightCopies {
 };
 
 // Upload slots when the policy leaves offload_vram_budget at 0 (context creation reserves as many):
-// two layers of up, gate and down in flight, and two more for the expert split's look-ahead.
-constexpr int kAutoUploadSlots = 8;
+// two layers of up, gate and down in flight, and with the expert split two more for its look-ahead.
+inline int auto_upload_slots(const Policy& p) { return p.expert_split != 0 ? 8 : 6; }
 
 struct HostInput {
     Tensor* tensor;
@@ -65,6 +65,8 @@ constexpr int32_t kDeviceExpertGroup = 1;
 struct ExpertSplitPlan {
     std::vector<uint8_t> layers;  // per layer: 1 = split; empty when no layer is
     std::vector<int32_t> groups;  // [n_layer][n_expert] kHostExpertGroup / kDeviceExpertGroup
+    uint64_t n_layers = 0;        // split layers
+    uint64_t n_host_experts = 0;  // experts left to the host, summed over them
 };
 
 struct OpTime {
@@ -139,7 +141,9 @@ private:
     Status prefetch_experts(Tensor& node, int src_index, RunState& rs);
     bool splits_experts_of(const Tensor& node, int src_index) const;
     std::vector<uint8_t> device_experts(int layer) const;
-    Status look_ahead_split(const std::vector<Tensor*>& nodes, size_t from, RunState& rs);
+    Status look_ahead_split(const std::vector<Tensor*>& nodes, const std::vector<Side>& sides, size_t from,
+                            RunState& rs);
+    Status early_upload(Tensor& node, int src_index, const void* host, std::vector<uint8_t> experts, RunState& rs);
     StatusOr<size_t> take_slot(RunState& rs);
     StatusOr<size_t> upload_experts(uint8_t* dst, const uint8_t* src, size_t per_expert,
                                     const std::vector<uint8_t>& experts, uint64_t after);

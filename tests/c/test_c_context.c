@@ -364,6 +364,46 @@ static void test_profiling(moe_model* model) {
     moe_context_free(ctx);
 }
 
+/* Callers built before the expert split pass the older, shorter policy and stats structs: the fields
+ * they know are read and written, the newer ones take their defaults and are not written. */
+static void test_older_struct_sizes(moe_model* model) {
+    moe_context_params p;
+    moe_sched_policy old_policy, got;
+    moe_sched_stats old_stats;
+    moe_context* ctx = NULL;
+    unsigned char* tail;
+    size_t i;
+    int untouched = 1;
+    int32_t tokens[N_PROMPT];
+
+    moe_sched_policy_init(&old_policy);
+    old_policy.struct_size = (uint32_t)offsetof(moe_sched_policy, expert_split);
+    old_policy.expert_split = 7; /* beyond the caller's struct_size: must be ignored */
+    old_policy.bias_dup = 0;
+    moe_context_params_init(&p);
+    p.n_ctx = 64;
+    p.n_ubatch = 16;
+    p.device = MOE_DEVICE_EMULATED;
+    p.tensor_overrides = "exps=CPU";
+    p.policy = &old_policy;
+    EXPECT_STATUS(moe_context_create(model, &p, &ctx), MOE_STATUS_OK);
+    if (ctx == NULL) return;
+    moe_sched_policy_init(&got);
+    EXPECT_STATUS(moe_context_get_policy(ctx, &got), MOE_STATUS_OK);
+    EXPECT(got.bias_dup == 0 && got.expert_split == 0);
+
+    random_tokens(tokens, N_PROMPT, vocab_of(model));
+    EXPECT_STATUS(moe_decode(ctx, tokens, NULL, N_PROMPT, 0), MOE_STATUS_OK);
+    memset(&old_stats, 0xAB, sizeof old_stats);
+    old_stats.struct_size = (uint32_t)offsetof(moe_sched_stats, n_split_layers);
+    EXPECT_STATUS(moe_context_get_stats(ctx, &old_stats), MOE_STATUS_OK);
+    EXPECT(old_stats.n_ubatches == 1);
+    tail = (unsigned char*)&old_stats + offsetof(moe_sched_stats, n_split_layers);
+    for (i = 0; i < sizeof old_stats - offsetof(moe_sched_stats, n_split_layers); ++i) untouched &= tail[i] == 0xAB;
+    EXPECT(untouched);
+    moe_context_free(ctx);
+}
+
 int main(void) {
     static const char* const archs[] = {"qwen3moe", "gpt-oss"};
     size_t a;
@@ -378,6 +418,7 @@ int main(void) {
         test_decode_and_logits(model, archs[a]);
         test_decode_errors(model);
         test_profiling(model);
+        test_older_struct_sizes(model);
         moe_model_free(model);
     }
     if (g_failures != 0) {

@@ -440,6 +440,11 @@ TEST_CASE("expert split: the host and device parts add up to the cpu path", "[sc
                         CHECK(hy.counts() == cpu.counts());
                         const moe_sched_stats st = hy.stats();
                         if (split == MOE_EXPERT_SPLIT_AUTO) {
+                            // Whatever the measured costs pick: all layers of a ubatch or none (every
+                            // layer's experts are in RAM here), each split layer with 1 .. n_expert-1 on
+                            // the host.
+                            CHECK(st.n_split_layers % static_cast<uint64_t>(n_layer) == 0);
+                            CHECK(st.n_split_host_experts >= st.n_split_layers);
                             CHECK(st.n_split_host_experts <= st.n_split_layers * static_cast<uint64_t>(n_expert - 1));
                             continue;
                         }

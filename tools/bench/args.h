@@ -245,7 +245,7 @@ inline std::vector<Option> make_options(Config& c) {
          }},
         {"", "--offload-budget", "SIZE",
          "device memory for the staging slots that offloaded weights are uploaded into (units as --vram-budget); "
-         "0: 8 slots of the largest host-resident weight",
+         "0: 6 slots of the largest host-resident weight, 8 with --expert-split",
          "0", sched, size_flag(c.policy.offload_vram_budget)},
         {"", "--sweep", "", "run the sweep: at N_KV = 0, PP, 2*PP, ... time TG single-token decodes, then a PP-token "
                             "prefill, both from depth N_KV",
