@@ -72,13 +72,16 @@ public:
     virtual StatusOr<uint64_t> mark_compute() { return uint64_t{0}; }
     // Queues a copy of n bytes from host memory into this backend's memory that waits only for the
     // compute before fence `after` (0: for nothing), not for all compute queued so far, so uploads can
-    // run ahead of compute; compute queued after this call waits for the copy. The caller guarantees
-    // that nothing queued after fence `after` reads or writes dst. src_host must stay valid and
-    // unchanged until synchronize(). Host backends copy at once.
+    // run ahead of compute. Compute waits for it only once order_after_uploads() is called (so an
+    // upload for later work does not hold up the compute and copies queued before that work). The
+    // caller guarantees that nothing queued after fence `after` reads or writes dst. src_host must
+    // stay valid and unchanged until synchronize(). Host backends copy at once.
     virtual Status upload(void* dst, const void* src_host, size_t n, uint64_t after) {
         (void)after;
         return copy_to_device(dst, src_host, n);
     }
+    // Compute (and activation copies) queued from now on wait for every upload queued so far.
+    virtual Status order_after_uploads() { return Status::ok(); }
     // Waits until the compute and copies queued before fence `fence` have finished (not what was queued
     // after it, nor uploads); 0 returns at once.
     virtual Status wait_fence(uint64_t fence) {

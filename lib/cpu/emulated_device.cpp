@@ -2,9 +2,12 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/backend_registry.h"
+#include "cpu/emulated_streams.h"
 
 namespace moe::cpu {
 namespace {
@@ -41,9 +44,40 @@ size_t emulated_vram() {
     return size_t{64} << 30;
 }
 
+bool async_requested() {
+    const char* v = std::getenv("MOEINFER_EMULATED_ASYNC");
+    return v != nullptr && std::string(v) == "1";
+}
+
+// A node as the CPU kernels see it (host memory, no views), copied so that it can be computed later
+// whatever happens to the graph's tensors meanwhile.
+struct NodeCopy {
+    Tensor node;
+    Tensor srcs[kMaxSrc];
+};
+
+NodeCopy host_view_of(const Tensor& n) {
+    NodeCopy c;
+    c.node = n;
+    for (int i = 0; i < kMaxSrc; ++i) {
+        if (n.src[i] == nullptr) continue;
+        c.srcs[i] = *n.src[i];
+        c.srcs[i].buffer = nullptr;
+        c.srcs[i].view_src = nullptr;
+        c.node.src[i] = nullptr;  // pointed at c.srcs[i] where it is computed (c moves until then)
+    }
+    c.node.buffer = nullptr;
+    c.node.view_src = nullptr;
+    return c;
+}
+
 }  // namespace
 
-EmulatedDeviceBackend::EmulatedDeviceBackend(int n_threads) : kernels_(n_threads) {}
+EmulatedDeviceBackend::EmulatedDeviceBackend(int n_threads, bool async) : kernels_(n_threads) {
+    if (async) streams_ = std::make_unique<AsyncStreams>();
+}
+
+EmulatedDeviceBackend::~EmulatedDeviceBackend() = default;  // the streams finish their tasks first
 
 StatusOr<std::unique_ptr<Buffer>> EmulatedDeviceBackend::alloc_buffer(size_t size) {
     return EmulatedDeviceBuffer::allocate(this, size);
@@ -74,36 +108,75 @@ Status EmulatedDeviceBackend::compute(std::span<Tensor* const> nodes) {
     for (const Tensor* node : nodes) MOE_RETURN_IF_ERROR(check_own_memory(*node));
     // The CPU kernels refuse device memory; they are this backend's own, so compute through a copy of
     // each node whose operands look like host memory to them.
-    for (Tensor* node : nodes) {
-        Tensor local = *node;
-        Tensor srcs[kMaxSrc];
+    auto copies = std::make_shared<std::vector<NodeCopy>>();
+    copies->reserve(nodes.size());  // the copies point into themselves: no reallocation
+    for (const Tensor* node : nodes) {
+        copies->push_back(host_view_of(*node));
         for (int i = 0; i < kMaxSrc; ++i) {
-            if (node->src[i] == nullptr) continue;
-            srcs[i] = *node->src[i];
-            srcs[i].buffer = nullptr;
-            srcs[i].view_src = nullptr;
-            local.src[i] = &srcs[i];
+            if (node->src[i] != nullptr) copies->back().node.src[i] = &copies->back().srcs[i];
         }
-        local.buffer = nullptr;
-        local.view_src = nullptr;
-        Tensor* one = &local;
-        MOE_RETURN_IF_ERROR(kernels_.compute(std::span<Tensor* const>(&one, 1)));
     }
+    auto run = [this, copies]() -> Status {
+        for (NodeCopy& c : *copies) {
+            Tensor* one = &c.node;
+            MOE_RETURN_IF_ERROR(kernels_.compute(std::span<Tensor* const>(&one, 1)));
+        }
+        return Status::ok();
+    };
+    if (!streams_) return run();
+    streams_->compute(std::move(run));
     return Status::ok();
 }
 
 Status EmulatedDeviceBackend::copy_to_device(void* dst, const void* src_host, size_t n) {
     if (n == 0) return Status::ok();
     if (dst == nullptr || src_host == nullptr) return invalid_argument("copy_to_device: null pointer");
-    std::memcpy(dst, src_host, n);
+    if (!streams_) {
+        std::memcpy(dst, src_host, n);
+        return Status::ok();
+    }
+    streams_->compute([dst, src_host, n] {
+        std::memcpy(dst, src_host, n);
+        return Status::ok();
+    });
     return Status::ok();
 }
 
 Status EmulatedDeviceBackend::copy_to_host(void* dst_host, const void* src, size_t n) {
+    return copy_to_device(dst_host, src, n);  // the same in-order memcpy (on the compute stream)
+}
+
+Status EmulatedDeviceBackend::synchronize() { return streams_ ? streams_->synchronize() : Status::ok(); }
+
+StatusOr<uint64_t> EmulatedDeviceBackend::mark_compute() {
+    if (!streams_) return uint64_t{0};
+    return streams_->mark();
+}
+
+Status EmulatedDeviceBackend::upload(void* dst, const void* src_host, size_t n, uint64_t after) {
+    if (!streams_) return copy_to_device(dst, src_host, n);
     if (n == 0) return Status::ok();
-    if (dst_host == nullptr || src == nullptr) return invalid_argument("copy_to_host: null pointer");
-    std::memcpy(dst_host, src, n);
+    if (dst == nullptr || src_host == nullptr) return invalid_argument("upload: null pointer");
+    if (after > streams_->last_fence()) return invalid_argument("upload: fence " + std::to_string(after) + " was never marked");
+    streams_->upload([dst, src_host, n] { std::memcpy(dst, src_host, n); }, after);
     return Status::ok();
+}
+
+Status EmulatedDeviceBackend::order_after_uploads() {
+    if (streams_) streams_->order_after_uploads();
+    return Status::ok();
+}
+
+Status EmulatedDeviceBackend::read_now(void* dst_host, const void* src, size_t n) {
+    MOE_RETURN_IF_ERROR(copy_to_host(dst_host, src, n));
+    if (!streams_) return Status::ok();
+    return streams_->wait_fence(streams_->mark());
+}
+
+Status EmulatedDeviceBackend::wait_fence(uint64_t fence) {
+    if (!streams_ || fence == 0) return Status::ok();
+    if (fence > streams_->last_fence()) return invalid_argument("wait_fence: fence " + std::to_string(fence) + " was never marked");
+    return streams_->wait_fence(fence);
 }
 
 void register_emulated_backend() {
@@ -111,7 +184,7 @@ void register_emulated_backend() {
         "emulated",
         [] { return 1; },
         [](const BackendOptions& o) -> StatusOr<std::unique_ptr<Backend>> {
-            return std::unique_ptr<Backend>(std::make_unique<EmulatedDeviceBackend>(o.n_threads));
+            return std::unique_ptr<Backend>(std::make_unique<EmulatedDeviceBackend>(o.n_threads, async_requested()));
         },
     });
 }

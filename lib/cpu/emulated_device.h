@@ -2,6 +2,12 @@
 // buffers are not host-addressable as far as anyone else knows (is_host() is false), data moves in
 // and out only through its copies, and compute refuses operands outside its own buffers. It computes
 // with the CPU kernels, so its results equal the CPU backend's bit for bit.
+//
+// With MOEINFER_EMULATED_ASYNC=1 (read at creation) it also behaves like a GPU in time: compute and
+// activation copies run in order on a "compute stream" thread and weight uploads on a "copy stream"
+// thread, each task after a random delay, with fences and the CUDA backend's ordering rules (an
+// upload waits for its fence, compute queued after an upload waits for it). A scheduler that reads
+// or reuses memory before the copy or compute it depends on has finished then gets wrong logits.
 #pragma once
 
 #include <memory>
@@ -11,9 +17,12 @@
 
 namespace moe::cpu {
 
+class AsyncStreams;  // emulated_streams.h
+
 class EmulatedDeviceBackend final : public Backend {
 public:
-    explicit EmulatedDeviceBackend(int n_threads);
+    EmulatedDeviceBackend(int n_threads, bool async);
+    ~EmulatedDeviceBackend() override;
 
     const char* name() const override { return "emulated"; }
     bool is_host() const override { return false; }
@@ -24,12 +33,18 @@ public:
     Status compute(std::span<Tensor* const> nodes) override;
     Status copy_to_device(void* dst, const void* src_host, size_t n) override;
     Status copy_to_host(void* dst_host, const void* src, size_t n) override;
-    Status synchronize() override { return Status::ok(); }
+    Status synchronize() override;
+    StatusOr<uint64_t> mark_compute() override;
+    Status upload(void* dst, const void* src_host, size_t n, uint64_t after) override;
+    Status read_now(void* dst_host, const void* src, size_t n) override;
+    Status wait_fence(uint64_t fence) override;
+    Status order_after_uploads() override;
 
 private:
     Status check_own_memory(const Tensor& node) const;
 
     CpuBackend kernels_;
+    std::unique_ptr<AsyncStreams> streams_;  // null: synchronous
 };
 
 // Registers "emulated" in the backend registry (called by the generated backends_init.cpp).

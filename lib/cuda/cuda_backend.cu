@@ -348,6 +348,11 @@ Status CudaBackend::upload(void* dst_dev, const void* src_host, size_t n, uint64
     MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     if (after != 0) MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, fences_[after % kFences], 0));
     MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_dev, src_host, n, cudaMemcpyHostToDevice, copy_stream_));
+    return Status::ok();
+}
+
+Status CudaBackend::order_after_uploads() {
+    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_mark_, copy_stream_));
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, copy_mark_, 0));
     return Status::ok();

@@ -86,6 +86,7 @@ public:
     Status upload(void* dst_dev, const void* src_host, size_t n, uint64_t after) override;
     Status read_now(void* dst_host, const void* src_dev, size_t n) override;
     Status wait_fence(uint64_t fence) override;
+    Status order_after_uploads() override;
     // Whether compute() uses CUDA graphs (default: on, unless MOEINFER_CUDA_GRAPHS=0 at create()).
     // REQUIRES: nothing queued by compute() is still capturing (always true between calls).
     void set_graphs_enabled(bool on) { graphs_enabled_ = on; }

@@ -455,6 +455,10 @@ StatusOr<Tensor*> Scheduler::weight_operand(Tensor& node, int src_index, Side si
         stats_.bytes_weights_full += n;
         ++stats_.n_weight_copies;
     }
+    // Compute from here on waits for the uploads queued so far: this node's (early ones included) and
+    // earlier ones. Until now it did not, so the look-ahead's uploads for the next split layer hold up
+    // neither this layer's host part's inputs nor its result's way back.
+    MOE_RETURN_IF_ERROR(device_->order_after_uploads());
     return substitute(rs, *w, dst, slot_buffer_.get());
 }
 

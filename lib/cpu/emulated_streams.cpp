@@ -1,0 +1,122 @@
+#include "cpu/emulated_streams.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace moe::cpu {
+
+AsyncStreams::AsyncStreams() : rng_(std::random_device{}()) {
+    compute_.worker = std::thread([this] { run(compute_); });
+    copy_.worker = std::thread([this] { run(copy_); });
+}
+
+AsyncStreams::~AsyncStreams() {
+    {
+        std::lock_guard<std::mutex> l(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    compute_.worker.join();
+    copy_.worker.join();
+}
+
+void AsyncStreams::run(Stream& s) {
+    for (;;) {
+        std::function<void()> task;
+        int delay_us = 0;
+        {
+            std::unique_lock<std::mutex> l(mu_);
+            cv_.wait(l, [&] { return stop_ || !s.tasks.empty(); });
+            if (s.tasks.empty()) return;  // stopping, and drained
+            task = std::move(s.tasks.front());
+            s.tasks.pop_front();
+            delay_us = std::uniform_int_distribution<int>(0, 200)(rng_);
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+        task();
+        {
+            std::lock_guard<std::mutex> l(mu_);
+            ++s.done;
+        }
+        cv_.notify_all();
+    }
+}
+
+void AsyncStreams::push(Stream& s, std::function<void()> task) {
+    {
+        std::lock_guard<std::mutex> l(mu_);
+        s.tasks.push_back(std::move(task));
+        ++s.queued;
+    }
+    cv_.notify_all();
+}
+
+void AsyncStreams::compute(std::function<Status()> task) {
+    push(compute_, [this, task = std::move(task)] {
+        const Status s = task();
+        if (!s.is_ok()) {
+            std::lock_guard<std::mutex> l(mu_);
+            if (error_.is_ok()) error_ = s;
+        }
+    });
+}
+
+void AsyncStreams::order_after_uploads() {
+    uint64_t uploads = 0;
+    {
+        std::lock_guard<std::mutex> l(mu_);
+        uploads = copy_.queued;
+    }
+    push(compute_, [this, uploads] {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return copy_.done >= uploads; });
+    });
+}
+
+uint64_t AsyncStreams::mark() {
+    uint64_t f = 0;
+    {
+        std::lock_guard<std::mutex> l(mu_);
+        f = next_fence_++;
+    }
+    push(compute_, [this, f] {
+        std::lock_guard<std::mutex> l(mu_);
+        fence_done_ = std::max(fence_done_, f);
+    });
+    return f;
+}
+
+uint64_t AsyncStreams::last_fence() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return next_fence_ - 1;
+}
+
+void AsyncStreams::upload(std::function<void()> copy, uint64_t after) {
+    push(copy_, [this, after, copy = std::move(copy)] {
+        {
+            std::unique_lock<std::mutex> l(mu_);
+            cv_.wait(l, [&] { return fence_done_ >= after; });
+        }
+        copy();
+    });
+}
+
+Status AsyncStreams::take_error() {
+    Status e = error_;
+    error_ = Status::ok();
+    return e;
+}
+
+Status AsyncStreams::wait_fence(uint64_t f) {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return fence_done_ >= f; });
+    return take_error();
+}
+
+Status AsyncStreams::synchronize() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return compute_.done == compute_.queued && copy_.done == copy_.queued; });
+    return take_error();
+}
+
+}  // namespace moe::cpu
