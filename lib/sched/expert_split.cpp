@@ -1,0 +1,165 @@
+// The expert split's planning (Scheduler members): which layers split, and which experts of each the
+// host computes, from measured costs; the execution side (eager downloads, the look-ahead) is in
+// scheduler.cpp with the rest of run().
+#include <algorithm>
+#include <cmath>
+
+#include "sched/clock.h"
+#include "sched/scheduler.h"
+
+namespace moe::sched {
+
+std::vector<uint8_t> Scheduler::device_experts(int layer) const {
+    std::vector<uint8_t> on_device(static_cast<size_t>(n_expert_));
+    const int32_t* g = split_.groups.data() + static_cast<size_t>(layer) * static_cast<size_t>(n_expert_);
+    for (size_t e = 0; e < on_device.size(); ++e) on_device[e] = g[e] == kDeviceExpertGroup;
+    return on_device;
+}
+
+bool Scheduler::splittable_layer(int layer) const {
+    if (expert_matrices_.empty() || expert_matrices_[static_cast<size_t>(layer)].empty()) return false;
+    for (const Tensor* w : expert_matrices_[static_cast<size_t>(layer)]) {
+        const WeightCopies& c = weights_.at(w);
+        if (c.home != Side::HOST || c.device != nullptr) return false;
+    }
+    return true;
+}
+
+// Times one upload of the largest host-resident weight into a slot (the link as the uploads see it).
+StatusOr<double> Scheduler::upload_seconds_per_byte() {
+    if (split_upload_s_per_byte_ > 0.0) return split_upload_s_per_byte_;
+    const Tensor* largest = nullptr;
+    const void* src = nullptr;
+    for (const auto& [w, c] : weights_) {
+        if (c.home == Side::HOST && c.host != nullptr && (largest == nullptr || w->n_bytes() > largest->n_bytes())) {
+            largest = w;
+            src = c.host;
+        }
+    }
+    if (largest == nullptr) return internal_error("scheduler: no host-resident weight to time an upload with");
+    MOE_RETURN_IF_ERROR(ensure_slots());
+    MOE_RETURN_IF_ERROR(device_->synchronize());  // slot 0 may still be in use
+    const Clock::time_point t0 = Clock::now();
+    MOE_RETURN_IF_ERROR(device_->upload(slot_buffer_->data(), src, largest->n_bytes(), 0));
+    MOE_RETURN_IF_ERROR(device_->synchronize());
+    split_upload_s_per_byte_ = std::max(seconds_since(t0), 1e-9) / static_cast<double>(largest->n_bytes());
+    return split_upload_s_per_byte_;
+}
+
+// How many experts of `layer` the host takes (order: the layer's experts, fewest expected tokens
+// first): the count that minimises the slower of the two parts, the host's (waiting for its inputs,
+// then its pairs) and the upload of the device's experts (which the device computes under).
+// *expected_pairs: the (token, expert) pairs the host is expected to compute with that count.
+int Scheduler::choose_host_experts(int layer, int n_tokens, std::vector<int32_t>& order, double* expected_pairs) const {
+    const size_t n = static_cast<size_t>(n_expert_);
+    const double uniform = static_cast<double>(n_tokens) * n_expert_used_ / n_expert_;
+    std::vector<double> expected(n, uniform);
+    if (last_counts_tokens_ > 0 && !last_counts_.empty()) {
+        // Halfway between the last prompt ubatch's count and the mean: the least used experts of one
+        // ubatch are only partly the least used of the next (all of them regress to the mean under
+        // uniform routing; a trained router keeps much of its skew).
+        const double scale = static_cast<double>(n_tokens) / last_counts_tokens_;
+        for (size_t e = 0; e < n; ++e) {
+            expected[e] = 0.5 * (uniform + scale * last_counts_[static_cast<size_t>(layer) * n + e]);
+        }
+    }
+    order.resize(n);
+    for (size_t e = 0; e < n; ++e) order[e] = static_cast<int32_t>(e);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return expected[a] < expected[b]; });
+    auto pairs_of = [&](int m) {
+        double p = 0.0;
+        for (int j = 0; j < m; ++j) p += expected[static_cast<size_t>(order[static_cast<size_t>(j)])];
+        return p;
+    };
+    if (policy_.expert_split != kExpertSplitAuto) {
+        const int m = std::min(policy_.expert_split, n_expert_ - 1);
+        *expected_pairs = pairs_of(m);
+        return m;
+    }
+
+    size_t bytes = 0;
+    double flops = 0.0;
+    for (const Tensor* w : expert_matrices_[static_cast<size_t>(layer)]) {
+        bytes += w->nb[2];
+        flops += 2.0 * static_cast<double>(w->ne[0]) * static_cast<double>(w->ne[1]);
+    }
+    // Until the host has been measured: 1 TFLOP/s, what a 16-core AVX-512 machine sustains here. The
+    // measurement is per expected pair, so it also corrects the expectation's bias.
+    const double per_pair = split_host_s_per_pair_ > 0.0 ? split_host_s_per_pair_ : flops / 1e12;
+    const double per_upload = split_upload_s_per_byte_ * static_cast<double>(bytes);
+    // Without a split the layer uploads every expert (FULL) or about those the router picks (the ACTIVE
+    // copies; expected distinct experts under uniform routing), while the split's device part uploads
+    // all of its group. A split must save at least 5% of that: it also costs activation copies, an
+    // extra add and a host thread that cannot queue ahead while it computes.
+    double uploaded = n_expert_;
+    if (policy_.expert_copy != ExpertCopy::FULL) {
+        const double miss = 1.0 - static_cast<double>(n_expert_used_) / n_expert_;
+        uploaded = n_expert_ * (1.0 - std::pow(miss, static_cast<double>(n_tokens)));
+    }
+    double best = 0.95 * per_upload * uploaded;
+    int best_m = 0;
+    double pairs = 0.0;
+    for (int m = 1; m < n_expert_; ++m) {
+        pairs += expected[static_cast<size_t>(order[static_cast<size_t>(m - 1)])];
+        const double t = std::max(split_host_wait_s_ + per_pair * pairs, per_upload * (n_expert_ - m));
+        if (t < best) {
+            best = t;
+            best_m = m;
+        }
+    }
+    *expected_pairs = pairs_of(best_m);
+    return best_m;
+}
+
+StatusOr<ExpertSplitPlan> Scheduler::plan_expert_split(int n_tokens) {
+    split_ = ExpertSplitPlan{};
+    if (device_ == nullptr || policy_.expert_split == 0 || n_expert_ < 2 || n_layer_ <= 0) return split_;
+    for (OffloadOp op : {OffloadOp::MOE_UP_GATE, OffloadOp::MUL_MAT_ID}) {
+        if (!policy_.rule(op).enabled || n_tokens < min_batch(op)) return split_;
+    }
+    ExpertSplitPlan p;
+    p.layers.assign(static_cast<size_t>(n_layer_), 0);
+    p.groups.assign(static_cast<size_t>(n_layer_) * static_cast<size_t>(n_expert_), kDeviceExpertGroup);
+    struct LayerChoice {
+        int layer;
+        int m;
+        std::vector<int32_t> order;  // the layer's experts, fewest expected tokens first
+        double pairs;
+    };
+    std::vector<LayerChoice> choices;
+    int wanted = 0;
+    for (int il = 0; il < n_layer_; ++il) {
+        if (!splittable_layer(il)) continue;
+        if (policy_.expert_split == kExpertSplitAuto) MOE_RETURN_IF_ERROR(upload_seconds_per_byte().status());
+        LayerChoice c{il, 0, {}, 0.0};
+        c.m = choose_host_experts(il, n_tokens, c.order, &c.pairs);
+        wanted += c.m > 0;
+        choices.push_back(std::move(c));
+    }
+    // Automatic: all splittable layers or none. Splitting a few layers only is not worth it, and a set
+    // of split layers that changes from ubatch to ubatch changes the graph's shape (new plans, new CUDA
+    // graph captures); layers whose own balance wants no split give the host their least used expert.
+    const bool automatic = policy_.expert_split == kExpertSplitAuto;
+    if (wanted == 0 || (automatic && 2 * wanted < static_cast<int>(choices.size()))) return split_;
+    uint64_t host_experts = 0;
+    double expected_pairs = 0.0;
+    for (LayerChoice& c : choices) {
+        if (c.m <= 0) {
+            if (!automatic) continue;
+            c.m = 1;
+            c.pairs = 0.0;  // left out of the learned host cost (which then errs high)
+        }
+        p.layers[static_cast<size_t>(c.layer)] = 1;
+        int32_t* g = p.groups.data() + static_cast<size_t>(c.layer) * static_cast<size_t>(n_expert_);
+        for (int j = 0; j < c.m; ++j) g[c.order[static_cast<size_t>(j)]] = kHostExpertGroup;
+        host_experts += static_cast<uint64_t>(c.m);
+        expected_pairs += c.pairs;
+    }
+    p.n_layers = static_cast<uint64_t>(std::count(p.layers.begin(), p.layers.end(), uint8_t{1}));
+    p.n_host_experts = host_experts;
+    split_ = std::move(p);
+    split_expected_pairs_ = expected_pairs;
+    return split_;
+}
+
+}  // namespace moe::sched
