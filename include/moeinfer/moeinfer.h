@@ -277,7 +277,9 @@ typedef struct moe_sched_policy {
      * whose weights alone cross PCIe; the two parts' outputs are added. MOE_EXPERT_SPLIT_AUTO (-1)
      * picks the count per layer from the measured upload time and host expert throughput; 0 turns
      * the split off. Below -1 -> INVALID_ARGUMENT. Default: 0 (docs/PERF.md has what it gains and where
-     * it loses so far). */
+     * it loses so far). A context created with it on reserves device memory for it (two more upload
+     * slots, larger activations); turned on later by moe_context_set_policy, a decode that lacks that
+     * memory fails with RESOURCE_EXHAUSTED. */
     int32_t expert_split;
 } moe_sched_policy;
 
