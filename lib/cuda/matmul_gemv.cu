@@ -318,24 +318,10 @@ __global__ void __launch_bounds__(kQuantWarps * 32) quantize_q8_kernel(const Row
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int64_t r = i / nblk;
     const int b = static_cast<int>(i - r * nblk);
-    const float v = row_f32(x, r)[32 * b + lane];
-    const bool finite = __all_sync(0xffffffffu, isfinite(v));
-    const float amax = ops::warp_max(fabsf(v));
     uint8_t* row = dst + r * stride;
-    auto* qs = reinterpret_cast<uint32_t*>(row + 32 * static_cast<int64_t>(b));
-    float* d = reinterpret_cast<float*>(row + k) + b;
-    if (!finite) {  // the CPU makes the block's scale NaN, so every dot that uses it is NaN
-        if ((lane & 3) == 0) qs[lane >> 2] = 0u;
-        if (lane == 0) *d = __int_as_float(0x7FC00000);
-        return;
-    }
-    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    const uint32_t q = static_cast<uint32_t>(__float2int_rn(v * id)) & 0xFFu;
-    const uint32_t q1 = __shfl_down_sync(0xffffffffu, q, 1);
-    const uint32_t q2 = __shfl_down_sync(0xffffffffu, q, 2);
-    const uint32_t q3 = __shfl_down_sync(0xffffffffu, q, 3);
-    if ((lane & 3) == 0) qs[lane >> 2] = q | q1 << 8 | q2 << 16 | q3 << 24;
-    if (lane == 0) *d = amax / 127.0f;
+    ops::warp_quantize_q8_block(row_f32(x, r)[32 * b + lane], lane,
+                                reinterpret_cast<uint32_t*>(row + 32 * static_cast<int64_t>(b)),
+                                reinterpret_cast<float*>(row + k) + b);
 }
 
 // One thread per element: F32 rows copied into contiguous prepared rows.

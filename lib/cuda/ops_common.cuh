@@ -78,6 +78,27 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// One Q8 activation block (32 values, lane j holds value j) quantised by a warp exactly as the CPU's
+// quantize_q8a: int8 values packed into qs[0..7] by lanes 0, 4, ..., scale amax / 127 into *scale. A
+// block with a non-finite value gets zero quants and a NaN scale, so every dot that uses it is NaN (as
+// on the CPU). Every lane of the warp must call it.
+__device__ __forceinline__ void warp_quantize_q8_block(float v, int lane, uint32_t* qs, float* scale) {
+    const bool finite = __all_sync(0xffffffffu, isfinite(v));
+    const float amax = warp_max(fabsf(v));
+    if (!finite) {
+        if ((lane & 3) == 0) qs[lane >> 2] = 0u;
+        if (lane == 0) *scale = __int_as_float(0x7FC00000);
+        return;
+    }
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const uint32_t q = static_cast<uint32_t>(__float2int_rn(v * id)) & 0xFFu;
+    const uint32_t q1 = __shfl_down_sync(0xffffffffu, q, 1);
+    const uint32_t q2 = __shfl_down_sync(0xffffffffu, q, 2);
+    const uint32_t q3 = __shfl_down_sync(0xffffffffu, q, 3);
+    if ((lane & 3) == 0) qs[lane >> 2] = q | q1 << 8 | q2 << 16 | q3 << 24;
+    if (lane == 0) *scale = amax / 127.0f;
+}
+
 // WEIGHTED_SUM's element i of token t: sum_j w[j, t] * y[i, j, t], summed in order j = 0, 1, ...
 // The first kUnroll experts' values are loaded together (a loop over a runtime k would wait for
 // each load in turn); shared by weighted_sum_kernel and the fused row chain, so both sum alike.

@@ -128,22 +128,8 @@ __global__ void __launch_bounds__(1024) row_chain_kernel(ChainArgs a) {
         d[i] = y;
         if (q8row != nullptr) {
             const int64_t b = i >> 5;  // this warp's 32 values are block b
-            const bool finite = __all_sync(0xffffffffu, isfinite(y));
-            const float amax = ops::warp_max(fabsf(y));
-            auto* qs = reinterpret_cast<uint32_t*>(q8row + 32 * b);
-            float* qd = reinterpret_cast<float*>(q8row + a.n) + b;
-            if (!finite) {
-                if ((lane & 3) == 0) qs[lane >> 2] = 0u;
-                if (lane == 0) *qd = __int_as_float(0x7FC00000);
-                continue;
-            }
-            const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-            const uint32_t q = static_cast<uint32_t>(__float2int_rn(y * id)) & 0xFFu;
-            const uint32_t q1 = __shfl_down_sync(0xffffffffu, q, 1);
-            const uint32_t q2 = __shfl_down_sync(0xffffffffu, q, 2);
-            const uint32_t q3 = __shfl_down_sync(0xffffffffu, q, 3);
-            if ((lane & 3) == 0) qs[lane >> 2] = q | q1 << 8 | q2 << 16 | q3 << 24;
-            if (lane == 0) *qd = amax / 127.0f;
+            ops::warp_quantize_q8_block(y, lane, reinterpret_cast<uint32_t*>(q8row + 32 * b),
+                                        reinterpret_cast<float*>(q8row + a.n) + b);
         }
     }
 }
