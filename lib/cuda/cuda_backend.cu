@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -8,6 +9,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_ops.cuh"
+#include "cuda/mapped_copy.cuh"
 
 namespace moe::cuda {
 
@@ -82,6 +84,9 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device) {
     b->graphs_enabled_ = env == nullptr || std::strcmp(env, "0") != 0;
     const char* fuse = std::getenv("MOEINFER_CUDA_FUSION");
     b->fusion_enabled_ = fuse == nullptr || std::strcmp(fuse, "0") != 0;
+    const char* pull = std::getenv("MOEINFER_CUDA_PULL_COPIES");
+    if (pull != nullptr && std::strcmp(pull, "0") == 0) b->pull_copies_ = PullCopies::NEVER;
+    if (pull != nullptr && std::strcmp(pull, "1") == 0) b->pull_copies_ = PullCopies::ALWAYS;
     return std::unique_ptr<Backend>(std::move(b));
 }
 
@@ -309,8 +314,21 @@ Status CudaBackend::copy_to_device(void* dst_dev, const void* src_host, size_t n
         return invalid_argument("copy_to_device: dst_dev and src_host must not be null");
     }
     // On the compute stream: activations are small, and behind queued weight uploads on the copy
-    // stream they would wait for those.
+    // stream they would wait for those. While uploads are in flight a kernel pulls them from
+    // page-locked memory, as a DMA copy would still queue behind those uploads in the copy engine.
     MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    bool pull = pull_copies_ == PullCopies::ALWAYS;
+    if (pull_copies_ == PullCopies::WHILE_UPLOADING && n <= kPullCopyMaxBytes) {
+        const cudaError_t q = cudaStreamQuery(copy_stream_);
+        if (q != cudaSuccess && q != cudaErrorNotReady) return cuda_status(q, "cudaStreamQuery(copy stream)");
+        pull = q == cudaErrorNotReady;
+    }
+    if (pull && n <= kPullCopyMaxBytes) {
+        const void* mapped = mapped_device_pointer(src_host);
+        if (mapped != nullptr && reinterpret_cast<uintptr_t>(mapped) % 16 == reinterpret_cast<uintptr_t>(dst_dev) % 16) {
+            return pull_from_host(dst_dev, mapped, n, compute_stream_);
+        }
+    }
     MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_dev, src_host, n, cudaMemcpyHostToDevice, compute_stream_));
     return Status::ok();
 }
