@@ -275,11 +275,12 @@ typedef struct moe_sched_policy {
      * expert ops are offloaded: the host computes this many of the layer's experts (those expected to
      * see the fewest tokens, from the previous prompt ubatch) while the device computes the others,
      * whose weights alone cross PCIe; the two parts' outputs are added. MOE_EXPERT_SPLIT_AUTO (-1)
-     * picks the count per layer from the measured upload time and host expert throughput; 0 turns
-     * the split off. Below -1 -> INVALID_ARGUMENT. Default: 0 (docs/PERF.md has what it gains and where
-     * it loses so far). A context created with it on reserves device memory for it (two more upload
-     * slots, larger activations); turned on later by moe_context_set_policy, a decode that lacks that
-     * memory fails with RESOURCE_EXHAUSTED. */
+     * picks the count per layer from the measured upload time and host expert throughput, then times
+     * the first ubatches of each size class (tokens rounded down to a power of two) with and without
+     * the split (split, unsplit, split) and keeps the faster; 0 turns the split off. Below -1 ->
+     * INVALID_ARGUMENT. Default: MOE_EXPERT_SPLIT_AUTO. A context created with it on reserves device
+     * memory for it (two more upload slots, larger activations); turned on later by
+     * moe_context_set_policy, a decode that lacks that memory fails with RESOURCE_EXHAUSTED. */
     int32_t expert_split;
 } moe_sched_policy;
 

@@ -22,7 +22,7 @@ MOE_API void moe_sched_policy_init(moe_sched_policy* policy) {
     policy->expert_copy = MOE_EXPERT_COPY_FULL;
     policy->bias_dup = 1;
     policy->offload_vram_budget = 0;
-    policy->expert_split = 0;
+    policy->expert_split = MOE_EXPERT_SPLIT_AUTO;
 }
 
 MOE_API const char* moe_offload_op_name(int32_t op) { return moe::sched::offload_op_name(op); }

@@ -47,8 +47,8 @@ StatusOr<double> Scheduler::upload_seconds_per_byte() {
 }
 
 // How many experts of `layer` the host takes (order: the layer's experts, fewest expected tokens
-// first): the count that minimises the slower of the two parts, the host's (waiting for its inputs,
-// then its pairs) and the upload of the device's experts (which the device computes under).
+// first): the count that minimises the slower of the two parts, the host's (the device's latency and
+// the host's own work between host parts, then its pairs) and the upload of the device's experts (which the device computes under).
 // *expected_pairs: the (token, expert) pairs the host is expected to compute with that count.
 int Scheduler::choose_host_experts(int layer, int n_tokens, std::vector<int32_t>& order, double* expected_pairs) const {
     const size_t n = static_cast<size_t>(n_expert_);
@@ -101,7 +101,7 @@ int Scheduler::choose_host_experts(int layer, int n_tokens, std::vector<int32_t>
     double pairs = 0.0;
     for (int m = 1; m < n_expert_; ++m) {
         pairs += expected[static_cast<size_t>(order[static_cast<size_t>(m - 1)])];
-        const double t = std::max(split_host_wait_s_ + per_pair * pairs, per_upload * (n_expert_ - m));
+        const double t = std::max(split_host_serial_s_ + per_pair * pairs, per_upload * (n_expert_ - m));
         if (t < best) {
             best = t;
             best_m = m;
@@ -113,6 +113,7 @@ int Scheduler::choose_host_experts(int layer, int n_tokens, std::vector<int32_t>
 
 StatusOr<ExpertSplitPlan> Scheduler::plan_expert_split(int n_tokens) {
     split_ = ExpertSplitPlan{};
+    split_timed_ = false;
     if (device_ == nullptr || policy_.expert_split == 0 || n_expert_ < 2 || n_layer_ <= 0) return split_;
     for (OffloadOp op : {OffloadOp::MOE_UP_GATE, OffloadOp::MUL_MAT_ID}) {
         if (!policy_.rule(op).enabled || n_tokens < min_batch(op)) return split_;
@@ -141,6 +142,13 @@ StatusOr<ExpertSplitPlan> Scheduler::plan_expert_split(int n_tokens) {
     // graph captures); layers whose own balance wants no split give the host their least used expert.
     const bool automatic = policy_.expert_split == kExpertSplitAuto;
     if (wanted == 0 || (automatic && 2 * wanted < static_cast<int>(choices.size()))) return split_;
+    if (automatic) {
+        // The model leaves out costs it cannot see (activation copies, the host thread that stops queueing
+        // work while it computes): timed ubatches with and without the split have the last word.
+        split_timed_ = true;
+        split_timed_on_ = split_trials_.want_split(n_tokens);
+        if (!split_timed_on_) return split_;
+    }
     uint64_t host_experts = 0;
     double expected_pairs = 0.0;
     for (LayerChoice& c : choices) {

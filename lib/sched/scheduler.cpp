@@ -67,7 +67,9 @@ struct Scheduler::RunState {
     // Expert split, measured for learn_split_costs().
     double split_host_seconds = 0.0;
     double split_wait_seconds = 0.0;
+    double split_min_wait_seconds = 0.0;  // the shortest wait: the device's own latency, no upload in it
     int split_host_flushes = 0;
+    Clock::time_point split_first_start, split_last_end;  // from the first host part's wait to the last's end
     struct Prefetch {
         size_t slot;
         std::vector<uint8_t> uploaded;  // experts already on their way
@@ -147,6 +149,7 @@ Status Scheduler::set_policy(const Policy& policy) {
     policy_ = policy;
     plans_.clear();  // sides depend on the policy
     last_selected_.clear();
+    split_trials_.clear();
     return Status::ok();
 }
 
@@ -313,7 +316,11 @@ Status Scheduler::flush(RunState& rs) {
         const double host_seconds = seconds_since(t0);
         stats_.seconds_host_compute += host_seconds;
         if (split_part) {
-            rs.split_wait_seconds += std::chrono::duration<double>(t0 - t_wait).count();
+            const double wait = std::chrono::duration<double>(t0 - t_wait).count();
+            rs.split_min_wait_seconds = rs.split_host_flushes == 0 ? wait : std::min(rs.split_min_wait_seconds, wait);
+            if (rs.split_host_flushes == 0) rs.split_first_start = t_wait;
+            rs.split_last_end = Clock::now();
+            rs.split_wait_seconds += wait;
             rs.split_host_seconds += host_seconds;
             ++rs.split_host_flushes;
         }
@@ -797,6 +804,7 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
     if (!status.is_ok() && device_ != nullptr) (void)device_->synchronize();  // leave nothing in flight
     if (status.is_ok()) {
         learn_split_costs(rs);
+        if (split_timed_) split_trials_.record(n_tokens, split_timed_on_, seconds_since(t_start));
         // Counted once the split ran (the graph of the plan), not when it was planned.
         stats_.n_split_layers += split_.n_layers;
         stats_.n_split_host_experts += split_.n_host_experts;
@@ -830,9 +838,18 @@ std::vector<uint8_t> Scheduler::eager_downloads(const Graph& graph, const std::v
 void Scheduler::learn_split_costs(const RunState& rs) {
     if (rs.split_host_flushes == 0 || split_expected_pairs_ <= 0.0) return;
     const double per_pair = rs.split_host_seconds / split_expected_pairs_;
-    const double wait = rs.split_wait_seconds / rs.split_host_flushes;
-    split_host_s_per_pair_ = split_host_s_per_pair_ > 0.0 ? 0.5 * (split_host_s_per_pair_ + per_pair) : per_pair;
-    split_host_wait_s_ = 0.5 * (split_host_wait_s_ + wait);
+    // What the host's side of a split layer costs besides its expert pairs: the device's latency from
+    // the host's result to the next layer's inputs (the shortest wait: the longer ones also wait for
+    // uploads, which the balance counts on the other side) and the host's own work between two host
+    // parts (queueing the device's nodes and uploads, bookkeeping), which no wait shows.
+    double serial = rs.split_min_wait_seconds;
+    if (rs.split_host_flushes >= 2) {
+        const double span = std::chrono::duration<double>(rs.split_last_end - rs.split_first_start).count();
+        serial += std::max(0.0, span - rs.split_host_seconds - rs.split_wait_seconds) / (rs.split_host_flushes - 1);
+    }
+    const bool first = split_host_s_per_pair_ <= 0.0;
+    split_host_s_per_pair_ = first ? per_pair : 0.5 * (split_host_s_per_pair_ + per_pair);
+    split_host_serial_s_ = first ? serial : 0.5 * (split_host_serial_s_ + serial);
 }
 
 }  // namespace moe::sched

@@ -26,6 +26,7 @@
 #include "core/graph.h"
 #include "sched/placement.h"
 #include "sched/policy.h"
+#include "sched/split_trial.h"
 #include "sched/stats.h"
 
 namespace moe::sched {
@@ -187,9 +188,12 @@ private:
     double split_upload_s_per_byte_ = 0.0;  // measured once, on first use
     double split_host_s_per_pair_ = 0.0;    // host seconds per expected (token, expert) pair of a host part
     double split_expected_pairs_ = 0.0;     // of the planned ubatch's host parts
-    double split_host_wait_s_ = 0.0;        // per split layer: host wait for the device's inputs
+    double split_host_serial_s_ = 0.0;      // per split layer: the host side's cost besides its pairs
     std::vector<uint32_t> last_counts_;     // [n_layer][n_expert] of the last ubatch
     int last_counts_tokens_ = 0;
+    SplitTrials split_trials_;              // automatic split: timed ubatches with and without
+    bool split_timed_ = false;              // the planned ubatch is a sample for split_trials_
+    bool split_timed_on_ = false;           // ... run split
 
     // ACTIVE_PREFETCH: per expert tensor, the experts selected the last time it was uploaded.
     std::unordered_map<const Tensor*, std::vector<uint8_t>> last_selected_;

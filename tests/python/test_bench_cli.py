@@ -396,7 +396,7 @@ def test_placement_flags_reach_the_context(cache_dir):
     assert split["weights_host_bytes"] == all_experts["weights_host_bytes"] // 2  # 3 of the 6 expert tensors
     no_bias_dup = json.loads(run(*base, "-ot", "exps=CPU", "--no-bias-dup", cache=cache_dir).stdout)[0]
     assert no_bias_dup["bias_dup"] == 0
-    assert everything["expert_split"] == 0
+    assert everything["expert_split"] == -1  # automatic by default
     for value, expected in (("off", 0), ("3", 3), ("auto", -1)):
         r = json.loads(run(*base, "-ot", "exps=CPU", "--expert-split", value, cache=cache_dir).stdout)[0]
         assert r["expert_split"] == expected

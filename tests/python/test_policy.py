@@ -18,7 +18,7 @@ def test_defaults():
     assert p.expert_copy == "full"
     assert p.bias_dup is True
     assert p.offload_vram_budget == 0
-    assert p.expert_split == 0  # off until the automatic count is proven on more shapes
+    assert p.expert_split == -1  # automatic
 
 
 def test_parse_offload_applies_entries_in_order():

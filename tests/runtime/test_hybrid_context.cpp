@@ -310,7 +310,7 @@ TEST_CASE("bad placement and policy values are rejected with clear errors", "[sc
     pol.expert_copy = 9;
     CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
     moe_sched_policy_init(&pol);
-    CHECK(pol.expert_split == 0);
+    CHECK(pol.expert_split == MOE_EXPERT_SPLIT_AUTO);
     pol.expert_split = -2;
     CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
     CHECK_THAT(moe_last_error(), Catch::Contains("expert_split"));

@@ -226,8 +226,9 @@ inline std::vector<Option> make_options(Config& c) {
          }},
         {"", "--expert-split", "auto|off|N",
          "while a layer's host-resident experts are offloaded, the host computes N of them (the least used) at the "
-         "same time as the device computes the rest; auto balances measured upload time and host throughput",
-         "off", sched,
+         "same time as the device computes the rest; auto balances measured upload time and host throughput, then "
+         "keeps the split only where timed ubatches show it faster",
+         "auto", sched,
          [&c](const std::string& v) -> std::optional<std::string> {
              if (v == "auto") {
                  c.policy.expert_split = MOE_EXPERT_SPLIT_AUTO;

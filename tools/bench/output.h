@@ -45,7 +45,7 @@ struct RunInfo {
     std::string expert_copy;      // "full", "active" or "prefetch"
     bool bias_dup = true;
     uint64_t offload_vram_budget = 0;
-    int32_t expert_split = 0;
+    int32_t expert_split = MOE_EXPERT_SPLIT_AUTO;
     uint64_t weights_host_bytes = 0;    // placement (moe_sched_stats)
     uint64_t weights_device_bytes = 0;
 };

@@ -138,7 +138,7 @@ void bind_policy(py::module_& m) {
                                   "at the same time as the device the rest (-1: automatic, 0: off).")
                                      .c_str())
         .def(py::init(&create), py::kw_only(), "offload"_a = py::none(), "expert_copy"_a = "full",
-             "bias_dup"_a = true, "offload_vram_budget"_a = 0, "expert_split"_a = 0,
+             "bias_dup"_a = true, "offload_vram_budget"_a = 0, "expert_split"_a = MOE_EXPERT_SPLIT_AUTO,
              R"(The library's defaults, changed by the arguments given.
 
 offload: None, a spec string (see parse_offload) or a dict {"op": (enabled, min_batch)}.
