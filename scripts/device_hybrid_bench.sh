@@ -2,8 +2,8 @@
 # Hybrid (experts in pinned host RAM) benchmarks on the GPU machine, issue #5 targets, from prebuilt
 # binaries:  scripts/device_hybrid_bench.sh BIN_DIR OUT_DIR [GROUP...]
 # Groups: llama (the llama.cpp comparison), tg (hybrid TG with CUDA graphs on and off), active (FULL vs ACTIVE_ONLY on skewed GPT-OSS, ubatch
-# 256..4096), biasdup (bias duplication on/off, PP and TG), biasdup_ub (on/off over ubatch 256..4096), split (expert split off / auto /
-# fixed counts at pp512), default: all. JSON per run in OUT_DIR, medians of 3.
+# 256..4096), active120 (the same on 12 layers of the GPT-OSS-120B shape, ubatch 1024 and 4096), pull (MOEINFER_CUDA_PULL_COPIES 1/0/unset), slots (G20 pp512, 6 vs 8 upload slots), biasdup (bias duplication on/off, PP and TG), biasdup_ub (on/off over ubatch 256..4096), split (expert split off / auto /
+# fixed counts at pp512, off / auto at Q30 pp2048), default: all. JSON per run in OUT_DIR, medians of 3.
 set -uo pipefail
 bin=$1; out=$2; shift 2
 groups=${*:-llama tg active biasdup}
@@ -13,6 +13,7 @@ Q30="qwen3moe:preset=qwen3-30b-a3b:layers=16:experts=q8_0:dense=q8_0"
 Q48="qwen3moe:preset=qwen3-30b-a3b:layers=48:experts=q4_0:dense=q8_0"
 G20="gpt-oss:preset=gpt-oss-20b:layers=24:experts=mxfp4:dense=q8_0"
 G20S="gpt-oss:preset=gpt-oss-20b:layers=24:experts=mxfp4:dense=q8_0:skew=0.9"
+G120S="gpt-oss:preset=gpt-oss-120b:layers=12:experts=mxfp4:dense=q8_0:skew=0.9"
 
 run() {  # tag, then moeinfer-bench arguments
   local tag=$1; shift
@@ -53,17 +54,44 @@ for g in $groups; do
     active)
       for ub in 256 512 1024 2048 4096; do
         for copy in full active prefetch; do
-          run g20s_${copy}_ub$ub --synthetic "$G20S" -ot exps=CPU -p 4096 -n 0 -ub $ub --expert-copy $copy -r 2
+          run g20s_${copy}_ub$ub --synthetic "$G20S" -ot exps=CPU -p 4096 -n 0 -ub $ub --expert-copy $copy -r 2 --expert-split off
         done
       done ;;
+    active120)
+      # GPT-OSS-120B's expert shape (128 experts, 4 used) over 12 of its 36 layers (20 GB of experts).
+      for ub in 1024 4096; do
+        for copy in full active prefetch; do
+          run g120s_${copy}_ub$ub --synthetic "$G120S" -ot exps=CPU -p 4096 -n 0 -ub $ub --expert-copy $copy -r 2 --expert-split off
+        done
+      done
+      rm -f $dir/*gpt-oss-120b* ;;
+    pull)
+      # Activation H2D copies as kernels (1: always, unset: while uploads are in flight) or DMA (0),
+      # alternating: TG and the split's pp512.
+      for k in 1 2; do
+        for pull in 1 0 default; do
+          MOEINFER_CUDA_PULL_COPIES=$pull run q30_tg_pull${pull}_$k --synthetic "$Q30" -ot exps=CPU -p 0 -n 128
+        done
+      done
+      for pull in 1 0 default; do
+        MOEINFER_CUDA_PULL_COPIES=$pull run q30_pp512_auto_pull$pull --synthetic "$Q30" -ot exps=CPU -p 512 -n 0 -r 5
+      done ;;
+    slots)
+      # G20 pp512 with the split off / auto, and auto with the 6 slots of off (-> no look-ahead).
+      run g20_pp512_off --synthetic "$G20" -ot exps=CPU -p 512 -n 0 --expert-split off
+      run g20_pp512_auto --synthetic "$G20" -ot exps=CPU -p 512 -n 0
+      run g20_pp512_auto_6slots --synthetic "$G20" -ot exps=CPU -p 512 -n 0 --offload-budget 846028800 ;;
     biasdup_ub)
       for ub in 256 512 1024 2048 4096; do
-        run g20_dup_ub$ub   --synthetic "$G20" -ot exps=CPU -p 4096 -n 0 -ub $ub -r 2
-        run g20_nodup_ub$ub --synthetic "$G20" -ot exps=CPU -p 4096 -n 0 -ub $ub -r 2 --no-bias-dup
+        run g20_dup_ub$ub   --synthetic "$G20" -ot exps=CPU -p 4096 -n 0 -ub $ub -r 2 --expert-split off
+        run g20_nodup_ub$ub --synthetic "$G20" -ot exps=CPU -p 4096 -n 0 -ub $ub -r 2 --no-bias-dup --expert-split off
       done ;;
     split)
       for s in off auto 20 26 32; do
         run q30_pp512_split_$s --synthetic "$Q30" -ot exps=CPU -p 512 -n 0 --expert-split $s -r 5
+      done
+      for s in off auto; do
+        run q30_pp2048_split_$s --synthetic "$Q30" -ot exps=CPU -p 2048 -n 0 -ub 2048 --expert-split $s
       done
       for s in off auto; do
         run g20_pp512_split_$s --synthetic "$G20" -ot exps=CPU -p 512 -n 0 --expert-split $s
@@ -71,8 +99,8 @@ for g in $groups; do
     biasdup)
       for ot in 'exps=CPU' 'ffn_(up|gate|down)_exps\.weight=CPU'; do
         tag=$( [ "$ot" = exps=CPU ] && echo exps || echo weights )
-        run g20_dup_$tag   --synthetic "$G20" -ot "$ot" -p 4096 -n 128 -ub 4096
-        run g20_nodup_$tag --synthetic "$G20" -ot "$ot" -p 4096 -n 128 -ub 4096 --no-bias-dup
+        run g20_dup_$tag   --synthetic "$G20" -ot "$ot" -p 4096 -n 128 -ub 4096 --expert-split off
+        run g20_nodup_$tag --synthetic "$G20" -ot "$ot" -p 4096 -n 128 -ub 4096 --no-bias-dup --expert-split off
       done ;;
   esac
 done
