@@ -184,13 +184,19 @@ StatusOr<std::vector<Side>> decide_sides(const moe_context& ctx, const std::vect
         pp.vram_budget = ctx.params.vram_budget;
     } else {
         // What the device has free, less the KV cache (all of it, to be safe), the activations and a
-        // reserve; if the weights do not all fit, also less the slots offloaded experts go through.
+        // reserve; if the weights do not all fit, also less the slots offloaded experts go through and,
+        // where the policy may split expert blocks, the split graph's larger activations (a model that
+        // fits whole never splits, so it does not pay for them).
         const uint64_t kv = kv_prototype(ctx).n_bytes() * 2 * static_cast<uint64_t>(hp.n_layer);
-        const uint64_t need = kv + estimate_arena_bytes(ctx, policy.expert_split != 0) + kVramReserve;
+        const uint64_t arena = estimate_arena_bytes(ctx, false);
+        const uint64_t need = kv + arena + kVramReserve;
         const uint64_t free = ctx.device->free_memory();
         uint64_t budget = free > need ? free - need : 0;
-        const uint64_t slots = static_cast<uint64_t>(sched::auto_upload_slots(policy)) * largest_expert;
-        if (total > budget) budget = budget > slots ? budget - slots : 0;
+        if (total > budget) {
+            uint64_t spill = static_cast<uint64_t>(sched::auto_upload_slots(policy)) * largest_expert;
+            if (policy.expert_split != 0) spill += std::max<uint64_t>(estimate_arena_bytes(ctx, true), arena) - arena;
+            budget = budget > spill ? budget - spill : 0;
+        }
         pp.vram_budget = budget;
     }
     return sched::place_weights(desc, pp);

@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -373,6 +375,43 @@ TEST_CASE("the default placement spills experts to host RAM when VRAM is short",
     REQUIRE(moe_context_tensor_location(ctx, "blk.0.attn_q.weight", &loc, nullptr) == MOE_STATUS_OK);
     CHECK(loc == MOE_LOCATION_DEVICE);
     moe_context_free(ctx);
+}
+
+// A model that fits the device whole never splits, so the automatic split must not make the default
+// placement reserve its larger activations: at the smallest emulated VRAM where the split-off policy
+// keeps every weight on the device, the default (automatic split) does too; below it, both spill.
+TEST_CASE("the default placement reserves the split's activations only when experts spill", "[sched]") {
+    Model m("qwen3moe", 12);
+    auto host_bytes = [&](uint64_t vram, int32_t split) {
+        const std::string v = std::to_string(vram);
+        REQUIRE(setenv("MOEINFER_EMULATED_VRAM", v.c_str(), 1) == 0);
+        moe_sched_policy pol;
+        moe_sched_policy_init(&pol);
+        pol.expert_split = split;
+        moe_context_params p;
+        moe_context_params_init(&p);
+        p.n_ctx = 64;
+        p.device = MOE_DEVICE_EMULATED;
+        p.policy = &pol;
+        moe_context* ctx = nullptr;
+        const moe_status s = moe_context_create(m.model, &p, &ctx);
+        unsetenv("MOEINFER_EMULATED_VRAM");
+        if (s != MOE_STATUS_OK) return uint64_t{UINT64_MAX};  // too small for the context at all
+        moe_sched_stats st;
+        st.struct_size = sizeof st;
+        REQUIRE(moe_context_get_stats(ctx, &st) == MOE_STATUS_OK);
+        moe_context_free(ctx);
+        return st.weights_host_bytes;
+    };
+    uint64_t lo = 0, hi = uint64_t{2} << 30;  // the 1 GiB reserve plus a tiny model's needs
+    REQUIRE(host_bytes(hi, 0) == 0);
+    while (hi - lo > 1) {
+        const uint64_t mid = lo + (hi - lo) / 2;
+        (host_bytes(mid, 0) == 0 ? hi : lo) = mid;
+    }
+    CHECK(host_bytes(hi, MOE_EXPERT_SPLIT_AUTO) == 0);
+    CHECK(host_bytes(lo, 0) > 0);
+    CHECK(host_bytes(lo, MOE_EXPERT_SPLIT_AUTO) > 0);
 }
 
 namespace {
