@@ -589,9 +589,11 @@ Status Scheduler::prepare_operands(Tensor& node, Side side, RunState& rs) {
 
 Status Scheduler::count_experts(RunState& rs, int n_tokens) {
     if (n_expert_ <= 0) return Status::ok();
-    // Ids still only on the device are fetched together, then tallied after one synchronisation.
-    std::vector<std::pair<const Tensor*, std::vector<int32_t>>> fetched;
+    // Ids still only on the device are fetched together into page-locked staging, then tallied after one
+    // synchronisation. (A copy into pageable memory returns only once done: one wait per MoE layer.)
+    std::vector<const Tensor*> fetched;
     std::vector<std::pair<const Tensor*, const int32_t*>> sources;
+    size_t fetch_bytes = 0;
     for (const Tensor* ids : rs.moe_ids) {
         if (auto it = rs.ids_on_host.find(ids); it != rs.ids_on_host.end()) {
             sources.emplace_back(ids, it->second.data());
@@ -600,16 +602,27 @@ Status Scheduler::count_experts(RunState& rs, int n_tokens) {
         } else if (auto sh = rs.shadows.find({ids, static_cast<int>(Side::HOST)}); sh != rs.shadows.end()) {
             sources.emplace_back(ids, sh->second->as<int32_t>());
         } else {
-            auto& f = fetched.emplace_back(ids, std::vector<int32_t>(static_cast<size_t>(ids->n_elements())));
-            MOE_RETURN_IF_ERROR(device_->copy_to_host(f.second.data(), ids->data, f.second.size() * sizeof(int32_t)));
+            fetched.push_back(ids);
+            fetch_bytes += static_cast<size_t>(ids->n_elements()) * sizeof(int32_t);
         }
+    }
+    if (fetch_bytes > 0 && (!ids_staging_ || ids_staging_->size() < fetch_bytes)) {
+        ids_staging_.reset();
+        MOE_ASSIGN_OR_RETURN(ids_staging_, device_->alloc_host_buffer(fetch_bytes));
+    }
+    size_t offset = 0;
+    for (const Tensor* ids : fetched) {
+        auto* dst = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(ids_staging_->data()) + offset);
+        const size_t n = static_cast<size_t>(ids->n_elements()) * sizeof(int32_t);
+        MOE_RETURN_IF_ERROR(device_->copy_to_host(dst, ids->data, n));
+        sources.emplace_back(ids, dst);
+        offset += n;
     }
     if (device_ != nullptr) {
         const Clock::time_point t0 = Clock::now();
         MOE_RETURN_IF_ERROR(device_->synchronize());
         stats_.seconds_wait += seconds_since(t0);
     }
-    for (auto& [ids, v] : fetched) sources.emplace_back(ids, v.data());
     std::vector<uint32_t> counts(stats_.expert_counts.size(), 0);
     for (const auto& [ids, p] : sources) {
         if (ids->layer < 0 || ids->layer >= n_layer_) continue;

@@ -175,6 +175,7 @@ private:
     std::unordered_map<const Tensor*, WeightCopies> weights_;
     std::vector<std::vector<const Tensor*>> expert_matrices_;  // per layer (empty: none registered)
     std::unordered_map<const Tensor*, std::unique_ptr<Buffer>> download_buffers_;  // device-only weights used on host
+    std::unique_ptr<Buffer> ids_staging_;  // page-locked: where count_experts fetches the device's expert ids
 
     std::unique_ptr<Buffer> arena_[kSides];
     std::unique_ptr<Buffer> slot_buffer_;
