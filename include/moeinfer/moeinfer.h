@@ -276,11 +276,14 @@ typedef struct moe_sched_policy {
      * see the fewest tokens, from the previous prompt ubatch) while the device computes the others,
      * whose weights alone cross PCIe; the two parts' outputs are added. MOE_EXPERT_SPLIT_AUTO (-1)
      * picks the count per layer from the measured upload time and host expert throughput, then times
-     * the first ubatches of each size class (tokens rounded down to a power of two) with and without
-     * the split (split, unsplit, split) and keeps the faster; 0 turns the split off. Below -1 ->
-     * INVALID_ARGUMENT. Default: MOE_EXPERT_SPLIT_AUTO. A context created with it on reserves device
-     * memory for it (two more upload slots, larger activations); turned on later by
-     * moe_context_set_policy, a decode that lacks that memory fails with RESOURCE_EXHAUSTED. */
+     * the first four ubatches of each size (unsplit, split, unsplit, split; a size without its own
+     * trial takes the verdict of the closest decided size in its power-of-two range) and keeps the faster
+     * (moe_sched_stats.n_split_trials counts those ubatches); 0 turns the split off. Below -1 ->
+     * INVALID_ARGUMENT. Default: MOE_EXPERT_SPLIT_AUTO (callers built before this field get it too).
+     * Where expert weights spill to host RAM, a context created with it on reserves device memory for
+     * it (two more upload slots, the split's larger activations), whether or not the trials then keep
+     * it; turned on later by moe_context_set_policy, a decode that lacks that memory fails with
+     * RESOURCE_EXHAUSTED. */
     int32_t expert_split;
 } moe_sched_policy;
 
@@ -416,6 +419,9 @@ typedef struct moe_sched_stats {
      * those blocks left to the host, summed over ubatches. */
     uint64_t n_split_layers;
     uint64_t n_split_host_experts;
+    /* Ubatches timed as samples of MOE_EXPERT_SPLIT_AUTO's trials (with and without the split, the
+     * first ubatches of each size): while this grows, the split is still being decided. */
+    uint64_t n_split_trials;
 } moe_sched_stats;
 
 MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats* out_stats);

@@ -109,6 +109,7 @@ MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats
     c.seconds_device_submit = s.seconds_device_submit;
     c.n_split_layers = s.n_split_layers;
     c.n_split_host_experts = s.n_split_host_experts;
+    c.n_split_trials = s.n_split_trials;
     c.weights_host_bytes = ctx->weights_host_bytes;
     c.weights_device_bytes = ctx->weights_device_bytes;
     c.n_layer = ctx->model->hparams.n_layer;

@@ -48,7 +48,8 @@ StatusOr<double> Scheduler::upload_seconds_per_byte() {
 
 // How many experts of `layer` the host takes (order: the layer's experts, fewest expected tokens
 // first): the count that minimises the slower of the two parts, the host's (the device's latency and
-// the host's own work between host parts, then its pairs) and the upload of the device's experts (which the device computes under).
+// the host's own work between host parts, then its pairs) and the upload of the device's experts
+// (which the device computes under).
 // *expected_pairs: the (token, expert) pairs the host is expected to compute with that count.
 int Scheduler::choose_host_experts(int layer, int n_tokens, std::vector<int32_t>& order, double* expected_pairs) const {
     const size_t n = static_cast<size_t>(n_expert_);
@@ -145,9 +146,10 @@ StatusOr<ExpertSplitPlan> Scheduler::plan_expert_split(int n_tokens) {
     if (automatic) {
         // The model leaves out costs it cannot see (activation copies, the host thread that stops queueing
         // work while it computes): timed ubatches with and without the split have the last word.
-        split_timed_ = true;
-        split_timed_on_ = split_trials_.want_split(n_tokens);
-        if (!split_timed_on_) return split_;
+        const SplitTrials::Choice c = split_trials_.choose(n_tokens);
+        split_timed_ = c.timed && !profiling_;  // per-op synchronisation would skew the samples
+        split_timed_on_ = c.split;
+        if (!c.split) return split_;
     }
     uint64_t host_experts = 0;
     double expected_pairs = 0.0;

@@ -70,6 +70,7 @@ struct Scheduler::RunState {
     double split_min_wait_seconds = 0.0;  // the shortest wait: the device's own latency, no upload in it
     int split_host_flushes = 0;
     Clock::time_point split_first_start, split_last_end;  // from the first host part's wait to the last's end
+    int split_first_layer = 0, split_last_layer = 0;      // ... and their layers
     struct Prefetch {
         size_t slot;
         std::vector<uint8_t> uploaded;  // experts already on their way
@@ -318,8 +319,12 @@ Status Scheduler::flush(RunState& rs) {
         if (split_part) {
             const double wait = std::chrono::duration<double>(t0 - t_wait).count();
             rs.split_min_wait_seconds = rs.split_host_flushes == 0 ? wait : std::min(rs.split_min_wait_seconds, wait);
-            if (rs.split_host_flushes == 0) rs.split_first_start = t_wait;
+            if (rs.split_host_flushes == 0) {
+                rs.split_first_start = t_wait;
+                rs.split_first_layer = nodes.front()->layer;
+            }
             rs.split_last_end = Clock::now();
+            rs.split_last_layer = nodes.front()->layer;
             rs.split_wait_seconds += wait;
             rs.split_host_seconds += host_seconds;
             ++rs.split_host_flushes;
@@ -817,7 +822,10 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
     if (!status.is_ok() && device_ != nullptr) (void)device_->synchronize();  // leave nothing in flight
     if (status.is_ok()) {
         learn_split_costs(rs);
-        if (split_timed_) split_trials_.record(n_tokens, split_timed_on_, seconds_since(t_start));
+        if (split_timed_) {
+            split_trials_.record(n_tokens, split_timed_on_, seconds_since(t_start));
+            ++stats_.n_split_trials;
+        }
         // Counted once the split ran (the graph of the plan), not when it was planned.
         stats_.n_split_layers += split_.n_layers;
         stats_.n_split_host_experts += split_.n_host_experts;
@@ -849,14 +857,17 @@ std::vector<uint8_t> Scheduler::eager_downloads(const Graph& graph, const std::v
 
 // Folds this ubatch's host-part measurements into the costs the next split balances.
 void Scheduler::learn_split_costs(const RunState& rs) {
-    if (rs.split_host_flushes == 0 || split_expected_pairs_ <= 0.0) return;
+    // Per-op synchronisation (profiling) would skew every term.
+    if (profiling_ || rs.split_host_flushes == 0 || split_expected_pairs_ <= 0.0) return;
     const double per_pair = rs.split_host_seconds / split_expected_pairs_;
     // What the host's side of a split layer costs besides its expert pairs: the device's latency from
     // the host's result to the next layer's inputs (the shortest wait: the longer ones also wait for
     // uploads, which the balance counts on the other side) and the host's own work between two host
     // parts (queueing the device's nodes and uploads, bookkeeping), which no wait shows.
+    // The second term only over consecutive split layers (a layer that does not split in between adds
+    // device work that is not the host's).
     double serial = rs.split_min_wait_seconds;
-    if (rs.split_host_flushes >= 2) {
+    if (rs.split_host_flushes >= 2 && rs.split_last_layer - rs.split_first_layer == rs.split_host_flushes - 1) {
         const double span = std::chrono::duration<double>(rs.split_last_end - rs.split_first_start).count();
         serial += std::max(0.0, span - rs.split_host_seconds - rs.split_wait_seconds) / (rs.split_host_flushes - 1);
     }

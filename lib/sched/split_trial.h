@@ -1,5 +1,5 @@
 // The automatic expert split's final say: the cost model proposes a split, and ubatches timed with
-// and without it decide, per ubatch-size class (tokens rounded down to a power of two, times per token).
+// and without it decide, per ubatch size.
 #pragma once
 
 #include <map>
@@ -8,23 +8,32 @@ namespace moe::sched {
 
 class SplitTrials {
 public:
-    // Whether the next ubatch of n_tokens tokens, for which the cost model wants a split, splits. Order
-    // per class: split, unsplit, split, then the faster by its best sample. The first ubatch of a shape
-    // pays one-off costs (plans, arena growth, CUDA graph captures): the split takes that sample and is
-    // timed again; the unsplit ubatch after it is warm. Samples keep coming from the choice in force,
-    // whose best can only improve: a decision stands unless the policy changes (clear()).
-    bool want_split(int n_tokens) const;
-    // A ubatch of n_tokens ran in `seconds`, split or not.
+    struct Choice {
+        bool split = true;
+        bool timed = false;  // the ubatch is a trial sample: record() its time
+    };
+    // For the next ubatch of n_tokens tokens, for which the cost model wants a split. Per size: unsplit,
+    // split, unsplit, split, then the faster by its best sample (symmetric, so one-off costs of a first
+    // run, such as arena growth, plans or CUDA graph captures, weigh on both sides alike). A size that has
+    // no trial of its own follows a decided one of the same power-of-two class (a prompt's last, shorter
+    // ubatch), else it starts its own. A decision stands until clear() (a new policy).
+    Choice choose(int n_tokens);
+    // A trial sample of n_tokens ran in `seconds`, split or not.
     void record(int n_tokens, bool split, double seconds);
     void clear() { trials_.clear(); }
+    // Whether every trial started has decided.
+    bool settled() const;
 
 private:
+    static constexpr int kSamples = 2;  // per side
     struct Trial {
-        double best_s_per_token[2] = {0.0, 0.0};  // [0] unsplit, [1] split; valid where samples > 0
+        double best_seconds[2] = {0.0, 0.0};  // [0] unsplit, [1] split; valid where samples > 0
         int samples[2] = {0, 0};
+        bool decided() const { return samples[0] >= kSamples && samples[1] >= kSamples; }
+        bool split_wins() const { return best_seconds[1] < best_seconds[0]; }
     };
     static int size_class(int n_tokens);
-    std::map<int, Trial> trials_;
+    std::map<int, Trial> trials_;  // by n_tokens
 };
 
 }  // namespace moe::sched

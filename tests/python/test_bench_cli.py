@@ -39,7 +39,7 @@ STATS_FIELDS = (["n_ubatches", "n_splits", "bytes_weights_full", "bytes_weights_
                  "bytes_activations", "n_weight_copies", "n_activation_copies", "n_id_readbacks"] +
                 [f"n_offloaded_{op}" for op in OPS] + [f"n_kept_host_{op}" for op in OPS] +
                 ["n_ops_host", "n_ops_device", "seconds_total", "seconds_host_compute", "seconds_wait", "seconds_device_submit",
-                 "n_split_layers", "n_split_host_experts", "bytes_uploaded", "bytes_uploaded_per_ubatch", "upload_gbps"])
+                 "n_split_layers", "n_split_host_experts", "n_split_trials", "bytes_uploaded", "bytes_uploaded_per_ubatch", "upload_gbps"])
 SWEEP_CSV_FIELDS = (SWEEP_FIELDS + RUN_FIELDS + ["sched_pp_" + f for f in STATS_FIELDS] +
                     ["sched_tg_" + f for f in STATS_FIELDS])
 BENCH_CSV_FIELDS = BENCH_FIELDS + RUN_FIELDS + ["sched_" + f for f in STATS_FIELDS]

@@ -33,7 +33,7 @@ STATS_KEYS = {"n_ubatches", "n_splits", "bytes_weights_full", "bytes_weights_exp
               "bytes_activations", "n_weight_copies", "n_activation_copies", "n_id_readbacks", "n_offloaded",
               "n_kept_host", "n_ops_host", "n_ops_device", "seconds_total", "seconds_host_compute", "seconds_wait",
               "weights_host_bytes", "weights_device_bytes", "n_layer", "n_expert", "seconds_device_submit",
-              "n_split_layers", "n_split_host_experts"}
+              "n_split_layers", "n_split_host_experts", "n_split_trials"}
 
 
 @pytest.fixture(scope="module", params=ARCHS)

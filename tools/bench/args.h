@@ -246,7 +246,7 @@ inline std::vector<Option> make_options(Config& c) {
          }},
         {"", "--offload-budget", "SIZE",
          "device memory for the staging slots that offloaded weights are uploaded into (units as --vram-budget); "
-         "0: 6 slots of the largest host-resident weight, 8 with --expert-split",
+         "0: 8 slots of the largest host-resident weight, 6 with --expert-split off",
          "0", sched, size_flag(c.policy.offload_vram_budget)},
         {"", "--sweep", "", "run the sweep: at N_KV = 0, PP, 2*PP, ... time TG single-token decodes, then a PP-token "
                             "prefill, both from depth N_KV",
@@ -261,8 +261,8 @@ inline std::vector<Option> make_options(Config& c) {
         {"-d", "--n-depth", "LIST", "tokens already in the KV cache before each test, comma-separated", "0", tests,
          list_flag(c.n_depth, 0)},
         {"-r", "--repetitions", "N",
-         "timed runs per test (after one untimed warm-up); t/s is their mean ± sd (--bandwidth: GB/s is their "
-         "median, default 5)",
+         "timed runs per test (after an untimed warm-up, repeated while --expert-split auto is still timing its "
+         "trials); t/s is their mean ± sd (--bandwidth: GB/s is their median, default 5)",
          "3", tests, int_flag(c.repetitions, 1, 1000000)},
         {"", "--bandwidth", "",
          "measure memory bandwidth instead of a model: host RAM read by -t threads (cpu), plus host->device and "

@@ -72,6 +72,7 @@ struct SchedStats {
     double seconds_device_submit = 0.0;
     uint64_t n_split_layers = 0;
     uint64_t n_split_host_experts = 0;
+    uint64_t n_split_trials = 0;
 
     void add(const moe_sched_stats& s) {
         ++n_runs;
@@ -115,6 +116,7 @@ private:
         seconds_device_submit += s.seconds_device_submit;
         n_split_layers += s.n_split_layers;
         n_split_host_experts += s.n_split_host_experts;
+        n_split_trials += s.n_split_trials;
     }
 };
 
@@ -294,6 +296,7 @@ inline void append_stats_fields(std::vector<Field>& f, const std::string& prefix
     d("seconds_device_submit", s.seconds_device_submit);
     u("n_split_layers", s.n_split_layers);
     u("n_split_host_experts", s.n_split_host_experts);
+    u("n_split_trials", s.n_split_trials);
     u("bytes_uploaded", s.bytes_uploaded());
     d("bytes_uploaded_per_ubatch", s.per_ubatch(static_cast<double>(s.bytes_uploaded())));
     d("upload_gbps", s.upload_gbps());

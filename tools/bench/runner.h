@@ -4,6 +4,7 @@
 //    leaves exactly the next row's N_KV tokens in the cache: no re-decoding between rows.
 //  - tests (llama-bench): pp<N> / tg<N> at depth d, one untimed warm-up, then -r timed repetitions,
 //    each from an emptied cache refilled (untimed) to depth d.
+// Warm-ups repeat while the automatic expert split still times trial ubatches (at most 6).
 // Token ids are random (seeded) in [0, n_vocab): timings of MoE models depend on the routing, and
 // random tokens spread it as real text roughly does.
 #ifndef MOEINFER_TOOLS_BENCH_RUNNER_H
@@ -71,7 +72,7 @@ public:
             progress_.show("warm-up", true);
             // Both graph shapes once; the prefill rewinds over the single token, so both fit any n_ctx.
             if (auto f = decode_random(1, 0, "warm-up decode")) return f;
-            if (auto f = decode_random(pp, 0, "warm-up prefill")) return f;
+            if (auto f = warm_up_until_settled([&] { return decode_random(pp, 0, "warm-up prefill"); })) return f;
         }
         if (moe_kv_clear(ctx_) != MOE_STATUS_OK) return library_error("moe_kv_clear");
 
@@ -136,7 +137,7 @@ public:
             if (cfg_.warmup) {
                 progress_.show(where + ": warm-up", true);
                 double ignored = 0.0;
-                if (auto f = run_test(r, false, ignored, nullptr)) return f;
+                if (auto f = warm_up_until_settled([&] { return run_test(r, false, ignored, nullptr); })) return f;
             }
             for (int32_t rep = 0; rep < cfg_.repetitions; ++rep) {
                 progress_.show(where + ": run " + std::to_string(rep + 1) + "/" + std::to_string(cfg_.repetitions),
@@ -226,6 +227,29 @@ private:
         if (auto f = touch_logits()) return f;
         seconds = seconds_since(t0);
         if (stats != nullptr) return collect_stats(*stats);
+        return std::nullopt;
+    }
+
+    // Runs a warm-up, again while it timed trial ubatches of the automatic expert split (up to
+    // kMaxWarmups runs), so that the timed runs measure the split's decision, not its trials.
+    template <class Run>
+    std::optional<Failure> warm_up_until_settled(Run run) {
+        constexpr int kMaxWarmups = 6;
+        for (int w = 0; w < kMaxWarmups; ++w) {
+            uint64_t before = 0, after = 0;
+            if (auto f = split_trials(before)) return f;
+            if (auto f = run()) return f;
+            if (auto f = split_trials(after)) return f;
+            if (after == before) break;
+        }
+        return std::nullopt;
+    }
+
+    std::optional<Failure> split_trials(uint64_t& n) {
+        moe_sched_stats s{};
+        s.struct_size = sizeof s;
+        if (moe_context_get_stats(ctx_, &s) != MOE_STATUS_OK) return library_error("moe_context_get_stats");
+        n = s.n_split_trials;
         return std::nullopt;
     }
 

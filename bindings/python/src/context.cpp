@@ -207,6 +207,7 @@ py::dict stats(PyContext& self) {
     d["seconds_device_submit"] = s.seconds_device_submit;
     d["n_split_layers"] = s.n_split_layers;
     d["n_split_host_experts"] = s.n_split_host_experts;
+    d["n_split_trials"] = s.n_split_trials;
     d["weights_host_bytes"] = s.weights_host_bytes;
     d["weights_device_bytes"] = s.weights_device_bytes;
     d["n_layer"] = s.n_layer;
@@ -324,8 +325,8 @@ uploaded whole), bytes_weights_experts (expert slices uploaded by expert_copy "a
 bytes_weights_skipped (expert bytes "active" did not upload), bytes_activations, n_weight_copies,
 n_activation_copies, n_id_readbacks, n_offloaded and n_kept_host (dicts by op name: ops with host
 weights computed on the device / on the host), n_ops_host, n_ops_device, seconds_total,
-seconds_host_compute, seconds_wait, seconds_device_submit, n_split_layers and n_split_host_experts
-(expert split), weights_host_bytes and weights_device_bytes (placement),
+seconds_host_compute, seconds_wait, seconds_device_submit, n_split_layers, n_split_host_experts and
+n_split_trials (expert split), weights_host_bytes and weights_device_bytes (placement),
 n_layer and n_expert.)")
         .def("expert_counts", &expert_counts,
              "Tokens that selected each expert since creation or reset_stats(): a new uint64 array "
