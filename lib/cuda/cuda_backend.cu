@@ -325,7 +325,8 @@ Status CudaBackend::copy_to_device(void* dst_dev, const void* src_host, size_t n
     }
     if (pull && n <= kPullCopyMaxBytes) {
         const void* mapped = mapped_device_pointer(src_host);
-        if (mapped != nullptr && reinterpret_cast<uintptr_t>(mapped) % 16 == reinterpret_cast<uintptr_t>(dst_dev) % 16) {
+        const bool same_alignment = reinterpret_cast<uintptr_t>(mapped) % 16 == reinterpret_cast<uintptr_t>(dst_dev) % 16;
+        if (mapped != nullptr && same_alignment) {
             return pull_from_host(dst_dev, mapped, n, compute_stream_);
         }
     }

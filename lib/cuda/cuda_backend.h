@@ -93,13 +93,14 @@ public:
     bool graphs_enabled() const { return graphs_enabled_; }
     // Whether compute() fuses nodes (default: on, unless MOEINFER_CUDA_FUSION=0 at create()).
     void set_fusion_enabled(bool on) { fusion_enabled_ = on; }
+    bool fusion_enabled() const { return fusion_enabled_; }
     // When copy_to_device pulls page-locked bytes with a kernel instead of a DMA copy (mapped_copy.cuh).
     // WHILE_UPLOADING (the default): only while weight uploads are in flight on the copy stream, which
     // a DMA copy would queue behind; without them the DMA copy is faster (hybrid TG measured 10% slower
     // with every copy pulled). MOEINFER_CUDA_PULL_COPIES=0 / 1 selects NEVER / ALWAYS.
     enum class PullCopies { NEVER, WHILE_UPLOADING, ALWAYS };
     void set_pull_copies(PullCopies mode) { pull_copies_ = mode; }
-    bool fusion_enabled() const { return fusion_enabled_; }
+    PullCopies pull_copies() const { return pull_copies_; }
     // The launches of the last compute(), and counts since create() (for tests and diagnostics).
     const FusionPlan& last_plan() const { return plan_; }
     struct FusionStats {

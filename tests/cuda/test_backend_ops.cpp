@@ -765,12 +765,20 @@ TEST_CASE("CUDA copy helpers round-trip through pageable and pinned memory", "[g
 // head and tail bytewise, the middle in 16-byte words) when the backend's PullCopies mode says so;
 // above that, or with the two addresses aligned differently, or from pageable memory, it is
 // cudaMemcpyAsync. Exact: every byte equals its source, the bytes around the destination range stay
-// untouched. Run with every copy pulled (ALWAYS), with none (NEVER), and in the default mode
-// with a large upload queued first on the copy stream (pulled while it is in flight).
+// untouched. Run with every copy pulled (ALWAYS), with none (NEVER), in the default mode with a large
+// upload queued first on the copy stream (pulled while it is in flight), and with the kernel called
+// directly (pull_from_host at every size, so a fallback to DMA cannot hide a kernel bug).
 TEST_CASE("CUDA copy_to_device pulls page-locked bytes exactly at every size and alignment", "[gpu]") {
     MOE_GPU_OR_SKIP();
     using Mode = moe::cuda::CudaBackend::PullCopies;
-    const Mode mode = GENERATE(Mode::ALWAYS, Mode::NEVER, Mode::WHILE_UPLOADING);
+    const int variant = GENERATE(0, 1, 2, 3);  // the three modes, then the kernel directly
+    const Mode modes[] = {Mode::ALWAYS, Mode::NEVER, Mode::WHILE_UPLOADING, Mode::WHILE_UPLOADING};
+    const Mode mode = modes[variant];
+    const bool direct = variant == 3;
+    struct RestoreMode {  // the backend is shared by every test case
+        Mode before = gpu().pull_copies();
+        ~RestoreMode() { gpu().set_pull_copies(before); }
+    } restore;
     gpu().set_pull_copies(mode);
     auto rng = fresh_rng(11);
     const size_t upload_bytes = size_t{256} << 20;
@@ -786,6 +794,8 @@ TEST_CASE("CUDA copy_to_device pulls page-locked bytes exactly at every size and
     auto* host = static_cast<uint8_t*>(pinned.value()->data());
     auto* dev = static_cast<uint8_t*>(dbuf.value()->data());
     std::vector<uint8_t> back(big + 64);
+    REQUIRE(moe::cuda::mapped_device_pointer(host) != nullptr);
+    REQUIRE(moe::cuda::mapped_device_pointer(back.data()) == nullptr);  // pageable
     uint64_t x = rng() | 1;  // xorshift: a Mersenne twister would take seconds over 64 MiB
     for (size_t i = 0; i < big + 64; ++i) {
         x ^= x << 13;
@@ -805,7 +815,17 @@ TEST_CASE("CUDA copy_to_device pulls page-locked bytes exactly at every size and
             if (mode == Mode::WHILE_UPLOADING) {
                 require_ok(gpu().upload(upload_dst.value()->data(), upload_src.value()->data(), upload_bytes, 0));
             }
-            require_ok(gpu().copy_to_device(dev + dst_off, host + src_off, n));
+            if (direct) {
+                const auto* src = static_cast<const uint8_t*>(moe::cuda::mapped_device_pointer(host)) + src_off;
+                const Status s = moe::cuda::pull_from_host(dev + dst_off, src, n, nullptr);
+                if (src_off % 16 != dst_off % 16) {
+                    CHECK(s.code() == MOE_STATUS_INVALID_ARGUMENT);
+                    continue;
+                }
+                require_ok(s);
+            } else {
+                require_ok(gpu().copy_to_device(dev + dst_off, host + src_off, n));
+            }
             require_ok(gpu().synchronize());
             REQUIRE(cudaMemcpy(back.data(), dev, big + 64, cudaMemcpyDeviceToHost) == cudaSuccess);
             INFO("n " << n << ", src offset " << src_off << ", dst offset " << dst_off);
@@ -827,7 +847,6 @@ TEST_CASE("CUDA copy_to_device pulls page-locked bytes exactly at every size and
     require_ok(gpu().synchronize());
     CHECK(std::memcmp(back.data(), host, n) == 0);
     CHECK(moe::cuda::pull_from_host(dev + 1, host, 64, nullptr).code() == MOE_STATUS_INVALID_ARGUMENT);
-    gpu().set_pull_copies(Mode::WHILE_UPLOADING);
 }
 
 // ---- perf mode ----

@@ -21,7 +21,7 @@ struct Model {
     moe_model* model = nullptr;
     moe_model_info info{};
     std::string path;
-    explicit Model(const char* arch, uint64_t seed, float skew = 0.0f) {
+    explicit Model(const char* arch, uint64_t seed, float skew = 0.0f, int32_t n_layer = 0) {
         path = (std::filesystem::temp_directory_path() /
                 (std::string("moe_hybrid_") + arch + "_" + std::to_string(seed) + ".gguf")).string();
         moe_synth_params sp;
@@ -31,6 +31,7 @@ struct Model {
         sp.dense_type = MOE_TYPE_Q8_0;
         sp.seed = seed;
         sp.routing_skew = skew;
+        sp.n_layer = n_layer;  // 0: the preset's
         REQUIRE(moe_synth_write(path.c_str(), &sp) == MOE_STATUS_OK);
         REQUIRE(moe_model_load(path.c_str(), nullptr, &model) == MOE_STATUS_OK);
         moe_model_info_init(&info);
@@ -379,9 +380,12 @@ TEST_CASE("the default placement spills experts to host RAM when VRAM is short",
 
 // A model that fits the device whole never splits, so the automatic split must not make the default
 // placement reserve its larger activations: at the smallest emulated VRAM where the split-off policy
-// keeps every weight on the device, the default (automatic split) does too; below it, both spill.
+// keeps every weight on the device, the default (automatic split) does too. Below it, where experts
+// spill, the automatic split reserves at least as much as off (two more upload slots, the split's
+// activations): never fewer weight bytes in RAM, and more at some VRAM.
 TEST_CASE("the default placement reserves the split's activations only when experts spill", "[sched]") {
-    Model m("qwen3moe", 12);
+    Model m("qwen3moe", 12, 0.0f, 16);  // 16 layers: expert bytes well above the slots' reserve
+    constexpr uint64_t kFailed = UINT64_MAX;
     auto host_bytes = [&](uint64_t vram, int32_t split) {
         const std::string v = std::to_string(vram);
         REQUIRE(setenv("MOEINFER_EMULATED_VRAM", v.c_str(), 1) == 0);
@@ -396,7 +400,7 @@ TEST_CASE("the default placement reserves the split's activations only when expe
         moe_context* ctx = nullptr;
         const moe_status s = moe_context_create(m.model, &p, &ctx);
         unsetenv("MOEINFER_EMULATED_VRAM");
-        if (s != MOE_STATUS_OK) return uint64_t{UINT64_MAX};  // too small for the context at all
+        if (s != MOE_STATUS_OK) return kFailed;  // too small for the dense weights, KV cache and reserve
         moe_sched_stats st;
         st.struct_size = sizeof st;
         REQUIRE(moe_context_get_stats(ctx, &st) == MOE_STATUS_OK);
@@ -410,8 +414,19 @@ TEST_CASE("the default placement reserves the split's activations only when expe
         (host_bytes(mid, 0) == 0 ? hi : lo) = mid;
     }
     CHECK(host_bytes(hi, MOE_EXPERT_SPLIT_AUTO) == 0);
-    CHECK(host_bytes(lo, 0) > 0);
-    CHECK(host_bytes(lo, MOE_EXPERT_SPLIT_AUTO) > 0);
+    int spilled = 0, auto_more = 0;
+    const uint64_t step = 4096;
+    for (uint64_t below = step; below <= 64 * step; below += step) {
+        const uint64_t off = host_bytes(hi - below, 0);
+        const uint64_t automatic = host_bytes(hi - below, MOE_EXPERT_SPLIT_AUTO);
+        INFO("VRAM " << hi - below << ": in RAM with the split off " << off << ", automatic " << automatic);
+        CHECK(off > 0);
+        CHECK(automatic >= off);
+        spilled += off != kFailed;
+        auto_more += automatic > off;
+    }
+    CHECK(spilled > 0);
+    CHECK(auto_more > 0);
 }
 
 namespace {
