@@ -1,8 +1,10 @@
 #include "cpu/emulated_device.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/allocator.h"
@@ -44,6 +46,24 @@ size_t emulated_vram() {
     return size_t{64} << 30;
 }
 
+// Bytes per second of MOEINFER_EMULATED_PCIE_GBPS (GB/s), or 0 when unset or not a positive number.
+double emulated_link_rate() {
+    const char* v = std::getenv("MOEINFER_EMULATED_PCIE_GBPS");
+    if (v == nullptr) return 0.0;
+    char* end = nullptr;
+    const double gbps = std::strtod(v, &end);
+    return end != v && *end == '\0' && gbps > 0.0 ? gbps * 1e9 : 0.0;
+}
+
+// Copies n bytes, taking at least the time the emulated link would (rate 0: no floor).
+void timed_copy(void* dst, const void* src, size_t n, double bytes_per_second) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(dst, src, n);
+    if (bytes_per_second > 0.0) {
+        std::this_thread::sleep_until(t0 + std::chrono::duration<double>(static_cast<double>(n) / bytes_per_second));
+    }
+}
+
 bool async_requested() {
     const char* v = std::getenv("MOEINFER_EMULATED_ASYNC");
     return v != nullptr && std::string(v) == "1";
@@ -73,7 +93,8 @@ NodeCopy host_view_of(const Tensor& n) {
 
 }  // namespace
 
-EmulatedDeviceBackend::EmulatedDeviceBackend(int n_threads, bool async) : kernels_(n_threads) {
+EmulatedDeviceBackend::EmulatedDeviceBackend(int n_threads, bool async)
+    : kernels_(n_threads), upload_bytes_per_second_(emulated_link_rate()) {
     if (async) streams_ = std::make_unique<AsyncStreams>();
 }
 
@@ -154,11 +175,15 @@ StatusOr<uint64_t> EmulatedDeviceBackend::mark_compute() {
 }
 
 Status EmulatedDeviceBackend::upload(void* dst, const void* src_host, size_t n, uint64_t after) {
-    if (!streams_) return copy_to_device(dst, src_host, n);
     if (n == 0) return Status::ok();
     if (dst == nullptr || src_host == nullptr) return invalid_argument("upload: null pointer");
+    const double rate = upload_bytes_per_second_;
+    if (!streams_) {
+        timed_copy(dst, src_host, n, rate);
+        return Status::ok();
+    }
     if (after > streams_->last_fence()) return invalid_argument("upload: fence " + std::to_string(after) + " was never marked");
-    streams_->upload([dst, src_host, n] { std::memcpy(dst, src_host, n); }, after);
+    streams_->upload([dst, src_host, n, rate] { timed_copy(dst, src_host, n, rate); }, after);
     return Status::ok();
 }
 

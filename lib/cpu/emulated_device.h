@@ -8,6 +8,10 @@
 // thread, each task after a random delay, with fences and the CUDA backend's ordering rules (an
 // upload waits for its fence, compute queued after an upload waits for it). A scheduler that reads
 // or reuses memory before the copy or compute it depends on has finished then gets wrong logits.
+//
+// With MOEINFER_EMULATED_PCIE_GBPS=<GB/s> (read at creation) weight uploads take as long as they would
+// over a link of that bandwidth (the copy sleeps for the rest), so that the expert split's cost model,
+// which times an upload, sees a device worth splitting for.
 #pragma once
 
 #include <memory>
@@ -45,6 +49,7 @@ private:
 
     CpuBackend kernels_;
     std::unique_ptr<AsyncStreams> streams_;  // null: synchronous
+    double upload_bytes_per_second_ = 0.0;    // 0: as fast as memcpy
 };
 
 // Registers "emulated" in the backend registry (called by the generated backends_init.cpp).

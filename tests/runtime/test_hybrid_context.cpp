@@ -429,6 +429,56 @@ TEST_CASE("the default placement reserves the split's activations only when expe
     CHECK(auto_more > 0);
 }
 
+// The automatic split end to end (the default policy): uploads over an emulated 5 MB/s link make
+// every layer worth splitting for the cost model by far (also on the asynchronous emulation, whose
+// random task delays make its serial cost ~3 ms per layer), so each ubatch size is timed unsplit, split, unsplit,
+// split (n_split_trials and n_split_layers show which ran), then keeps one verdict, which other sizes of
+// its power-of-two range borrow; a size in another range starts its own trial. Logits equal the CPU
+// path's throughout.
+TEST_CASE("the automatic split times each ubatch size both ways, then keeps one", "[sched]") {
+    std::mt19937 rng(std::random_device{}());
+    for (const char* arch : {"qwen3moe", "gpt-oss"}) {
+        Model m(arch, rng());
+        const int32_t nv = m.info.n_vocab;
+        const uint64_t n_layer = static_cast<uint64_t>(m.info.n_layer);
+        moe_sched_policy pol;
+        moe_sched_policy_init(&pol);
+        REQUIRE(pol.expert_split == MOE_EXPERT_SPLIT_AUTO);
+        REQUIRE(moe_sched_policy_parse_offload(&pol, "all=4") == MOE_STATUS_OK);
+        REQUIRE(setenv("MOEINFER_EMULATED_PCIE_GBPS", "0.005", 1) == 0);
+        Ctx hy(m, MOE_DEVICE_EMULATED, "exps=CPU", &pol, 32);
+        unsetenv("MOEINFER_EMULATED_PCIE_GBPS");
+        Ctx cpu(m, MOE_DEVICE_CPU, nullptr, nullptr, 32);
+        moe_sched_stats last = hy.stats();
+        // Decodes n tokens from an empty cache on both contexts; returns the layers split and the trial
+        // ubatches it added.
+        auto step = [&](int n) {
+            REQUIRE(moe_kv_clear(hy.ctx) == MOE_STATUS_OK);
+            REQUIRE(moe_kv_clear(cpu.ctx) == MOE_STATUS_OK);
+            const std::vector<int32_t> tokens = random_tokens(rng, n, nv);
+            require_close(hy.decode(tokens, nv), cpu.decode(tokens, nv), nv);
+            const moe_sched_stats st = hy.stats();
+            const std::pair<uint64_t, uint64_t> added{st.n_split_layers - last.n_split_layers,
+                                                      st.n_split_trials - last.n_split_trials};
+            last = st;
+            UNSCOPED_INFO(n << " tokens: " << added.first << " layers split, " << added.second << " trial ubatches");
+            return added;
+        };
+        INFO(arch);
+        using Added = std::pair<uint64_t, uint64_t>;
+        CHECK(step(24) == Added{0, 1});
+        CHECK(step(24) == Added{n_layer, 1});
+        CHECK(step(24) == Added{0, 1});
+        CHECK(step(24) == Added{n_layer, 1});
+        const Added verdict = step(24);  // decided: no more trials
+        CHECK(verdict.second == 0);
+        CHECK((verdict.first == 0 || verdict.first == n_layer));
+        CHECK(step(24) == verdict);
+        CHECK(step(20) == verdict);  // borrowed from 24 (same range 16..31), not timed
+        CHECK(step(9) == Added{0, 1});  // range 8..15: a trial of its own, unsplit first
+    }
+}
+
 namespace {
 struct ProgressLog {
     int calls = 0;
