@@ -64,7 +64,7 @@ MOE_API moe_status moe_get_logits(const moe_context* ctx, const float** out_logi
     if (ctx->logits_rows == 0) {
         return moe::api_return(moe::failed_precondition("no logits: call moe_decode first"));
     }
-    *out_logits = ctx->logits.data();
+    *out_logits = ctx->logits_data();
     if (out_n_rows) *out_n_rows = ctx->logits_rows;
     if (out_n_vocab) *out_n_vocab = ctx->model->hparams.n_vocab;
     return MOE_STATUS_OK;

@@ -385,15 +385,29 @@ Status decode(moe_context& ctx, const int32_t* tokens, const int32_t* positions,
     MOE_RETURN_IF_ERROR(validate_batch(ctx, tokens, positions, n_tokens, &p0));
     const int n_vocab = ctx.model->hparams.n_vocab;
     ctx.n_past = p0;  // rewinding: later cache rows are simply overwritten
-    ctx.logits.resize(static_cast<size_t>(logits_all ? n_tokens : 1) * static_cast<size_t>(n_vocab));
+    const size_t rows = static_cast<size_t>(logits_all ? n_tokens : 1);
+    const size_t logits_bytes = rows * static_cast<size_t>(n_vocab) * sizeof(float);
     ctx.logits_rows = 0;
+    if (!ctx.logits || ctx.logits->size() < logits_bytes) {
+        // Page-locked for decode-sized outputs only: pinning the logits of a long all-rows prefill
+        // (hundreds of MB) would cost more than its download saves.
+        constexpr size_t kPinnedLogitsMax = size_t{16} << 20;
+        const bool pinned = ctx.device && logits_bytes <= kPinnedLogitsMax;
+        ctx.logits.reset();
+        StatusOr<std::unique_ptr<Buffer>> b =
+            pinned ? ctx.device->alloc_host_buffer(logits_bytes) : ctx.host->alloc_buffer(logits_bytes);
+        if (!b.is_ok()) {
+            return b.status().with_context("allocating the logits buffer of " + std::to_string(logits_bytes) + " bytes");
+        }
+        ctx.logits = std::move(b).value();
+    }
 
     Status status;
     for (int done = 0; done < n_tokens;) {
         const int n = std::min(ctx.params.n_ubatch, n_tokens - done);
         const bool last = done + n == n_tokens;
         if (logits_all || last) {
-            float* dst = ctx.logits.data() + static_cast<size_t>(logits_all ? done : 0) * static_cast<size_t>(n_vocab);
+            float* dst = ctx.logits_data() + static_cast<size_t>(logits_all ? done : 0) * static_cast<size_t>(n_vocab);
             status = decode_ubatch(ctx, tokens + done, n, ctx.n_past, logits_all ? LogitsMode::ALL : LogitsMode::LAST,
                                    dst);
         } else {

@@ -33,8 +33,11 @@ struct moe_context {
 
     std::unique_ptr<moe::sched::Scheduler> sched;
 
-    std::vector<float> logits;
+    // The last decode's logits: page-locked with a device (a download into pageable memory is staged by
+    // the driver and returns only once done; for one decode token's ~0.6-0.8 MB that is tens of us).
+    std::unique_ptr<moe::Buffer> logits;
     int32_t logits_rows = 0;
+    float* logits_data() const { return static_cast<float*>(logits->data()); }
 };
 
 namespace moe {
