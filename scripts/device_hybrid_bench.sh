@@ -2,7 +2,7 @@
 # Hybrid (experts in pinned host RAM) benchmarks on the GPU machine, issue #5 targets, from prebuilt
 # binaries:  scripts/device_hybrid_bench.sh BIN_DIR OUT_DIR [GROUP...]
 # Groups: llama (the llama.cpp comparison), tg (hybrid TG with CUDA graphs on and off), active (FULL vs ACTIVE_ONLY on skewed GPT-OSS, ubatch
-# 256..4096), active120 (the same on 12 layers of the GPT-OSS-120B shape, ubatch 1024 and 4096), pull (MOEINFER_CUDA_PULL_COPIES 1/0/unset), slots (G20 pp512, 6 vs 8 upload slots), biasdup (bias duplication on/off, PP and TG), biasdup_ub (on/off over ubatch 256..4096), split (expert split off / auto /
+# 256..4096), active120 (the same on 12 layers of the GPT-OSS-120B shape, ubatch 1024 and 4096), pull (MOEINFER_CUDA_PULL_COPIES 1/0/unset), slots (G20 pp512, 6 vs 8 upload slots), offload (per-op offload policy: default / off / 32 over ubatch 256..4096), biasdup (bias duplication on/off, PP and TG), biasdup_ub (on/off over ubatch 256..4096), split (expert split off / auto /
 # fixed counts at pp512, off / auto at Q30 pp2048), default: all. JSON per run in OUT_DIR, medians of 3.
 set -uo pipefail
 bin=$1; out=$2; shift 2
@@ -75,6 +75,20 @@ for g in $groups; do
       done
       for pull in 1 0 default; do
         MOEINFER_CUDA_PULL_COPIES=$pull run q30_pp512_auto_pull$pull --synthetic "$Q30" -ot exps=CPU -p 512 -n 0 -r 5
+      done ;;
+    offload)
+      # Per-op offload policy (seed PR 405): expert ops offloaded at the default thresholds (32 *
+      # n_expert / n_expert_used tokens), never (computed on the CPU), or from 32 tokens (mainline
+      # llama.cpp's rule), over ubatch 256..4096; pp4096, split off to isolate the policy.
+      for spec in "$Q30" "$G20"; do
+        tag=$(echo "$spec" | grep -q gpt-oss && echo g20 || echo q30)
+        for ub in 256 512 1024 2048 4096; do
+          run ${tag}_offload_default_ub$ub --synthetic "$spec" -ot exps=CPU -p 4096 -n 0 -ub $ub -r 2 --expert-split off
+          run ${tag}_offload_off_ub$ub --synthetic "$spec" -ot exps=CPU -p 4096 -n 0 -ub $ub -r 2 --expert-split off \
+            --offload-policy mul_mat_id=off,moe_up_gate=off
+          run ${tag}_offload_32_ub$ub --synthetic "$spec" -ot exps=CPU -p 4096 -n 0 -ub $ub -r 2 --expert-split off \
+            --offload-policy mul_mat_id=32,moe_up_gate=32
+        done
       done ;;
     slots)
       # G20 pp512 with the split off / auto, and auto with the 6 slots of off (-> no look-ahead).
