@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Same-machine A/B of two packed builds (scripts/make_devcarry.sh) on the GPU machine: each moeinfer-bench
+# run goes A, B, A, B (machines differ by several % between device calls, so only runs of one call compare).
+#   scripts/device_ab.sh A_DIR B_DIR OUT_DIR [GROUP...]
+# Groups: tg (all-GPU tg128, Q30-16 / G20 / Q30-48), hybrid_tg (the same with -ot exps=CPU). JSON per run in
+# OUT_DIR; a line per run with the median t/s. Default: tg hybrid_tg.
+set -uo pipefail
+a=$1; b=$2; out=$3; shift 3
+groups=${*:-tg hybrid_tg}
+dir=/tmp/moe-synth
+Q30="qwen3moe:preset=qwen3-30b-a3b:layers=16:experts=q8_0:dense=q8_0"
+Q48="qwen3moe:preset=qwen3-30b-a3b:layers=48:experts=q4_0:dense=q8_0"
+G20="gpt-oss:preset=gpt-oss-20b:layers=24:experts=mxfp4:dense=q8_0"
+mkdir -p "$out"
+
+run() {  # side (A or B), tag, then moeinfer-bench arguments
+  local side=$1 tag=$2; shift 2
+  local bin=$a; [ "$side" = B ] && bin=$b
+  LD_LIBRARY_PATH="$bin/lib:${LD_LIBRARY_PATH:-}" "$bin/bin/moeinfer-bench" --synthetic-dir $dir --device cuda -r 3 \
+    -o json "$@" > "$out/${tag}_$side.json" 2> "$out/${tag}_$side.err" || { echo "FAILED: $tag $side"; return; }
+  python3 - "$out/${tag}_$side.json" "$tag" "$side" <<'PY'
+import json, statistics, sys
+for r in json.load(open(sys.argv[1])):
+    print(f"  {sys.argv[2]:14s} {sys.argv[3]}  {r['test']:8s} median {statistics.median(r['samples_ts']):9.2f} t/s")
+PY
+}
+
+for g in $groups; do
+  for spec in "$Q30" "$G20" "$Q48"; do
+    tag=$(echo "$spec" | grep -q gpt-oss && echo g20 || (echo "$spec" | grep -q layers=48 && echo q48 || echo q30))
+    extra=(); [ "$g" = hybrid_tg ] && extra=(-ot exps=CPU)
+    for k in 1 2; do
+      for side in A B; do run $side ${g}_${tag}_$k --synthetic "$spec" "${extra[@]}" -p 0 -n 128; done
+    done
+  done
+done
