@@ -3,10 +3,10 @@
 // tensor data, no kernels).
 #pragma once
 
-#include <deque>
 #include <string>
 #include <vector>
 
+#include "core/stable_arena.h"
 #include "core/tensor.h"
 
 namespace moe {
@@ -60,7 +60,7 @@ public:
 private:
     Tensor* new_node(Op op, Type type, std::initializer_list<int64_t> ne, std::initializer_list<Tensor*> srcs);
 
-    std::deque<Tensor> arena_;  // deque: stable addresses
+    StableArena<Tensor> arena_;  // stable addresses
     std::vector<Tensor*> nodes_;
     std::vector<Tensor*> outputs_;
     int32_t layer_ = -1;

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/allocator.h"
+#include "core/stable_arena.h"
 #include "sched/clock.h"
 #include "sched/expert_runs.h"
 
@@ -51,7 +52,7 @@ struct Scheduler::RunState {
     std::unordered_map<const Tensor*, Side> produced;  // arena storage (inputs and nodes) -> side
     AllocPlan plan;
     uint8_t* base[kSides] = {};
-    std::deque<Tensor> subs;                                     // operand stand-ins of this ubatch
+    StableArena<Tensor> subs;                                    // operand stand-ins of this ubatch
     std::map<std::pair<const Tensor*, int>, Tensor*> shadows;    // (tensor, side) -> its copy there
     std::unordered_map<const Tensor*, std::vector<int32_t>> ids_on_host;
     std::vector<const Tensor*> moe_ids;                          // expert ids tensors, for the counts

@@ -15,7 +15,6 @@
 
 #include <array>
 #include <chrono>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
