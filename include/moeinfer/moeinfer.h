@@ -276,8 +276,9 @@ typedef struct moe_sched_policy {
      * see the fewest tokens, from the previous prompt ubatch) while the device computes the others,
      * whose weights alone cross PCIe; the two parts' outputs are added. MOE_EXPERT_SPLIT_AUTO (-1)
      * picks the count per layer from the measured upload time and host expert throughput, then times
-     * the first four ubatches of each size (unsplit, split, unsplit, split; a size without its own
-     * trial takes the verdict of the closest decided size in its power-of-two range) and keeps the faster
+     * the first ubatches of each size (unsplit, split, split, unsplit, the faster mean wins; ubatches
+     * that allocate memory are timed again; a size without a decided trial of its own takes the verdict
+     * of the closest decided size in its power-of-two range; none run while profiling) and keeps it
      * (moe_sched_stats.n_split_trials counts those ubatches); 0 turns the split off. Below -1 ->
      * INVALID_ARGUMENT. Default: MOE_EXPERT_SPLIT_AUTO (callers built before this field get it too).
      * Where expert weights spill to host RAM, a context created with it on reserves device memory for

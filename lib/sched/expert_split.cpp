@@ -146,8 +146,12 @@ StatusOr<ExpertSplitPlan> Scheduler::plan_expert_split(int n_tokens) {
     if (automatic) {
         // The model leaves out costs it cannot see (activation copies, the host thread that stops queueing
         // work while it computes): timed ubatches with and without the split have the last word.
-        const SplitTrials::Choice c = split_trials_.choose(n_tokens);
-        split_timed_ = c.timed && !profiling_;  // per-op synchronisation would skew the samples
+        // While profiling (per-op synchronisation would skew the samples) no trial runs: a verdict if
+        // there is one, else the model's choice.
+        const SplitTrials::Choice c =
+            profiling_ ? SplitTrials::Choice{split_trials_.verdict(n_tokens).value_or(true), false}
+                       : split_trials_.choose(n_tokens);
+        split_timed_ = c.timed;
         split_timed_on_ = c.split;
         if (!c.split) return split_;
     }

@@ -72,6 +72,7 @@ struct Scheduler::RunState {
     int split_host_flushes = 0;
     Clock::time_point split_first_start, split_last_end;  // from the first host part's wait to the last's end
     int split_first_layer = 0, split_last_layer = 0;      // ... and their layers
+    int split_host_layers = 0;                            // distinct layers among the host parts
     struct Prefetch {
         size_t slot;
         std::vector<uint8_t> uploaded;  // experts already on their way
@@ -161,6 +162,7 @@ Status Scheduler::ensure_slots() {
     StatusOr<std::unique_ptr<Buffer>> b = device_->alloc_buffer(slots_.size() * slot_size_);
     if (!b.is_ok()) return b.status().with_context("allocating " + std::to_string(slots_.size()) + " upload slots");
     slot_buffer_ = std::move(b).value();
+    allocated_in_run_ = true;
     return Status::ok();
 }
 
@@ -248,6 +250,7 @@ Status Scheduler::ensure_arenas(size_t size) {
                                            " activation arena of " + std::to_string(size) + " bytes");
         }
         a = std::move(b).value();
+        allocated_in_run_ = true;
     }
     return Status::ok();
 }
@@ -320,12 +323,14 @@ Status Scheduler::flush(RunState& rs) {
         if (split_part) {
             const double wait = std::chrono::duration<double>(t0 - t_wait).count();
             rs.split_min_wait_seconds = rs.split_host_flushes == 0 ? wait : std::min(rs.split_min_wait_seconds, wait);
+            const int layer = nodes.front()->layer;
             if (rs.split_host_flushes == 0) {
                 rs.split_first_start = t_wait;
-                rs.split_first_layer = nodes.front()->layer;
+                rs.split_first_layer = layer;
             }
+            if (rs.split_host_flushes == 0 || layer != rs.split_last_layer) ++rs.split_host_layers;
             rs.split_last_end = Clock::now();
-            rs.split_last_layer = nodes.front()->layer;
+            rs.split_last_layer = layer;
             rs.split_wait_seconds += wait;
             rs.split_host_seconds += host_seconds;
             ++rs.split_host_flushes;
@@ -594,7 +599,8 @@ Status Scheduler::prepare_operands(Tensor& node, Side side, RunState& rs) {
 }
 
 Status Scheduler::count_experts(RunState& rs, int n_tokens) {
-    if (n_expert_ <= 0) return Status::ok();
+    // Still the ubatch's synchronisation: the outputs' downloads are queued before this.
+    if (n_expert_ <= 0) return device_ != nullptr ? device_->synchronize() : Status::ok();
     // Ids still only on the device are fetched together into page-locked staging, then tallied after one
     // synchronisation. (A copy into pageable memory returns only once done: one wait per MoE layer.)
     std::vector<const Tensor*> fetched;
@@ -742,6 +748,7 @@ Status Scheduler::plan(Graph& graph, std::span<const HostInput> inputs, RunState
 Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inputs, std::span<const HostOutput> outputs) {
     const Clock::time_point t_start = Clock::now();
     RunState rs;
+    allocated_in_run_ = false;
     const std::vector<Tensor*>& nodes = graph.nodes();
 
     // Expert ids stay alive to the end of the ubatch, so the activation counts can read them then.
@@ -824,7 +831,9 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
     if (status.is_ok()) {
         learn_split_costs(rs);
         if (split_timed_) {
-            split_trials_.record(n_tokens, split_timed_on_, seconds_since(t_start));
+            // A ubatch that allocated arenas or slots paid one-off costs: not a fair sample (the trial
+            // asks for the same side again).
+            if (!allocated_in_run_) split_trials_.record(n_tokens, split_timed_on_, seconds_since(t_start));
             ++stats_.n_split_trials;
         }
         // Counted once the split ran (the graph of the plan), not when it was planned.
@@ -866,11 +875,12 @@ void Scheduler::learn_split_costs(const RunState& rs) {
     // uploads, which the balance counts on the other side) and the host's own work between two host
     // parts (queueing the device's nodes and uploads, bookkeeping), which no wait shows.
     // The second term only over consecutive split layers (a layer that does not split in between adds
-    // device work that is not the host's).
+    // device work that is not the host's); a layer's host part may take several flushes.
     double serial = rs.split_min_wait_seconds;
-    if (rs.split_host_flushes >= 2 && rs.split_last_layer - rs.split_first_layer == rs.split_host_flushes - 1) {
+    const int layers = rs.split_host_layers;
+    if (layers >= 2 && rs.split_last_layer - rs.split_first_layer == layers - 1) {
         const double span = std::chrono::duration<double>(rs.split_last_end - rs.split_first_start).count();
-        serial += std::max(0.0, span - rs.split_host_seconds - rs.split_wait_seconds) / (rs.split_host_flushes - 1);
+        serial += std::max(0.0, span - rs.split_host_seconds - rs.split_wait_seconds) / (layers - 1);
     }
     const bool first = split_host_s_per_pair_ <= 0.0;
     split_host_s_per_pair_ = first ? per_pair : 0.5 * (split_host_s_per_pair_ + per_pair);

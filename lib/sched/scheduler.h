@@ -194,6 +194,7 @@ private:
     SplitTrials split_trials_;              // automatic split: timed ubatches with and without
     bool split_timed_ = false;              // the planned ubatch is a sample for split_trials_
     bool split_timed_on_ = false;           // ... run split
+    bool allocated_in_run_ = false;         // the running ubatch allocated arenas or upload slots
 
     // ACTIVE_PREFETCH: per expert tensor, the experts selected the last time it was uploaded.
     std::unordered_map<const Tensor*, std::vector<uint8_t>> last_selected_;

@@ -7,27 +7,41 @@ namespace moe::sched {
 
 int SplitTrials::size_class(int n_tokens) { return std::bit_width(static_cast<unsigned>(std::max(n_tokens, 1))); }
 
-SplitTrials::Choice SplitTrials::choose(int n_tokens) {
-    auto it = trials_.find(n_tokens);
-    if (it == trials_.end()) {
-        // The decided trial of the closest size of the class, if any (ubatch times do not scale with
-        // tokens: samples of other sizes are not compared, only their verdict is borrowed).
-        const Trial* borrowed = nullptr;
-        int distance = 0;
-        for (const auto& [n, t] : trials_) {
-            if (!t.decided() || size_class(n) != size_class(n_tokens)) continue;
-            const int d = n > n_tokens ? n - n_tokens : n_tokens - n;
-            if (borrowed == nullptr || d < distance) {
-                borrowed = &t;
-                distance = d;
-            }
+// Fewer samples first; on a tie unsplit at 0 + 0, split at 1 + 1 (unsplit, split, split, unsplit).
+bool SplitTrials::Trial::next_split() const {
+    if (samples[0] != samples[1]) return samples[1] < samples[0];
+    return samples[0] % 2 == 1;
+}
+
+const SplitTrials::Trial* SplitTrials::closest_decided(int n_tokens) const {
+    // Samples of other sizes are not compared (ubatch times do not scale with tokens); only their
+    // verdict is borrowed.
+    const Trial* best = nullptr;
+    int distance = 0;
+    for (const auto& [n, t] : trials_) {
+        if (n == n_tokens || !t.decided() || size_class(n) != size_class(n_tokens)) continue;
+        const int d = n > n_tokens ? n - n_tokens : n_tokens - n;
+        if (best == nullptr || d < distance) {
+            best = &t;
+            distance = d;
         }
-        if (borrowed != nullptr) return {borrowed->split_wins(), false};
-        it = trials_.emplace(n_tokens, Trial{}).first;
     }
-    const Trial& t = it->second;
-    if (t.decided()) return {t.split_wins(), false};
-    return {t.samples[1] < t.samples[0], true};  // unsplit first, then alternate
+    return best;
+}
+
+std::optional<bool> SplitTrials::verdict(int n_tokens) const {
+    if (auto it = trials_.find(n_tokens); it != trials_.end() && it->second.decided()) return it->second.split_wins();
+    if (const Trial* t = closest_decided(n_tokens)) return t->split_wins();
+    return std::nullopt;
+}
+
+SplitTrials::Choice SplitTrials::choose(int n_tokens) {
+    if (const std::optional<bool> v = verdict(n_tokens)) {
+        // A decided verdict of the range replaces an own trial still running (a rare size).
+        if (auto it = trials_.find(n_tokens); it != trials_.end() && !it->second.decided()) trials_.erase(it);
+        return {*v, false};
+    }
+    return {trials_[n_tokens].next_split(), true};
 }
 
 void SplitTrials::record(int n_tokens, bool split, double seconds) {
@@ -35,7 +49,7 @@ void SplitTrials::record(int n_tokens, bool split, double seconds) {
     if (it == trials_.end() || it->second.decided() || !(seconds > 0.0)) return;
     Trial& t = it->second;
     const int k = split ? 1 : 0;
-    t.best_seconds[k] = t.samples[k] == 0 ? seconds : std::min(t.best_seconds[k], seconds);
+    t.sum_seconds[k] += seconds;
     ++t.samples[k];
 }
 

@@ -1,10 +1,9 @@
 // The automatic expert split's timed trials (SplitTrials) against the rule they document: per ubatch
-// size, unsplit, split, unsplit, split, then the faster by its best sample; a size without a trial of
-// its own borrows the verdict of the closest decided size of its power-of-two class. Random timings,
-// the expected choice computed directly from them.
+// size, unsplit, split, split, unsplit, then the faster mean; a size without a decided trial of its own
+// takes the verdict of the closest decided size of its power-of-two range. Random timings, the
+// expected choice computed directly from them.
 #include <catch2/catch.hpp>
 
-#include <algorithm>
 #include <random>
 
 #include "sched/split_trial.h"
@@ -16,39 +15,42 @@ namespace {
 // Runs a trial of n to its decision with random times; returns whether the split should win.
 bool run_trial(SplitTrials& t, int n, std::mt19937& rng) {
     std::uniform_real_distribution<double> seconds(0.05, 0.5);
-    double best[2] = {1e30, 1e30};
-    for (bool want_split : {false, true, false, true}) {
+    double sum[2] = {0.0, 0.0};
+    for (bool want_split : {false, true, true, false}) {
         const SplitTrials::Choice c = t.choose(n);
         REQUIRE(c.timed);
         REQUIRE(c.split == want_split);
         CHECK_FALSE(t.settled());
+        CHECK_FALSE(t.verdict(n).has_value());
         const double s = seconds(rng);
-        best[c.split ? 1 : 0] = std::min(best[c.split ? 1 : 0], s);
+        sum[c.split ? 1 : 0] += s;
         t.record(n, c.split, s);
     }
-    return best[1] < best[0];
+    return sum[1] < sum[0];
 }
 
 }  // namespace
 
-TEST_CASE("split trials time unsplit, split, unsplit, split, then keep the faster", "[sched]") {
+TEST_CASE("split trials time unsplit, split, split, unsplit, then keep the faster mean", "[sched]") {
     const unsigned seed = std::random_device{}();
     CAPTURE(seed);
     std::mt19937 rng(seed);
     for (int round = 0; round < 200; ++round) {
         SplitTrials t;
         CHECK(t.settled());
-        const int n = 513 + static_cast<int>(rng() % 511);  // in [513, 1023]: class [512, 1024)
+        const int n = 513 + static_cast<int>(rng() % 511);  // in [513, 1023]: range [512, 1024)
         const bool want = run_trial(t, n, rng);
         CHECK(t.settled());
+        CHECK(t.verdict(n) == want);
         SplitTrials::Choice c = t.choose(n);
         CHECK(c.split == want);
         CHECK_FALSE(c.timed);
-        // Another size of the class borrows the verdict without a trial; another class starts its own.
+        // Another size of the range borrows the verdict without a trial; another range starts its own.
         c = t.choose(n == 1023 ? 512 : n + 1);
         CHECK(c.split == want);
         CHECK_FALSE(c.timed);
         CHECK(t.settled());
+        CHECK_FALSE(t.verdict(256).has_value());
         c = t.choose(256);
         CHECK(c.timed);
         CHECK_FALSE(c.split);
@@ -62,35 +64,41 @@ TEST_CASE("split trials time unsplit, split, unsplit, split, then keep the faste
     }
 }
 
-TEST_CASE("split trials compare times of one size only and ignore non-times", "[sched]") {
+TEST_CASE("split trials repeat a side whose sample was not recorded and ignore non-times", "[sched]") {
     SplitTrials t;
     const int n = 600;
+    REQUIRE_FALSE(t.choose(n).split);  // not recorded (a ubatch that allocated): asked again
     REQUIRE_FALSE(t.choose(n).split);
     t.record(n, false, 0.30);
     REQUIRE(t.choose(n).split);
-    t.record(n, true, 0.25);
-    t.record(n, false, -1.0);  // not a time: ignored (still the unsplit side's turn)
-    REQUIRE_FALSE(t.choose(n).split);
-    t.record(n, false, 0.20);
+    t.record(n, true, -1.0);  // not a time: ignored
     REQUIRE(t.choose(n).split);
-    t.record(n, true, 0.22);
-    CHECK_FALSE(t.choose(n).split);  // best unsplit 0.20 < best split 0.22
-    // A closer decided size's verdict wins over a farther one's (both trials started before either
-    // decided: once one has, a new size of the class borrows instead of starting its own).
+    t.record(n, true, 0.20);
+    REQUIRE(t.choose(n).split);
+    t.record(n, true, 0.30);
+    REQUIRE_FALSE(t.choose(n).split);
+    t.record(n, false, 0.19);
+    CHECK(t.verdict(n) == false);  // unsplit mean 0.245 < split mean 0.25
+    CHECK_FALSE(t.choose(n).split);
+}
+
+TEST_CASE("split trials: the first verdict of a range serves its other sizes, dropping their trials", "[sched]") {
     SplitTrials u;
     u.record(520, false, 0.1);  // no trial yet: ignored
     REQUIRE(u.choose(520).timed);
-    REQUIRE(u.choose(1000).timed);
-    for (int k = 0; k < 2; ++k) {
-        for (auto [size, split_faster] : {std::pair{520, true}, std::pair{1000, false}}) {
-            REQUIRE_FALSE(u.choose(size).split);
-            u.record(size, false, split_faster ? 0.3 : 0.1);
-            REQUIRE(u.choose(size).split);
-            u.record(size, true, 0.2);
-        }
+    REQUIRE(u.choose(1000).timed);  // another size's trial, left running
+    REQUIRE(u.choose(2000).timed);  // range [1024, 2048): its own
+    for (int k = 0; k < 4; ++k) {
+        const bool split = u.choose(520).split;
+        u.record(520, split, split ? 0.1 : 0.3);  // the split wins
     }
-    CHECK(u.choose(600).split);
-    CHECK_FALSE(u.choose(900).split);
-    CHECK_FALSE(u.choose(600).timed);
-    CHECK(u.settled());
+    CHECK(u.verdict(520) == true);
+    CHECK(u.verdict(1000) == true);  // borrowed
+    CHECK_FALSE(u.verdict(2000).has_value());
+    CHECK_FALSE(u.settled());                 // 1000's and 2000's trials are still running ...
+    const SplitTrials::Choice c = u.choose(1000);  // ... until 1000 is chosen again
+    CHECK(c.split);
+    CHECK_FALSE(c.timed);
+    CHECK_FALSE(u.settled());  // 2000's
+    CHECK(u.choose(2000).timed);
 }

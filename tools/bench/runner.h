@@ -240,8 +240,10 @@ private:
             if (auto f = split_trials(before)) return f;
             if (auto f = run()) return f;
             if (auto f = split_trials(after)) return f;
-            if (after == before) break;
+            if (after == before) return std::nullopt;
         }
+        std::fprintf(stderr, "moeinfer-bench: the automatic expert split still timed trial ubatches after %d "
+                             "warm-ups; the timed runs may include some\n", kMaxWarmups);
         return std::nullopt;
     }
 
