@@ -388,11 +388,12 @@ Status decode(moe_context& ctx, const int32_t* tokens, const int32_t* positions,
     const size_t rows = static_cast<size_t>(logits_all ? n_tokens : 1);
     const size_t logits_bytes = rows * static_cast<size_t>(n_vocab) * sizeof(float);
     ctx.logits_rows = 0;
-    if (!ctx.logits || ctx.logits->size() < logits_bytes) {
-        // Page-locked for decode-sized outputs only: pinning the logits of a long all-rows prefill
-        // (hundreds of MB) would cost more than its download saves.
-        constexpr size_t kPinnedLogitsMax = size_t{16} << 20;
-        const bool pinned = ctx.device && logits_bytes <= kPinnedLogitsMax;
+    // Page-locked for decode-sized outputs only: pinning the logits of a long all-rows prefill (hundreds
+    // of MB) would cost more than its download saves. A small decode after a large one gets a page-locked
+    // buffer again.
+    constexpr size_t kPinnedLogitsMax = size_t{16} << 20;
+    const bool pinned = ctx.device && logits_bytes <= kPinnedLogitsMax;
+    if (!ctx.logits || ctx.logits->size() < logits_bytes || (pinned && !ctx.logits_pinned)) {
         ctx.logits.reset();
         StatusOr<std::unique_ptr<Buffer>> b =
             pinned ? ctx.device->alloc_host_buffer(logits_bytes) : ctx.host->alloc_buffer(logits_bytes);
@@ -400,6 +401,7 @@ Status decode(moe_context& ctx, const int32_t* tokens, const int32_t* positions,
             return b.status().with_context("allocating the logits buffer of " + std::to_string(logits_bytes) + " bytes");
         }
         ctx.logits = std::move(b).value();
+        ctx.logits_pinned = pinned;
     }
 
     Status status;

@@ -36,6 +36,7 @@ struct moe_context {
     // The last decode's logits: page-locked with a device (a download into pageable memory is staged by
     // the driver and returns only once done; for one decode token's ~0.6-0.8 MB that is tens of us).
     std::unique_ptr<moe::Buffer> logits;
+    bool logits_pinned = false;
     int32_t logits_rows = 0;
     float* logits_data() const { return static_cast<float*>(logits->data()); }
 };

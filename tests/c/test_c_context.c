@@ -401,6 +401,16 @@ static void test_older_struct_sizes(moe_model* model) {
     tail = (unsigned char*)&old_stats + offsetof(moe_sched_stats, n_split_layers);
     for (i = 0; i < sizeof old_stats - offsetof(moe_sched_stats, n_split_layers); ++i) untouched &= tail[i] == 0xAB;
     EXPECT(untouched);
+    /* A caller built before n_split_trials: the split fields it knows are written, the new tail is not. */
+    memset(&old_stats, 0xAB, sizeof old_stats);
+    old_stats.struct_size = (uint32_t)offsetof(moe_sched_stats, n_split_trials);
+    EXPECT_STATUS(moe_context_get_stats(ctx, &old_stats), MOE_STATUS_OK);
+    EXPECT(old_stats.n_ubatches == 1);
+    EXPECT(old_stats.n_split_layers != 0xABABABABABABABABull && old_stats.n_split_host_experts != 0xABABABABABABABABull);
+    tail = (unsigned char*)&old_stats + offsetof(moe_sched_stats, n_split_trials);
+    untouched = 1;
+    for (i = 0; i < sizeof old_stats - offsetof(moe_sched_stats, n_split_trials); ++i) untouched &= tail[i] == 0xAB;
+    EXPECT(untouched);
     moe_context_free(ctx);
 }
 

@@ -1,0 +1,142 @@
+// The released layouts of the public structs, frozen (STYLE: "freeze each released layout"). A field
+// may only be appended at the end (callers built against an older header pass a smaller struct_size,
+// see runtime/c_api_structs.h); moving or resizing one fails the build here. Offsets are those of the
+// LP64 ABI the library is built and tested for (x86-64 Linux). When appending a field, add its line.
+#include <cstddef>
+
+#include "moeinfer/moeinfer.h"
+
+static_assert(sizeof(void*) == 8, "the frozen layouts below are LP64's");
+
+static_assert(offsetof(moe_model_params, struct_size) == 0);
+static_assert(offsetof(moe_model_params, use_mmap) == 4);
+static_assert(offsetof(moe_model_params, progress) == 8);
+static_assert(offsetof(moe_model_params, progress_user_data) == 16);
+static_assert(sizeof(moe_model_params) == 24);
+
+static_assert(offsetof(moe_model_info, struct_size) == 0);
+static_assert(offsetof(moe_model_info, architecture) == 8);
+static_assert(offsetof(moe_model_info, name) == 16);
+static_assert(offsetof(moe_model_info, n_layer) == 24);
+static_assert(offsetof(moe_model_info, n_embd) == 28);
+static_assert(offsetof(moe_model_info, n_vocab) == 32);
+static_assert(offsetof(moe_model_info, n_head) == 36);
+static_assert(offsetof(moe_model_info, n_head_kv) == 40);
+static_assert(offsetof(moe_model_info, head_dim) == 44);
+static_assert(offsetof(moe_model_info, n_expert) == 48);
+static_assert(offsetof(moe_model_info, n_expert_used) == 52);
+static_assert(offsetof(moe_model_info, n_ff_expert) == 56);
+static_assert(offsetof(moe_model_info, n_ctx_train) == 60);
+static_assert(offsetof(moe_model_info, sliding_window) == 64);
+static_assert(offsetof(moe_model_info, n_tensors) == 68);
+static_assert(offsetof(moe_model_info, n_bytes) == 72);
+static_assert(offsetof(moe_model_info, n_expert_bytes) == 80);
+static_assert(sizeof(moe_model_info) == 88);
+
+static_assert(offsetof(moe_tensor_info, struct_size) == 0);
+static_assert(offsetof(moe_tensor_info, name) == 8);
+static_assert(offsetof(moe_tensor_info, type) == 16);
+static_assert(offsetof(moe_tensor_info, n_dims) == 20);
+static_assert(offsetof(moe_tensor_info, ne) == 24);
+static_assert(offsetof(moe_tensor_info, n_bytes) == 56);
+static_assert(offsetof(moe_tensor_info, file_offset) == 64);
+static_assert(sizeof(moe_tensor_info) == 72);
+
+static_assert(offsetof(moe_offload_rule, enabled) == 0);
+static_assert(offsetof(moe_offload_rule, min_batch) == 4);
+static_assert(sizeof(moe_offload_rule) == 8);
+
+static_assert(offsetof(moe_sched_policy, struct_size) == 0);
+static_assert(offsetof(moe_sched_policy, offload) == 4);
+static_assert(offsetof(moe_sched_policy, expert_copy) == 28);
+static_assert(offsetof(moe_sched_policy, bias_dup) == 32);
+static_assert(offsetof(moe_sched_policy, offload_vram_budget) == 40);
+static_assert(offsetof(moe_sched_policy, expert_split) == 48);
+static_assert(sizeof(moe_sched_policy) == 56);
+
+static_assert(offsetof(moe_context_params, struct_size) == 0);
+static_assert(offsetof(moe_context_params, n_ctx) == 4);
+static_assert(offsetof(moe_context_params, n_ubatch) == 8);
+static_assert(offsetof(moe_context_params, n_threads) == 12);
+static_assert(offsetof(moe_context_params, device) == 16);
+static_assert(offsetof(moe_context_params, tensor_overrides) == 24);
+static_assert(offsetof(moe_context_params, n_cpu_moe) == 32);
+static_assert(offsetof(moe_context_params, n_gpu_layers) == 36);
+static_assert(offsetof(moe_context_params, vram_budget) == 40);
+static_assert(offsetof(moe_context_params, policy) == 48);
+static_assert(offsetof(moe_context_params, progress) == 56);
+static_assert(offsetof(moe_context_params, progress_user_data) == 64);
+static_assert(sizeof(moe_context_params) == 72);
+
+static_assert(offsetof(moe_sched_stats, struct_size) == 0);
+static_assert(offsetof(moe_sched_stats, n_ubatches) == 8);
+static_assert(offsetof(moe_sched_stats, n_splits) == 16);
+static_assert(offsetof(moe_sched_stats, bytes_weights_full) == 24);
+static_assert(offsetof(moe_sched_stats, bytes_weights_experts) == 32);
+static_assert(offsetof(moe_sched_stats, bytes_weights_skipped) == 40);
+static_assert(offsetof(moe_sched_stats, bytes_activations) == 48);
+static_assert(offsetof(moe_sched_stats, n_weight_copies) == 56);
+static_assert(offsetof(moe_sched_stats, n_activation_copies) == 64);
+static_assert(offsetof(moe_sched_stats, n_id_readbacks) == 72);
+static_assert(offsetof(moe_sched_stats, n_offloaded) == 80);
+static_assert(offsetof(moe_sched_stats, n_kept_host) == 104);
+static_assert(offsetof(moe_sched_stats, n_ops_host) == 128);
+static_assert(offsetof(moe_sched_stats, n_ops_device) == 136);
+static_assert(offsetof(moe_sched_stats, seconds_total) == 144);
+static_assert(offsetof(moe_sched_stats, seconds_host_compute) == 152);
+static_assert(offsetof(moe_sched_stats, seconds_wait) == 160);
+static_assert(offsetof(moe_sched_stats, weights_host_bytes) == 168);
+static_assert(offsetof(moe_sched_stats, weights_device_bytes) == 176);
+static_assert(offsetof(moe_sched_stats, n_layer) == 184);
+static_assert(offsetof(moe_sched_stats, n_expert) == 188);
+static_assert(offsetof(moe_sched_stats, seconds_device_submit) == 192);
+static_assert(offsetof(moe_sched_stats, n_split_layers) == 200);
+static_assert(offsetof(moe_sched_stats, n_split_host_experts) == 208);
+static_assert(offsetof(moe_sched_stats, n_split_trials) == 216);
+static_assert(sizeof(moe_sched_stats) == 224);
+
+static_assert(offsetof(moe_op_profile, op) == 0);
+static_assert(offsetof(moe_op_profile, backend) == 8);
+static_assert(offsetof(moe_op_profile, count) == 16);
+static_assert(offsetof(moe_op_profile, seconds) == 24);
+static_assert(sizeof(moe_op_profile) == 32);
+
+static_assert(offsetof(moe_synth_params, struct_size) == 0);
+static_assert(offsetof(moe_synth_params, architecture) == 8);
+static_assert(offsetof(moe_synth_params, preset) == 16);
+static_assert(offsetof(moe_synth_params, n_layer) == 24);
+static_assert(offsetof(moe_synth_params, n_embd) == 28);
+static_assert(offsetof(moe_synth_params, n_vocab) == 32);
+static_assert(offsetof(moe_synth_params, n_head) == 36);
+static_assert(offsetof(moe_synth_params, n_head_kv) == 40);
+static_assert(offsetof(moe_synth_params, head_dim) == 44);
+static_assert(offsetof(moe_synth_params, n_expert) == 48);
+static_assert(offsetof(moe_synth_params, n_expert_used) == 52);
+static_assert(offsetof(moe_synth_params, n_ff_expert) == 56);
+static_assert(offsetof(moe_synth_params, expert_type) == 60);
+static_assert(offsetof(moe_synth_params, dense_type) == 64);
+static_assert(offsetof(moe_synth_params, seed) == 72);
+static_assert(offsetof(moe_synth_params, routing_skew) == 80);
+static_assert(offsetof(moe_synth_params, progress) == 88);
+static_assert(offsetof(moe_synth_params, progress_user_data) == 96);
+static_assert(sizeof(moe_synth_params) == 104);
+
+static_assert(offsetof(moe_bandwidth_params, struct_size) == 0);
+static_assert(offsetof(moe_bandwidth_params, device) == 4);
+static_assert(offsetof(moe_bandwidth_params, bytes) == 8);
+static_assert(offsetof(moe_bandwidth_params, host_bytes) == 16);
+static_assert(offsetof(moe_bandwidth_params, n_threads) == 24);
+static_assert(offsetof(moe_bandwidth_params, repetitions) == 28);
+static_assert(sizeof(moe_bandwidth_params) == 32);
+
+static_assert(offsetof(moe_bandwidth_result, struct_size) == 0);
+static_assert(offsetof(moe_bandwidth_result, h2d_pinned) == 8);
+static_assert(offsetof(moe_bandwidth_result, h2d_pageable) == 16);
+static_assert(offsetof(moe_bandwidth_result, d2h_pinned) == 24);
+static_assert(offsetof(moe_bandwidth_result, d2h_pageable) == 32);
+static_assert(offsetof(moe_bandwidth_result, host_read) == 40);
+static_assert(offsetof(moe_bandwidth_result, bytes) == 48);
+static_assert(offsetof(moe_bandwidth_result, host_bytes) == 56);
+static_assert(offsetof(moe_bandwidth_result, n_threads) == 64);
+static_assert(offsetof(moe_bandwidth_result, repetitions) == 68);
+static_assert(sizeof(moe_bandwidth_result) == 72);
