@@ -4,7 +4,7 @@
 //    leaves exactly the next row's N_KV tokens in the cache: no re-decoding between rows.
 //  - tests (llama-bench): pp<N> / tg<N> at depth d, one untimed warm-up, then -r timed repetitions,
 //    each from an emptied cache refilled (untimed) to depth d.
-// Warm-ups repeat while the automatic expert split still times trial ubatches (at most 6).
+// Warm-ups repeat while the automatic expert split still times trial ubatches (at most 8).
 // Token ids are random (seeded) in [0, n_vocab): timings of MoE models depend on the routing, and
 // random tokens spread it as real text roughly does.
 #ifndef MOEINFER_TOOLS_BENCH_RUNNER_H
@@ -234,7 +234,7 @@ private:
     // kMaxWarmups runs), so that the timed runs measure the split's decision, not its trials.
     template <class Run>
     std::optional<Failure> warm_up_until_settled(Run run) {
-        constexpr int kMaxWarmups = 6;
+        constexpr int kMaxWarmups = 8;  // a trial takes 4 timed ubatches, plus those that allocate
         for (int w = 0; w < kMaxWarmups; ++w) {
             uint64_t before = 0, after = 0;
             if (auto f = split_trials(before)) return f;
