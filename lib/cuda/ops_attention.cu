@@ -524,24 +524,14 @@ Status attention(Tensor& dst, const OpContext& ctx) {
     if (attention_mma_fits(dst)) return attention_mma(dst, ctx.stream);
     const Plan plan = plan_for(dst, ctx.n_sm);
     AttnArgs a{};
-    a.q = ops::view_of(q);
-    a.k = ops::view_of(k);
-    a.v = ops::view_of(*dst.src[2]);
-    a.d = ops::view_of(dst);
-    a.pos = dst.src[3]->as<int32_t>();
-    a.sinks = dst.src[4] != nullptr ? dst.src[4]->as<float>() : nullptr;
+    set_attention_operands(a, dst);
     a.scale = dst.params.f[0];
-    a.window = dst.params.i[0];
-    a.n_kv = dst.params.i[1];
     a.group = static_cast<int>(q.ne[1] / k.ne[1]);
     a.n_head = static_cast<int>(q.ne[1]);
     a.n_tok = q.ne[2];
     a.rows_per_warp = plan.rows_per_warp;
     a.n_split = plan.n_split;
-    const auto aligned16 = [](const Tensor& t) {
-        return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.nb[1] % 16 == 0 && t.nb[2] % 16 == 0;
-    };
-    a.kv_vec = aligned16(k) && aligned16(*dst.src[2]);
+    a.kv_vec = rows_aligned16(k) && rows_aligned16(*dst.src[2]);
     if (plan.n_split > 1) {
         const size_t need = attention_scratch_bytes(dst, ctx.n_sm);
         if (ctx.scratch == nullptr || ctx.scratch_size < need) {

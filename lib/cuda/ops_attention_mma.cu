@@ -351,10 +351,6 @@ Status launch(const MmaArgs& a, cudaStream_t stream) {
     return ops::launch_status("attention_mma_kernel");
 }
 
-bool aligned16(const Tensor& t) {
-    return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.nb[1] % 16 == 0 && t.nb[2] % 16 == 0;
-}
-
 }  // namespace
 
 bool attention_mma_fits(const Tensor& dst) {
@@ -362,22 +358,15 @@ bool attention_mma_fits(const Tensor& dst) {
     const Tensor& k = *dst.src[1];
     const Tensor& v = *dst.src[2];
     return (q.ne[0] == 64 || q.ne[0] == 128) && k.type == Type::F16 && v.type == Type::F16 &&
-           q.ne[2] >= kAttnMmaMinTokens && aligned16(k) && aligned16(v);
+           q.ne[2] >= kAttnMmaMinTokens && rows_aligned16(k) && rows_aligned16(v);
 }
 
 Status attention_mma(Tensor& dst, cudaStream_t stream) {
     const Tensor& q = *dst.src[0];
     const Tensor& k = *dst.src[1];
     MmaArgs a{};
-    a.q = ops::view_of(q);
-    a.k = ops::view_of(k);
-    a.v = ops::view_of(*dst.src[2]);
-    a.d = ops::view_of(dst);
-    a.pos = dst.src[3]->as<int32_t>();
-    a.sinks = dst.src[4] != nullptr ? dst.src[4]->as<float>() : nullptr;
+    set_attention_operands(a, dst);
     a.q_scale = dst.params.f[0] * kLog2e;
-    a.window = dst.params.i[0];
-    a.n_kv = dst.params.i[1];
     a.group = static_cast<int>(q.ne[1] / k.ne[1]);
     a.n_head_kv = static_cast<int>(k.ne[1]);
     a.n_tok = q.ne[2];

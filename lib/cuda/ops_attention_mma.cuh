@@ -6,6 +6,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "cuda/ops_common.cuh"
 
 namespace moe::cuda {
 
@@ -15,6 +16,26 @@ __device__ __forceinline__ void attention_key_range(int p, int n_kv, int window,
     hi = min(p, n_kv - 1) + 1;
     lo = window > 0 ? max(0, p - window + 1) : 0;
     if (hi < lo) hi = lo;
+}
+
+// The operands and parameters both attention kernels take from an ATTENTION node alike: the q, k, v
+// and output views, query positions, sinks (nullptr: none), window and n_kv. Args: either kernel's
+// argument struct (the scale they keep in different units).
+template <class Args>
+void set_attention_operands(Args& a, const Tensor& dst) {
+    a.q = ops::view_of(*dst.src[0]);
+    a.k = ops::view_of(*dst.src[1]);
+    a.v = ops::view_of(*dst.src[2]);
+    a.d = ops::view_of(dst);
+    a.pos = dst.src[3]->as<int32_t>();
+    a.sinks = dst.src[4] != nullptr ? dst.src[4]->as<float>() : nullptr;
+    a.window = dst.params.i[0];
+    a.n_kv = dst.params.i[1];
+}
+
+// Whether a K or V tensor's rows start 16-byte aligned (tiles then load in 16-byte chunks).
+inline bool rows_aligned16(const Tensor& t) {
+    return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.nb[1] % 16 == 0 && t.nb[2] % 16 == 0;
 }
 
 // Prompts of at least this many tokens take the tensor-core kernel. Shorter ones (decode, a few

@@ -81,6 +81,22 @@ struct Scheduler::RunState {
     std::set<size_t> reserved_slots;  // slots of early uploads not consumed yet: no other upload may take them
 };
 
+namespace {
+
+// Unmarks the experts an early upload already sent; returns the bytes that upload sent.
+size_t drop_uploaded(std::vector<uint8_t>& experts, const std::vector<uint8_t>& uploaded, size_t per_expert) {
+    size_t bytes = 0;
+    for (size_t e = 0; e < experts.size(); ++e) {
+        if (uploaded[e]) {
+            experts[e] = 0;
+            bytes += per_expert;
+        }
+    }
+    return bytes;
+}
+
+}  // namespace
+
 Scheduler::Scheduler(Backend& host, Backend* device, int n_layer, int n_expert, int n_expert_used)
     : host_(host), device_(device), n_layer_(n_layer), n_expert_(n_expert), n_expert_used_(n_expert_used) {
     stats_.expert_counts.assign(static_cast<size_t>(std::max(n_layer, 0)) * static_cast<size_t>(std::max(n_expert, 0)), 0);
@@ -300,11 +316,10 @@ Status Scheduler::wait_host_fence(RunState& rs) {
 }
 
 // Marks the copies queued so far as what the host must wait for before its next compute.
-StatusOr<uint64_t> Scheduler::mark_copy(RunState& rs) {
-    MOE_ASSIGN_OR_RETURN(const uint64_t fence, device_->mark_compute());
+Status Scheduler::mark_copy(RunState& rs) {
+    MOE_ASSIGN_OR_RETURN(rs.host_fence, device_->mark_compute());
     rs.host_waits = true;
-    rs.host_fence = fence;
-    return fence;
+    return Status::ok();
 }
 
 Status Scheduler::flush(RunState& rs) {
@@ -367,7 +382,7 @@ StatusOr<Tensor*> Scheduler::activation_operand(Tensor* src, Side side, RunState
         MOE_RETURN_IF_ERROR(device_->copy_to_host(dst, src_bytes, n));
     }
     // D2H: the host reads it; H2D: the host must not reuse the source before.
-    MOE_RETURN_IF_ERROR(mark_copy(rs).status());
+    MOE_RETURN_IF_ERROR(mark_copy(rs));
     stats_.bytes_activations += n;
     ++stats_.n_activation_copies;
     Tensor* shadow = substitute(rs, *src, dst, arena_[static_cast<int>(side)].get());
@@ -410,7 +425,7 @@ StatusOr<Tensor*> Scheduler::weight_operand(Tensor& node, int src_index, Side si
         }
         MOE_RETURN_IF_ERROR(flush(rs));
         MOE_RETURN_IF_ERROR(device_->copy_to_host(buf->data(), c->device, n));
-        MOE_RETURN_IF_ERROR(mark_copy(rs).status());
+        MOE_RETURN_IF_ERROR(mark_copy(rs));
         stats_.bytes_weights_full += n;
         ++stats_.n_weight_copies;
         return substitute(rs, *w, buf->data(), buf.get());
@@ -437,15 +452,7 @@ StatusOr<Tensor*> Scheduler::weight_operand(Tensor& node, int src_index, Side si
         // The device part of a split expert block: only the device group's experts (unless the
         // look-ahead already sent them).
         std::vector<uint8_t> on_device = device_experts(node.layer);
-        size_t prefetched = 0;
-        if (pre != rs.prefetched.end()) {
-            for (size_t e = 0; e < on_device.size(); ++e) {
-                if (pre->second.uploaded[e]) {
-                    on_device[e] = 0;
-                    prefetched += w->nb[2];
-                }
-            }
-        }
+        const size_t prefetched = pre != rs.prefetched.end() ? drop_uploaded(on_device, pre->second.uploaded, w->nb[2]) : 0;
         MOE_ASSIGN_OR_RETURN(const size_t sent, upload_experts(dst, src, w->nb[2], on_device, after));
         stats_.bytes_weights_skipped += n - sent - prefetched;
     } else if (uploads_active_experts(node, src_index)) {
@@ -455,12 +462,7 @@ StatusOr<Tensor*> Scheduler::weight_operand(Tensor& node, int src_index, Side si
         size_t prefetched = 0;  // bytes uploaded before the readback (counted then)
         std::vector<uint8_t> missing = selected;
         if (pre != rs.prefetched.end()) {
-            for (size_t e = 0; e < missing.size(); ++e) {
-                if (pre->second.uploaded[e]) {
-                    missing[e] = 0;
-                    prefetched += per_expert;
-                }
-            }
+            prefetched = drop_uploaded(missing, pre->second.uploaded, per_expert);
             last_selected_[w] = std::move(selected);
         }
         MOE_ASSIGN_OR_RETURN(const size_t sent, upload_experts(dst, src, per_expert, missing, after));
@@ -599,8 +601,6 @@ Status Scheduler::prepare_operands(Tensor& node, Side side, RunState& rs) {
 }
 
 Status Scheduler::count_experts(RunState& rs, int n_tokens) {
-    // Still the ubatch's synchronisation: the outputs' downloads are queued before this.
-    if (n_expert_ <= 0) return device_ != nullptr ? device_->synchronize() : Status::ok();
     // Ids still only on the device are fetched together into page-locked staging, then tallied after one
     // synchronisation. (A copy into pageable memory returns only once done: one wait per MoE layer.)
     std::vector<const Tensor*> fetched;

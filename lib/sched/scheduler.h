@@ -154,7 +154,7 @@ private:
     Status flush(RunState& rs);
     Status wait_for_device(RunState& rs);
     Status wait_host_fence(RunState& rs);
-    StatusOr<uint64_t> mark_copy(RunState& rs);
+    Status mark_copy(RunState& rs);
     std::vector<uint8_t> eager_downloads(const Graph& graph, const std::vector<Side>& sides) const;
     bool splittable_layer(int layer) const;
     StatusOr<double> upload_seconds_per_byte();
