@@ -3,7 +3,7 @@
 # run goes A, B, A, B (machines differ by several % between device calls, so only runs of one call compare).
 #   scripts/device_ab.sh A_DIR B_DIR OUT_DIR [GROUP...]
 # Groups: tg (all-GPU tg128, Q30-16 / G20 / Q30-48), hybrid_tg (the same with -ot exps=CPU). JSON per run in
-# OUT_DIR; a line per run with the median t/s. Default: tg hybrid_tg.
+# OUT_DIR; a line per run with the median t/s. Default: tg hybrid_tg. SPECS="spec ..." narrows the models.
 set -uo pipefail
 a=$1; b=$2; out=$3; shift 3
 groups=${*:-tg hybrid_tg}
@@ -26,7 +26,7 @@ PY
 }
 
 for g in $groups; do
-  for spec in "$Q30" "$G20" "$Q48"; do
+  for spec in ${SPECS:-"$Q30" "$G20" "$Q48"}; do
     tag=$(echo "$spec" | grep -q gpt-oss && echo g20 || (echo "$spec" | grep -q layers=48 && echo q48 || echo q30))
     extra=(); [ "$g" = hybrid_tg ] && extra=(-ot exps=CPU)
     for k in 1 2; do
