@@ -261,6 +261,7 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
 
     ctx.sched = std::make_unique<sched::Scheduler>(*ctx.host, ctx.device.get(), hp.n_layer, hp.n_expert, hp.n_expert_used);
     CopyProgress progress(ctx.params, device_bytes + pinned_bytes);
+    ParallelCopier copier(ctx.params.n_threads);
     size_t device_off = 0, pinned_off = 0;
     for (size_t i = 0; i < ws.size(); ++i) {
         Tensor& t = *ws[i];
@@ -271,7 +272,7 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
         c.duplicate = dup[i];
         if (sides[i] == Side::HOST && ctx.pinned_weights) {
             auto* dst = static_cast<uint8_t*>(ctx.pinned_weights->data()) + pinned_off;
-            parallel_copy(dst, t.data, n, ctx.params.n_threads);
+            copier.copy(dst, t.data, n);
             c.host = dst;
             c.host_buffer = ctx.pinned_weights.get();
             pinned_off += aligned(n);

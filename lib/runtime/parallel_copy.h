@@ -3,12 +3,25 @@
 // mapping does at a few GB/s.
 #pragma once
 
+#include <tbb/task_arena.h>
+
 #include <cstddef>
 
 namespace moe {
 
-// Copies n bytes from src to dst (not overlapping) in chunks spread over up to n_threads threads
-// (0: all cores). Small copies stay on the calling thread.
-void parallel_copy(void* dst, const void* src, size_t n, int n_threads);
+// One per batch of copies (the weights of a context): its thread arena is made once, not per copy.
+class ParallelCopier {
+public:
+    // Up to n_threads threads (0: all cores).
+    explicit ParallelCopier(int n_threads);
+
+    // Copies n bytes from src to dst (not overlapping) in chunks spread over the arena's threads.
+    // Small copies stay on the calling thread.
+    void copy(void* dst, const void* src, size_t n);
+
+private:
+    bool single_thread_;
+    tbb::task_arena arena_;  // initialised lazily by TBB, on the first large copy
+};
 
 }  // namespace moe
