@@ -132,6 +132,9 @@ struct MmaRoute {
 
 // Columns per tile of the tensor-core kernel (32, 64 or 128) for ~cols_per_group columns per expert.
 int mma_tile_cols(double cols_per_group);
+// The same for expert groups of ~cols_per_group columns on average: wide enough that most groups fit
+// one tile (the kernel skips the MMAs of empty column fragments, but every tile decodes its weights).
+int mma_route_tile_cols(double cols_per_group);
 
 // dst[col * w.n + r] = dot(row r of w (or of its routed expert), BF16 activation row of col).
 // Dense: route == nullptr, columns 0 .. n_cols - 1 read rows 0 .. n_cols - 1 of xb. Routed: columns

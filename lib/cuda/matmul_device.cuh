@@ -215,6 +215,66 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// Byte b of w as the float (byte - bias), exactly: the byte goes into the low mantissa byte of 2^23
+// (a byte permute), and one subtraction of 2^23 + bias follows. Cheaper than an integer-to-float
+// conversion, which runs at a quarter of the rate of float adds.
+template <int B>
+__device__ __forceinline__ float byte_minus(uint32_t w, float magic_plus_bias) {
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | B)) - magic_plus_bias;
+}
+
+// Four bytes (u - bias) * d -> two packed BF16 pairs, elements in byte order.
+__device__ __forceinline__ void bytes_scaled_bf16(uint32_t u, float magic_plus_bias, float d, uint32_t& lo,
+                                                  uint32_t& hi) {
+    lo = pack_bf16x2(byte_minus<0>(u, magic_plus_bias) * d, byte_minus<1>(u, magic_plus_bias) * d);
+    hi = pack_bf16x2(byte_minus<2>(u, magic_plus_bias) * d, byte_minus<3>(u, magic_plus_bias) * d);
+}
+
+// decode_half's 16 values as 8 packed BF16 pairs (the same values, rounded to BF16). Quantised blocks
+// take the byte-permute conversion above: signed bytes are biased by 128 (xor 0x80) first.
+template <Type W>
+__device__ __forceinline__ void decode_half_bf16(const uint32_t* s, int off, int h, uint32_t (&out)[8]) {
+    constexpr float kMagic = 8388608.0f;  // 2^23
+    if constexpr (W == Type::Q8_0) {
+        const float d = fp16_bits_to_float(extract_u32(s, off));
+        uint32_t q[4];
+        extract_words<4>(s, off + 2 + 16 * h, q);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) bytes_scaled_bf16(q[i] ^ 0x80808080u, kMagic + 128.0f, d, out[2 * i], out[2 * i + 1]);
+    } else if constexpr (W == Type::Q4_0 || W == Type::MXFP4) {
+        uint32_t q[4];
+        float d;
+        if constexpr (W == Type::Q4_0) {
+            d = fp16_bits_to_float(extract_u32(s, off));
+            extract_words<4>(s, off + 2, q);
+        } else {
+            d = e8m0_half(extract_u32(s, off) & 0xFFu);
+            extract_words<4>(s, off + 1, q);
+        }
+        const int sh = 4 * h;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t nib = (q[i] >> sh) & 0x0F0F0F0Fu;
+            if constexpr (W == Type::Q4_0) {
+                bytes_scaled_bf16(nib, kMagic + 8.0f, d, out[2 * i], out[2 * i + 1]);
+            } else {
+                bytes_scaled_bf16(mxfp4_lut4(nib) ^ 0x80808080u, kMagic + 128.0f, d, out[2 * i], out[2 * i + 1]);
+            }
+        }
+    } else {
+        float v[16];
+        decode_half<W>(s, off, h, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) out[i] = pack_bf16x2(v[2 * i], v[2 * i + 1]);
+    }
+}
+
+// 8 packed BF16 pairs -> two 16-byte stores (dst 16-byte aligned).
+__device__ __forceinline__ void store_u32x8(void* dst, const uint32_t (&w)[8]) {
+    reinterpret_cast<uint4*>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    reinterpret_cast<uint4*>(dst)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+}
+
 // 16 floats -> 16 BF16 as two 16-byte stores (dst 16-byte aligned).
 __device__ __forceinline__ void store_bf16x16(void* dst, const float (&v)[16]) {
     uint4 a, b;
@@ -264,7 +324,16 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
 }
+// 4 bytes global -> shared, asynchronously, through L1 (dst and src 4-byte aligned).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N of this thread's newest groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {

@@ -193,7 +193,7 @@ Status moe_run(const MoeArgs& a, const OpContext& ctx) {
     }
 
     const int n_expert = static_cast<int>(a.w.n_expert);
-    const int bn = mma_tile_cols(static_cast<double>(n_pairs) / static_cast<double>(std::min<int64_t>(n_expert, n_pairs)));
+    const int bn = mma_route_tile_cols(static_cast<double>(n_pairs) / static_cast<double>(std::min<int64_t>(n_expert, n_pairs)));
     constexpr int kThreads = 256;
     const auto pair_blocks = static_cast<unsigned int>((n_pairs + kThreads - 1) / kThreads);
     MOE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.counts, 0, sizeof(int32_t) * 2 * static_cast<size_t>(n_expert), ctx.stream));
