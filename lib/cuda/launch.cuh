@@ -2,14 +2,19 @@
 //
 // A decode step is ~200 small kernels; between two of them the GPU drains one grid, then starts the
 // next (~1.5-2 us each, even inside a CUDA graph). With PDL the next kernel of the stream is launched
-// while the previous one still runs, and waits on the device instead:
+// before the previous one has fully completed, and waits on the device instead:
 //   - launch_kernel() sets cudaLaunchAttributeProgrammaticStreamSerialization while the calling thread
-//     is inside a PdlScope(true) (the CUDA backend opens one around each launch on devices that have
-//     PDL, unless MOEINFER_CUDA_PDL=0); elsewhere it is a plain launch.
+//     is inside a PdlScope(true) (the CUDA backend opens one around each launch when PDL is on, see
+//     CudaBackend::pdl_enabled()); elsewhere it is a plain launch.
 //   - Every kernel begins with pdl_grid_sync(): every thread waits (griddepcontrol.wait) until the
-//     previous grid of the stream has completed and its memory is visible, then lets the next grid be
-//     launched (griddepcontrol.launch_dependents). Without a programmatic predecessor the wait returns
-//     at once; below sm_90 both compile to nothing.
+//     previous grid of the stream has completed and its memory is visible. Without a programmatic
+//     predecessor the wait returns at once; below sm_90 it compiles to nothing.
+//   - No kernel triggers its dependents (griddepcontrol.launch_dependents): the trigger is then implicit
+//     once all of a grid's blocks have exited, so the next grid's launch overlaps only the previous
+//     grid's completion (memory flush, retirement). Triggering right after the wait was measured slower
+//     (Q30-16 all-GPU tg128 -3%, docs/PERF.md): the next grid's blocks then start as soon as the last
+//     wave of this one is resident and are placed on whichever SMs have room, i.e. packed onto the SMs
+//     that freed first, so a memory-bound GEMV of one block per few rows runs on part of the GPU.
 //
 // Why this keeps stream order exact:
 //   - Nothing of a kernel runs before its wait (no global read, no global write, no early return), so a
@@ -19,17 +24,15 @@
 //     not complete before its own wait returned, i.e. before its predecessor completed. That is why the
 //     wait is unconditional in every thread of every kernel: a kernel that could finish without waiting
 //     would let its successor run ahead of the grid before it.
-//   - Triggering right after the wait is safe: the dependents still wait for this grid's completion.
-//     They launch only once every block of this grid has triggered, i.e. once its last wave is resident,
-//     so they never take SM room from blocks of this grid that have not started yet.
 //   - Counters a kernel resets for its next launch (the split-K attention's arrivals) are written before
 //     that kernel completes, so the next launch, which waits (transitively), sees them reset.
 //   - Only kernel -> kernel edges become programmatic. A memcpy / memset / event between two kernels
 //     is an ordinary stream-ordered operation: it starts after the kernel before it has completed, and
 //     the kernel after it starts after it. Kernels launched without the attribute (cuBLAS) are serialised
 //     as usual: they start after our previous kernel has completed; our next kernel waits for them.
-//   - Under stream capture the attribute becomes a programmatic edge of the graph (CUDA 12.3+), with
-//     the same semantics at replay.
+//   - Under stream capture the attribute becomes a programmatic edge of the graph (CUDA 12.3+; checked
+//     by tests/cuda/test_pdl.cpp), with the same semantics at replay. Between two graph launches, or a
+//     graph and an eager kernel, ordering is the ordinary stream order.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -46,7 +49,6 @@ namespace moe::cuda {
 __device__ __forceinline__ void pdl_grid_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 

@@ -118,6 +118,7 @@ size_t programmatic_edges(Device& dev, const moe::Graph& g) {
 TEST_CASE("PDL launches keep a chain of dependent kernels in order", "[gpu]") {
     MOE_GPU_OR_SKIP();
     Device dev;
+    dev.be().set_pdl_enabled(true);  // stays off on devices without PDL
     MOE_PDL_OR_SKIP(dev.be());
     auto rng = fresh_rng(4242);
     const std::vector<float> xv = random_f32(rng, static_cast<size_t>(kN), -1.0f, 1.0f);
@@ -150,6 +151,7 @@ TEST_CASE("PDL launches keep a chain of dependent kernels in order", "[gpu]") {
 TEST_CASE("PDL launches become programmatic edges under stream capture", "[gpu]") {
     MOE_GPU_OR_SKIP();
     Device dev;
+    dev.be().set_pdl_enabled(true);  // stays off on devices without PDL
     MOE_PDL_OR_SKIP(dev.be());
     auto rng = fresh_rng(4243);
     const std::vector<float> cv = random_f32(rng, static_cast<size_t>(kN), 0.5f, 1.5f);
