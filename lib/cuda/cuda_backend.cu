@@ -9,9 +9,16 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_ops.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/mapped_copy.cuh"
 
 namespace moe::cuda {
+
+namespace {
+// PDL without MOEINFER_CUDA_PDL set. Off: with an early trigger it was 3% slower on Q30-16 tg128
+// (docs/PERF.md); the implicit trigger that launch.cuh now uses is not measured yet.
+constexpr bool kPdlByDefault = false;
+}  // namespace
 
 int device_count() {
     int n = 0;
@@ -84,6 +91,12 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device) {
     b->graphs_enabled_ = env == nullptr || std::strcmp(env, "0") != 0;
     const char* fuse = std::getenv("MOEINFER_CUDA_FUSION");
     b->fusion_enabled_ = fuse == nullptr || std::strcmp(fuse, "0") != 0;
+    // PDL needs compute capability 9.0; elsewhere launches stay plain.
+    int cc_major = 0;
+    MOE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
+    b->pdl_supported_ = cc_major >= 9;
+    const char* pdl = std::getenv("MOEINFER_CUDA_PDL");
+    b->pdl_enabled_ = b->pdl_supported_ && (pdl == nullptr ? kPdlByDefault : std::strcmp(pdl, "0") != 0);
     const char* pull = std::getenv("MOEINFER_CUDA_PULL_COPIES");
     if (pull != nullptr && std::strcmp(pull, "0") == 0) b->pull_copies_ = PullCopies::NEVER;
     if (pull != nullptr && std::strcmp(pull, "1") == 0) b->pull_copies_ = PullCopies::ALWAYS;
@@ -252,6 +265,7 @@ Status CudaBackend::launch_item(size_t i) {
     if (item.q8_in >= 0) ctx.q8_act = static_cast<uint8_t*>(slots_) + static_cast<size_t>(item.q8_in) * slot_stride;
     if (item.q8_out >= 0) ctx.q8_out = static_cast<uint8_t*>(slots_) + static_cast<size_t>(item.q8_out) * slot_stride;
     const std::span<Tensor* const> parts(item.part.data(), static_cast<size_t>(item.n_part));
+    const PdlScope pdl(pdl_enabled_);
     Status s;
     switch (item.kind) {
         case FusedKind::kNone: s = dispatch(*item.node, ctx); break;
@@ -301,10 +315,12 @@ Status CudaBackend::compute(std::span<Tensor* const> nodes) {
         return Status::ok();
     }
     // The kernels' arguments depend on the nodes, on what each launch fuses (extras_) and on where the
-    // scratch block, the slots and the attention counters are.
+    // scratch block, the slots and the attention counters are; the graph's edges on whether launches
+    // use PDL.
     const uint64_t state[] = {static_cast<uint64_t>(reinterpret_cast<uintptr_t>(scratch_)), scratch_size_,
                               static_cast<uint64_t>(reinterpret_cast<uintptr_t>(slots_)),
-                              static_cast<uint64_t>(reinterpret_cast<uintptr_t>(attn_counters_))};
+                              static_cast<uint64_t>(reinterpret_cast<uintptr_t>(attn_counters_)),
+                              static_cast<uint64_t>(pdl_enabled_)};
     return graphs_->run(launch_nodes_, state, extras_);
 }
 
@@ -327,6 +343,7 @@ Status CudaBackend::copy_to_device(void* dst_dev, const void* src_host, size_t n
         const void* mapped = mapped_device_pointer(src_host);
         const bool same_alignment = reinterpret_cast<uintptr_t>(mapped) % 16 == reinterpret_cast<uintptr_t>(dst_dev) % 16;
         if (mapped != nullptr && same_alignment) {
+            const PdlScope pdl(pdl_enabled_);
             return pull_from_host(dst_dev, mapped, n, compute_stream_);
         }
     }

@@ -58,6 +58,12 @@ private:
 // that read it already quantised), unless MOEINFER_CUDA_FUSION=0 when the backend is created or
 // set_fusion_enabled(false). Fused launches compute each node's result with the same arithmetic up
 // to the order of float sums (RMS norms); the backend-consistency tests hold either way.
+//
+// On devices of compute capability 9.0+ kernels can be launched with programmatic dependent launch
+// (launch.cuh: each kernel is launched before its predecessor in the stream has completed, and waits
+// for it on the device): MOEINFER_CUDA_PDL=1 (or any value but 0) when the backend is created, or
+// set_pdl_enabled(true); off by default until measured faster (cuda_backend.cu, kPdlByDefault).
+// Results are bitwise the same either way; PDL only hides the gap between kernels.
 class CudaBackend final : public Backend {
 public:
     static StatusOr<std::unique_ptr<Backend>> create(int device);
@@ -94,6 +100,10 @@ public:
     // Whether compute() fuses nodes (default: on, unless MOEINFER_CUDA_FUSION=0 at create()).
     void set_fusion_enabled(bool on) { fusion_enabled_ = on; }
     bool fusion_enabled() const { return fusion_enabled_; }
+    // Whether kernels are launched with PDL (default: off, unless MOEINFER_CUDA_PDL is set to anything
+    // but 0 at create()). Always off on devices below compute capability 9.0.
+    void set_pdl_enabled(bool on) { pdl_enabled_ = on && pdl_supported_; }
+    bool pdl_enabled() const { return pdl_enabled_; }
     // When copy_to_device pulls page-locked bytes with a kernel instead of a DMA copy (mapped_copy.cuh).
     // WHILE_UPLOADING (the default): only while weight uploads are in flight on the copy stream, which
     // a DMA copy would queue behind; without them the DMA copy is faster (hybrid TG measured 10% slower
@@ -146,6 +156,8 @@ private:
     unsigned int* attn_counters_ = nullptr;
     bool graphs_enabled_ = true;
     bool fusion_enabled_ = true;
+    bool pdl_supported_ = false;  // compute capability 9.0+
+    bool pdl_enabled_ = false;
     PullCopies pull_copies_ = PullCopies::WHILE_UPLOADING;
     std::unique_ptr<GraphRunner> graphs_;
     std::vector<Tensor*> kernel_nodes_;  // compute()'s nodes that launch kernels (reused storage)

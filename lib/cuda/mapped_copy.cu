@@ -2,6 +2,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/mapped_copy.cuh"
 
 namespace moe::cuda {
@@ -14,6 +15,7 @@ constexpr int kUnroll = 4;  // 16-byte loads in flight per thread: PCIe reads ha
 // one by one. n_words words start at byte offset head of both pointers (same alignment modulo 16).
 __global__ void pull_kernel(uint8_t* __restrict__ dst, const uint8_t* __restrict__ src, size_t n, size_t head,
                             size_t n_words) {
+    pdl_grid_sync();
     const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
     const auto* s = reinterpret_cast<const uint4*>(src + head);
@@ -57,9 +59,8 @@ Status pull_from_host(void* dst, const void* src, size_t n, cudaStream_t stream)
     const size_t n_words = (n - head) / 16;
     const size_t threads_wanted = std::max<size_t>((n_words + kUnroll - 1) / kUnroll, 1);
     const int blocks = static_cast<int>(std::clamp<size_t>((threads_wanted + kThreads - 1) / kThreads, 1, 1024));
-    pull_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n,
-                                                   head, n_words);
-    return cuda_status(cudaGetLastError(), "pull_kernel");
+    return launch_kernel("pull_kernel", pull_kernel, blocks, kThreads, 0, stream, static_cast<uint8_t*>(dst),
+                         static_cast<const uint8_t*>(src), n, head, n_words);
 }
 
 }  // namespace moe::cuda

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/matmul.cuh"
 #include "cuda/ops_common.cuh"
 
@@ -80,6 +81,7 @@ constexpr int mma_min_ctas(Type w, int bn) { return !is_quant(w) ? 1 : bn <= 32 
 
 template <Type W, int BN, int WARPS_M, int WARPS_N, bool FUSED>
 __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas(W, BN)) mma_kernel(const MmaParams p) {
+    pdl_grid_sync();
     using S = MmaShape<W, BN>;
     constexpr int WM = kBM / WARPS_M;
     constexpr int WN = BN / WARPS_N;
@@ -312,8 +314,7 @@ Status launch_mma(const MmaParams& p, int64_t n_col_tiles, cudaStream_t stream) 
                               std::to_string(row_tiles) + " tiles is too large");
     }
     const dim3 grid(static_cast<unsigned int>(n_col_tiles), static_cast<unsigned int>(row_tiles));
-    kernel<<<grid, kMmaThreads, smem, stream>>>(p);
-    return ops::launch_status("mma_kernel");
+    return launch_kernel("mma_kernel", kernel, grid, kMmaThreads, smem, stream, p);
 }
 
 template <Type W, bool FUSED>
@@ -325,6 +326,7 @@ Status launch_mma_bn(const MmaParams& p, int bn, int64_t n_col_tiles, cudaStream
 
 // Two F32 per thread -> packed BF16.
 __global__ void to_bf16_kernel(const RowsF32 x, int64_t rows, int64_t k, uint32_t* dst) {
+    pdl_grid_sync();
     const int64_t half_k = k / 2;
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= rows * half_k) return;
@@ -337,6 +339,7 @@ __global__ void to_bf16_kernel(const RowsF32 x, int64_t rows, int64_t k, uint32_
 template <Type W>
 __global__ void __launch_bounds__(128) dequant_bf16_kernel(const uint8_t* w, const uint8_t* lo, const uint8_t* hi,
                                                            int64_t nb1, int64_t n_rows, int nblk, __nv_bfloat16* dst) {
+    pdl_grid_sync();
     constexpr int kBB = block_bytes(W);
     constexpr int kChunk = 32 * kBB;
     constexpr int kVecs = (kChunk + 30) / 16;
@@ -411,9 +414,8 @@ Status dequant_bf16(const WeightArg& w, int64_t r0, int64_t rows, void* dst, cud
     return with_weight_type(w.type, [&](auto wt) -> Status {
         constexpr Type W = decltype(wt)::value;
         const dim3 grid(static_cast<unsigned int>((rows + 3) / 4), static_cast<unsigned int>((nblk + 31) / 32));
-        dequant_bf16_kernel<W><<<grid, 128, 0, stream>>>(w.data + r0 * w.nb1, w.data, w.end, w.nb1, rows, nblk,
-                                                         static_cast<__nv_bfloat16*>(dst));
-        return ops::launch_status("dequant_bf16_kernel");
+        return launch_kernel("dequant_bf16_kernel", dequant_bf16_kernel<W>, grid, 128, 0, stream, w.data + r0 * w.nb1,
+                             w.data, w.end, w.nb1, rows, nblk, static_cast<__nv_bfloat16*>(dst));
     });
 }
 
@@ -434,9 +436,8 @@ Status prepare_bf16(const RowsF32& x, int64_t rows, int64_t k, void* dst, cudaSt
     const int64_t n = rows * (k / 2);
     if (n == 0) return Status::ok();
     constexpr int kThreads = 256;
-    to_bf16_kernel<<<static_cast<unsigned int>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-        x, rows, k, static_cast<uint32_t*>(dst));
-    return ops::launch_status("to_bf16_kernel");
+    return launch_kernel("to_bf16_kernel", to_bf16_kernel, static_cast<unsigned int>((n + kThreads - 1) / kThreads),
+                         kThreads, 0, stream, x, rows, k, static_cast<uint32_t*>(dst));
 }
 
 Status mma_gemm(const WeightArg& w, const WeightArg* gate, const void* xb, int64_t n_cols, const MmaRoute* route,

@@ -22,6 +22,7 @@
 
 #include "cuda/cuda_common.cuh"
 #include "cuda/fusion_plan.h"
+#include "cuda/launch.cuh"
 #include "cuda/matmul.cuh"
 #include "cuda/ops_common.cuh"
 
@@ -67,6 +68,7 @@ struct GemvParams {
 
 template <Type W, int MC, bool FUSED>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) {
+    pdl_grid_sync();
     constexpr int kBB = block_bytes(W);
     constexpr int kChunk = 32 * kBB;               // one block per lane
     constexpr int kVecs = (kChunk + 30) / 16;      // 16-byte vectors covering a chunk at any alignment
@@ -262,6 +264,7 @@ __device__ __forceinline__ void load_w4(const uint8_t* row, int64_t e, float (&w
 
 template <Type W, int MC>
 __global__ void __launch_bounds__(kRowThreads) gemv_rows_kernel(const GemvParams p) {
+    pdl_grid_sync();
     __shared__ float part[kRowThreads / 32][MC];
     GemvSeg seg = p.seg[0];
 #pragma unroll
@@ -313,6 +316,7 @@ constexpr int kQuantWarps = 8;
 
 __global__ void __launch_bounds__(kQuantWarps * 32) quantize_q8_kernel(const RowsF32 x, int64_t rows, int nblk,
                                                                          int64_t k, uint8_t* dst, int64_t stride) {
+    pdl_grid_sync();
     const int64_t i = static_cast<int64_t>(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
     if (i >= rows * nblk) return;  // whole warps leave together
     const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -326,6 +330,7 @@ __global__ void __launch_bounds__(kQuantWarps * 32) quantize_q8_kernel(const Row
 
 // One thread per element: F32 rows copied into contiguous prepared rows.
 __global__ void copy_f32_kernel(const RowsF32 x, int64_t rows, int64_t k, float* dst) {
+    pdl_grid_sync();
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= rows * k) return;
     const int64_t r = i / k;
@@ -335,8 +340,7 @@ __global__ void copy_f32_kernel(const RowsF32 x, int64_t rows, int64_t k, float*
 template <Type W, int MC, bool FUSED>
 Status launch_gemv(const GemvParams& p, int64_t blocks, int64_t n_jobs, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned int>(blocks), static_cast<unsigned int>(n_jobs));
-    gemv_kernel<W, MC, FUSED><<<grid, kGemvThreads, 0, stream>>>(p);
-    return ops::launch_status("gemv_kernel");
+    return launch_kernel("gemv_kernel", gemv_kernel<W, MC, FUSED>, grid, kGemvThreads, 0, stream, p);
 }
 
 }  // namespace
@@ -351,16 +355,15 @@ Status gemv_prepare(const RowsF32& x, int64_t rows, int64_t k, Type w, void* dst
     if (is_quant(w)) {
         const int nblk = static_cast<int>(k / 32);
         const int64_t n = rows * nblk;
-        quantize_q8_kernel<<<static_cast<unsigned int>((n + kQuantWarps - 1) / kQuantWarps), kQuantWarps * 32, 0,
-                             stream>>>(x, rows, nblk, k, static_cast<uint8_t*>(dst),
-                                       static_cast<int64_t>(gemv_act_row_bytes(w, k)));
-        return ops::launch_status("quantize_q8_kernel");
+        return launch_kernel("quantize_q8_kernel", quantize_q8_kernel,
+                             static_cast<unsigned int>((n + kQuantWarps - 1) / kQuantWarps), kQuantWarps * 32, 0, stream,
+                             x, rows, nblk, k, static_cast<uint8_t*>(dst),
+                             static_cast<int64_t>(gemv_act_row_bytes(w, k)));
     }
     constexpr int kThreads = 256;
     const int64_t n = rows * k;
-    copy_f32_kernel<<<static_cast<unsigned int>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-        x, rows, k, static_cast<float*>(dst));
-    return ops::launch_status("copy_f32_kernel");
+    return launch_kernel("copy_f32_kernel", copy_f32_kernel, static_cast<unsigned int>((n + kThreads - 1) / kThreads),
+                         kThreads, 0, stream, x, rows, k, static_cast<float*>(dst));
 }
 
 Status gemv(const WeightArg& w, const WeightArg* gate, const void* acts, int64_t n_cols, const GemvRoute* route,
@@ -443,16 +446,15 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
                     return internal_error("cuda gemv: the row kernel takes float weights");
                 } else {
                     const auto grid = static_cast<unsigned int>(rows);
+                    auto kernel = gemv_rows_kernel<W, 8>;
                     if (p.n_cols == 1) {
-                        gemv_rows_kernel<W, 1><<<grid, kRowThreads, 0, stream>>>(p);
+                        kernel = gemv_rows_kernel<W, 1>;
                     } else if (p.n_cols == 2) {
-                        gemv_rows_kernel<W, 2><<<grid, kRowThreads, 0, stream>>>(p);
+                        kernel = gemv_rows_kernel<W, 2>;
                     } else if (p.n_cols <= 4) {
-                        gemv_rows_kernel<W, 4><<<grid, kRowThreads, 0, stream>>>(p);
-                    } else {
-                        gemv_rows_kernel<W, 8><<<grid, kRowThreads, 0, stream>>>(p);
+                        kernel = gemv_rows_kernel<W, 4>;
                     }
-                    return ops::launch_status("gemv_rows_kernel");
+                    return launch_kernel("gemv_rows_kernel", kernel, grid, kRowThreads, 0, stream, p);
                 }
             });
         }

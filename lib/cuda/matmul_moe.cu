@@ -20,6 +20,7 @@
 #include <string>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/matmul.cuh"
 #include "cuda/ops_common.cuh"
 
@@ -31,6 +32,7 @@ constexpr int kScanThreads = 1024;
 __global__ void route_count_kernel(const int32_t* ids, int64_t ids_stride, int n_used, int64_t n_pairs, int n_expert,
                                    int32_t* counts, int32_t* pair_expert, float* dst, int64_t n_out,
                                    unsigned int* error_flags) {
+    pdl_grid_sync();
     const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (p >= n_pairs) return;
     const int64_t t = p / n_used;
@@ -50,6 +52,7 @@ __global__ void route_count_kernel(const int32_t* ids, int64_t ids_stride, int n
 // seg_off[e + 1] = sum of counts[0..e]; tile_off[e + 1] = sum of ceil(counts / bn); both start at 0.
 __global__ void __launch_bounds__(kScanThreads) route_scan_kernel(const int32_t* counts, int n_expert, int bn,
                                                                   int32_t* seg_off, int32_t* tile_off) {
+    pdl_grid_sync();
     __shared__ int s_seg[32];
     __shared__ int s_tile[32];
     __shared__ int carry_seg;
@@ -114,6 +117,7 @@ __global__ void __launch_bounds__(kScanThreads) route_scan_kernel(const int32_t*
 
 __global__ void route_scatter_kernel(const int32_t* pair_expert, int64_t n_pairs, const int32_t* seg_off,
                                      int32_t* cursor, int32_t* perm) {
+    pdl_grid_sync();
     const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (p >= n_pairs) return;
     const int32_t e = pair_expert[p];
@@ -197,15 +201,13 @@ Status moe_run(const MoeArgs& a, const OpContext& ctx) {
     constexpr int kThreads = 256;
     const auto pair_blocks = static_cast<unsigned int>((n_pairs + kThreads - 1) / kThreads);
     MOE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.counts, 0, sizeof(int32_t) * 2 * static_cast<size_t>(n_expert), ctx.stream));
-    route_count_kernel<<<pair_blocks, kThreads, 0, ctx.stream>>>(a.ids, a.ids_stride, static_cast<int>(a.n_used),
-                                                                 n_pairs, n_expert, l.counts, l.pair_expert, a.dst,
-                                                                 a.w.n, ctx.error_flags);
-    MOE_RETURN_IF_ERROR(ops::launch_status("route_count_kernel"));
-    route_scan_kernel<<<1, kScanThreads, 0, ctx.stream>>>(l.counts, n_expert, bn, l.seg_off, l.tile_off);
-    MOE_RETURN_IF_ERROR(ops::launch_status("route_scan_kernel"));
-    route_scatter_kernel<<<pair_blocks, kThreads, 0, ctx.stream>>>(l.pair_expert, n_pairs, l.seg_off,
-                                                                   l.counts + n_expert, l.perm);
-    MOE_RETURN_IF_ERROR(ops::launch_status("route_scatter_kernel"));
+    MOE_RETURN_IF_ERROR(launch_kernel("route_count_kernel", route_count_kernel, pair_blocks, kThreads, 0, ctx.stream,
+                                      a.ids, a.ids_stride, static_cast<int>(a.n_used), n_pairs, n_expert, l.counts,
+                                      l.pair_expert, a.dst, a.w.n, ctx.error_flags));
+    MOE_RETURN_IF_ERROR(launch_kernel("route_scan_kernel", route_scan_kernel, 1, kScanThreads, 0, ctx.stream, l.counts,
+                                      n_expert, bn, l.seg_off, l.tile_off));
+    MOE_RETURN_IF_ERROR(launch_kernel("route_scatter_kernel", route_scatter_kernel, pair_blocks, kThreads, 0,
+                                      ctx.stream, l.pair_expert, n_pairs, l.seg_off, l.counts + n_expert, l.perm));
     MOE_RETURN_IF_ERROR(prepare_bf16(a.x, x_rows, a.w.k, l.acts, ctx.stream));
 
     MmaRoute route;

@@ -29,6 +29,7 @@
 #include <cmath>
 #include <string>
 
+#include "cuda/launch.cuh"
 #include "cuda/ops_attention_mma.cuh"
 #include "cuda/ops_common.cuh"
 
@@ -199,6 +200,7 @@ __device__ void merge_row(const AttnArgs& a, int64_t row, float* wts, int lane) 
 
 template <int D, typename KV>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_constant__ AttnArgs a) {
+    pdl_grid_sync();
     using TL = TileLoad<D, KV>;
     constexpr int kPerLane = D / 32;
     extern __shared__ float4 smem4[];
@@ -441,6 +443,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
 // Merges the n_split partials of each (token, head) row with the sink: one warp per row.
 template <int D>
 __global__ void attention_merge_kernel(AttnArgs a) {
+    pdl_grid_sync();
     __shared__ float wts[kMergeWarps][kMaxSplit];
     const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.y;
     if (row >= a.n_tok * a.n_head) return;
@@ -457,12 +460,11 @@ Status launch(AttnArgs a, const Plan& plan, int64_t n_head_kv, cudaStream_t stre
     }
     const dim3 grid(static_cast<unsigned int>(plan.n_tiles), static_cast<unsigned int>(n_head_kv),
                     static_cast<unsigned int>(plan.n_split));
-    attention_kernel<D, KV><<<grid, kThreads, shm, stream>>>(a);
-    MOE_RETURN_IF_ERROR(ops::launch_status("attention_kernel"));
+    MOE_RETURN_IF_ERROR(launch_kernel("attention_kernel", attention_kernel<D, KV>, grid, kThreads, shm, stream, a));
     if (plan.n_split > 1 && a.counters == nullptr) {
         const int64_t n_rows = a.n_tok * a.n_head;
-        attention_merge_kernel<D><<<ops::ceil_div(n_rows, kMergeWarps), dim3(32, kMergeWarps), 0, stream>>>(a);
-        MOE_RETURN_IF_ERROR(ops::launch_status("attention_merge_kernel"));
+        MOE_RETURN_IF_ERROR(launch_kernel("attention_merge_kernel", attention_merge_kernel<D>,
+                                          ops::ceil_div(n_rows, kMergeWarps), dim3(32, kMergeWarps), 0, stream, a));
     }
     return Status::ok();
 }

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/launch.cuh"
 #include "cuda/ops_attention_mma.cuh"
 #include "cuda/ops_common.cuh"
 
@@ -152,6 +153,7 @@ __device__ __forceinline__ void store_row(const MmaArgs& a, int g, int64_t f, co
 
 template <int D>
 __global__ void __launch_bounds__(kThreads, D <= 64 ? 2 : 1) attention_mma_kernel(const __grid_constant__ MmaArgs a) {
+    pdl_grid_sync();
     using L = Layout<D>;
     extern __shared__ uint4 smem_raw[];
     __half* kv_smem = reinterpret_cast<__half*>(smem_raw);  // [stage][K, V][kKeys][kStride]
@@ -347,8 +349,8 @@ Status launch(const MmaArgs& a, cudaStream_t stream) {
                                                       static_cast<int>(shm)));
     }
     const int64_t blocks = a.n_tiles * a.n_head_kv;
-    attention_mma_kernel<D><<<static_cast<unsigned int>(blocks), kThreads, shm, stream>>>(a);
-    return ops::launch_status("attention_mma_kernel");
+    return launch_kernel("attention_mma_kernel", attention_mma_kernel<D>, static_cast<unsigned int>(blocks), kThreads,
+                         shm, stream, a);
 }
 
 }  // namespace

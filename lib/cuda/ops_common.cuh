@@ -1,6 +1,7 @@
 // Helpers shared by the non-matmul CUDA kernels (cuda/ops_*.cu): operand checks that name the
 // offending operand (the same rules as the CPU kernels, so both backends reject the same nodes),
-// a by-value tensor description for kernel arguments, launch checks and small device math.
+// a by-value tensor description for kernel arguments, grid sizing and small device math (launches:
+// cuda/launch.cuh).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -22,9 +23,6 @@ namespace moe::cuda::ops {
 // Operand checks (type_str, shape_str, check_operand, check_2d, ...) come from core, shared with the
 // CPU kernels.
 using namespace moe::op_checks;
-
-// The error of the last launch on this thread, as a Status naming the kernel.
-inline Status launch_status(const char* kernel) { return cuda_status(cudaGetLastError(), kernel); }
 
 // ---- kernel arguments ----
 

@@ -4,6 +4,7 @@
 // dst's element stride nb[0] may differ from the element size (a transposed cache view).
 #include <string>
 
+#include "cuda/launch.cuh"
 #include "cuda/ops_common.cuh"
 
 namespace moe::cuda {
@@ -20,6 +21,7 @@ __device__ __forceinline__ unsigned short to_half_bits(float f) {
 
 template <bool kToF16, bool kSameShape>
 __global__ void cpy_kernel(View d, View s) {
+    pdl_grid_sync();
     const int64_t i0 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     const int64_t n0 = d.ne[0];
     if (i0 >= n0) return;
@@ -49,8 +51,8 @@ Status launch_cpy(const Tensor& dst, const Tensor& src, const OpContext& ctx) {
     const int64_t n0 = dst.ne[0];
     const int threads = n0 >= 256 ? 256 : static_cast<int>((n0 + 31) / 32 * 32);
     const dim3 grid(ops::ceil_div(n0, threads), ops::grid_y(dst.ne[1]), ops::grid_y(dst.ne[2] * dst.ne[3]));
-    cpy_kernel<kToF16, kSameShape><<<grid, threads, 0, ctx.stream>>>(ops::view_of(dst), ops::view_of(src));
-    return ops::launch_status("cpy_kernel");
+    return launch_kernel("cpy_kernel", cpy_kernel<kToF16, kSameShape>, grid, threads, 0, ctx.stream, ops::view_of(dst),
+                         ops::view_of(src));
 }
 
 }  // namespace

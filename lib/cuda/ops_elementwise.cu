@@ -6,6 +6,7 @@
 // these ops are memory-bound, so the vector width is what sets their speed.
 #include <string>
 
+#include "cuda/launch.cuh"
 #include "cuda/ops_common.cuh"
 
 namespace moe::cuda {
@@ -47,6 +48,7 @@ __device__ __forceinline__ int64_t bcast(int64_t i, int64_t nb, int64_t n) {
 
 template <int V, Bcast B, typename Fn>
 __global__ void map2_kernel(View d, View a, View b, Fn fn) {
+    pdl_grid_sync();
     const int64_t i0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
     const int64_t n0 = d.ne[0];
     if (i0 >= n0) return;
@@ -92,12 +94,8 @@ Status launch_map2(const Tensor& dst, const Tensor& a, const Tensor& b, Fn fn, c
     const int64_t per_row = (d.ne[0] + v - 1) / v;
     const int threads = per_row >= 256 ? 256 : static_cast<int>((per_row + 31) / 32 * 32);
     const dim3 grid(ops::ceil_div(per_row, threads), ops::grid_y(d.ne[1]), ops::grid_y(d.ne[2] * d.ne[3]));
-    if (vec) {
-        map2_kernel<4, B><<<grid, threads, 0, ctx.stream>>>(d, av, bv, fn);
-    } else {
-        map2_kernel<1, B><<<grid, threads, 0, ctx.stream>>>(d, av, bv, fn);
-    }
-    return ops::launch_status("map2_kernel");
+    return launch_kernel("map2_kernel", vec ? map2_kernel<4, B, Fn> : map2_kernel<1, B, Fn>, grid, threads, 0,
+                         ctx.stream, d, av, bv, fn);
 }
 
 // Picks the broadcast mode of src1 along ne[0].

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "cuda/fusion_plan.h"
+#include "cuda/launch.cuh"
 #include "cuda/ops_common.cuh"
 #include "cuda/rope_math.cuh"
 #include "cuda/topk_key.cuh"
@@ -53,6 +54,7 @@ __device__ __forceinline__ const float* frow(const View& t, int64_t i1, int64_t 
 
 template <bool kWsum, bool kAdd>
 __global__ void __launch_bounds__(1024) row_chain_kernel(ChainArgs a) {
+    pdl_grid_sync();
     __shared__ float part[32];
     const int tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
     const int lane = tid & 31, warp = tid >> 5;
@@ -138,6 +140,7 @@ __global__ void __launch_bounds__(1024) row_chain_kernel(ChainArgs a) {
 
 // blockDim (32, T): warp t takes token t. The keys and the tie rule are topk_kernel's (cuda/topk_key.cuh).
 __global__ void router_kernel(View x, View ids, View vals, View probs, int k) {
+    pdl_grid_sync();
     const int lane = static_cast<int>(threadIdx.x);
     const int64_t t = threadIdx.y;
     const auto* xr = reinterpret_cast<const float*>(ops::row_at(x, t, 0, 0));
@@ -214,6 +217,7 @@ __device__ __forceinline__ unsigned short prep_half_bits(float f) {
 
 template <int D>
 __global__ void __launch_bounds__(1024) attn_prep_kernel(const __grid_constant__ PrepArgs a) {
+    pdl_grid_sync();
     extern __shared__ float sm[];  // cos / sin per token ([t][D]: cos half, sin half), then row buffers
     constexpr int kPerLane = D / 32;
     constexpr int kHalf = D / 2;
@@ -359,14 +363,13 @@ Status row_chain(std::span<Tensor* const> parts, const OpContext& ctx) {
     threads = std::min<int64_t>(std::max<int64_t>(threads, 32), 1024);
     const auto grid = static_cast<unsigned int>(rows);
     const auto block = static_cast<unsigned int>(threads);
+    auto kernel = row_chain_kernel<false, false>;
     if (wsum != nullptr) {
-        row_chain_kernel<true, true><<<grid, block, 0, ctx.stream>>>(a);
+        kernel = row_chain_kernel<true, true>;
     } else if (add != nullptr) {
-        row_chain_kernel<false, true><<<grid, block, 0, ctx.stream>>>(a);
-    } else {
-        row_chain_kernel<false, false><<<grid, block, 0, ctx.stream>>>(a);
+        kernel = row_chain_kernel<false, true>;
     }
-    return ops::launch_status("row_chain_kernel");
+    return launch_kernel("row_chain_kernel", kernel, grid, block, 0, ctx.stream, a);
 }
 
 Status router_select(std::span<Tensor* const> parts, const OpContext& ctx) {
@@ -385,9 +388,8 @@ Status router_select(std::span<Tensor* const> parts, const OpContext& ctx) {
         !moe::op_checks::same_shape(sm, ga)) {
         return internal_error("router_select: the parts do not form a router");
     }
-    router_kernel<<<1, dim3(32, static_cast<unsigned int>(x->ne[1])), 0, ctx.stream>>>(
-        ops::view_of(*x), ops::view_of(tk), ops::view_of(ga), ops::view_of(sm), k);
-    return ops::launch_status("router_kernel");
+    return launch_kernel("router_kernel", router_kernel, 1, dim3(32, static_cast<unsigned int>(x->ne[1])), 0, ctx.stream,
+                         ops::view_of(*x), ops::view_of(tk), ops::view_of(ga), ops::view_of(sm), k);
 }
 
 Status attn_prep(std::span<Tensor* const> parts, const OpContext& ctx) {
@@ -474,20 +476,12 @@ Status attn_prep(std::span<Tensor* const> parts, const OpContext& ctx) {
     if (rows > kMaxPrepRows || off > kMaxPrepFloats) return internal_error("attn_prep: too many rows");
     const size_t shm = static_cast<size_t>(off) * sizeof(float);
     const int threads = std::min(1024, std::max(32 * rows, 128));
-    if (a.d == 64) {
-        if (shm > 48 * 1024) {
-            MOE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(attn_prep_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                          static_cast<int>(shm)));
-        }
-        attn_prep_kernel<64><<<1, threads, shm, ctx.stream>>>(a);
-    } else {
-        if (shm > 48 * 1024) {
-            MOE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(attn_prep_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                          static_cast<int>(shm)));
-        }
-        attn_prep_kernel<128><<<1, threads, shm, ctx.stream>>>(a);
+    const auto kernel = a.d == 64 ? attn_prep_kernel<64> : attn_prep_kernel<128>;
+    if (shm > 48 * 1024) {
+        MOE_CUDA_RETURN_IF_ERROR(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm)));
     }
-    return ops::launch_status("attn_prep_kernel");
+    return launch_kernel("attn_prep_kernel", kernel, 1, threads, shm, ctx.stream, a);
 }
 
 }  // namespace moe::cuda

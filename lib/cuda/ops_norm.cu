@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cuda/fusion_plan.h"
+#include "cuda/launch.cuh"
 #include "cuda/ops_common.cuh"
 
 namespace moe::cuda {
@@ -51,6 +52,7 @@ __device__ __forceinline__ int64_t my_row() {
 
 template <bool kWarpRow>
 __global__ void rms_norm_kernel(View d, View x, const float* w, float eps) {
+    pdl_grid_sync();
     const int64_t r = my_row<kWarpRow>();
     const int64_t n_rows = d.ne[1] * d.ne[2] * d.ne[3];
     if (r >= n_rows) return;  // whole warps (kWarpRow) or whole blocks leave together
@@ -71,6 +73,7 @@ __global__ void rms_norm_kernel(View d, View x, const float* w, float eps) {
 
 template <bool kWarpRow>
 __global__ void softmax_kernel(View d, View x) {
+    pdl_grid_sync();
     const int64_t r = my_row<kWarpRow>();
     const int64_t n_rows = d.ne[1] * d.ne[2] * d.ne[3];
     if (r >= n_rows) return;
@@ -131,12 +134,8 @@ Status rms_norm(Tensor& dst, const OpContext& ctx) {
             return row_chain(parts, ctx);
         }
     }
-    if (l.warp_row) {
-        rms_norm_kernel<true><<<l.grid, l.block, 0, ctx.stream>>>(ops::view_of(dst), ops::view_of(x), wp, eps);
-    } else {
-        rms_norm_kernel<false><<<l.grid, l.block, 0, ctx.stream>>>(ops::view_of(dst), ops::view_of(x), wp, eps);
-    }
-    return ops::launch_status("rms_norm_kernel");
+    return launch_kernel("rms_norm_kernel", l.warp_row ? rms_norm_kernel<true> : rms_norm_kernel<false>, l.grid,
+                         l.block, 0, ctx.stream, ops::view_of(dst), ops::view_of(x), wp, eps);
 }
 
 Status softmax(Tensor& dst, const OpContext& ctx) {
@@ -148,12 +147,8 @@ Status softmax(Tensor& dst, const OpContext& ctx) {
     const int64_t n_rows = dst.n_rows();
     if (dst.ne[0] == 0 || n_rows == 0) return Status::ok();
     const RowLaunch l = row_launch(dst.ne[0], n_rows);
-    if (l.warp_row) {
-        softmax_kernel<true><<<l.grid, l.block, 0, ctx.stream>>>(ops::view_of(dst), ops::view_of(x));
-    } else {
-        softmax_kernel<false><<<l.grid, l.block, 0, ctx.stream>>>(ops::view_of(dst), ops::view_of(x));
-    }
-    return ops::launch_status("softmax_kernel");
+    return launch_kernel("softmax_kernel", l.warp_row ? softmax_kernel<true> : softmax_kernel<false>, l.grid, l.block,
+                         0, ctx.stream, ops::view_of(dst), ops::view_of(x));
 }
 
 }  // namespace moe::cuda

@@ -11,6 +11,7 @@
 #include <numbers>
 #include <string>
 
+#include "cuda/launch.cuh"
 #include "cuda/ops_common.cuh"
 #include "cuda/rope_math.cuh"
 
@@ -22,6 +23,7 @@ using ops::View;
 constexpr int kHeadsPerBlock = 8;
 
 __global__ void rope_kernel(View d, View x, const int32_t* pos, RopeArgs a, int heads_per_block) {
+    pdl_grid_sync();
     extern __shared__ float cs[];  // cos[half], then sin[half]
     const int half = a.n_dims / 2;
     const int64_t t = blockIdx.x;
@@ -67,8 +69,8 @@ Status rope(Tensor& dst, const OpContext& ctx) {
     const size_t shm = static_cast<size_t>(p.n_dims) * sizeof(float);
     const int half = p.n_dims / 2;
     const int threads = std::clamp((half + 31) / 32 * 32, 32, 128);
-    rope_kernel<<<grid, threads, shm, ctx.stream>>>(ops::view_of(dst), ops::view_of(x), pos.as<int32_t>(), a, hpb);
-    return ops::launch_status("rope_kernel");
+    return launch_kernel("rope_kernel", rope_kernel, grid, threads, shm, ctx.stream, ops::view_of(dst), ops::view_of(x),
+                         pos.as<int32_t>(), a, hpb);
 }
 
 }  // namespace moe::cuda

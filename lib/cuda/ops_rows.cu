@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "cuda/launch.cuh"
 #include "cuda/ops_common.cuh"
 #include "cuda/topk_key.cuh"
 
@@ -64,6 +65,7 @@ __device__ __forceinline__ float load_elem(const unsigned char* row, int64_t i) 
 
 template <Type T>
 __global__ void get_rows_kernel(View d, View w, const int32_t* ids, unsigned int* err) {
+    pdl_grid_sync();
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= d.ne[0]) return;
     for (int64_t t = blockIdx.y; t < d.ne[1]; t += gridDim.y) {
@@ -86,9 +88,8 @@ template <Type T>
 Status launch_get_rows(const Tensor& dst, const Tensor& w, const Tensor& ids, const OpContext& ctx) {
     constexpr int kThreads = 256;
     const dim3 grid(ops::ceil_div(dst.ne[0], kThreads), ops::grid_y(dst.ne[1]));
-    get_rows_kernel<T><<<grid, kThreads, 0, ctx.stream>>>(ops::view_of(dst), ops::view_of(w), ids.as<int32_t>(),
-                                                           ctx.error_flags);
-    return ops::launch_status("get_rows_kernel");
+    return launch_kernel("get_rows_kernel", get_rows_kernel<T>, grid, kThreads, 0, ctx.stream, ops::view_of(dst),
+                         ops::view_of(w), ids.as<int32_t>(), ctx.error_flags);
 }
 
 // ---- TOPK ----
@@ -98,6 +99,7 @@ constexpr int kTopkWarps = 4;
 
 // One warp per column t; k passes over the column (it stays in L1 after the first).
 __global__ void topk_kernel(View d, View x, int k) {
+    pdl_grid_sync();
     const int64_t t = static_cast<int64_t>(blockIdx.x) * kTopkWarps + threadIdx.y;
     if (t >= x.ne[1]) return;
     const auto* xr = reinterpret_cast<const float*>(ops::row_at(x, t, 0, 0));
@@ -119,6 +121,7 @@ __global__ void topk_kernel(View d, View x, int k) {
 // ---- GATHER ----
 
 __global__ void gather_kernel(View d, View x, View ids, unsigned int* err) {
+    pdl_grid_sync();
     const int64_t k = ids.ne[0];
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= k * ids.ne[1]) return;
@@ -137,6 +140,7 @@ __global__ void gather_kernel(View d, View x, View ids, unsigned int* err) {
 
 // dst[i, t] = sum_j w[j, t] * y[i, j, t]: threads along i (coalesced), grid y along tokens.
 __global__ void weighted_sum_kernel(View d, View y, View w) {
+    pdl_grid_sync();
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= d.ne[0]) return;
     for (int64_t t = blockIdx.y; t < d.ne[1]; t += gridDim.y) {
@@ -146,6 +150,7 @@ __global__ void weighted_sum_kernel(View d, View y, View w) {
 
 // With ids (a part of a split expert block): slots of kNoExpert are not read.
 __global__ void weighted_sum_ids_kernel(View d, View y, View w, View ids) {
+    pdl_grid_sync();
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= d.ne[0]) return;
     for (int64_t t = blockIdx.y; t < d.ne[1]; t += gridDim.y) {
@@ -217,9 +222,8 @@ Status topk(Tensor& dst, const OpContext& ctx) {
                                 std::to_string(x.ne[1]) + "]");
     }
     if (x.ne[1] == 0) return Status::ok();
-    topk_kernel<<<ops::ceil_div(x.ne[1], kTopkWarps), dim3(32, kTopkWarps), 0, ctx.stream>>>(ops::view_of(dst),
-                                                                                             ops::view_of(x), k);
-    return ops::launch_status("topk_kernel");
+    return launch_kernel("topk_kernel", topk_kernel, ops::ceil_div(x.ne[1], kTopkWarps), dim3(32, kTopkWarps), 0,
+                         ctx.stream, ops::view_of(dst), ops::view_of(x), k);
 }
 
 Status gather(Tensor& dst, const OpContext& ctx) {
@@ -238,15 +242,15 @@ Status gather(Tensor& dst, const OpContext& ctx) {
     const int64_t n = ids.ne[0] * ids.ne[1];
     if (n == 0) return Status::ok();
     constexpr int kThreads = 256;
-    gather_kernel<<<ops::ceil_div(n, kThreads), kThreads, 0, ctx.stream>>>(ops::view_of(dst), ops::view_of(x),
-                                                                          ops::view_of(ids), ctx.error_flags);
-    return ops::launch_status("gather_kernel");
+    return launch_kernel("gather_kernel", gather_kernel, ops::ceil_div(n, kThreads), kThreads, 0, ctx.stream,
+                         ops::view_of(dst), ops::view_of(x), ops::view_of(ids), ctx.error_flags);
 }
 
 namespace {
 
 __global__ void mask_ids_kernel(View d, View src, const int32_t* groups, int n_expert, int32_t keep,
                                 unsigned int* err) {
+    pdl_grid_sync();
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= d.ne[0] * d.ne[1]) return;
     const int64_t t = i / d.ne[0];
@@ -270,10 +274,9 @@ Status mask_ids(Tensor& dst, const OpContext& ctx) {
     const int64_t n = ids.ne[0] * ids.ne[1];
     if (n == 0) return Status::ok();
     constexpr int kThreads = 256;
-    mask_ids_kernel<<<ops::ceil_div(n, kThreads), kThreads, 0, ctx.stream>>>(
-        ops::view_of(dst), ops::view_of(ids), groups.as<int32_t>(), static_cast<int>(groups.ne[0]),
-        dst.params.i[0], ctx.error_flags);
-    return ops::launch_status("mask_ids_kernel");
+    return launch_kernel("mask_ids_kernel", mask_ids_kernel, ops::ceil_div(n, kThreads), kThreads, 0, ctx.stream,
+                         ops::view_of(dst), ops::view_of(ids), groups.as<int32_t>(), static_cast<int>(groups.ne[0]),
+                         dst.params.i[0], ctx.error_flags);
 }
 
 Status weighted_sum(Tensor& dst, const OpContext& ctx) {
@@ -295,12 +298,11 @@ Status weighted_sum(Tensor& dst, const OpContext& ctx) {
     const dim3 grid(ops::ceil_div(dst.ne[0], kThreads), ops::grid_y(dst.ne[1]));
     MOE_RETURN_IF_ERROR(op_checks::check_weighted_sum_ids(dst));
     if (const Tensor* ids = dst.src[2]) {
-        weighted_sum_ids_kernel<<<grid, kThreads, 0, ctx.stream>>>(ops::view_of(dst), ops::view_of(y), ops::view_of(w),
-                                                                    ops::view_of(*ids));
-        return ops::launch_status("weighted_sum_ids_kernel");
+        return launch_kernel("weighted_sum_ids_kernel", weighted_sum_ids_kernel, grid, kThreads, 0, ctx.stream,
+                             ops::view_of(dst), ops::view_of(y), ops::view_of(w), ops::view_of(*ids));
     }
-    weighted_sum_kernel<<<grid, kThreads, 0, ctx.stream>>>(ops::view_of(dst), ops::view_of(y), ops::view_of(w));
-    return ops::launch_status("weighted_sum_kernel");
+    return launch_kernel("weighted_sum_kernel", weighted_sum_kernel, grid, kThreads, 0, ctx.stream, ops::view_of(dst),
+                         ops::view_of(y), ops::view_of(w));
 }
 
 }  // namespace moe::cuda

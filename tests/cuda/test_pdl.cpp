@@ -1,0 +1,248 @@
+// Programmatic dependent launch in the CUDA backend (lib/cuda/launch.cuh): each kernel is launched
+// while its predecessor still runs and must wait for it on the device.
+//
+// On a device ("[gpu]"; the PDL cases also need compute capability 9.0+, else they say so and stop):
+//   - a chain of dependent kernels (each reads what the one before wrote) gives the CPU's result bit for
+//     bit, launched eagerly and through CUDA graphs; a kernel that read before its wait would see a
+//     stale input and be off by a whole addend;
+//   - a span captured from the backend's stream holds programmatic edges between its kernels with PDL
+//     on, and none with it off (the attribute survives stream capture);
+//   - whole decodes (qwen3moe, gpt-oss; prompt and single-token steps, CUDA graphs on) give bitwise the
+//     logits of a context created with MOEINFER_CUDA_PDL=0.
+#include <catch2/catch.hpp>
+
+#include "moeinfer/moeinfer_version.h"
+
+#if MOEINFER_HAS_CUDA
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/graph.h"
+#include "cuda/cuda_backend.h"
+#include "cuda_test_util.h"
+#include "moeinfer/moeinfer.h"
+#include "runtime/context.h"
+
+namespace {
+
+using moe::Tensor;
+using moe::Type;
+using moe::test::Device;
+using moe::test::fresh_rng;
+using moe::test::random_f32;
+using moe::test::require_ok;
+using moe::test::run_seed;
+
+#define MOE_PDL_OR_SKIP(be)                                                   \
+    do {                                                                      \
+        if (!(be).pdl_enabled()) {                                            \
+            WARN("skipped: the device has no PDL (compute capability < 9.0)"); \
+            return;                                                           \
+        }                                                                     \
+    } while (0)
+
+// Sets `name` to `value` while in scope; restores what was there (or its absence).
+class ScopedEnv {
+public:
+    ScopedEnv(const char* name, const char* value) : name_(name) {
+        const char* prev = std::getenv(name);
+        had_ = prev != nullptr;
+        if (had_) saved_ = prev;
+        setenv(name, value, 1);
+    }
+    ~ScopedEnv() {
+        if (had_) {
+            setenv(name_, saved_.c_str(), 1);
+        } else {
+            unsetenv(name_);
+        }
+    }
+    ScopedEnv(const ScopedEnv&) = delete;
+    ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+private:
+    const char* name_;
+    bool had_ = false;
+    std::string saved_;
+};
+
+// y = x + c + c + ... (kSteps ADD nodes, each reading the previous one's output).
+constexpr int kSteps = 128;
+constexpr int64_t kN = int64_t{1} << 20;  // 4 MiB per operand: each kernel spans several waves
+
+struct Chain {
+    moe::Graph g;
+    Tensor* x = nullptr;
+    Tensor* y = nullptr;
+};
+
+void build_chain(Device& dev, Chain& ch, Tensor* c) {
+    ch.x = ch.g.input(Type::F32, {kN}, "x");
+    Tensor* y = ch.x;
+    for (int i = 0; i < kSteps; ++i) y = ch.g.add(y, c);
+    ch.g.set_output(y);
+    ch.y = y;
+    const moe::AllocPlan plan = moe::plan_allocation(ch.g);
+    moe::bind_allocation(ch.g, plan, dev.alloc(plan.arena_size));
+}
+
+// Programmatic edges in a graph captured from the backend's stream while it computes `nodes` eagerly.
+size_t programmatic_edges(Device& dev, const moe::Graph& g) {
+    cudaStream_t s = dev.be().compute_stream();
+    REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+    const moe::Status st = dev.be().compute(g.nodes());
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+    require_ok(st);
+    size_t n = 0;
+    REQUIRE(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n) == cudaSuccess);
+    std::vector<cudaGraphNode_t> from(n), to(n);
+    std::vector<cudaGraphEdgeData> data(n);
+    REQUIRE(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n) == cudaSuccess);
+    size_t programmatic = 0;
+    for (size_t i = 0; i < n; ++i) programmatic += data[i].type == cudaGraphDependencyTypeProgrammatic ? 1 : 0;
+    REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+    return programmatic;
+}
+
+}  // namespace
+
+TEST_CASE("PDL launches keep a chain of dependent kernels in order", "[gpu]") {
+    MOE_GPU_OR_SKIP();
+    Device dev;
+    dev.be().set_pdl_enabled(true);  // stays off on devices without PDL
+    MOE_PDL_OR_SKIP(dev.be());
+    auto rng = fresh_rng(4242);
+    const std::vector<float> xv = random_f32(rng, static_cast<size_t>(kN), -1.0f, 1.0f);
+    const std::vector<float> cv = random_f32(rng, static_cast<size_t>(kN), 0.5f, 1.5f);
+    Tensor* c = dev.leaf(Type::F32, {kN}, cv.data());
+    Chain ch;
+    build_chain(dev, ch, c);
+    std::vector<float> want(xv);
+    for (int i = 0; i < kSteps; ++i) {
+        for (size_t j = 0; j < want.size(); ++j) want[j] = want[j] + cv[j];
+    }
+    const auto run = [&] {
+        dev.poison(*ch.y);
+        dev.upload(ch.x->data, xv.data(), ch.x->n_bytes());
+        require_ok(dev.be().compute(ch.g.nodes()));
+        require_ok(dev.be().synchronize());
+        const std::vector<uint8_t> got = dev.download(*ch.y);
+        REQUIRE(got.size() == want.size() * sizeof(float));
+        return std::memcmp(got.data(), want.data(), got.size()) == 0;
+    };
+    INFO("seed " << run_seed());
+    dev.be().set_graphs_enabled(false);
+    CHECK(run());
+    dev.be().set_graphs_enabled(true);
+    const uint64_t replays = dev.be().graph_stats().replays;
+    for (int i = 0; i < 3; ++i) CHECK(run());  // captured, then replayed
+    CHECK(dev.be().graph_stats().replays > replays);
+}
+
+TEST_CASE("PDL launches become programmatic edges under stream capture", "[gpu]") {
+    MOE_GPU_OR_SKIP();
+    Device dev;
+    dev.be().set_pdl_enabled(true);  // stays off on devices without PDL
+    MOE_PDL_OR_SKIP(dev.be());
+    auto rng = fresh_rng(4243);
+    const std::vector<float> cv = random_f32(rng, static_cast<size_t>(kN), 0.5f, 1.5f);
+    Tensor* c = dev.leaf(Type::F32, {kN}, cv.data());
+    Chain ch;
+    build_chain(dev, ch, c);
+    dev.be().set_graphs_enabled(false);  // launches go straight to the stream being captured
+    require_ok(dev.be().compute(ch.g.nodes()));  // sizes everything first: a capture must not allocate
+    require_ok(dev.be().synchronize());
+    CHECK(programmatic_edges(dev, ch.g) == kSteps - 1);
+    dev.be().set_pdl_enabled(false);
+    CHECK(programmatic_edges(dev, ch.g) == 0);
+}
+
+TEST_CASE("cuda contexts give the same logits with and without PDL", "[gpu]") {
+    MOE_GPU_OR_SKIP();
+    std::mt19937 rng(static_cast<uint32_t>(run_seed()));
+    for (const char* arch : {"qwen3moe", "gpt-oss"}) {
+        INFO(arch << ", seed " << run_seed());
+        const bool oss = std::strcmp(arch, "gpt-oss") == 0;
+        const std::string path =
+            (std::filesystem::temp_directory_path() / (std::string("moe_cuda_pdl_") + arch + ".gguf")).string();
+        moe_synth_params sp;
+        REQUIRE(moe_synth_params_init(&sp, arch) == MOE_STATUS_OK);
+        sp.preset = "tiny";
+        sp.head_dim = 64;
+        sp.n_embd = oss ? 2880 : 1152;
+        sp.expert_type = oss ? MOE_TYPE_MXFP4 : MOE_TYPE_Q8_0;
+        sp.dense_type = MOE_TYPE_Q8_0;
+        sp.seed = rng();
+        REQUIRE(moe_synth_write(path.c_str(), &sp) == MOE_STATUS_OK);
+        moe_model* model = nullptr;
+        REQUIRE(moe_model_load(path.c_str(), nullptr, &model) == MOE_STATUS_OK);
+        moe_model_info info;
+        moe_model_info_init(&info);
+        REQUIRE(moe_model_get_info(model, &info) == MOE_STATUS_OK);
+        moe_context_params p;
+        moe_context_params_init(&p);
+        p.n_ctx = 256;
+        p.n_ubatch = 32;
+        p.device = MOE_DEVICE_CUDA;
+        moe_context* on = nullptr;
+        moe_context* off = nullptr;
+        {
+            const ScopedEnv graphs("MOEINFER_CUDA_GRAPHS", "1");
+            {
+                const ScopedEnv pdl("MOEINFER_CUDA_PDL", "1");
+                REQUIRE(moe_context_create(model, &p, &on) == MOE_STATUS_OK);
+            }
+            const ScopedEnv pdl("MOEINFER_CUDA_PDL", "0");
+            REQUIRE(moe_context_create(model, &p, &off) == MOE_STATUS_OK);
+        }
+        auto& on_be = static_cast<moe::cuda::CudaBackend&>(*on->device);
+        auto& off_be = static_cast<moe::cuda::CudaBackend&>(*off->device);
+        const bool have_pdl = on_be.pdl_enabled();
+        REQUIRE_FALSE(off_be.pdl_enabled());
+        REQUIRE(on_be.graphs_enabled());
+        REQUIRE(off_be.graphs_enabled());
+        if (have_pdl) {
+            std::uniform_int_distribution<int32_t> tok(0, info.n_vocab - 1);
+            std::vector<int> steps = {40};
+            for (int i = 0; i < 12; ++i) steps.push_back(1);
+            steps.push_back(5);
+            for (int i = 0; i < 3; ++i) steps.push_back(1);
+            for (const int n : steps) {
+                std::vector<int32_t> tokens(static_cast<size_t>(n));
+                for (auto& t : tokens) t = tok(rng);
+                INFO("n_tokens " << n);
+                std::vector<float> out[2];
+                moe_context* ctxs[2] = {on, off};
+                for (int i = 0; i < 2; ++i) {
+                    REQUIRE(moe_decode(ctxs[i], tokens.data(), nullptr, n, 1) == MOE_STATUS_OK);
+                    const float* logits = nullptr;
+                    int32_t rows = 0, nv = 0;
+                    REQUIRE(moe_get_logits(ctxs[i], &logits, &rows, &nv) == MOE_STATUS_OK);
+                    out[i].assign(logits, logits + static_cast<size_t>(rows) * static_cast<size_t>(nv));
+                }
+                REQUIRE(out[0].size() == out[1].size());
+                CHECK(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)) == 0);
+            }
+            CHECK(on_be.graph_stats().replays > 0);  // the single-token steps replayed captured graphs
+        }
+        moe_context_free(on);
+        moe_context_free(off);
+        moe_model_free(model);
+        std::filesystem::remove(path);
+        if (!have_pdl) {
+            WARN("skipped: the device has no PDL (compute capability < 9.0)");
+            return;
+        }
+    }
+}
+
+#endif  // MOEINFER_HAS_CUDA
