@@ -15,9 +15,10 @@
 namespace moe::cuda {
 
 namespace {
-// PDL without MOEINFER_CUDA_PDL set. Off: with an early trigger it was 3% slower on Q30-16 tg128
-// (docs/PERF.md); the implicit trigger that launch.cuh now uses is not measured yet.
-constexpr bool kPdlByDefault = false;
+// PDL without MOEINFER_CUDA_PDL set. On: with the implicit trigger of launch.cuh, all-GPU tg128 on the
+// H100 was 9% faster for Q30-16 and unchanged for G20 (docs/PERF.md, session 5); an explicit early
+// trigger had been 3% slower.
+constexpr bool kPdlByDefault = true;
 }  // namespace
 
 int device_count() {

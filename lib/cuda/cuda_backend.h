@@ -61,8 +61,8 @@ private:
 //
 // On devices of compute capability 9.0+ kernels can be launched with programmatic dependent launch
 // (launch.cuh: each kernel is launched before its predecessor in the stream has completed, and waits
-// for it on the device): MOEINFER_CUDA_PDL=1 (or any value but 0) when the backend is created, or
-// set_pdl_enabled(true); off by default until measured faster (cuda_backend.cu, kPdlByDefault).
+// for it on the device): on by default (cuda_backend.cu, kPdlByDefault); MOEINFER_CUDA_PDL=0 when the
+// backend is created, or set_pdl_enabled(false), turns it off.
 // Results are bitwise the same either way; PDL only hides the gap between kernels.
 class CudaBackend final : public Backend {
 public:
@@ -100,8 +100,8 @@ public:
     // Whether compute() fuses nodes (default: on, unless MOEINFER_CUDA_FUSION=0 at create()).
     void set_fusion_enabled(bool on) { fusion_enabled_ = on; }
     bool fusion_enabled() const { return fusion_enabled_; }
-    // Whether kernels are launched with PDL (default: off, unless MOEINFER_CUDA_PDL is set to anything
-    // but 0 at create()). Always off on devices below compute capability 9.0.
+    // Whether kernels are launched with PDL (default: on, unless MOEINFER_CUDA_PDL=0 at create()).
+    // Always off on devices below compute capability 9.0.
     void set_pdl_enabled(bool on) { pdl_enabled_ = on && pdl_supported_; }
     bool pdl_enabled() const { return pdl_enabled_; }
     // When copy_to_device pulls page-locked bytes with a kernel instead of a DMA copy (mapped_copy.cuh).
