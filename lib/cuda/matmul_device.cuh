@@ -275,21 +275,6 @@ __device__ __forceinline__ void store_u32x8(void* dst, const uint32_t (&w)[8]) {
     reinterpret_cast<uint4*>(dst)[1] = make_uint4(w[4], w[5], w[6], w[7]);
 }
 
-// 16 floats -> 16 BF16 as two 16-byte stores (dst 16-byte aligned).
-__device__ __forceinline__ void store_bf16x16(void* dst, const float (&v)[16]) {
-    uint4 a, b;
-    a.x = pack_bf16x2(v[0], v[1]);
-    a.y = pack_bf16x2(v[2], v[3]);
-    a.z = pack_bf16x2(v[4], v[5]);
-    a.w = pack_bf16x2(v[6], v[7]);
-    b.x = pack_bf16x2(v[8], v[9]);
-    b.y = pack_bf16x2(v[10], v[11]);
-    b.z = pack_bf16x2(v[12], v[13]);
-    b.w = pack_bf16x2(v[14], v[15]);
-    reinterpret_cast<uint4*>(dst)[0] = a;
-    reinterpret_cast<uint4*>(dst)[1] = b;
-}
-
 // ---- gated activations (MOE_UP_GATE), the CPU's formulas ----
 
 struct GluParams {
@@ -334,7 +319,6 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"

@@ -63,6 +63,8 @@ struct MmaParams {
     GluParams glu;
 };
 
+// Shared memory per CTA: up to 127 KiB (F32 experts, BN 128), within sm_80 / sm_90's opt-in limit but
+// not sm_86 / sm_89's 99 KiB (there the launch fails with cudaFuncSetAttribute's error).
 template <Type W, int BN>
 struct MmaShape {
     static constexpr int kBB = block_bytes(W);
@@ -139,7 +141,7 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas(W, BN)) mma_kernel(c
     const int64_t expert_off = static_cast<int64_t>(expert) * p.nb2;
 
     // ---- A: raw weight words -> shared (cp.async, kStages deep) -> BF16 tile ----
-    // This thread's words: row pointers (nullptr past the last row) and word indices, fixed per CTA.
+    // This thread's words: row pointers (nullptr past the last row), fixed per CTA.
     const uint8_t* raw_row[S::kRpt];
 #pragma unroll
     for (int i = 0; i < S::kRpt; ++i) {
@@ -183,7 +185,9 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas(W, BN)) mma_kernel(c
         store_u32x8(a_s + (st * kBM + dq_row) * kLds + 16 * dq_half, v);
     };
 
-    // ---- B: activation rows -> BF16 tile; columns past ncols are never read by an MMA ----
+    // ---- B: activation rows -> BF16 tile. Rows past ncols are not loaded: the last, partly filled
+    // fragment's MMAs read stale shared memory there, which only reaches accumulator columns the
+    // epilogue drops (col < ncols). ----
     auto load_b = [&](int kb, int slot) {
         for (int i = tid; i < ncols * 4; i += kMmaThreads) {
             const int c = i >> 2;
@@ -217,9 +221,11 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas(W, BN)) mma_kernel(c
         }
     }
 
-    // Pipeline: group g (issued in step g, or before step 0 for g < kStages - 1) holds raw block g + 1
-    // and activation block g; step kb decodes block kb + 1 while its MMAs use block kb, decoded in the
-    // step before. One barrier per step: the slots refilled in step kb were last read in step kb - 1.
+    // Pipeline: group P = {raw block 0}; group G_g = {raw block g + 1, activation block g}. P and G_0 ..
+    // G_{kStages-2} are issued before the loop, G_{kb+kStages-1} in step kb. wait<kStages - 1> before the
+    // loop lands P; wait<kStages - 2> in step kb lands G_kb (raw block kb + 1, activation block kb).
+    // Step kb decodes block kb + 1 while its MMAs use block kb, decoded in the step before. One barrier
+    // per step: the slots refilled in step kb were last read in step kb - 1.
     __syncthreads();  // col_act / col_out
     load_raw(0, 0);
     cp_async_commit();

@@ -3,8 +3,9 @@
 //
 // On a device ("[gpu]"; the PDL cases also need compute capability 9.0+, else they say so and stop):
 //   - a chain of dependent kernels (each reads what the one before wrote) gives the CPU's result bit for
-//     bit, launched eagerly and through CUDA graphs; a kernel that read before its wait would see a
-//     stale input and be off by a whole addend;
+//     bit, launched eagerly and through CUDA graphs (a kernel that read before its wait could see a stale
+//     input, off by a whole addend; the window is short — the next kernel starts as the previous grid
+//     exits — so a missing wait is caught by the source check tests/lint/check_pdl_waits.py, not here);
 //   - a span captured from the backend's stream holds programmatic edges between its kernels with PDL
 //     on, and none with it off (the attribute survives stream capture);
 //   - whole decodes (qwen3moe, gpt-oss; prompt and single-token steps, CUDA graphs on) give bitwise the
