@@ -463,7 +463,10 @@ void check_moe_up_gate(Type type, const MoeShape& s, int64_t n_tokens, Activatio
     CHECK(o.flags == 0);
 }
 
-const int64_t kTokenCounts[] = {1, 2, 7, 33, 512};
+// Batch sizes: GEMV (1, 2, 7), and each tensor-core tile width (32 / 64 / 128 columns): dense rows 33 ->
+// 32, 64 -> 64, 100+ -> 128; routed tiles are 1.5x the mean expert group (mma_route_tile_cols), e.g.
+// MUL_MAT_ID shape 1 at 64 / 100 tokens -> 64, MOE_UP_GATE at 160 -> 64 (fused), 512 -> 128.
+const int64_t kTokenCounts[] = {1, 2, 7, 33, 64, 100, 160, 512};
 
 }  // namespace
 
@@ -477,6 +480,8 @@ TEST_CASE("cuda MUL_MAT matches the CPU backend on every weight type and batch s
             check_mul_mat(type, 256, 203, rows);   // one partial chunk per row; partial row tiles
             check_mul_mat(type, 1184, 77, rows);   // 37 blocks: two chunks, odd block count
         }
+        check_mul_mat(type, 32, 130, 64);          // one block per row: the pipeline's shortest tail
+        check_mul_mat(type, 96, 130, 64);          // three blocks: fewer than the pipeline's stages
         check_mul_mat(type, 320, 129, 6, 2);       // 3-D activations [K, 3, 2]
         check_mul_mat(type, 256, 1100, 3);         // float weights: many rows take warp rows again
         check_mul_mat(type, 320, 129, 300, 3);     // [K, 100, 3]: the dequantise + cuBLAS path
@@ -494,6 +499,7 @@ TEST_CASE("cuda MUL_MAT_ID matches the CPU backend, B = 1 and B = n_used, idle e
     const MoeShape shapes[] = {
         {6, 77, 320, 3, {0, 2, 3, 5}},  // experts 1 and 4 idle; ~380 pairs per expert at T = 512
         {16, 130, 1184, 2, most},       // ~68 pairs per expert at T = 512, ~4 at T = 33
+        {4, 70, 96, 2, {0, 1, 2, 3}},   // K of three blocks (under the pipeline's depth)
     };
     for (Type type : kAllTypes) {
         for (const MoeShape& s : shapes) {
@@ -511,11 +517,13 @@ TEST_CASE("cuda MOE_UP_GATE matches the CPU backend (SILU, SWIGLU_OAI with biase
         return;
     }
     const MoeShape s{8, 93, 256, 2, {0, 1, 3, 4, 6}};  // experts 2, 5, 7 idle
+    const MoeShape short_k{4, 70, 96, 2, {0, 1, 2, 3}};  // K of three blocks (under the pipeline's depth)
     for (Type type : kAllTypes) {
         for (int64_t t : kTokenCounts) {
             check_moe_up_gate(type, s, t, Activation::SILU, false);
             check_moe_up_gate(type, s, t, Activation::SWIGLU_OAI, true);
         }
+        for (int64_t t : {1, 64, 160}) check_moe_up_gate(type, short_k, t, Activation::SILU, false);
     }
 }
 
