@@ -32,6 +32,7 @@
 #include "core/allocator.h"
 #include "core/graph.h"
 #include "core/models/model_graph.h"
+#include "context_pair.h"
 #include "cuda/cuda_backend.h"
 #include "cuda_test_util.h"
 #include "cuda/fusion_plan.h"
@@ -44,10 +45,13 @@ using moe::Op;
 using moe::Status;
 using moe::Tensor;
 using moe::Type;
+using moe::test::CudaContextPair;
 using moe::test::Device;
+using moe::test::kPairSteps;
 using moe::test::random_f32;
 using moe::test::require_ok;
 using moe::test::run_seed;
+using moe::test::TinyModel;
 using moe::cuda::FusedKind;
 
 // ---- the planner on model graphs (no device) ----
@@ -569,81 +573,25 @@ TEST_CASE("CUDA fused attention prologues (norms, ropes, cache writes) match unf
 
 TEST_CASE("cuda contexts give the same logits with and without fused launches", "[gpu]") {
     MOE_GPU_OR_SKIP();
-    const char* prev = std::getenv("MOEINFER_CUDA_FUSION");
-    const std::string saved = prev != nullptr ? prev : "";
     std::mt19937 rng(static_cast<uint32_t>(run_seed()));
     for (const char* arch : {"qwen3moe", "gpt-oss"}) {
         INFO(arch);
         const bool oss = std::strcmp(arch, "gpt-oss") == 0;
-        const std::string path =
-            (std::filesystem::temp_directory_path() / (std::string("moe_cuda_fusion_") + arch + ".gguf")).string();
-        moe_synth_params sp;
-        REQUIRE(moe_synth_params_init(&sp, arch) == MOE_STATUS_OK);
-        sp.preset = "tiny";
-        sp.head_dim = 64;
-        sp.n_embd = oss ? 2880 : 1152;  // rows longer than a warp's: the row chains run
-        sp.expert_type = oss ? MOE_TYPE_MXFP4 : MOE_TYPE_Q8_0;
-        sp.dense_type = MOE_TYPE_Q8_0;
-        sp.seed = rng();
-        REQUIRE(moe_synth_write(path.c_str(), &sp) == MOE_STATUS_OK);
-        moe_model* model = nullptr;
-        REQUIRE(moe_model_load(path.c_str(), nullptr, &model) == MOE_STATUS_OK);
-        moe_model_info info;
-        moe_model_info_init(&info);
-        REQUIRE(moe_model_get_info(model, &info) == MOE_STATUS_OK);
-        moe_context_params p;
-        moe_context_params_init(&p);
-        p.n_ctx = 256;
-        p.n_ubatch = 32;
-        p.device = MOE_DEVICE_CUDA;
-        moe_context* fused = nullptr;
-        moe_context* plain = nullptr;
-        setenv("MOEINFER_CUDA_FUSION", "1", 1);
-        REQUIRE(moe_context_create(model, &p, &fused) == MOE_STATUS_OK);
-        setenv("MOEINFER_CUDA_FUSION", "0", 1);
-        REQUIRE(moe_context_create(model, &p, &plain) == MOE_STATUS_OK);
-        if (prev != nullptr) {
-            setenv("MOEINFER_CUDA_FUSION", saved.c_str(), 1);
-        } else {
-            unsetenv("MOEINFER_CUDA_FUSION");
-        }
-        auto& fbe = static_cast<moe::cuda::CudaBackend&>(*fused->device);
-        auto& pbe = static_cast<moe::cuda::CudaBackend&>(*plain->device);
-        REQUIRE(fbe.fusion_enabled());
-        REQUIRE_FALSE(pbe.fusion_enabled());
-        std::uniform_int_distribution<int32_t> tok(0, info.n_vocab - 1);
-        std::vector<int> steps = {40};
-        for (int i = 0; i < 12; ++i) steps.push_back(1);
-        steps.push_back(5);
-        for (int i = 0; i < 3; ++i) steps.push_back(1);
-        for (const int n : steps) {
-            std::vector<int32_t> tokens(static_cast<size_t>(n));
-            for (auto& t : tokens) t = tok(rng);
-            INFO("n_tokens " << n);
-            std::vector<float> out[2];
-            moe_context* ctxs[2] = {fused, plain};
-            for (int i = 0; i < 2; ++i) {
-                REQUIRE(moe_decode(ctxs[i], tokens.data(), nullptr, n, 1) == MOE_STATUS_OK);
-                const float* logits = nullptr;
-                int32_t rows = 0, nv = 0;
-                REQUIRE(moe_get_logits(ctxs[i], &logits, &rows, &nv) == MOE_STATUS_OK);
-                out[i].assign(logits, logits + static_cast<size_t>(rows) * static_cast<size_t>(nv));
-            }
-            REQUIRE(out[0].size() == out[1].size());
-            CHECK(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)) == 0);
-        }
-        const auto& st = fbe.fusion_stats();
+        // Rows longer than a warp's: the row chains run.
+        const TinyModel model(arch, "moe_cuda_fusion", oss ? MOE_TYPE_MXFP4 : MOE_TYPE_Q8_0, rng(), oss ? 2880 : 1152);
+        const CudaContextPair pair(model, "MOEINFER_CUDA_FUSION");
+        REQUIRE(pair.on_backend().fusion_enabled());
+        REQUIRE_FALSE(pair.off_backend().fusion_enabled());
+        pair.expect_same_logits(model.info().n_vocab, rng, kPairSteps);
+        const auto& st = pair.on_backend().fusion_stats();
         INFO("groups " << st.fused[1] << ", chains " << st.fused[2] << ", routers " << st.fused[3] << ", q8 reused "
                        << st.q8_reused);
         CHECK(st.fused[static_cast<int>(FusedKind::kGemvGroup)] > 0);
         CHECK(st.fused[static_cast<int>(FusedKind::kRowChain)] > 0);
         CHECK(st.fused[static_cast<int>(FusedKind::kRouter)] > 0);
         CHECK(st.q8_reused > 0);
-        const auto& ps = pbe.fusion_stats();
+        const auto& ps = pair.off_backend().fusion_stats();
         CHECK(ps.fused[1] + ps.fused[2] + ps.fused[3] + ps.q8_reused == 0);
-        moe_context_free(fused);
-        moe_context_free(plain);
-        moe_model_free(model);
     }
 }
 

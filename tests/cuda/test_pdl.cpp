@@ -28,6 +28,7 @@
 #include "core/allocator.h"
 #include "core/graph.h"
 #include "cuda/cuda_backend.h"
+#include "context_pair.h"
 #include "cuda_test_util.h"
 #include "moeinfer/moeinfer.h"
 #include "runtime/context.h"
@@ -37,10 +38,14 @@ namespace {
 using moe::Tensor;
 using moe::Type;
 using moe::test::Device;
+using moe::test::CudaContextPair;
 using moe::test::fresh_rng;
+using moe::test::kPairSteps;
 using moe::test::random_f32;
 using moe::test::require_ok;
 using moe::test::run_seed;
+using moe::test::ScopedEnv;
+using moe::test::TinyModel;
 
 #define MOE_PDL_OR_SKIP(be)                                                   \
     do {                                                                      \
@@ -49,31 +54,6 @@ using moe::test::run_seed;
             return;                                                           \
         }                                                                     \
     } while (0)
-
-// Sets `name` to `value` while in scope; restores what was there (or its absence).
-class ScopedEnv {
-public:
-    ScopedEnv(const char* name, const char* value) : name_(name) {
-        const char* prev = std::getenv(name);
-        had_ = prev != nullptr;
-        if (had_) saved_ = prev;
-        setenv(name, value, 1);
-    }
-    ~ScopedEnv() {
-        if (had_) {
-            setenv(name_, saved_.c_str(), 1);
-        } else {
-            unsetenv(name_);
-        }
-    }
-    ScopedEnv(const ScopedEnv&) = delete;
-    ScopedEnv& operator=(const ScopedEnv&) = delete;
-
-private:
-    const char* name_;
-    bool had_ = false;
-    std::string saved_;
-};
 
 // y = x + c + c + ... (kSteps ADD nodes, each reading the previous one's output).
 constexpr int kSteps = 128;
@@ -173,76 +153,15 @@ TEST_CASE("cuda contexts give the same logits with and without PDL", "[gpu]") {
     for (const char* arch : {"qwen3moe", "gpt-oss"}) {
         INFO(arch << ", seed " << run_seed());
         const bool oss = std::strcmp(arch, "gpt-oss") == 0;
-        const std::string path =
-            (std::filesystem::temp_directory_path() / (std::string("moe_cuda_pdl_") + arch + ".gguf")).string();
-        moe_synth_params sp;
-        REQUIRE(moe_synth_params_init(&sp, arch) == MOE_STATUS_OK);
-        sp.preset = "tiny";
-        sp.head_dim = 64;
-        sp.n_embd = oss ? 2880 : 1152;
-        sp.expert_type = oss ? MOE_TYPE_MXFP4 : MOE_TYPE_Q8_0;
-        sp.dense_type = MOE_TYPE_Q8_0;
-        sp.seed = rng();
-        REQUIRE(moe_synth_write(path.c_str(), &sp) == MOE_STATUS_OK);
-        moe_model* model = nullptr;
-        REQUIRE(moe_model_load(path.c_str(), nullptr, &model) == MOE_STATUS_OK);
-        moe_model_info info;
-        moe_model_info_init(&info);
-        REQUIRE(moe_model_get_info(model, &info) == MOE_STATUS_OK);
-        moe_context_params p;
-        moe_context_params_init(&p);
-        p.n_ctx = 256;
-        p.n_ubatch = 32;
-        p.device = MOE_DEVICE_CUDA;
-        moe_context* on = nullptr;
-        moe_context* off = nullptr;
-        {
-            const ScopedEnv graphs("MOEINFER_CUDA_GRAPHS", "1");
-            {
-                const ScopedEnv pdl("MOEINFER_CUDA_PDL", "1");
-                REQUIRE(moe_context_create(model, &p, &on) == MOE_STATUS_OK);
-            }
-            const ScopedEnv pdl("MOEINFER_CUDA_PDL", "0");
-            REQUIRE(moe_context_create(model, &p, &off) == MOE_STATUS_OK);
-        }
-        auto& on_be = static_cast<moe::cuda::CudaBackend&>(*on->device);
-        auto& off_be = static_cast<moe::cuda::CudaBackend&>(*off->device);
-        const bool have_pdl = on_be.pdl_enabled();
-        REQUIRE_FALSE(off_be.pdl_enabled());
-        REQUIRE(on_be.graphs_enabled());
-        REQUIRE(off_be.graphs_enabled());
-        if (have_pdl) {
-            std::uniform_int_distribution<int32_t> tok(0, info.n_vocab - 1);
-            std::vector<int> steps = {40};
-            for (int i = 0; i < 12; ++i) steps.push_back(1);
-            steps.push_back(5);
-            for (int i = 0; i < 3; ++i) steps.push_back(1);
-            for (const int n : steps) {
-                std::vector<int32_t> tokens(static_cast<size_t>(n));
-                for (auto& t : tokens) t = tok(rng);
-                INFO("n_tokens " << n);
-                std::vector<float> out[2];
-                moe_context* ctxs[2] = {on, off};
-                for (int i = 0; i < 2; ++i) {
-                    REQUIRE(moe_decode(ctxs[i], tokens.data(), nullptr, n, 1) == MOE_STATUS_OK);
-                    const float* logits = nullptr;
-                    int32_t rows = 0, nv = 0;
-                    REQUIRE(moe_get_logits(ctxs[i], &logits, &rows, &nv) == MOE_STATUS_OK);
-                    out[i].assign(logits, logits + static_cast<size_t>(rows) * static_cast<size_t>(nv));
-                }
-                REQUIRE(out[0].size() == out[1].size());
-                CHECK(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)) == 0);
-            }
-            CHECK(on_be.graph_stats().replays > 0);  // the single-token steps replayed captured graphs
-        }
-        moe_context_free(on);
-        moe_context_free(off);
-        moe_model_free(model);
-        std::filesystem::remove(path);
-        if (!have_pdl) {
-            WARN("skipped: the device has no PDL (compute capability < 9.0)");
-            return;
-        }
+        const TinyModel model(arch, "moe_cuda_pdl", oss ? MOE_TYPE_MXFP4 : MOE_TYPE_Q8_0, rng(), oss ? 2880 : 1152);
+        const ScopedEnv graphs("MOEINFER_CUDA_GRAPHS", "1");
+        const CudaContextPair pair(model, "MOEINFER_CUDA_PDL");
+        REQUIRE_FALSE(pair.off_backend().pdl_enabled());
+        REQUIRE(pair.on_backend().graphs_enabled());
+        REQUIRE(pair.off_backend().graphs_enabled());
+        MOE_PDL_OR_SKIP(pair.on_backend());
+        pair.expect_same_logits(model.info().n_vocab, rng, kPairSteps);
+        CHECK(pair.on_backend().graph_stats().replays > 0);  // the single-token steps replayed captured graphs
     }
 }
 

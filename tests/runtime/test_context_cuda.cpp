@@ -16,6 +16,7 @@
 
 #include "moeinfer/moeinfer.h"
 #if MOEINFER_HAS_CUDA
+#include "../cuda/context_pair.h"
 #include "cuda/cuda_backend.h"
 #include "runtime/context.h"
 #endif
@@ -242,61 +243,23 @@ TEST_CASE("cuda contexts give the same logits with and without CUDA graphs", "[g
         WARN("skipped: no CUDA device");
         return;
     }
-    const char* prev = std::getenv("MOEINFER_CUDA_GRAPHS");
-    const std::string saved = prev != nullptr ? prev : "";
     std::mt19937 rng(std::random_device{}());
     for (const char* arch : {"qwen3moe", "gpt-oss"}) {
         INFO(arch);
-        const std::string path =
-            (std::filesystem::temp_directory_path() / (std::string("moe_cuda_graphs_") + arch + ".gguf")).string();
-        moe_model_info info;
-        moe_model* model =
-            load_tiny(path, arch, std::strcmp(arch, "gpt-oss") == 0 ? MOE_TYPE_MXFP4 : MOE_TYPE_Q4_0, rng(), &info);
-        moe_context_params p;
-        moe_context_params_init(&p);
-        p.n_ctx = 256;
-        p.n_ubatch = 32;
-        p.device = MOE_DEVICE_CUDA;
-        Ctx graphs, eager;
-        setenv("MOEINFER_CUDA_GRAPHS", "1", 1);
-        REQUIRE(moe_context_create(model, &p, &graphs.ctx) == MOE_STATUS_OK);
-        setenv("MOEINFER_CUDA_GRAPHS", "0", 1);
-        REQUIRE(moe_context_create(model, &p, &eager.ctx) == MOE_STATUS_OK);
-        if (prev != nullptr) {
-            setenv("MOEINFER_CUDA_GRAPHS", saved.c_str(), 1);
-        } else {
-            unsetenv("MOEINFER_CUDA_GRAPHS");
-        }
-        auto& gbe = static_cast<moe::cuda::CudaBackend&>(*graphs.ctx->device);
-        auto& ebe = static_cast<moe::cuda::CudaBackend&>(*eager.ctx->device);
-        REQUIRE(gbe.graphs_enabled());
-        REQUIRE_FALSE(ebe.graphs_enabled());
-
-        std::uniform_int_distribution<int32_t> tok(0, info.n_vocab - 1);
-        std::vector<int> steps = {40};  // two ubatches
-        for (int i = 0; i < 12; ++i) steps.push_back(1);
-        steps.push_back(17);
-        for (int i = 0; i < 4; ++i) steps.push_back(1);
-        for (const int n : steps) {
-            std::vector<int32_t> tokens(static_cast<size_t>(n));
-            for (auto& t : tokens) t = tok(rng);
-            INFO("n_tokens " << n);
-            const std::vector<float> a = decode(graphs.ctx, tokens, info.n_vocab);
-            const std::vector<float> b = decode(eager.ctx, tokens, info.n_vocab);
-            REQUIRE(a.size() == b.size());
-            CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-        }
-        const moe::cuda::GraphStats& s = gbe.graph_stats();
+        const moe::test::TinyModel model(arch, "moe_cuda_graphs",
+                                         std::strcmp(arch, "gpt-oss") == 0 ? MOE_TYPE_MXFP4 : MOE_TYPE_Q4_0, rng());
+        const moe::test::CudaContextPair pair(model, "MOEINFER_CUDA_GRAPHS");
+        REQUIRE(pair.on_backend().graphs_enabled());
+        REQUIRE_FALSE(pair.off_backend().graphs_enabled());
+        pair.expect_same_logits(model.info().n_vocab, rng, moe::test::kPairSteps);
+        const moe::cuda::GraphStats& s = pair.on_backend().graph_stats();
         INFO("replays " << s.replays << ", updates " << s.updates << ", instantiations " << s.instantiations
                         << ", failures " << s.failures << ", eager nodes " << s.eager_nodes);
         CHECK(s.replays > 0);
         CHECK(s.instantiations > 0);
         CHECK(s.failures == 0);
-        CHECK(ebe.graph_stats().replays + ebe.graph_stats().instantiations == 0);
-        moe_context_free(graphs.ctx);
-        moe_context_free(eager.ctx);
-        graphs.ctx = eager.ctx = nullptr;
-        moe_model_free(model);
+        const moe::cuda::GraphStats& e = pair.off_backend().graph_stats();
+        CHECK(e.replays + e.instantiations == 0);
     }
 #endif
 }

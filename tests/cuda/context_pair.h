@@ -1,0 +1,144 @@
+// Bitwise A/B of an all-GPU switch read from the environment when a CUDA backend is created
+// (MOEINFER_CUDA_GRAPHS, MOEINFER_CUDA_FUSION, MOEINFER_CUDA_PDL): two CUDA contexts of one tiny
+// synthetic model, made with the variable at "1" and at "0", decode the same token stream and must give
+// the same logits bit for bit (the switches change how kernels are queued, never what they compute).
+// Include only in CUDA builds.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <initializer_list>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_backend.h"
+#include "moeinfer/moeinfer.h"
+#include "runtime/context.h"
+
+namespace moe::test {
+
+// Sets `name` to `value` while in scope; restores what was there (or its absence).
+class ScopedEnv {
+public:
+    ScopedEnv(const char* name, const char* value) : name_(name) {
+        const char* prev = std::getenv(name);
+        had_ = prev != nullptr;
+        if (had_) saved_ = prev;
+        setenv(name, value, 1);
+    }
+    ~ScopedEnv() {
+        if (had_) {
+            setenv(name_, saved_.c_str(), 1);
+        } else {
+            unsetenv(name_);
+        }
+    }
+    ScopedEnv(const ScopedEnv&) = delete;
+    ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+private:
+    const char* name_;
+    bool had_ = false;
+    std::string saved_;
+};
+
+// A tiny synthetic model (head_dim 64: the CUDA attention kernels cover 32..256) written to the system
+// temp dir (GPU tests may run from a binary built elsewhere) under `tag`, loaded; freed and removed
+// with the object. n_embd 0 keeps the preset's.
+class TinyModel {
+public:
+    TinyModel(const char* arch, const std::string& tag, int32_t expert_type, uint32_t seed, int32_t n_embd = 0)
+        : path_((std::filesystem::temp_directory_path() / (tag + "_" + arch + ".gguf")).string()) {
+        moe_synth_params sp;
+        REQUIRE(moe_synth_params_init(&sp, arch) == MOE_STATUS_OK);
+        sp.preset = "tiny";
+        sp.head_dim = 64;
+        if (n_embd > 0) sp.n_embd = n_embd;
+        sp.expert_type = expert_type;
+        sp.dense_type = MOE_TYPE_Q8_0;
+        sp.seed = seed;
+        REQUIRE(moe_synth_write(path_.c_str(), &sp) == MOE_STATUS_OK);
+        REQUIRE(moe_model_load(path_.c_str(), nullptr, &model_) == MOE_STATUS_OK);
+        moe_model_info_init(&info_);
+        REQUIRE(moe_model_get_info(model_, &info_) == MOE_STATUS_OK);
+    }
+    ~TinyModel() {
+        moe_model_free(model_);
+        std::error_code ec;
+        std::filesystem::remove(path_, ec);
+    }
+    TinyModel(const TinyModel&) = delete;
+    TinyModel& operator=(const TinyModel&) = delete;
+
+    moe_model* get() const { return model_; }
+    const moe_model_info& info() const { return info_; }
+
+private:
+    std::string path_;
+    moe_model* model_ = nullptr;
+    moe_model_info info_{};
+};
+
+// Two all-GPU contexts (n_ctx 256, n_ubatch 32) of one model, `on` made with `var`=1, `off` with `var`=0.
+class CudaContextPair {
+public:
+    CudaContextPair(const TinyModel& model, const char* var) {
+        moe_context_params p;
+        moe_context_params_init(&p);
+        p.n_ctx = 256;
+        p.n_ubatch = 32;
+        p.device = MOE_DEVICE_CUDA;
+        {
+            const ScopedEnv env(var, "1");
+            REQUIRE(moe_context_create(model.get(), &p, &on_) == MOE_STATUS_OK);
+        }
+        const ScopedEnv env(var, "0");
+        REQUIRE(moe_context_create(model.get(), &p, &off_) == MOE_STATUS_OK);
+    }
+    ~CudaContextPair() {
+        moe_context_free(on_);
+        moe_context_free(off_);
+    }
+    CudaContextPair(const CudaContextPair&) = delete;
+    CudaContextPair& operator=(const CudaContextPair&) = delete;
+
+    moe::cuda::CudaBackend& on_backend() const { return static_cast<moe::cuda::CudaBackend&>(*on_->device); }
+    moe::cuda::CudaBackend& off_backend() const { return static_cast<moe::cuda::CudaBackend&>(*off_->device); }
+
+    // Decodes batches of `steps` tokens (random ids) in both contexts; after each, the logits must be
+    // bitwise equal.
+    void expect_same_logits(int32_t n_vocab, std::mt19937& rng, std::initializer_list<int> steps) const {
+        std::uniform_int_distribution<int32_t> tok(0, n_vocab - 1);
+        for (const int n : steps) {
+            std::vector<int32_t> tokens(static_cast<size_t>(n));
+            for (auto& t : tokens) t = tok(rng);
+            INFO("n_tokens " << n);
+            std::vector<float> out[2];
+            moe_context* ctxs[2] = {on_, off_};
+            for (int i = 0; i < 2; ++i) {
+                REQUIRE(moe_decode(ctxs[i], tokens.data(), nullptr, n, 1) == MOE_STATUS_OK);
+                const float* logits = nullptr;
+                int32_t rows = 0, nv = 0;
+                REQUIRE(moe_get_logits(ctxs[i], &logits, &rows, &nv) == MOE_STATUS_OK);
+                REQUIRE(nv == n_vocab);
+                out[i].assign(logits, logits + static_cast<size_t>(rows) * static_cast<size_t>(nv));
+            }
+            REQUIRE(out[0].size() == out[1].size());
+            CHECK(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)) == 0);
+        }
+    }
+
+private:
+    moe_context* on_ = nullptr;
+    moe_context* off_ = nullptr;
+};
+
+// A prompt of two ubatches, decode steps (n_kv and the cache row move each token, stable chunks
+// replay), a batch on the tensor cores (17), a short one on the GEMVs (5), more decode steps.
+inline constexpr std::initializer_list<int> kPairSteps = {40, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 17, 1, 5, 1, 1, 1};
+
+}  // namespace moe::test
