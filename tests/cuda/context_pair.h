@@ -14,6 +14,7 @@
 #include <random>
 #include <string>
 #include <vector>
+#include <unistd.h>
 
 #include "cuda/cuda_backend.h"
 #include "moeinfer/moeinfer.h"
@@ -52,7 +53,8 @@ private:
 class TinyModel {
 public:
     TinyModel(const char* arch, const std::string& tag, int32_t expert_type, uint32_t seed, int32_t n_embd = 0)
-        : path_((std::filesystem::temp_directory_path() / (tag + "_" + arch + ".gguf")).string()) {
+        : path_((std::filesystem::temp_directory_path() / (tag + "_" + arch + "_" + std::to_string(getpid()) + ".gguf"))
+                    .string()) {
         moe_synth_params sp;
         REQUIRE(moe_synth_params_init(&sp, arch) == MOE_STATUS_OK);
         sp.preset = "tiny";

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "moeinfer/moeinfer.h"
 
 namespace {
@@ -24,7 +26,8 @@ struct Model {
     std::string path;
     explicit Model(const char* arch, uint64_t seed, float skew = 0.0f, int32_t n_layer = 0) {
         path = (std::filesystem::temp_directory_path() /
-                (std::string("moe_hybrid_") + arch + "_" + std::to_string(seed) + ".gguf")).string();
+                (std::string("moe_hybrid_") + arch + "_" + std::to_string(seed) + "_" + std::to_string(getpid()) +
+                 ".gguf")).string();  // per process: ctest runs the [sched] cases in two processes at once
         moe_synth_params sp;
         REQUIRE(moe_synth_params_init(&sp, arch) == MOE_STATUS_OK);
         sp.preset = "tiny";
