@@ -85,15 +85,19 @@ private:
     moe_model_info info_{};
 };
 
-// Two all-GPU contexts (n_ctx 256, n_ubatch 32) of one model, `on` made with `var`=1, `off` with `var`=0.
+// Two CUDA contexts (n_ctx 256, n_ubatch 32) of one model, `on` made with `var`=1, `off` with `var`=0:
+// all on the GPU, or hybrid with `tensor_overrides` (e.g. "exps=CPU") and a scheduling policy.
 class CudaContextPair {
 public:
-    CudaContextPair(const TinyModel& model, const char* var) {
+    CudaContextPair(const TinyModel& model, const char* var, const char* tensor_overrides = nullptr,
+                    const moe_sched_policy* policy = nullptr) {
         moe_context_params p;
         moe_context_params_init(&p);
         p.n_ctx = 256;
         p.n_ubatch = 32;
         p.device = MOE_DEVICE_CUDA;
+        p.tensor_overrides = tensor_overrides;
+        p.policy = policy;
         {
             const ScopedEnv env(var, "1");
             REQUIRE(moe_context_create(model.get(), &p, &on_) == MOE_STATUS_OK);

@@ -8,8 +8,8 @@
 //     exits — so a missing wait is caught by the source check tests/lint/check_pdl_waits.py, not here);
 //   - a span captured from the backend's stream holds programmatic edges between its kernels with PDL
 //     on, and none with it off (the attribute survives stream capture);
-//   - whole decodes (qwen3moe, gpt-oss; prompt and single-token steps, CUDA graphs on) give bitwise the
-//     logits of a context created with MOEINFER_CUDA_PDL=0.
+//   - whole decodes (qwen3moe, gpt-oss; prompt and single-token steps, CUDA graphs on; all on the GPU
+//     and hybrid with experts in RAM) give bitwise the logits of a context created with MOEINFER_CUDA_PDL=0.
 #include <catch2/catch.hpp>
 
 #include "moeinfer/moeinfer_version.h"
@@ -162,6 +162,30 @@ TEST_CASE("cuda contexts give the same logits with and without PDL", "[gpu]") {
         MOE_PDL_OR_SKIP(pair.on_backend());
         pair.expect_same_logits(model.info().n_vocab, rng, kPairSteps);
         CHECK(pair.on_backend().graph_stats().replays > 0);  // the single-token steps replayed captured graphs
+    }
+}
+
+// Hybrid contexts (experts in RAM): PDL must also keep kernels behind the copy stream's uploads (events),
+// the host parts' results (every activation copy pulled by a kernel reading page-locked memory here) and
+// the split's sums. Expert uploads from 4 tokens on, a fixed split: the same work on both sides.
+TEST_CASE("hybrid cuda contexts give the same logits with and without PDL", "[gpu]") {
+    MOE_GPU_OR_SKIP();
+    std::mt19937 rng(static_cast<uint32_t>(run_seed()));
+    const ScopedEnv pull("MOEINFER_CUDA_PULL_COPIES", "1");
+    for (const char* arch : {"qwen3moe", "gpt-oss"}) {
+        const TinyModel model(arch, "moe_cuda_pdl_hybrid", MOE_TYPE_Q8_0, rng());
+        for (const int32_t split : {0, 3}) {
+            INFO(arch << ", split " << split << ", seed " << run_seed());
+            moe_sched_policy pol;
+            moe_sched_policy_init(&pol);
+            REQUIRE(moe_sched_policy_parse_offload(&pol, "all=4") == MOE_STATUS_OK);
+            pol.expert_copy = MOE_EXPERT_COPY_ACTIVE_PREFETCH;
+            pol.expert_split = split;
+            const CudaContextPair pair(model, "MOEINFER_CUDA_PDL", "exps=CPU", &pol);
+            REQUIRE_FALSE(pair.off_backend().pdl_enabled());
+            MOE_PDL_OR_SKIP(pair.on_backend());
+            pair.expect_same_logits(model.info().n_vocab, rng, kPairSteps);
+        }
     }
 }
 
