@@ -76,13 +76,14 @@ Status launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim
     cudaLaunchAttribute attr[1] = {};
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
+    const bool pdl = pdl_launches();
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cfg.attrs = pdl_launches() ? attr : nullptr;
-    cfg.numAttrs = pdl_launches() ? 1 : 0;
+    cfg.attrs = pdl ? attr : nullptr;
+    cfg.numAttrs = pdl ? 1 : 0;
     const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
     if (err != cudaSuccess) (void)cudaGetLastError();
     return cuda_status(err, name);

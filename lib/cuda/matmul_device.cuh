@@ -102,6 +102,21 @@ __device__ __forceinline__ uint32_t mxfp4_lut4(uint32_t nib4) {
 
 __device__ __forceinline__ int sbyte(uint32_t w, int b) { return static_cast<int8_t>((w >> (8 * b)) & 0xFFu); }
 
+// A 4-bit block (Q4_0 or MXFP4) at byte offset off of s: its scale as a float (MXFP4's E8M0 scale halved,
+// see e8m0_half) and its 16 bytes of packed nibbles (elements j and 16 + j in the low / high nibble of
+// byte j).
+template <Type W>
+__device__ __forceinline__ void nibble_block(const uint32_t* s, int off, float& scale, uint32_t (&q)[4]) {
+    static_assert(W == Type::Q4_0 || W == Type::MXFP4, "4-bit blocks only");
+    if constexpr (W == Type::Q4_0) {
+        scale = fp16_bits_to_float(extract_u32(s, off));
+        extract_words<4>(s, off + 2, q);
+    } else {
+        scale = e8m0_half(extract_u32(s, off) & 0xFFu);
+        extract_words<4>(s, off + 1, q);
+    }
+}
+
 // ---- a quantised block against Q8 activations (GEMV) ----
 
 // Weight block as 8 words of int8 values in element order (words 0-3: elements 0-15, 4-7: 16-31)
@@ -122,13 +137,7 @@ __device__ __forceinline__ QBlock load_qblock(const uint32_t* s, int off) {
         for (int i = 0; i < 8; ++i) b.w[i] = static_cast<int>(q[i]);
     } else {
         uint32_t q[4];
-        if constexpr (W == Type::Q4_0) {
-            b.scale = fp16_bits_to_float(extract_u32(s, off));
-            extract_words<4>(s, off + 2, q);
-        } else {
-            b.scale = e8m0_half(extract_u32(s, off) & 0xFFu);
-            extract_words<4>(s, off + 1, q);
-        }
+        nibble_block<W>(s, off, b.scale, q);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const uint32_t lo = q[i] & 0x0F0F0F0Fu;
@@ -192,13 +201,7 @@ __device__ __forceinline__ void decode_half(const uint32_t* s, int off, int h, f
     } else {
         uint32_t q[4];
         float d;
-        if constexpr (W == Type::Q4_0) {
-            d = fp16_bits_to_float(extract_u32(s, off));
-            extract_words<4>(s, off + 2, q);
-        } else {
-            d = e8m0_half(extract_u32(s, off) & 0xFFu);
-            extract_words<4>(s, off + 1, q);
-        }
+        nibble_block<W>(s, off, d, q);
         const int sh = 4 * h;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -244,13 +247,7 @@ __device__ __forceinline__ void decode_half_bf16(const uint32_t* s, int off, int
     } else if constexpr (W == Type::Q4_0 || W == Type::MXFP4) {
         uint32_t q[4];
         float d;
-        if constexpr (W == Type::Q4_0) {
-            d = fp16_bits_to_float(extract_u32(s, off));
-            extract_words<4>(s, off + 2, q);
-        } else {
-            d = e8m0_half(extract_u32(s, off) & 0xFFu);
-            extract_words<4>(s, off + 1, q);
-        }
+        nibble_block<W>(s, off, d, q);
         const int sh = 4 * h;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
