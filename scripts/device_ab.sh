@@ -2,7 +2,8 @@
 # Same-machine A/B of two packed builds (scripts/make_devcarry.sh) on the GPU machine: each moeinfer-bench
 # run goes A, B, A, B (machines differ by several % between device calls, so only runs of one call compare).
 #   scripts/device_ab.sh A_DIR B_DIR OUT_DIR [GROUP...]
-# Groups: tg (all-GPU tg128, Q30-16 / G20 / Q30-48), hybrid_tg (the same with -ot exps=CPU). JSON per run in
+# Groups: tg (all-GPU tg128, Q30-16 / G20 / Q30-48), hybrid_tg (the same with -ot exps=CPU), pp (all-GPU
+# pp512, and pp4096 with -ub 4096). JSON per run in
 # OUT_DIR; a line per run with the median t/s. Default: tg hybrid_tg. SPECS="spec ..." narrows the models.
 set -uo pipefail
 a=$1; b=$2; out=$3; shift 3
@@ -30,7 +31,14 @@ for g in $groups; do
     tag=$(echo "$spec" | grep -q gpt-oss && echo g20 || (echo "$spec" | grep -q layers=48 && echo q48 || echo q30))
     extra=(); [ "$g" = hybrid_tg ] && extra=(-ot exps=CPU)
     for k in 1 2; do
-      for side in A B; do run $side ${g}_${tag}_$k --synthetic "$spec" "${extra[@]}" -p 0 -n 128; done
+      for side in A B; do
+        if [ "$g" = pp ]; then
+          run $side pp512_${tag}_$k --synthetic "$spec" -p 512 -n 0
+          run $side pp4096_${tag}_$k --synthetic "$spec" -p 4096 -ub 4096 -n 0
+        else
+          run $side ${g}_${tag}_$k --synthetic "$spec" "${extra[@]}" -p 0 -n 128
+        fi
+      done
     done
   done
 done

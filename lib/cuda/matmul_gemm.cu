@@ -2,16 +2,22 @@
 //
 // mma_gemm: our own kernel, used for every expert product (grouped by expert, see matmul_moe.cu) and
 // for dense products of quantised / F16 weights at moderate batch sizes. A CTA of 8 warps computes a
-// 128-row x BN-column tile with mma.sync m16n8k16; per k-step of 32 (one quantised block per row):
-//   - the weight tile's raw bytes (128 rows x one block, any alignment: the aligned 4-byte words that
-//     cover it) and the activation tile (BF16 rows, gathered through the column -> row table for
-//     routed pairs) arrive with cp.async, kStages steps ahead, so that enough bytes are in flight to
-//     hide the memory latency; words at the tensor's edges take a guarded load instead;
-//   - step kb decodes block kb + 1 to BF16 in shared memory (each thread half a block, with byte
-//     permutes and float adds instead of integer conversions) while its MMAs use block kb, decoded in
-//     the step before: one barrier per step, and no dequantised copy of the weights is ever written;
-//   - ldmatrix feeds the MMAs; rows padded to 40 BF16 so the ldmatrix reads are free of bank conflicts;
+// 128-row x BN-column tile with mma.sync m16n8k16; per k-step of KB quantised blocks per row (MmaCfg:
+// quantised weights take steps of 2 blocks with 2 stages, float weights steps of 1 with 4 stages):
+//   - the weight tile's raw bytes (128 rows x KB blocks, any alignment: the aligned 4-byte words that
+//     cover them) and the activation tile (BF16 rows, gathered through the column -> row table for
+//     routed pairs) arrive with cp.async, STAGES steps ahead, so that enough bytes are in flight to
+//     hide the memory latency. Quantised weights (LEAN): CTAs whose rows all lie inside their tensors
+//     copy raw words without guards; elsewhere words at the tensor's edges take a guarded load;
+//   - step kb decodes step kb + 1 to BF16 in shared memory (each thread half a block per block of the
+//     step, decode_half_bf16: byte permutes and BF16 / float arithmetic, no integer conversions) while
+//     its MMAs use step kb, decoded in the step before: one barrier per step, and no dequantised copy
+//     of the weights is ever written;
+//   - ldmatrix feeds the MMAs; rows padded by 8 BF16 so the ldmatrix reads are free of bank conflicts;
 //     column fragments past the tile's last column skip their MMAs (warp-uniform).
+// Chosen by a same-call A/B of compiled variants (PERF.md, 2026-11-23): 2-block steps, unguarded
+// copies and the BF16 decode of Q4_0 / MXFP4 together gave all-GPU pp512 +23% (Q30 Q8_0) and +21%
+// (G20 MXFP4) over one block in 4 stages; 256-row tiles were slower.
 // Routed mode: a CTA's blockIdx.x is a column tile of one expert, found by binary search in the
 // per-expert tile prefix (built on the device); CTAs past the last tile exit at once, so the grid can
 // be sized on the host from an upper bound without reading the routing back. Tiles are wider than the
@@ -25,6 +31,7 @@
 // in tiles of <= 64 MiB of scratch, where cuBLAS's Hopper kernels outrun the mma.sync kernel).
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "cuda/cuda_common.cuh"
 #include "cuda/launch.cuh"
@@ -36,8 +43,7 @@ namespace {
 
 constexpr int kMmaThreads = 256;
 constexpr int kBM = 128;  // A-tile rows
-constexpr int kLds = 40;  // BF16 per shared-memory tile row: 32 + 8 of padding
-constexpr int kStages = 4;  // raw weight and activation stages in flight
+constexpr size_t kSmemPerSm = 233472;  // H100: 228 KiB of shared memory per SM, 1 KiB of it reserved per CTA
 
 struct MmaParams {
     const uint8_t* w0;
@@ -63,28 +69,63 @@ struct MmaParams {
     GluParams glu;
 };
 
+// A kernel's geometry: 128 weight rows x BN columns per CTA, KB blocks of 32 elements per k-step,
+// STAGES raw weight and activation stages in flight; LEAN: in CTAs whose rows all lie inside their
+// tensors, raw words are copied without per-word guards.
+template <int BN_, int KB_, int STAGES_, bool LEAN_>
+struct MmaCfg {
+    static constexpr int BN = BN_;
+    static constexpr int KB = KB_;
+    static constexpr int STAGES = STAGES_;
+    static constexpr bool LEAN = LEAN_;
+    static constexpr int WARPS_M = BN == 128 ? 2 : 4;
+    static constexpr int WARPS_N = 8 / WARPS_M;
+};
+// Quantised weights: 2 blocks per step (half the barriers and per-step overhead) in 2 stages, lean
+// copies. Float weights (F16 / BF16 / F32 experts; 2-4x the bytes per block) keep 1 block in 4 stages.
+template <Type W, int BN>
+using MmaCfgFor = std::conditional_t<is_quant(W), MmaCfg<BN, 2, 2, true>, MmaCfg<BN, 1, 4, false>>;
+
 // Shared memory per CTA: up to 127 KiB (F32 experts, BN 128), within sm_80 / sm_90's opt-in limit but
 // not sm_86 / sm_89's 99 KiB (there the launch fails with cudaFuncSetAttribute's error).
-template <Type W, int BN>
+template <Type W, typename C>
 struct MmaShape {
     static constexpr int kBB = block_bytes(W);
-    static constexpr int kWR = (kBB + 6) / 4;  // raw words per row: one block at any alignment
+    static constexpr int kKS = 32 * C::KB;  // k per step
+    static constexpr int kLds = kKS + 8;    // BF16 per shared-memory tile row: 8 of padding
+    static constexpr int kWR = (C::KB * kBB + 6) / 4;  // raw words per row: KB blocks at any alignment
     static constexpr int kRawWords = kBM * kWR;
     static constexpr int kRpt = (kRawWords + kMmaThreads - 1) / kMmaThreads;
+    static constexpr int kDq = kBM * C::KB * 2 / kMmaThreads;  // half blocks each thread decodes per step
     static constexpr size_t kSmemA = size_t{2} * kBM * kLds * 2;
-    static constexpr size_t kSmemB = size_t{kStages} * BN * kLds * 2;
-    static constexpr size_t kSmemRaw = (size_t{kStages} * kRawWords + 4) * 4;
-    static constexpr size_t kSmem = kSmemA + kSmemB + kSmemRaw + size_t{2} * BN * 4;
+    static constexpr size_t kSmemB = size_t{C::STAGES} * C::BN * kLds * 2;
+    static constexpr size_t kSmemRaw = (size_t{C::STAGES} * kRawWords + 4) * 4;
+    static constexpr size_t kSmem = kSmemA + kSmemB + kSmemRaw + size_t{2} * C::BN * 4;
+    static_assert(kDq * kMmaThreads == kBM * C::KB * 2, "whole half blocks per thread");
 };
 
-// CTAs per SM the register budget is set for (the accumulators grow with BN). Float weights decode
-// from more words per row and would spill under these budgets: no minimum for them.
-constexpr int mma_min_ctas(Type w, int bn) { return !is_quant(w) ? 1 : bn <= 32 ? 4 : bn <= 64 ? 3 : 2; }
+// CTAs per SM the register budget is set for (the accumulators grow with BN), at most what fits in
+// shared memory. Float weights decode from more words per row and would spill under these budgets:
+// no minimum for them. Threads that decode two half blocks per step (2-block steps) spill at 80
+// registers: 128 for them.
+template <Type W, typename C>
+constexpr int mma_min_ctas() {
+    const bool two_halves = MmaShape<W, C>::kDq > 1;
+    const int by_regs = !is_quant(W) ? 1 : two_halves ? 2 : C::BN <= 32 ? 4 : C::BN <= 64 ? 3 : 2;
+    const int by_smem = static_cast<int>(kSmemPerSm / (MmaShape<W, C>::kSmem + 1024));
+    return std::max(1, std::min(by_regs, by_smem));
+}
 
-template <Type W, int BN, int WARPS_M, int WARPS_N, bool FUSED>
-__global__ void __launch_bounds__(kMmaThreads, mma_min_ctas(W, BN)) mma_kernel(const MmaParams p) {
+template <Type W, typename C, bool FUSED>
+__global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C>()) mma_kernel(const MmaParams p) {
     pdl_grid_sync();
-    using S = MmaShape<W, BN>;
+    using S = MmaShape<W, C>;
+    constexpr int BN = C::BN;
+    constexpr int KB = C::KB;
+    constexpr int kStages = C::STAGES;
+    constexpr int WARPS_M = C::WARPS_M;
+    constexpr int WARPS_N = C::WARPS_N;
+    constexpr int kLds = S::kLds;
     constexpr int WM = kBM / WARPS_M;
     constexpr int WN = BN / WARPS_N;
     constexpr int MI = WM / 16;
@@ -92,6 +133,7 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas(W, BN)) mma_kernel(c
     static_assert(WARPS_M * WARPS_N * 32 == kMmaThreads, "8 warps");
     static_assert(MI * 16 == WM && NI * 8 == WN && NI % 2 == 0, "warp tile");
     static_assert(!FUSED || MI % 2 == 0, "fused tiles pair up and gate fragments");
+    static_assert(kStages >= 2, "the pipeline refills a stage one step after it was read");
     constexpr int kOutRows = FUSED ? kBM / 2 : kBM;
     constexpr int kHalf = kBM / 2;
 
@@ -139,31 +181,70 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas(W, BN)) mma_kernel(c
     }
     const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kOutRows;
     const int64_t expert_off = static_cast<int64_t>(expert) * p.nb2;
+    // k-steps of KB blocks; with KB = 2 and an odd block count the last step has one.
+    const int nsteps = (p.nblk + KB - 1) / KB;
+    auto blocks_in = [&](int step) -> int { return KB == 1 ? 1 : min(KB, p.nblk - step * KB); };
 
     // ---- A: raw weight words -> shared (cp.async, kStages deep) -> BF16 tile ----
-    // This thread's words: row pointers (nullptr past the last row), fixed per CTA.
-    const uint8_t* raw_row[S::kRpt];
+    // This thread's words, fixed per CTA: raw_off[i], the byte offset of word i's row (LEAN: of the
+    // word itself, + 4 wi) from the CTA's first row in its tensor (rows of the tile's second half
+    // are gate rows in FUSED mode: word indices from kGateWord on), or -1 past the last row. 32-bit
+    // offsets (launch_mma checks that they fit) leave the registers to the accumulators: 64-bit row
+    // pointers made the Q8_0 fused kernel of 128 columns spill.
+    const uint8_t* const row0_w0 = p.w0 + expert_off + n0 * p.nb1;
+    const uint8_t* const row0_w1 = FUSED ? p.w1 + expert_off + n0 * p.nb1 : row0_w0;
+    constexpr int kGateWord = FUSED ? kHalf * S::kWR : S::kRawWords;
+    int32_t raw_off[S::kRpt];
 #pragma unroll
     for (int i = 0; i < S::kRpt; ++i) {
         const int idx = tid + i * kMmaThreads;
         const int r = idx / S::kWR;
-        const bool g1 = FUSED && r >= kHalf;
-        const int64_t gr = n0 + (FUSED ? (r & (kHalf - 1)) : r);
-        raw_row[i] = idx < S::kRawWords && gr < p.n_rows ? (g1 ? p.w1 : p.w0) + expert_off + gr * p.nb1 : nullptr;
+        const int lr = FUSED ? (r & (kHalf - 1)) : r;
+        const int wi = idx - r * S::kWR;
+        raw_off[i] = idx < S::kRawWords && n0 + lr < p.n_rows
+                         ? static_cast<int32_t>(lr * p.nb1) + (C::LEAN ? 4 * wi : 0)
+                         : -1;
     }
-    auto load_raw = [&](int kb, int slot) {
+    // LEAN: whether every word this CTA loads, in every step, lies inside its tensor (all rows exist;
+    // the lowest word is the first row's first, the highest the last row's last in the last step).
+    bool interior = false;
+    if constexpr (C::LEAN) {
+        const int64_t last_step_bytes = static_cast<int64_t>(nsteps - 1) * (KB * S::kBB);
+        auto inside = [&](const uint8_t* w, const uint8_t* lo, const uint8_t* hi) {
+            const uint8_t* first = w + expert_off + n0 * p.nb1;
+            const uint8_t* last = w + expert_off + (n0 + kOutRows - 1) * p.nb1 + last_step_bytes;
+            return align_down<4>(first) >= lo && align_down<4>(last) + 4 * S::kWR <= hi;
+        };
+        interior = n0 + kOutRows <= p.n_rows && inside(p.w0, p.lo0, p.hi0) && (!FUSED || inside(p.w1, p.lo1, p.hi1));
+    }
+    auto load_raw = [&](int step, int slot) {
         uint32_t* dst = raw_s + slot * S::kRawWords;
+        const int64_t step_bytes = static_cast<int64_t>(step) * (KB * S::kBB);
+        const uint8_t* const base0 = row0_w0 + step_bytes;
+        const uint8_t* const base1 = row0_w1 + step_bytes;
+        if constexpr (C::LEAN) {
+            if (interior) {
+#pragma unroll
+                for (int i = 0; i < S::kRpt; ++i) {
+                    const int idx = tid + i * kMmaThreads;
+                    if (S::kRawWords % kMmaThreads != 0 && idx >= S::kRawWords) continue;
+                    cp_async4(dst + idx, align_down<4>((idx >= kGateWord ? base1 : base0) + raw_off[i]));
+                }
+                return;
+            }
+        }
 #pragma unroll
         for (int i = 0; i < S::kRpt; ++i) {
             const int idx = tid + i * kMmaThreads;
             if (idx >= S::kRawWords) continue;
             const int wi = idx - (idx / S::kWR) * S::kWR;
-            if (raw_row[i] == nullptr) {
+            if (raw_off[i] < 0) {
                 dst[idx] = 0u;
                 continue;
             }
-            const uint8_t* src = align_down<4>(raw_row[i] + static_cast<int64_t>(kb) * S::kBB) + 4 * wi;
-            const bool g1 = FUSED && idx / S::kWR >= kHalf;
+            const bool g1 = idx >= kGateWord;
+            // LEAN's offsets already hold + 4 wi; align_down(x + 4 wi) = align_down(x) + 4 wi.
+            const uint8_t* src = align_down<4>((g1 ? base1 : base0) + raw_off[i]) + (C::LEAN ? 0 : 4 * wi);
             const uint8_t* lo = g1 ? p.lo1 : p.lo0;
             const uint8_t* hi = g1 ? p.hi1 : p.hi0;
             if (src >= lo && src + 4 <= hi) {
@@ -173,26 +254,51 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas(W, BN)) mma_kernel(c
             }
         }
     };
-    // Thread -> (tile row, half block): 128 rows x 2 halves = 256 threads.
-    const int dq_row = tid >> 1;
+    // Thread -> (tile rows, block of the step, half block): 2 KB half blocks per row; a thread's kDq
+    // rows are kDqStride apart. dq_lo: the low bits of each row's address (its alignment is all that
+    // matters; rows past the last decode zero words).
+    constexpr int kUpr = 2 * KB;
+    constexpr int kDqStride = kMmaThreads / kUpr;
+    const int dq_row0 = tid / kUpr;
+    const int dq_blk = (tid % kUpr) >> 1;
     const int dq_half = tid & 1;
-    const uint8_t* dq_src = ((FUSED && dq_row >= kHalf) ? p.w1 : p.w0) + expert_off +
-                            (n0 + (FUSED ? (dq_row & (kHalf - 1)) : dq_row)) * p.nb1;
-    auto dequant = [&](int kb, int slot, int st) {
-        const int off = static_cast<int>(reinterpret_cast<uintptr_t>(dq_src + static_cast<int64_t>(kb) * S::kBB) & 3);
-        uint32_t v[8];
-        decode_half_bf16<W>(raw_s + slot * S::kRawWords + dq_row * S::kWR, off, dq_half, v);
-        store_u32x8(a_s + (st * kBM + dq_row) * kLds + 16 * dq_half, v);
+    uint32_t dq_lo[S::kDq];
+#pragma unroll
+    for (int j = 0; j < S::kDq; ++j) {
+        const int r = dq_row0 + j * kDqStride;
+        const bool g1 = FUSED && r >= kHalf;
+        const int64_t gr = n0 + (FUSED ? (r & (kHalf - 1)) : r);
+        dq_lo[j] = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(g1 ? p.w1 : p.w0) +
+                                         static_cast<uint64_t>(expert_off + gr * p.nb1));
+    }
+    // Q8_0's fused kernel of 128 columns sits at the 128-register cap (2 CTAs per SM) and spills when
+    // its two half-block decodes are interleaved: one after the other there.
+    constexpr int kDqUnroll = W == Type::Q8_0 && BN == 128 && FUSED ? 1 : S::kDq;
+    auto dequant = [&](int step, int slot, int st) {
+        if (KB > 1 && dq_blk >= blocks_in(step)) return;  // the missing block of an odd last step
+        const uint32_t step_bytes = static_cast<uint32_t>(step) * static_cast<uint32_t>(KB * S::kBB);
+#pragma unroll kDqUnroll
+        for (int j = 0; j < S::kDq; ++j) {
+            const int r = dq_row0 + j * kDqStride;
+            const int off = static_cast<int>((dq_lo[j] + step_bytes) & 3u) + dq_blk * S::kBB;
+            uint32_t v[8];
+            decode_half_bf16<W>(raw_s + slot * S::kRawWords + r * S::kWR, off, dq_half, v);
+            store_u32x8(a_s + (st * kBM + r) * kLds + 32 * dq_blk + 16 * dq_half, v);
+        }
     };
 
-    // ---- B: activation rows -> BF16 tile. Rows past ncols are not loaded: the last, partly filled
+    // ---- B: activation rows -> BF16 tile. Columns past ncols are not loaded: the last, partly filled
     // fragment's MMAs read stale shared memory there, which only reaches accumulator columns the
-    // epilogue drops (col < ncols). ----
-    auto load_b = [&](int kb, int slot) {
-        for (int i = tid; i < ncols * 4; i += kMmaThreads) {
-            const int c = i >> 2;
-            const int q = i & 3;
-            const __nv_bfloat16* src = p.x + static_cast<int64_t>(col_act[c]) * p.x_stride + kb * 32 + q * 8;
+    // epilogue drops (col < ncols); the missing block of an odd last step is never read by an MMA. ----
+    auto load_b = [&](int step, int slot) {
+        constexpr int kCpc = S::kKS / 8;  // 16-byte chunks per column
+        const int n_chunks = 4 * blocks_in(step);
+        for (int i = tid; i < ncols * kCpc; i += kMmaThreads) {
+            const int c = i / kCpc;
+            const int q = i - c * kCpc;
+            if (KB > 1 && q >= n_chunks) continue;
+            const __nv_bfloat16* src =
+                p.x + static_cast<int64_t>(col_act[c]) * p.x_stride + static_cast<int64_t>(step) * S::kKS + q * 8;
             cp_async16(b_s + (slot * BN + c) * kLds + q * 8, src, 16);
         }
     };
@@ -221,36 +327,39 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas(W, BN)) mma_kernel(c
         }
     }
 
-    // Pipeline: group P = {raw block 0}; group G_g = {raw block g + 1, activation block g}. P and G_0 ..
-    // G_{kStages-2} are issued before the loop, G_{kb+kStages-1} in step kb. wait<kStages - 1> before the
-    // loop lands P; wait<kStages - 2> in step kb lands G_kb (raw block kb + 1, activation block kb).
-    // Step kb decodes block kb + 1 while its MMAs use block kb, decoded in the step before. One barrier
-    // per step: the slots refilled in step kb were last read in step kb - 1.
+    // Pipeline: group g (issued in step g - kStages, or before step 0 for g < kStages) holds raw step
+    // g and activation step g - 1 (group 0: raw step 0 only); step kb decodes step kb + 1 while its
+    // MMAs use step kb, decoded in the step before. One barrier per step: waiting for all but the
+    // newest kStages - 2 groups completes group kb + 1; the slots refilled in step kb (raw kb % kStages,
+    // activations (kb - 1) % kStages) and the A buffer decoded into ((kb + 1) & 1) were last read in
+    // step kb - 1, before the barrier.
     __syncthreads();  // col_act / col_out
     load_raw(0, 0);
     cp_async_commit();
     for (int g = 0; g < kStages - 1; ++g) {
-        if (g + 1 < p.nblk) load_raw(g + 1, (g + 1) % kStages);
-        if (g < p.nblk) load_b(g, g % kStages);
+        if (g + 1 < nsteps) load_raw(g + 1, (g + 1) % kStages);
+        if (g < nsteps) load_b(g, g % kStages);
         cp_async_commit();
     }
     cp_async_wait<kStages - 1>();
     __syncthreads();
     dequant(0, 0, 0);
 
-    for (int kb = 0; kb < p.nblk; ++kb) {
+    for (int kb = 0; kb < nsteps; ++kb) {
         cp_async_wait<kStages - 2>();
         __syncthreads();
-        if (kb + kStages < p.nblk) load_raw(kb + kStages, kb % kStages);
-        if (kb + kStages - 1 < p.nblk) load_b(kb + kStages - 1, (kb + kStages - 1) % kStages);
+        if (kb + kStages < nsteps) load_raw(kb + kStages, kb % kStages);
+        if (kb + kStages - 1 < nsteps) load_b(kb + kStages - 1, (kb + kStages - 1) % kStages);
         cp_async_commit();
-        if (kb + 1 < p.nblk) dequant(kb + 1, (kb + 1) % kStages, (kb + 1) & 1);
+        if (kb + 1 < nsteps) dequant(kb + 1, (kb + 1) % kStages, (kb + 1) & 1);
         if (warp_cols <= 0) continue;
 
         const __nv_bfloat16* as = a_s + (kb & 1) * kBM * kLds;
         const __nv_bfloat16* bs = b_s + (kb % kStages) * BN * kLds;
+        const int n_ks = 2 * blocks_in(kb);
 #pragma unroll
-        for (int ks = 0; ks < 2; ++ks) {
+        for (int ks = 0; ks < 2 * KB; ++ks) {
+            if (KB > 1 && ks >= n_ks) break;  // warp-uniform
             uint32_t af[MI][4];
             uint32_t bf[NI][2];
 #pragma unroll
@@ -305,15 +414,20 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas(W, BN)) mma_kernel(c
     }
 }
 
-template <Type W, int BN, int WARPS_M, int WARPS_N, bool FUSED>
+template <Type W, typename C, bool FUSED>
 Status launch_mma(const MmaParams& p, int64_t n_col_tiles, cudaStream_t stream) {
-    constexpr size_t smem = MmaShape<W, BN>::kSmem;
-    auto kernel = mma_kernel<W, BN, WARPS_M, WARPS_N, FUSED>;
+    constexpr size_t smem = MmaShape<W, C>::kSmem;
+    static_assert(smem + 1024 <= kSmemPerSm, "one CTA must fit");
+    auto kernel = mma_kernel<W, C, FUSED>;
     if (smem > 48 * 1024) {
         MOE_CUDA_RETURN_IF_ERROR(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     }
     constexpr int kOutRows = FUSED ? kBM / 2 : kBM;
+    // The kernel's 32-bit word offsets from a tile's first row (raw_off).
+    if (p.nb1 * kOutRows + 4 * MmaShape<W, C>::kWR > int64_t{0x7FFFFFFF}) {
+        return invalid_argument("cuda mma_gemm: weight rows of " + std::to_string(p.nb1) + " bytes are too long");
+    }
     const int64_t row_tiles = (p.n_rows + kOutRows - 1) / kOutRows;
     if (row_tiles > static_cast<int64_t>(ops::kMaxGridYZ) || n_col_tiles > int64_t{0x7FFFFFFF}) {
         return internal_error("cuda mma_gemm: grid of " + std::to_string(n_col_tiles) + " x " +
@@ -325,9 +439,9 @@ Status launch_mma(const MmaParams& p, int64_t n_col_tiles, cudaStream_t stream) 
 
 template <Type W, bool FUSED>
 Status launch_mma_bn(const MmaParams& p, int bn, int64_t n_col_tiles, cudaStream_t stream) {
-    if (bn == 128) return launch_mma<W, 128, 2, 4, FUSED>(p, n_col_tiles, stream);
-    if (bn == 64) return launch_mma<W, 64, 4, 2, FUSED>(p, n_col_tiles, stream);
-    return launch_mma<W, 32, 4, 2, FUSED>(p, n_col_tiles, stream);
+    if (bn == 128) return launch_mma<W, MmaCfgFor<W, 128>, FUSED>(p, n_col_tiles, stream);
+    if (bn == 64) return launch_mma<W, MmaCfgFor<W, 64>, FUSED>(p, n_col_tiles, stream);
+    return launch_mma<W, MmaCfgFor<W, 32>, FUSED>(p, n_col_tiles, stream);
 }
 
 // Two F32 per thread -> packed BF16.
@@ -544,3 +658,20 @@ Status gemm_dense(const WeightArg& w, const Tensor& x, float* dst, const OpConte
 }
 
 }  // namespace moe::cuda::mm
+
+namespace moe::cuda {
+
+Status dequant_rows_bf16(const Tensor& w, void* dst, cudaStream_t stream) {
+    if (!supports_matmul_type(w.type) || w.type == Type::F32) {
+        return invalid_argument(std::string("dequant_rows_bf16: no BF16 decode for type ") + type_name(w.type));
+    }
+    if (w.ne[0] % 32 != 0 || w.ne[2] != 1 || w.ne[3] != 1 || w.data == nullptr || dst == nullptr) {
+        return invalid_argument("dequant_rows_bf16: needs 2-D weights with rows of a multiple of 32 and device pointers");
+    }
+    if (w.ne[0] / 32 > int64_t{32} * ops::kMaxGridYZ || w.ne[1] / 4 >= int64_t{0x7FFFFFFF}) {
+        return invalid_argument("dequant_rows_bf16: tensor too large for one launch");
+    }
+    return mm::dequant_bf16(mm::weight_arg(w), 0, w.ne[1], dst, stream);
+}
+
+}  // namespace moe::cuda

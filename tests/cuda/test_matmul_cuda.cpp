@@ -480,6 +480,7 @@ TEST_CASE("cuda MUL_MAT matches the CPU backend on every weight type and batch s
             check_mul_mat(type, 256, 203, rows);   // one partial chunk per row; partial row tiles
             check_mul_mat(type, 1184, 77, rows);   // 37 blocks: two chunks, odd block count
         }
+        check_mul_mat(type, 1184, 77, 64);         // tiles of 64 columns, odd block count (2-block steps)
         check_mul_mat(type, 32, 130, 64);          // one block per row: the pipeline's shortest tail
         check_mul_mat(type, 96, 130, 64);          // three blocks: fewer than the pipeline's stages
         check_mul_mat(type, 320, 129, 6, 2);       // 3-D activations [K, 3, 2]
@@ -508,6 +509,7 @@ TEST_CASE("cuda MUL_MAT_ID matches the CPU backend, B = 1 and B = n_used, idle e
                 check_mul_mat_id(type, s, t, false);
             }
         }
+        check_mul_mat_id(type, shapes[1], 256, true);  // ~34 pairs per expert: tiles of 64 columns
     }
 }
 
@@ -518,11 +520,17 @@ TEST_CASE("cuda MOE_UP_GATE matches the CPU backend (SILU, SWIGLU_OAI with biase
     }
     const MoeShape s{8, 93, 256, 2, {0, 1, 3, 4, 6}};  // experts 2, 5, 7 idle
     const MoeShape short_k{4, 70, 96, 2, {0, 1, 2, 3}};  // K of three blocks (under the pipeline's depth)
+    const MoeShape odd{8, 93, 288, 2, {0, 1, 3, 4, 6}};  // 9 blocks
     for (Type type : kAllTypes) {
         for (int64_t t : kTokenCounts) {
             check_moe_up_gate(type, s, t, Activation::SILU, false);
             check_moe_up_gate(type, s, t, Activation::SWIGLU_OAI, true);
         }
+        // Tiles of 64 columns (~32 pairs per expert), and an odd block count (K = 288: the last 2-block
+        // step has one block) at 64 and 128.
+        check_moe_up_gate(type, s, 128, Activation::SILU, false);
+        check_moe_up_gate(type, odd, 128, Activation::SWIGLU_OAI, true);
+        check_moe_up_gate(type, odd, 512, Activation::SILU, false);
         for (int64_t t : {1, 64, 160}) check_moe_up_gate(type, short_k, t, Activation::SILU, false);
     }
 }
@@ -812,8 +820,22 @@ TEST_CASE("cuda matmul perf (set MOEINFER_GPU_PERF=1)", "[gpu][cuda][matmul][per
     const PerfOp g20_up{"g20 up_gate", Op::MOE_UP_GATE, 2880, 2880, 32, 4, Activation::SWIGLU_OAI, true};
     const PerfOp g20_down{"g20 down", Op::MUL_MAT_ID, 2880, 2880, 32, 4, Activation::SILU, false};
     const PerfOp dense{"dense 2048x4096", Op::MUL_MAT, 2048, 4096, 1, 1, Activation::SILU, false};
+    // MOEINFER_GPU_PERF_T: the batch sizes to time (comma-separated; default 1,512,4096).
+    std::vector<int64_t> batches = {1, 512, 4096};
+    if (const char* ts = std::getenv("MOEINFER_GPU_PERF_T")) {
+        batches.clear();
+        for (const char* c = ts; *c != '\0';) {
+            char* end = nullptr;
+            const long long v = std::strtoll(c, &end, 10);
+            REQUIRE(end != c);
+            REQUIRE(v > 0);
+            batches.push_back(v);
+            c = *end == ',' ? end + 1 : end;
+            REQUIRE((*c == '\0' || *end == ','));
+        }
+    }
     std::printf("\ncuda matmul perf (median of 10 event-timed runs)\n");
-    for (int64_t t : {int64_t{1}, int64_t{512}, int64_t{4096}}) {
+    for (int64_t t : batches) {
         for (Type type : {Type::Q8_0, Type::Q4_0, Type::BF16}) {
             perf_case(q30_up, type, t);
             perf_case(q30_down, type, t);
@@ -824,7 +846,7 @@ TEST_CASE("cuda matmul perf (set MOEINFER_GPU_PERF=1)", "[gpu][cuda][matmul][per
         }
         for (Type type : {Type::Q8_0, Type::BF16}) perf_case(dense, type, t);
     }
-    perf_case(dense, Type::Q8_0, 128);  // the tensor-core kernel's dense mode
+    if (std::getenv("MOEINFER_GPU_PERF_T") == nullptr) perf_case(dense, Type::Q8_0, 128);  // the kernel's dense mode
 }
 
 #endif  // MOEINFER_HAS_CUDA
