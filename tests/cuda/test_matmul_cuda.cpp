@@ -33,6 +33,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -480,6 +481,9 @@ TEST_CASE("cuda MUL_MAT matches the CPU backend on every weight type and batch s
             check_mul_mat(type, 256, 203, rows);   // one partial chunk per row; partial row tiles
             check_mul_mat(type, 1184, 77, rows);   // 37 blocks: two chunks, odd block count
         }
+        // GEMV rows of 5 and 3 chunks of 32 blocks (the prefetch loop past two chunks), odd row counts.
+        for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{8}}) check_mul_mat(type, 4128, 45, rows);
+        for (int64_t rows : {int64_t{1}, int64_t{5}}) check_mul_mat(type, 2080, 45, rows);
         check_mul_mat(type, 1184, 77, 64);         // tiles of 64 columns, odd block count (2-block steps)
         check_mul_mat(type, 32, 130, 64);          // one block per row: the pipeline's shortest tail
         check_mul_mat(type, 96, 130, 64);          // three blocks: fewer than the pipeline's stages
@@ -510,6 +514,13 @@ TEST_CASE("cuda MUL_MAT_ID matches the CPU backend, B = 1 and B = n_used, idle e
             }
         }
         check_mul_mat_id(type, shapes[1], 256, true);  // ~34 pairs per expert: tiles of 64 columns
+        // GEMV rows of 3 and 5 chunks of 32 blocks, odd row counts.
+        for (const MoeShape& sk : {MoeShape{4, 45, 2080, 2, {0, 1, 3}}, MoeShape{3, 21, 4128, 2, {0, 1, 2}}}) {
+            for (int64_t t : {int64_t{1}, int64_t{5}}) {
+                check_mul_mat_id(type, sk, t, true);
+                check_mul_mat_id(type, sk, t, false);
+            }
+        }
     }
 }
 
@@ -532,6 +543,13 @@ TEST_CASE("cuda MOE_UP_GATE matches the CPU backend (SILU, SWIGLU_OAI with biase
         check_moe_up_gate(type, odd, 128, Activation::SWIGLU_OAI, true);
         check_moe_up_gate(type, odd, 512, Activation::SILU, false);
         for (int64_t t : {1, 64, 160}) check_moe_up_gate(type, short_k, t, Activation::SILU, false);
+        // GEMV rows of 3 and 5 chunks of 32 blocks, odd row counts.
+        for (const MoeShape& sk : {MoeShape{4, 45, 2080, 2, {0, 1, 3}}, MoeShape{3, 21, 4128, 2, {0, 1, 2}}}) {
+            for (int64_t t : {int64_t{1}, int64_t{5}}) {
+                check_moe_up_gate(type, sk, t, Activation::SILU, false);
+                check_moe_up_gate(type, sk, t, Activation::SWIGLU_OAI, true);
+            }
+        }
     }
 }
 
@@ -540,8 +558,9 @@ TEST_CASE("cuda MUL_MAT_ID: out-of-range ids give NaN columns and raise kErrorBa
         WARN("skipped: no CUDA device");
         return;
     }
-    const int64_t k = 256, n = 45, n_expert = 4, n_used = 2;
-    for (int64_t n_tokens : {int64_t{1}, int64_t{33}}) {
+    const int64_t n = 45, n_expert = 4, n_used = 2;
+    // K = 2080: GEMV rows of 3 chunks of 32 blocks.
+    for (const auto& [k, n_tokens] : {std::pair<int64_t, int64_t>{256, 1}, {256, 33}, {2080, 1}, {2080, 3}}) {
         const HostTensor w = random_weights(Type::Q8_0, k, n, n_expert);
         const HostTensor x = random_acts({k, 1, n_tokens});
         HostTensor ids = random_ids(n_used, n_tokens, {0, 1, 2, 3});
@@ -564,7 +583,7 @@ TEST_CASE("cuda MUL_MAT_ID: out-of-range ids give NaN columns and raise kErrorBa
                 }
             }
         }
-        INFO("T = " << n_tokens);
+        INFO("K = " << k << ", T = " << n_tokens);
         CHECK(wrong == 0);
     }
 }
