@@ -3,8 +3,8 @@
 # run goes A, B, A, B (machines differ by several % between device calls, so only runs of one call compare).
 #   scripts/device_ab.sh A_DIR B_DIR OUT_DIR [GROUP...]
 # Groups: tg (all-GPU tg128, Q30-16 / G20 / Q30-48), hybrid_tg (the same with -ot exps=CPU), pp (all-GPU
-# pp512, and pp4096 with -ub 4096). JSON per run in
-# OUT_DIR; a line per run with the median t/s. Default: tg hybrid_tg. SPECS="spec ..." narrows the models.
+# pp512, and pp4096 with -ub 4096). JSON per run in OUT_DIR; a line per run with the median t/s.
+# Default: tg hybrid_tg. SPECS="spec ..." narrows the models.
 set -uo pipefail
 a=$1; b=$2; out=$3; shift 3
 groups=${*:-tg hybrid_tg}
