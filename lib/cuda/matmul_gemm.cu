@@ -17,7 +17,8 @@
 //     column fragments past the tile's last column skip their MMAs (warp-uniform).
 // Chosen by a same-call A/B of compiled variants (PERF.md, 2026-11-23): 2-block steps, unguarded
 // copies and the BF16 decode of Q4_0 / MXFP4 together gave all-GPU pp512 +23% (Q30 Q8_0) and +21%
-// (G20 MXFP4) over one block in 4 stages; 256-row tiles were slower.
+// (G20 MXFP4) over one block in 4 stages compiled alongside, ~+10% / ~+20% over the previous kernel
+// (measured in another call); 256-row tiles were slower.
 // Routed mode: a CTA's blockIdx.x is a column tile of one expert, found by binary search in the
 // per-expert tile prefix (built on the device); CTAs past the last tile exit at once, so the grid can
 // be sized on the host from an upper bound without reading the routing back. Tiles are wider than the
