@@ -50,9 +50,10 @@ Status moe_up_gate(Tensor& dst, const OpContext& ctx);
 bool supports_matmul_type(Type weight_type);
 // Device scratch a MUL_MAT / MUL_MAT_ID / MOE_UP_GATE node needs (0 if none).
 size_t matmul_scratch_bytes(const Tensor& node);
-// The 2-D weight w (device memory) as BF16 rows of w.ne[0] at dst (device, w.ne[1] rows): the decode
-// the tensor-core kernel and the cuBLAS path's dequantisation share (decode_half_bf16), each value
-// RN(to_float) of the CPU's traits, bit for bit up to NaN payloads. For tests.
+// The 2-D weight w (device memory, any type but F32) as BF16 rows of w.ne[0] at dst (device memory,
+// w.ne[1] rows): the decode the tensor-core kernel and the cuBLAS path's dequantisation share
+// (decode_half_bf16), each value RN(to_float) of the CPU's traits, bit for bit up to NaN payloads.
+// For tests; weights are checked as for MUL_MAT.
 Status dequant_rows_bf16(const Tensor& w, void* dst, cudaStream_t stream);
 
 // Everything else (cuda/ops_*.cu).

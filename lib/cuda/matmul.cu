@@ -418,6 +418,17 @@ Status mul_mat_id(Tensor& dst, const OpContext& ctx) {
     return mm::moe_run(a, ctx);
 }
 
+Status dequant_rows_bf16(const Tensor& w, void* dst, cudaStream_t stream) {
+    MOE_RETURN_IF_ERROR(check_weights("dequant_rows_bf16", "w", &w, 2));
+    if (w.type == Type::F32) return unimplemented("dequant_rows_bf16: F32 weights have no BF16 decode");
+    if (w.ne[0] == 0 || w.ne[1] == 0) return Status::ok();
+    if (dst == nullptr) return invalid_argument("dequant_rows_bf16: dst is null");
+    if (w.ne[0] / kQK > int64_t{32} * ops::kMaxGridYZ) {
+        return unimplemented("dequant_rows_bf16: rows of " + std::to_string(w.ne[0]) + " elements are too long");
+    }
+    return mm::dequant_bf16(mm::weight_arg(w), 0, w.ne[1], dst, stream);
+}
+
 Status moe_up_gate(Tensor& dst, const OpContext& ctx) {
     MOE_ASSIGN_OR_RETURN(const mm::MoeArgs a, parse_moe_up_gate(dst));
     MOE_RETURN_IF_ERROR(check_scratch("MOE_UP_GATE", mm::moe_scratch(a), ctx));

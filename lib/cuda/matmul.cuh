@@ -117,6 +117,8 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
 
 // Converts `rows` rows of x to BF16 rows of k elements, contiguous, into dst.
 Status prepare_bf16(const RowsF32& x, int64_t rows, int64_t k, void* dst, cudaStream_t stream);
+// Weight rows [r0, r0 + rows) of w (expert 0) -> BF16 rows of w.k at dst (decode_half_bf16).
+Status dequant_bf16(const WeightArg& w, int64_t r0, int64_t rows, void* dst, cudaStream_t stream);
 
 // Expert grouping for the grouped kernel: the pairs of expert e are perm[seg_off[e] .. seg_off[e+1])
 // and own column tiles tile_off[e] .. tile_off[e+1] of `bn` columns.

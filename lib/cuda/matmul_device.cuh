@@ -241,22 +241,15 @@ __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t 
 }
 
 // decode_half's 16 values as 8 packed BF16 pairs: the same values, rounded to BF16 (RN), bit for bit,
-// except that NaNs (inf / NaN scales only) may carry another payload. Q8_0 takes the byte-permute
-// conversion above (signed bytes biased by 128 first). Q4_0 and MXFP4 compute in BF16 (fma.bf16x2,
-// two values per instruction instead of F32 products and conversions: MXFP4 expert GEMMs +5-9% in the
-// session-6 A/B, Q4_0 unchanged):
-// - MXFP4: the doubled e2m1 values k (0, 1, 2, 3, 4, 6, 8, 12, signed) are built as BF16 bit patterns
-//   by byte permutes (nibble 8, "-0", gives +0 like mxfp4_lut4), and the scale 2^(e - 128) is a BF16
-//   exactly (e8m0_half's low 16 bits are 0). k * scale is (1 or 1.5) * 2^n with n >= -128: exact in
-//   F32 and in BF16 (whose subnormals reach 2^-133) up to n = 127, and inf in both from n = 128. So
-//   the BF16 product (fma with -0: RN(x + -0) = x, zero signs kept) is RN(F32 k * scale).
-// - Q4_0: q = n - 8 comes out exact (BF16 128 + n, the nibble in the mantissa of 2^7, minus 136). The
-//   FP16 scale d (11 significant bits) splits into dh, its top 8 bits (a BF16), and dl = d - dh (the
-//   other <= 3 bits: exact, and exactly a BF16). q * dl has <= 6 significant bits, so it is exact in
-//   BF16, and fma(q, dh, q * dl) = RN(q * d) with one rounding, like RN(F32 q * d), which is exact
-//   (15 bits). dl takes d's sign when it is 0, so that q = 0 gives the zero of d's sign, as the F32
-//   product does. Non-finite d: dh = d (NaN as a quiet NaN: truncating an FP16 NaN could give inf),
-//   dl = 0, so that q * inf = +-inf and 0 * inf = NaN as in F32.
+// except that NaNs (inf / NaN scales only) may carry another payload. Q8_0 and Q4_0 take the
+// byte-permute conversion above (Q8_0's signed bytes biased by 128 first). MXFP4 computes in BF16
+// (fma.bf16x2, two values per instruction instead of F32 products and conversions: its expert GEMMs
+// +5-9% in the session-6 A/B, where the same change for Q4_0 gained nothing):
+// the doubled e2m1 values k (0, 1, 2, 3, 4, 6, 8, 12, signed) are built as BF16 bit patterns by byte
+// permutes (nibble 8, "-0", gives +0 like mxfp4_lut4), and the scale 2^(e - 128) is a BF16 exactly
+// (e8m0_half's low 16 bits are 0). k * scale is (1 or 1.5) * 2^n with n >= -128: exact in F32 and in
+// BF16 (whose subnormals reach 2^-133) up to n = 127, and inf in both from n = 128. So the BF16
+// product (fma with -0: RN(x + -0) = x, zero signs kept) is RN(F32 k * scale).
 // tests/cuda/test_decode_bf16.cpp checks every scale and value against the CPU's dequantisation.
 template <Type W>
 __device__ __forceinline__ void decode_half_bf16(const uint32_t* s, int off, int h, uint32_t (&out)[8]) {
@@ -292,20 +285,9 @@ __device__ __forceinline__ void decode_half_bf16(const uint32_t* s, int off, int
         uint32_t q[4];
         float d;
         nibble_block<W>(s, off, d, q);
-        const uint32_t dh = isnan(d) ? 0x7FC00000u : (__float_as_uint(d) & 0xFFFF0000u);
-        const float dl = isfinite(d) ? copysignf(d - __uint_as_float(dh), d) : copysignf(0.0f, d);
-        const uint32_t dh2 = dh | (dh >> 16);
-        const uint32_t dlb = __float_as_uint(dl) >> 16;
-        const uint32_t dl2 = dlb | (dlb << 16);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const uint32_t nib = (q[i] >> (4 * h)) & 0x0F0F0F0Fu;
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                const uint32_t biased = __byte_perm(nib, 0x43434343u, k == 0 ? 0x4140u : 0x4342u);  // 128 + n
-                const uint32_t v = fma_bf16x2(biased, 0x3F803F80u, 0xC308C308u);                    // * 1 - 136
-                out[2 * i + k] = fma_bf16x2(v, dh2, fma_bf16x2(v, dl2, kNegZero2));
-            }
+            bytes_scaled_bf16((q[i] >> (4 * h)) & 0x0F0F0F0Fu, kMagic + 8.0f, d, out[2 * i], out[2 * i + 1]);
         }
     } else {
         float v[16];

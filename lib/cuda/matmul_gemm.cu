@@ -16,9 +16,8 @@
 //   - ldmatrix feeds the MMAs; rows padded by 8 BF16 so the ldmatrix reads are free of bank conflicts;
 //     column fragments past the tile's last column skip their MMAs (warp-uniform).
 // Chosen by a same-call A/B of compiled variants (PERF.md, 2026-11-23): 2-block steps, unguarded
-// copies and the BF16 decode of Q4_0 / MXFP4 together gave all-GPU pp512 +23% (Q30 Q8_0) and +21%
-// (G20 MXFP4) over one block in 4 stages compiled alongside, ~+10% / ~+20% over the previous kernel
-// (measured in another call); 256-row tiles were slower.
+// copies and the BF16 decode of MXFP4 together gave all-GPU pp512 ~+10% (Q30 Q8_0) and ~+20% (G20
+// MXFP4) over the one-block, 4-stage kernel before them; 256-row tiles were slower.
 // Routed mode: a CTA's blockIdx.x is a column tile of one expert, found by binary search in the
 // per-expert tile prefix (built on the device); CTAs past the last tile exit at once, so the grid can
 // be sized on the host from an upper bound without reading the routing back. Tiles are wider than the
@@ -427,7 +426,8 @@ Status launch_mma(const MmaParams& p, int64_t n_col_tiles, cudaStream_t stream) 
     constexpr int kOutRows = FUSED ? kBM / 2 : kBM;
     // The kernel's 32-bit word offsets from a tile's first row (raw_off).
     if (p.nb1 * kOutRows + 4 * MmaShape<W, C>::kWR > int64_t{0x7FFFFFFF}) {
-        return invalid_argument("cuda mma_gemm: weight rows of " + std::to_string(p.nb1) + " bytes are too long");
+        return unimplemented("cuda mma_gemm: weight rows of " + std::to_string(p.nb1) +
+                             " bytes are too long for the tensor-core kernel");
     }
     const int64_t row_tiles = (p.n_rows + kOutRows - 1) / kOutRows;
     if (row_tiles > static_cast<int64_t>(ops::kMaxGridYZ) || n_col_tiles > int64_t{0x7FFFFFFF}) {
@@ -530,6 +530,8 @@ DenseLayout dense_layout(const WeightArg& w, const Tensor& x, Carver& c) {
     return l;
 }
 
+}  // namespace
+
 Status dequant_bf16(const WeightArg& w, int64_t r0, int64_t rows, void* dst, cudaStream_t stream) {
     const int nblk = static_cast<int>(w.k / 32);
     return with_weight_type(w.type, [&](auto wt) -> Status {
@@ -539,8 +541,6 @@ Status dequant_bf16(const WeightArg& w, int64_t r0, int64_t rows, void* dst, cud
                              w.data, w.end, w.nb1, rows, nblk, static_cast<__nv_bfloat16*>(dst));
     });
 }
-
-}  // namespace
 
 int mma_tile_cols(double cols_per_group) {
     if (cols_per_group >= 96.0) return 128;
@@ -659,20 +659,3 @@ Status gemm_dense(const WeightArg& w, const Tensor& x, float* dst, const OpConte
 }
 
 }  // namespace moe::cuda::mm
-
-namespace moe::cuda {
-
-Status dequant_rows_bf16(const Tensor& w, void* dst, cudaStream_t stream) {
-    if (!supports_matmul_type(w.type) || w.type == Type::F32) {
-        return invalid_argument(std::string("dequant_rows_bf16: no BF16 decode for type ") + type_name(w.type));
-    }
-    if (w.ne[0] % 32 != 0 || w.ne[2] != 1 || w.ne[3] != 1 || w.data == nullptr || dst == nullptr) {
-        return invalid_argument("dequant_rows_bf16: needs 2-D weights with rows of a multiple of 32 and device pointers");
-    }
-    if (w.ne[0] / 32 > int64_t{32} * ops::kMaxGridYZ || w.ne[1] / 4 >= int64_t{0x7FFFFFFF}) {
-        return invalid_argument("dequant_rows_bf16: tensor too large for one launch");
-    }
-    return mm::dequant_bf16(mm::weight_arg(w), 0, w.ne[1], dst, stream);
-}
-
-}  // namespace moe::cuda

@@ -13,9 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <numeric>
 #include <random>
-#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -61,7 +59,7 @@ size_t mismatches(moe::test::Device& dev, Type type, const std::vector<uint8_t>&
             const uint16_t got = gpu[static_cast<size_t>(r * k + i)];
             const bool same = bf16_is_nan(want) ? bf16_is_nan(got) : got == want;
             if (!same && ++bad <= 5) {
-                UNSCOPED_INFO(moe::type_name(type) << " row " << r << " element " << i << ": cpu " << ref[i]
+                UNSCOPED_INFO(moe::type_name(type) << " row " << r << " element " << i << ": cpu " << ref[static_cast<size_t>(i)]
                                                    << " -> bf16 0x" << std::hex << want << ", gpu 0x" << got
                                                    << std::dec);
             }
@@ -70,8 +68,8 @@ size_t mismatches(moe::test::Device& dev, Type type, const std::vector<uint8_t>&
     return bad;
 }
 
-// n_scales blocks per value pattern: scale s (written by put_scale) with the quantised values of
-// `values` (each 0..n_values-1 once per block group), shuffled within each block.
+// For each of n_scales scales (written by put_scale), enough blocks to hold every quantised value
+// 0 .. n_values-1 at least once (put_value), shuffled over those blocks.
 template <typename PutScale, typename PutValue>
 std::vector<uint8_t> all_scales_blocks(Type type, int n_scales, int n_values, std::mt19937_64& rng, PutScale put_scale,
                                        PutValue put_value) {

@@ -553,6 +553,24 @@ TEST_CASE("cuda MOE_UP_GATE matches the CPU backend (SILU, SWIGLU_OAI with biase
     }
 }
 
+// Weights end where their tensor-core tiles end: a row count that is a multiple of the row tile (128,
+// 64 for the fused up / gate halves) and an odd block count (the last 2-block k-step has one block), so
+// the CTA of the last rows must fall back to guarded loads: its unguarded copy of the last step's words
+// would run past the tensor. Each tensor is a cudaMalloc of its own size: run this case under
+// `compute-sanitizer --tool memcheck` to see that no load leaves it (results are checked as usual).
+TEST_CASE("cuda tensor-core GEMM reads nothing past its weights (run under compute-sanitizer)", "[gpu][cuda][matmul]") {
+    if (moe::cuda::device_count() == 0) {
+        WARN("skipped: no CUDA device");
+        return;
+    }
+    const MoeShape edge{4, 128, 288, 2, {0, 1, 2, 3}};  // expert 3's last rows end the tensor
+    for (Type type : {Type::Q8_0, Type::Q4_0, Type::MXFP4, Type::F16}) {
+        check_mul_mat(type, 288, 128, 64);
+        check_mul_mat_id(type, edge, 96, false);
+        check_moe_up_gate(type, edge, 96, Activation::SILU, false);
+    }
+}
+
 TEST_CASE("cuda MUL_MAT_ID: out-of-range ids give NaN columns and raise kErrorBadIndex", "[gpu][cuda][matmul]") {
     if (moe::cuda::device_count() == 0) {
         WARN("skipped: no CUDA device");
