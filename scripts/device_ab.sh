@@ -4,7 +4,8 @@
 #   scripts/device_ab.sh A_DIR B_DIR OUT_DIR [GROUP...]
 # Groups: tg (all-GPU tg128, Q30-16 / G20 / Q30-48), hybrid_tg (the same with -ot exps=CPU), pp (all-GPU
 # pp512, and pp4096 with -ub 4096). JSON per run in OUT_DIR; a line per run with the median t/s.
-# Default: tg hybrid_tg. SPECS="spec ..." narrows the models.
+# Default: tg hybrid_tg. SPECS="spec ..." narrows the models; REPS (default 3) repetitions per run (-r),
+# ROUNDS (default 2) A/B rounds.
 set -uo pipefail
 a=$1; b=$2; out=$3; shift 3
 groups=${*:-tg hybrid_tg}
@@ -17,7 +18,7 @@ mkdir -p "$out"
 run() {  # side (A or B), tag, then moeinfer-bench arguments
   local side=$1 tag=$2; shift 2
   local bin=$a; [ "$side" = B ] && bin=$b
-  LD_LIBRARY_PATH="$bin/lib:${LD_LIBRARY_PATH:-}" "$bin/bin/moeinfer-bench" --synthetic-dir $dir --device cuda -r 3 \
+  LD_LIBRARY_PATH="$bin/lib:${LD_LIBRARY_PATH:-}" "$bin/bin/moeinfer-bench" --synthetic-dir $dir --device cuda -r "${REPS:-3}" \
     -o json "$@" > "$out/${tag}_$side.json" 2> "$out/${tag}_$side.err" || { echo "FAILED: $tag $side"; return; }
   python3 - "$out/${tag}_$side.json" "$tag" "$side" <<'PY'
 import json, statistics, sys
@@ -30,7 +31,7 @@ for g in $groups; do
   for spec in ${SPECS:-"$Q30" "$G20" "$Q48"}; do
     tag=$(echo "$spec" | grep -q gpt-oss && echo g20 || (echo "$spec" | grep -q layers=48 && echo q48 || echo q30))
     extra=(); [ "$g" = hybrid_tg ] && extra=(-ot exps=CPU)
-    for k in 1 2; do
+    for k in $(seq 1 "${ROUNDS:-2}"); do
       for side in A B; do
         if [ "$g" = pp ]; then
           run $side pp512_${tag}_$k --synthetic "$spec" -p 512 -n 0

@@ -32,7 +32,8 @@ struct OpContext {
     // GEMV nodes: the activation's Q8 rows, already written by a fused RMS_NORM (fusion_plan.h); the
     // node then skips its own quantisation. nullptr: quantise as usual.
     const void* q8_act = nullptr;
-    // RMS_NORM (row chains): also write the result as Q8 rows here. nullptr: don't.
+    // RMS_NORM (row chains) and ATTENTION (attention_writes_q8): also write the result as Q8 rows here.
+    // nullptr: don't.
     void* q8_out = nullptr;
     // Split-K attention merges in the kernel with these counters (kAttnCounters, zero between
     // launches); nullptr: a separate merge kernel.

@@ -292,23 +292,46 @@ bool item_writes(const LaunchItem& it, const ByteRange& r) {
     return false;
 }
 
+// The tensor whose Q8 rows item `it` can write, and their length, or nullptr: a row chain's norm
+// (rows of its own length) or an FP32-kernel attention (a row of n_head * D values per token).
+const Tensor* q8_result(const LaunchItem& it, int64_t& row_len) {
+    if (it.kind == FusedKind::kRowChain) {
+        const Tensor* norm = it.part[static_cast<size_t>(it.n_part - 1)];
+        row_len = norm->ne[0];
+        return norm;
+    }
+    if (it.kind == FusedKind::kNone && it.node->op == Op::ATTENTION && attention_writes_q8(*it.node)) {
+        row_len = it.node->ne[0] * it.node->ne[1];
+        return it.node;
+    }
+    return nullptr;
+}
+
+// Whether GEMV activation `act` reads exactly the Q8 rows of length row_len that `res` would write.
+bool reads_q8_rows(const Tensor& act, const Tensor& res, int64_t row_len) {
+    return act.data == res.data && act.ne[0] == row_len && act.n_rows() * row_len == res.n_elements() &&
+           dense_rows(act) && dense_rows(res);
+}
+
 void assign_slots(FusionPlan& plan) {
     std::array<size_t, kMaxQ8Slots> busy_until{};  // item index of a slot's last consumer (+1; 0 = free)
     std::vector<size_t> consumers;
     for (size_t p = 0; p < plan.items.size(); ++p) {
         LaunchItem& prod = plan.items[p];
-        if (prod.kind != FusedKind::kRowChain) continue;
-        const Tensor& norm = *prod.part[static_cast<size_t>(prod.n_part - 1)];
-        if (norm.ne[0] % 32 != 0 || norm.n_rows() > kMaxGroupRows || !dense_rows(norm)) continue;
-        const ByteRange r = byte_range(norm);
+        int64_t row_len = 0;
+        const Tensor* res = q8_result(prod, row_len);
+        if (res == nullptr || row_len <= 0) continue;
+        const int64_t n_rows = res->n_elements() / row_len;
+        if (row_len % 32 != 0 || n_rows > kMaxGroupRows || !dense_rows(*res)) continue;
+        const ByteRange r = byte_range(*res);
         consumers.clear();
         for (size_t q = p + 1; q < plan.items.size(); ++q) {
             const LaunchItem& c = plan.items[q];
             if ((c.kind == FusedKind::kNone || c.kind == FusedKind::kGemvGroup) && c.q8_in < 0) {
                 const Tensor* act = gemv_q8_activation(*c.node);
-                if (act != nullptr && same_rows(*act, norm)) consumers.push_back(q);
+                if (act != nullptr && reads_q8_rows(*act, *res, row_len)) consumers.push_back(q);
             }
-            if (item_writes(c, r)) break;  // the norm's result changes: later readers quantise themselves
+            if (item_writes(c, r)) break;  // the result changes: later readers quantise themselves
         }
         if (consumers.empty()) continue;
         int slot = -1;
@@ -323,7 +346,7 @@ void assign_slots(FusionPlan& plan) {
         prod.q8_out = slot;
         for (size_t q : consumers) plan.items[q].q8_in = slot;
         plan.n_slots = std::max(plan.n_slots, slot + 1);
-        plan.slot_bytes = std::max(plan.slot_bytes, static_cast<size_t>(norm.n_rows()) * q8_row_bytes(norm.ne[0]));
+        plan.slot_bytes = std::max(plan.slot_bytes, static_cast<size_t>(n_rows) * q8_row_bytes(row_len));
     }
 }
 

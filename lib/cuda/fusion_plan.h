@@ -12,7 +12,9 @@
 //               KV cache], one block (per-head norms, rotation and cache writes of every head).
 // A Q8 activation slot holds the norm's result as the GEMV kernels read it (int8 rows and a scale per
 // 32 values, exactly what their own quantisation would write): the GEMV nodes that read that tensor
-// later (q, k, v; the experts' up/gate) take it from the slot instead of quantising it again.
+// later (q, k, v; the experts' up/gate) take it from the slot instead of quantising it again. An
+// ATTENTION node on the FP32 kernel fills a slot the same way for the output projection, which reads
+// its result as rows of n_head * D values.
 //
 // Correctness rests on memory ranges: parts of a launch are consecutive nodes; a fused kernel reads
 // every input of a row before writing any output of it and writes outputs in node order, and where
@@ -46,7 +48,8 @@ struct LaunchItem {
     std::array<Tensor*, kMaxParts> part{};  // every node this launch computes, in span order
     int n_part = 1;
     int q8_in = -1;   // the activation's Q8 rows are ready in this slot (GEMV nodes, kGemvGroup)
-    int q8_out = -1;  // the RMS_NORM's result is also written to this slot as Q8 rows (kRowChain)
+    int q8_out = -1;  // the result (kRowChain: the RMS_NORM's; an ATTENTION node's) is also written to
+                      // this slot as Q8 rows
 
     // What the launch does besides its nodes' own words (for CUDA graph signatures).
     uint64_t tag() const {
@@ -67,6 +70,9 @@ struct FusionPlan {
 const Tensor* gemv_q8_activation(const Tensor& node);
 // True when MUL_MAT `node` passes its checks and takes the GEMV path.
 bool mul_mat_takes_gemv(const Tensor& node);
+// True when ATTENTION `node` passes its checks and can also write its result as Q8 rows of n_head * D
+// values per token (ops_attention.cu: the FP32 kernel, dense output).
+bool attention_writes_q8(const Tensor& node);
 
 // Bytes of one Q8 activation row of k values as the GEMV kernels read it: int8 qs[k], float d[k / 32],
 // rounded up to 16.

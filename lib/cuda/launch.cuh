@@ -9,12 +9,19 @@
 //   - Every kernel begins with pdl_grid_sync(): every thread waits (griddepcontrol.wait) until the
 //     previous grid of the stream has completed and its memory is visible. Without a programmatic
 //     predecessor the wait returns at once; below sm_90 it compiles to nothing.
-//   - No kernel triggers its dependents (griddepcontrol.launch_dependents): the trigger is then implicit
-//     once all of a grid's blocks have exited, so the next grid's launch overlaps only the previous
-//     grid's completion (memory flush, retirement). Triggering right after the wait was measured slower
-//     (Q30-16 all-GPU tg128 -3%, docs/PERF.md): the next grid's blocks then start as soon as the last
-//     wave of this one is resident and are placed on whichever SMs have room, i.e. packed onto the SMs
-//     that freed first, so a memory-bound GEMV of one block per few rows runs on part of the GPU.
+//   - Large grids do not trigger their dependents (griddepcontrol.launch_dependents): the trigger is then
+//     implicit once all of a grid's blocks have exited, so the next grid's launch overlaps only the
+//     previous grid's completion (memory flush, retirement). Triggering right after the wait in every
+//     kernel was measured slower (Q30-16 all-GPU tg128 -3%, docs/PERF.md): the next grid's blocks then
+//     start as soon as the last wave of this one is resident and are placed on whichever SMs have room,
+//     i.e. packed onto the SMs that freed first, so a memory-bound GEMV of one block per few rows runs
+//     on part of the GPU.
+//   - Small grids (at most kPdlEarlyTriggerBlocks blocks: the decode step's row chains, attention
+//     prologue, attention, router and activation quantisation) trigger right after their wait
+//     (pdl_grid_sync_small()): they occupy a few SMs, so the next grid's blocks are spread over the
+//     rest, resident and parked at their own wait when the small kernel ends, and the next kernel's
+//     launch and block ramp-up (~2 us per GEMV under ncu) overlap the small kernel. The trigger only
+//     lets the next grid launch: its wait still returns after this grid has completed.
 //
 // Why this keeps stream order exact:
 //   - Nothing of a kernel runs before its wait (no global read, no global write, no early return), so a
@@ -52,6 +59,17 @@ __device__ __forceinline__ void pdl_grid_sync() {
 #endif
 }
 
+// Grids of at most this many blocks trigger their dependents early (see above).
+constexpr unsigned int kPdlEarlyTriggerBlocks = 32;
+
+// pdl_grid_sync(), then, in a grid of at most kPdlEarlyTriggerBlocks blocks, the early trigger.
+__device__ __forceinline__ void pdl_grid_sync_small() {
+    pdl_grid_sync();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (gridDim.x * gridDim.y * gridDim.z <= kPdlEarlyTriggerBlocks) asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 // Whether launch_kernel() on this thread launches with PDL (false outside any PdlScope).
 bool pdl_launches();
 
@@ -68,25 +86,42 @@ private:
     bool prev_;
 };
 
-// Queues kernel<<<grid, block, smem, stream>>>(args...), with PDL when pdl_launches(); the Status
-// names `name` on a launch error (which is cleared, so that it does not resurface at a later check).
+// Queues kernel<<<grid, block, smem, stream>>>(args...) in clusters of cluster_x blocks along x (1:
+// no clusters; sm_90 thread block clusters, at most 8 for a portable size), with PDL when
+// pdl_launches(); the Status names `name` on a launch error (which is cleared, so that it does not
+// resurface at a later check).
 template <typename... Params, typename... Args>
-Status launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                     cudaStream_t stream, Args&&... args) {
-    cudaLaunchAttribute attr[1] = {};
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    const bool pdl = pdl_launches();
+Status launch_kernel_clusters(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                              cudaStream_t stream, unsigned int cluster_x, Args&&... args) {
+    cudaLaunchAttribute attr[2] = {};
+    unsigned int n_attr = 0;
+    if (pdl_launches()) {
+        attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n_attr++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_x > 1) {
+        attr[n_attr].id = cudaLaunchAttributeClusterDimension;
+        attr[n_attr].val.clusterDim.x = cluster_x;
+        attr[n_attr].val.clusterDim.y = 1;
+        attr[n_attr++].val.clusterDim.z = 1;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cfg.attrs = pdl ? attr : nullptr;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.attrs = n_attr > 0 ? attr : nullptr;
+    cfg.numAttrs = n_attr;
     const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
     if (err != cudaSuccess) (void)cudaGetLastError();
     return cuda_status(err, name);
+}
+
+// The same without clusters.
+template <typename... Params, typename... Args>
+Status launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                     cudaStream_t stream, Args&&... args) {
+    return launch_kernel_clusters(name, kernel, grid, block, smem, stream, 1u, std::forward<Args>(args)...);
 }
 
 }  // namespace moe::cuda

@@ -316,7 +316,7 @@ constexpr int kQuantWarps = 8;
 
 __global__ void __launch_bounds__(kQuantWarps * 32) quantize_q8_kernel(const RowsF32 x, int64_t rows, int nblk,
                                                                          int64_t k, uint8_t* dst, int64_t stride) {
-    pdl_grid_sync();
+    pdl_grid_sync_small();
     const int64_t i = static_cast<int64_t>(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
     if (i >= rows * nblk) return;  // whole warps leave together
     const int lane = static_cast<int>(threadIdx.x) & 31;

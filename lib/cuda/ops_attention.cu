@@ -24,11 +24,16 @@
 // The split count is chosen on the host from the shapes alone (positions are on the device); each
 // block computes its real key range from the positions, so the choice only affects speed.
 //
+// Decoding (one row per warp) runs an instance compiled for one row, without the 8-row loops and
+// registers. Where the output projection is a GEMV, the kernel also writes its result as that GEMV's
+// Q8 activation rows (fusion_plan.h), which saves the projection's quantisation launch.
+//
 // Supported head sizes: D in {32, 64, 96, 128, 256}; K and V of one type (F16 or F32).
 #include <algorithm>
 #include <cmath>
 #include <string>
 
+#include "cuda/fusion_plan.h"
 #include "cuda/launch.cuh"
 #include "cuda/ops_attention_mma.cuh"
 #include "cuda/ops_common.cuh"
@@ -62,7 +67,23 @@ struct AttnArgs {
     int rows_per_warp;
     int n_split;
     bool kv_vec;  // K and V rows are 16-byte aligned: tiles load in 16-byte chunks
+    // The result also as Q8 activation rows (ctx.q8_out; nullptr: none): token t's row at q8 + t *
+    // q8_stride, int8 values of the n_head * D outputs, then their float scales per 32. A warp writes
+    // a head's D outputs 32 at a time, so each Q8 block is one warp_quantize_q8_block, the rounding
+    // quantize_q8_kernel would apply to the float result.
+    uint8_t* q8;
+    int64_t q8_stride;
 };
+
+// Writes output value o of (token t, head h, element lane + 32 * i) into the Q8 rows; every lane of
+// the warp calls it with the same t, h, i.
+template <int D>
+__device__ __forceinline__ void store_q8(const AttnArgs& a, int64_t t, int64_t h, int i, float o, int lane) {
+    uint8_t* row = a.q8 + t * a.q8_stride;
+    const int64_t b = h * (D / 32) + i;  // the Q8 block
+    ops::warp_quantize_q8_block(o, lane, reinterpret_cast<uint32_t*>(row + 32 * b),
+                                reinterpret_cast<float*>(row + static_cast<int64_t>(a.n_head) * D) + b);
+}
 
 // The launch plan, shared by the scratch-size query and the launch.
 struct Plan {
@@ -174,7 +195,10 @@ __device__ void merge_row(const AttnArgs& a, int64_t row, float* wts, int lane) 
     mx = ops::warp_max(mx);
     auto* out = reinterpret_cast<float*>(ops::row_at(a.d, h, t, 0));
     if (mx == -INFINITY) {  // no key and no sink
-        for (int e = lane; e < D; e += 32) out[e] = 0.0f;
+        for (int e = lane; e < D; e += 32) {
+            out[e] = 0.0f;
+            if (a.q8 != nullptr) store_q8<D>(a, t, h, e / 32, 0.0f, lane);
+        }
         return;
     }
     float total = 0.0f;
@@ -194,17 +218,20 @@ __device__ void merge_row(const AttnArgs& a, int64_t row, float* wts, int lane) 
             if (w != 0.0f) o += w * __ldcg(p0 + s * stride + 2 + e);
         }
         out[e] = o * inv;
+        if (a.q8 != nullptr) store_q8<D>(a, t, h, e / 32, o * inv, lane);  // e / 32 is the same on every lane
     }
     __syncwarp();  // wts is reused for the warp's next row
 }
 
-template <int D, typename KV>
+// MR: the most rows a warp takes (kMaxRowsPerWarp, or 1 for decoding, where the per-row registers and
+// loops of 8 rows would cost more instructions than the tile's own work).
+template <int D, typename KV, int MR>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_constant__ AttnArgs a) {
-    pdl_grid_sync();
+    pdl_grid_sync_small();
     using TL = TileLoad<D, KV>;
     constexpr int kPerLane = D / 32;
     extern __shared__ float4 smem4[];
-    const int rpw = a.rows_per_warp;
+    const int rpw = MR == 1 ? 1 : a.rows_per_warp;
     const int R = kWarps * rpw;
     float* qs = reinterpret_cast<float*>(smem4);  // [R][D], pre-scaled
     float* ks = qs + R * D;                       // [kBK][D + 4]
@@ -218,7 +245,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     const int64_t row0 = static_cast<int64_t>(blockIdx.x) * R;
 
     // Each row's key range, read by one thread each (one round trip for all the positions).
-    __shared__ int s_lo[kWarps * kMaxRowsPerWarp], s_hi[kWarps * kMaxRowsPerWarp];
+    __shared__ int s_lo[kWarps * MR], s_hi[kWarps * MR];
     if (tid < R) {
         int lo = 0, hi = 0;
         if (row0 + tid < n_rows) attention_key_range(a.pos[(row0 + tid) / a.group], a.n_kv, a.window, lo, hi);
@@ -247,10 +274,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     }
 
     // This warp's rows: validity, key range (clipped to the split), head and token.
-    bool valid[kMaxRowsPerWarp];
-    int rlo[kMaxRowsPerWarp], rhi[kMaxRowsPerWarp];
+    bool valid[MR];
+    int rlo[MR], rhi[MR];
 #pragma unroll
-    for (int r = 0; r < kMaxRowsPerWarp; ++r) {
+    for (int r = 0; r < MR; ++r) {
         const int64_t f = row0 + warp * rpw + r;
         valid[r] = r < rpw && f < n_rows;
         rlo[r] = 0;
@@ -268,16 +295,17 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
         const int r = idx / D, e = idx % D;
         const int64_t f = row0 + r;
         float x = 0.0f;
-        if (f < n_rows) {
-            const int64_t t = f / a.group, h = static_cast<int64_t>(g) * a.group + f % a.group;
+        if (f < n_rows) {  // n_rows < 2^31 (checked on the host): 32-bit division
+            const int fi = static_cast<int>(f);
+            const int t = fi / a.group, h = g * a.group + fi % a.group;
             x = reinterpret_cast<const float*>(ops::row_at(a.q, h, t, 0))[e] * a.scale;
         }
         qs[idx] = x;
     }
 
-    float m[kMaxRowsPerWarp], l[kMaxRowsPerWarp], acc[kMaxRowsPerWarp][kPerLane];
+    float m[MR], l[MR], acc[MR][kPerLane];
 #pragma unroll
-    for (int r = 0; r < kMaxRowsPerWarp; ++r) {
+    for (int r = 0; r < MR; ++r) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
 #pragma unroll
@@ -326,22 +354,22 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
 
         bool any = false;  // the same on every lane: it depends only on the warp's rows
 #pragma unroll
-        for (int r = 0; r < kMaxRowsPerWarp; ++r) {
+        for (int r = 0; r < MR; ++r) {
             any |= valid[r] && max(rlo[r], j0) < min(rhi[r], j0 + kBK);
         }
         if (!any) continue;
 
         // Scores: lane = key j0 + lane, against each of the warp's rows.
-        float s[kMaxRowsPerWarp];
+        float s[MR];
 #pragma unroll
-        for (int r = 0; r < kMaxRowsPerWarp; ++r) s[r] = 0.0f;
+        for (int r = 0; r < MR; ++r) s[r] = 0.0f;
         const float4* k4 = reinterpret_cast<const float4*>(ks + lane * (D + 4));
         const float4* q4 = reinterpret_cast<const float4*>(qs + warp * rpw * D);
 #pragma unroll 4
         for (int c = 0; c < D / 4; ++c) {
             const float4 kv = k4[c];
 #pragma unroll
-            for (int r = 0; r < kMaxRowsPerWarp; ++r) {
+            for (int r = 0; r < MR; ++r) {
                 if (r < rpw) {
                     const float4 qv = q4[r * (D / 4) + c];
                     s[r] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
@@ -353,7 +381,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
         const int key = j0 + lane;
         float* pw = ps + warp * rpw * kBK;
 #pragma unroll
-        for (int r = 0; r < kMaxRowsPerWarp; ++r) {
+        for (int r = 0; r < MR; ++r) {
             if (r >= rpw) continue;
             const bool vis = valid[r] && key >= rlo[r] && key < rhi[r];
             const float sv = vis ? s[r] : -INFINITY;
@@ -378,7 +406,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
 #pragma unroll
             for (int i = 0; i < kPerLane; ++i) vv[i] = vs[j * D + lane + 32 * i];
 #pragma unroll
-            for (int r = 0; r < kMaxRowsPerWarp; ++r) {
+            for (int r = 0; r < MR; ++r) {
                 if (r < rpw) {
                     const float pr = pw[r * kBK + j];
 #pragma unroll
@@ -390,10 +418,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
 
     // Results: finished rows (with the sink) into dst, or this split's partials.
 #pragma unroll
-    for (int r = 0; r < kMaxRowsPerWarp; ++r) {
+    for (int r = 0; r < MR; ++r) {
         if (!valid[r]) continue;
-        const int64_t f = row0 + warp * rpw + r;
-        const int64_t t = f / a.group, h = static_cast<int64_t>(g) * a.group + f % a.group;
+        const int f = static_cast<int>(row0) + warp * rpw + r;
+        const int t = f / a.group, h = g * a.group + f % a.group;
         if (a.n_split == 1) {
             const float sink = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
             const float mx = fmaxf(sink, m[r]);
@@ -405,7 +433,11 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
             }
             auto* out = reinterpret_cast<float*>(ops::row_at(a.d, h, t, 0));
 #pragma unroll
-            for (int i = 0; i < kPerLane; ++i) out[lane + 32 * i] = w * acc[r][i] * inv;
+            for (int i = 0; i < kPerLane; ++i) {
+                const float o = w * acc[r][i] * inv;
+                out[lane + 32 * i] = o;
+                if (a.q8 != nullptr) store_q8<D>(a, t, h, i, o, lane);  // valid[r] is the same on every lane
+            }
         } else {
             float* p = a.part + ((static_cast<int64_t>(split) * a.n_tok + t) * a.n_head + h) * (D + 2);
             if (lane == 0) {
@@ -443,7 +475,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
 // Merges the n_split partials of each (token, head) row with the sink: one warp per row.
 template <int D>
 __global__ void attention_merge_kernel(AttnArgs a) {
-    pdl_grid_sync();
+    pdl_grid_sync_small();
     __shared__ float wts[kMergeWarps][kMaxSplit];
     const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.y;
     if (row >= a.n_tok * a.n_head) return;
@@ -453,14 +485,15 @@ __global__ void attention_merge_kernel(AttnArgs a) {
 template <int D, typename KV>
 Status launch(AttnArgs a, const Plan& plan, int64_t n_head_kv, cudaStream_t stream) {
     const size_t shm = smem_floats<D>(kWarps * plan.rows_per_warp) * sizeof(float);
+    const auto kernel = plan.rows_per_warp == 1 ? attention_kernel<D, KV, 1> : attention_kernel<D, KV, kMaxRowsPerWarp>;
     if (shm > 48 * 1024) {
-        MOE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(attention_kernel<D, KV>,
+        MOE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel,
                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                       static_cast<int>(shm)));
     }
     const dim3 grid(static_cast<unsigned int>(plan.n_tiles), static_cast<unsigned int>(n_head_kv),
                     static_cast<unsigned int>(plan.n_split));
-    MOE_RETURN_IF_ERROR(launch_kernel("attention_kernel", attention_kernel<D, KV>, grid, kThreads, shm, stream, a));
+    MOE_RETURN_IF_ERROR(launch_kernel("attention_kernel", kernel, grid, kThreads, shm, stream, a));
     if (plan.n_split > 1 && a.counters == nullptr) {
         const int64_t n_rows = a.n_tok * a.n_head;
         MOE_RETURN_IF_ERROR(launch_kernel("attention_merge_kernel", attention_merge_kernel<D>,
@@ -493,6 +526,10 @@ Status check_inputs(const Tensor& dst) {
     if (k.ne[1] > ops::kMaxGridYZ) {
         return invalid_argument("ATTENTION: too many KV heads (" + std::to_string(k.ne[1]) + ")");
     }
+    const Tensor& q = *dst.src[0];
+    if (q.ne[1] * q.ne[2] > 0x7fffffff) {  // the kernel indexes (token, head) rows with 32-bit integers
+        return invalid_argument("ATTENTION: too many query rows (" + std::to_string(q.ne[1] * q.ne[2]) + ")");
+    }
     return Status::ok();
 }
 
@@ -506,6 +543,13 @@ Plan plan_for(const Tensor& dst, int n_sm) {
 
 bool attention_uses_tensor_cores(const Tensor& node) {
     return node.op == Op::ATTENTION && check_inputs(node).is_ok() && attention_mma_fits(node);
+}
+
+bool attention_writes_q8(const Tensor& node) {
+    // The FP32 kernel's outputs, dense [D, n_head, T] (head sizes are multiples of 32).
+    return node.op == Op::ATTENTION && check_inputs(node).is_ok() && !attention_mma_fits(node) &&
+           node.type == Type::F32 && node.nb[0] == 4 && node.nb[1] == 4 * static_cast<size_t>(node.ne[0]) &&
+           node.nb[2] == node.nb[1] * static_cast<size_t>(node.ne[1]) && node.ne[3] == 1 && node.ne[0] % 32 == 0;
 }
 
 size_t attention_scratch_bytes(const Tensor& node, int n_sm) {
@@ -523,7 +567,10 @@ Status attention(Tensor& dst, const OpContext& ctx) {
     const Tensor& q = *dst.src[0];
     const Tensor& k = *dst.src[1];
     if (q.ne[0] == 0 || q.ne[1] == 0 || q.ne[2] == 0) return Status::ok();  // an empty output
-    if (attention_mma_fits(dst)) return attention_mma(dst, ctx.stream);
+    if (attention_mma_fits(dst)) {
+        if (ctx.q8_out != nullptr) return internal_error("ATTENTION: Q8 rows asked of the tensor-core kernel");
+        return attention_mma(dst, ctx.stream);
+    }
     const Plan plan = plan_for(dst, ctx.n_sm);
     AttnArgs a{};
     set_attention_operands(a, dst);
@@ -534,6 +581,11 @@ Status attention(Tensor& dst, const OpContext& ctx) {
     a.rows_per_warp = plan.rows_per_warp;
     a.n_split = plan.n_split;
     a.kv_vec = rows_aligned16(k) && rows_aligned16(*dst.src[2]);
+    if (ctx.q8_out != nullptr) {
+        if (!attention_writes_q8(dst)) return internal_error("ATTENTION: Q8 rows asked of a result that has none");
+        a.q8 = static_cast<uint8_t*>(ctx.q8_out);
+        a.q8_stride = static_cast<int64_t>(q8_row_bytes(q.ne[0] * q.ne[1]));
+    }
     if (plan.n_split > 1) {
         const size_t need = attention_scratch_bytes(dst, ctx.n_sm);
         if (ctx.scratch == nullptr || ctx.scratch_size < need) {

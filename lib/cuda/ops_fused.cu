@@ -1,9 +1,11 @@
 // Fused launches of fusion_plan.h that are not matrix products:
 //
 // row_chain: [WEIGHTED_SUM] [ADD] RMS_NORM, one block per row (the residual stream between a layer's
-// halves, and the hidden-state norm alone). Each thread keeps up to kPer elements of the row in
-// registers: it reads every input first, the block reduces the sum of squares, then the results are
-// written in node order with a barrier between nodes, so an output may even reuse an input's bytes.
+// halves, and the hidden-state norm alone), or, for the few rows of a decode step, a cluster of
+// kChainCluster blocks per row, each a slice of it. Each thread keeps up to kPer elements of the row in
+// registers: it reads every input first, the block (cluster) reduces the sum of squares, then the
+// results are written in node order with a barrier between nodes whose outputs overlap, so an output
+// may even reuse an input's bytes.
 // The norm can also write its result as Q8 activation rows (ctx.q8_out): a warp holds 32 consecutive
 // values, so a Q8 block is a warp max and a shuffle away, quantised exactly as quantize_q8_kernel
 // (matmul_gemv.cu) would. Each value is computed with the separate kernels' arithmetic; only the
@@ -16,10 +18,16 @@
 // cache, in one block: the token's cos / sin tables first (rope_math.cuh, as rope_kernel), then a warp
 // per (head, token) row computes the norm (as rms_norm_kernel's warp rows: lane-strided squares, one
 // warp sum) and the rotation into shared memory, and finally every node's output is written in node
-// order (CPY converting to F16 as cpy_kernel does). Bitwise the separate kernels' results.
+// order (CPY converting to F16 as cpy_kernel does). Bitwise the separate kernels' results. Where no
+// output overlaps another tensor of the launch (other than in place on its own rows), which is the
+// decode graph's case, a warp per row over several blocks does the same without shared memory or
+// barriers (attn_prep_rows_kernel, ~6 us instead of ~10 on an H100).
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
+
+#include <cooperative_groups.h>
 
 #include "cuda/fusion_plan.h"
 #include "cuda/launch.cuh"
@@ -30,9 +38,12 @@
 namespace moe::cuda {
 namespace {
 
+namespace cg = cooperative_groups;
 using ops::View;
 
 constexpr int kPer = 8;  // elements per thread: rows up to 8 * 1024 = kMaxChainRow
+constexpr unsigned int kChainCluster = 8;  // blocks per row of a clustered chain (the portable cluster size)
+constexpr int64_t kClusterMinRow = 1024;   // shorter rows keep one block
 static_assert(kPer * 1024 == kMaxChainRow, "row chains hold a row in the registers of one block");
 
 struct ChainArgs {
@@ -46,31 +57,54 @@ struct ChainArgs {
     uint8_t* q8;                   // Q8 rows of the result (nullptr: none)
     int64_t q8_stride;
     int64_t n;                     // row length
+    int slice;                     // values per block of a cluster (kCluster), a multiple of 32
+    int ordered;                   // outputs of two nodes may overlap: barriers between their writes
 };
 
 __device__ __forceinline__ const float* frow(const View& t, int64_t i1, int64_t i2, int64_t i3) {
     return reinterpret_cast<const float*>(ops::row_at(t, i1, i2, i3));
 }
 
-template <bool kWsum, bool kAdd>
+// Block-wide barrier, or cluster-wide when the row is split over a cluster (kCluster).
+template <bool kCluster>
+__device__ __forceinline__ void chain_barrier() {
+    if constexpr (kCluster) {
+        cg::this_cluster().sync();
+    } else {
+        __syncthreads();
+    }
+}
+
+// kCluster: a row is split over the cluster's blocks (a.slice values each, rank order), for the few
+// rows of a decode step: one block per row left a ~10 us chain of dependent instructions on one SM.
+// The blocks' sums of squares meet through distributed shared memory, added in rank order.
+template <bool kWsum, bool kAdd, bool kCluster>
 __global__ void __launch_bounds__(1024) row_chain_kernel(ChainArgs a) {
-    pdl_grid_sync();
+    pdl_grid_sync_small();
+    // Values per thread: a cluster's slices have a thread per value (the host sizes the blocks so),
+    // which keeps the decode step's chain of dependent instructions short.
+    constexpr int P = kCluster ? 1 : kPer;
     __shared__ float part[32];
     const int tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
     const int lane = tid & 31, warp = tid >> 5;
-    const int64_t r = blockIdx.x;
-    int64_t i1, i2, i3;
-    ops::split_row(r, a.out.ne[1], a.out.ne[2], i1, i2, i3);
+    const int64_t r = kCluster ? blockIdx.y : blockIdx.x;
+    int begin = 0, end = static_cast<int>(a.n);
+    if constexpr (kCluster) {
+        begin = static_cast<int>(cg::this_cluster().block_rank()) * a.slice;
+        end = min(end, begin + a.slice);
+    }
+    int64_t i1 = r, i2 = 0, i3 = 0;  // decoding has one row: skip the 64-bit divisions
+    if (r >= a.out.ne[1]) ops::split_row(r, a.out.ne[1], a.out.ne[2], i1, i2, i3);
 
     // Phase 1: every read.
-    float wv[kPer], sv[kPer], xv[kPer], gv[kPer];
+    float wv[P], sv[P], xv[P], gv[P];
     float ss = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-        const int64_t i = tid + static_cast<int64_t>(j) * nt;
+    for (int j = 0; j < P; ++j) {
+        const int i = begin + tid + j * nt;  // rows are at most kMaxChainRow long
         wv[j] = sv[j] = xv[j] = 0.0f;
         gv[j] = 1.0f;
-        if (i >= a.n) continue;
+        if (i >= end) continue;
         float x = 0.0f;
         if constexpr (kWsum) {  // as weighted_sum_kernel: token t = r of the [N, T] result
             wv[j] = ops::weighted_sum_at(a.y, a.wts, r, i);
@@ -96,36 +130,45 @@ __global__ void __launch_bounds__(1024) row_chain_kernel(ChainArgs a) {
         v = ops::warp_sum(v);
         if (lane == 0) part[0] = v;
     }
-    __syncthreads();
-    ss = part[0];
+    if constexpr (kCluster) {
+        // Every block's reads are done (and its part[0] written) before any block writes or reads a
+        // sum: the barrier orders outputs after all of the row's reads, as __syncthreads does below.
+        cg::cluster_group cluster = cg::this_cluster();
+        cluster.sync();
+        ss = 0.0f;
+        for (unsigned int b = 0; b < cluster.num_blocks(); ++b) ss += *cluster.map_shared_rank(&part[0], b);
+    } else {
+        __syncthreads();
+        ss = part[0];
+    }
     // The mean and the root in double, as the CPU kernel does.
     const auto scale = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / static_cast<double>(a.n) + a.eps));
 
-    // Phase 2: the writes, node by node.
+    // Phase 2: the writes, node by node (a barrier between two nodes whose outputs may overlap).
     if constexpr (kWsum) {
         auto* d = reinterpret_cast<float*>(ops::row_at(a.wsum, r, 0, 0));
 #pragma unroll
-        for (int j = 0; j < kPer; ++j) {
-            const int64_t i = tid + static_cast<int64_t>(j) * nt;
-            if (i < a.n) d[i] = wv[j];
+        for (int j = 0; j < P; ++j) {
+            const int i = begin + tid + j * nt;
+            if (i < end) d[i] = wv[j];
         }
-        __syncthreads();
+        if (a.ordered) chain_barrier<kCluster>();
     }
     if constexpr (kAdd) {
         auto* d = reinterpret_cast<float*>(ops::row_at(a.add_dst, i1, i2, i3));
 #pragma unroll
-        for (int j = 0; j < kPer; ++j) {
-            const int64_t i = tid + static_cast<int64_t>(j) * nt;
-            if (i < a.n) d[i] = sv[j];
+        for (int j = 0; j < P; ++j) {
+            const int i = begin + tid + j * nt;
+            if (i < end) d[i] = sv[j];
         }
-        __syncthreads();
+        if (a.ordered) chain_barrier<kCluster>();
     }
     auto* d = reinterpret_cast<float*>(ops::row_at(a.out, i1, i2, i3));
     uint8_t* q8row = a.q8 != nullptr ? a.q8 + r * a.q8_stride : nullptr;
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-        const int64_t i = tid + static_cast<int64_t>(j) * nt;
-        if (i >= a.n) continue;  // with Q8 rows n % 32 == 0: whole warps leave together
+    for (int j = 0; j < P; ++j) {
+        const int i = begin + tid + j * nt;
+        if (i >= end) continue;  // with Q8 rows n % 32 == 0 and slices too: whole warps leave together
         const float y = a.w != nullptr ? xv[j] * scale * gv[j] : xv[j] * scale;
         d[i] = y;
         if (q8row != nullptr) {
@@ -134,13 +177,14 @@ __global__ void __launch_bounds__(1024) row_chain_kernel(ChainArgs a) {
                                         reinterpret_cast<float*>(q8row + a.n) + b);
         }
     }
+    if constexpr (kCluster) cg::this_cluster().sync();  // no block leaves while others read its part[0]
 }
 
 // ---- router ----
 
 // blockDim (32, T): warp t takes token t. The keys and the tie rule are topk_kernel's (cuda/topk_key.cuh).
 __global__ void router_kernel(View x, View ids, View vals, View probs, int k) {
-    pdl_grid_sync();
+    pdl_grid_sync_small();
     const int lane = static_cast<int>(threadIdx.x);
     const int64_t t = threadIdx.y;
     const auto* xr = reinterpret_cast<const float*>(ops::row_at(x, t, 0, 0));
@@ -217,7 +261,7 @@ __device__ __forceinline__ unsigned short prep_half_bits(float f) {
 
 template <int D>
 __global__ void __launch_bounds__(1024) attn_prep_kernel(const __grid_constant__ PrepArgs a) {
-    pdl_grid_sync();
+    pdl_grid_sync_small();
     extern __shared__ float sm[];  // cos / sin per token ([t][D]: cos half, sin half), then row buffers
     constexpr int kPerLane = D / 32;
     constexpr int kHalf = D / 2;
@@ -237,7 +281,8 @@ __global__ void __launch_bounds__(1024) attn_prep_kernel(const __grid_constant__
         }
         const PrepStream& st = a.s[si];
         const int r = gr - st.row0;
-        const int64_t h = r % st.src.ne[1], t = r / st.src.ne[1];
+        const int nh = static_cast<int>(st.src.ne[1]);
+        const int h = r % nh, t = r / nh;
         const auto* x = reinterpret_cast<const float*>(ops::row_at(st.src, h, t, 0));
         float v[kPerLane];
 #pragma unroll
@@ -272,24 +317,102 @@ __global__ void __launch_bounds__(1024) attn_prep_kernel(const __grid_constant__
             for (int i = 0; i < kPerLane; ++i) sm[st.rbuf + r * D + lane + 32 * i] = v[i];
         }
     }
-    // Writes, node by node.
+    // Writes, node by node, a warp per row: the row's address is formed once, not per element (per-
+    // element 64-bit index math made this phase most of the kernel's instructions).
     for (int wi = 0; wi < a.n_writes; ++wi) {
         __syncthreads();
         const PrepWrite& w = a.w[wi];
         const PrepStream& st = a.s[w.stream];
         const int buf = w.what == 0 ? st.nbuf : st.rbuf;
         const View& dv = w.what == 0 ? st.norm : w.what == 1 ? st.rope : w.cpy;
-        for (int i = tid; i < st.rows * D; i += blockDim.x) {
-            const int r = i / D, e = i % D;
-            const int64_t h = r % st.src.ne[1], t = r / st.src.ne[1];
-            char* row = ops::row_at(dv, h, t, 0);
-            const float val = sm[buf + i];
-            if (w.what == 2 && w.to_f16) {
-                *reinterpret_cast<unsigned short*>(row + 2 * e) = prep_half_bits(val);
-            } else {
-                reinterpret_cast<float*>(row)[e] = val;
+        const bool to_f16 = w.what == 2 && w.to_f16;
+        const int nh = static_cast<int>(st.src.ne[1]);
+        for (int r = warp; r < st.rows; r += n_warps) {
+            char* row = ops::row_at(dv, r % nh, r / nh, 0);
+            const float* src = sm + buf + r * D;
+#pragma unroll
+            for (int i = 0; i < kPerLane; ++i) {
+                const int e = lane + 32 * i;
+                if (to_f16) {
+                    reinterpret_cast<unsigned short*>(row)[e] = prep_half_bits(src[e]);
+                } else {
+                    reinterpret_cast<float*>(row)[e] = src[e];
+                }
             }
         }
+    }
+}
+
+// The same, one warp per (head, token) row over as many blocks as rows need, no shared memory and
+// no barrier: each warp computes its token's cos / sin pairs (2 per lane at D = 128), reads its row,
+// and writes its row of every node in node order. Used only where every output is disjoint from every
+// other tensor of the launch, or is its own stream's rows (in place), so that no warp's write can
+// meet another warp's read or write (attn_prep_rows_safe). Bitwise the block kernel's results.
+constexpr int kPrepRowWarps = 4;
+
+template <int D>
+__global__ void __launch_bounds__(kPrepRowWarps * 32) attn_prep_rows_kernel(const __grid_constant__ PrepArgs a) {
+    pdl_grid_sync_small();
+    constexpr int kPerLane = D / 32;
+    constexpr int kH = kPerLane / 2;  // element i pairs with i + kH (e and e + D/2)
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const int gr = static_cast<int>(blockIdx.x) * kPrepRowWarps + (static_cast<int>(threadIdx.x) >> 5);
+    if (gr >= a.total_rows) return;
+    int si = 0;
+#pragma unroll
+    for (int k = 1; k < kPrepStreams; ++k) {
+        if (k < a.n_streams && gr >= a.s[k].row0) si = k;
+    }
+    const PrepStream& st = a.s[si];
+    const int r = gr - st.row0;
+    const int nh = static_cast<int>(st.src.ne[1]);
+    const int h = r % nh, t = r / nh;
+    const auto* x = reinterpret_cast<const float*>(ops::row_at(st.src, h, t, 0));
+    float v[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) v[i] = x[lane + 32 * i];
+    float c[kH], sn[kH];
+    if (st.has_rope) {
+        const int p = a.pos[t];
+#pragma unroll
+        for (int i = 0; i < kH; ++i) rope_cos_sin(a.rope, lane + 32 * i, p, c[i], sn[i]);
+    }
+    const auto store_row = [&](const View& dv, const float (&val)[kPerLane], bool to_f16) {
+        char* row = ops::row_at(dv, h, t, 0);
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) {
+            const int e = lane + 32 * i;
+            if (to_f16) {
+                reinterpret_cast<unsigned short*>(row)[e] = prep_half_bits(val[i]);
+            } else {
+                reinterpret_cast<float*>(row)[e] = val[i];
+            }
+        }
+    };
+    if (st.has_norm) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) ss += v[i] * v[i];
+        ss = ops::warp_sum(ss);
+        const auto scale = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / static_cast<double>(D) + st.eps));
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) v[i] = st.w != nullptr ? v[i] * scale * st.w[lane + 32 * i] : v[i] * scale;
+        store_row(st.norm, v, false);
+    }
+    if (st.has_rope) {
+        float o[kPerLane];
+#pragma unroll
+        for (int i = 0; i < kH; ++i) {
+            o[i] = __fmul_rn(v[i], c[i]) - __fmul_rn(v[i + kH], sn[i]);
+            o[i + kH] = __fmul_rn(v[i], sn[i]) + __fmul_rn(v[i + kH], c[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) v[i] = o[i];
+        store_row(st.rope, v, false);
+    }
+    for (int wi = 0; wi < a.n_writes; ++wi) {  // this stream's cache copies
+        const PrepWrite& w = a.w[wi];
+        if (w.what == 2 && w.stream == si) store_row(w.cpy, v, w.to_f16 != 0);
     }
 }
 
@@ -299,6 +422,52 @@ bool same_tensor(const Tensor* a, const Tensor* b) {
     if (a == nullptr || b == nullptr || a->data != b->data) return false;
     for (int d = 0; d < 4; ++d) {
         if (a->ne[d] != b->ne[d] || a->nb[d] != b->nb[d]) return false;
+    }
+    return true;
+}
+
+// Whether attn_prep_rows_kernel may run these parts: every output (norm, rope and cache rows) is
+// disjoint from every other tensor the launch reads or writes, except that a stream's norm and rope
+// results may be its own input rows or each other's, exactly (a warp reads its row before writing it
+// and writes it in node order).
+bool attn_prep_rows_safe(Tensor* const* norms, int nn, Tensor* const* ropes, int nr, Tensor* const* cpys, int nc) {
+    std::vector<const Tensor*> others;  // everything but the outputs checked against it
+    for (int k = 0; k < nr; ++k) {
+        others.push_back(ropes[k]->src[0]);
+        others.push_back(ropes[k]->src[1]);  // positions
+        if (k < nn) {
+            others.push_back(norms[k]->src[0]);
+            if (norms[k]->src[1] != nullptr) others.push_back(norms[k]->src[1]);
+        }
+    }
+    for (int k = 0; k < nc; ++k) others.push_back(cpys[k]->src[0]);
+    std::vector<const Tensor*> outs;
+    for (int k = 0; k < nn; ++k) outs.push_back(norms[k]);
+    for (int k = 0; k < nr; ++k) outs.push_back(ropes[k]);
+    for (int k = 0; k < nc; ++k) outs.push_back(cpys[k]);
+    // The stream a tensor's rows belong to (its input, norm and rope), or -1.
+    const auto stream_of = [&](const Tensor* t) {
+        for (int k = 0; k < nr; ++k) {
+            if (same_tensor(t, ropes[k]) || same_tensor(t, ropes[k]->src[0]) ||
+                (k < nn && (same_tensor(t, norms[k]) || same_tensor(t, norms[k]->src[0])))) {
+                return k;
+            }
+        }
+        return -1;
+    };
+    for (size_t i = 0; i < outs.size(); ++i) {
+        const ByteRange ro = byte_range(*outs[i]);
+        const auto clash = [&](const Tensor* o) {
+            if (o == nullptr || o == outs[i] || !ro.overlaps(byte_range(*o))) return false;
+            const int so = stream_of(outs[i]);
+            return !(so >= 0 && stream_of(o) == so && same_tensor(o, outs[i]));
+        };
+        for (const Tensor* o : others) {
+            if (clash(o)) return false;
+        }
+        for (const Tensor* o : outs) {
+            if (clash(o)) return false;
+        }
     }
     return true;
 }
@@ -356,20 +525,47 @@ Status row_chain(std::span<Tensor* const> parts, const OpContext& ctx) {
         a.q8 = static_cast<uint8_t*>(ctx.q8_out);
         a.q8_stride = static_cast<int64_t>(q8_row_bytes(n));
     }
-    // Few rows (decoding): the widest block, for latency; many rows: ~4 values per thread.
-    const int64_t per = rows <= ctx.n_sm ? 1 : 4;
-    int64_t threads = ((n + per - 1) / per + 31) / 32 * 32;
-    threads = std::max<int64_t>(threads, ((n + kPer - 1) / kPer + 31) / 32 * 32);
-    threads = std::min<int64_t>(std::max<int64_t>(threads, 32), 1024);
-    const auto grid = static_cast<unsigned int>(rows);
-    const auto block = static_cast<unsigned int>(threads);
-    auto kernel = row_chain_kernel<false, false>;
-    if (wsum != nullptr) {
-        kernel = row_chain_kernel<true, true>;
-    } else if (add != nullptr) {
-        kernel = row_chain_kernel<false, true>;
+    // Outputs of two nodes that may overlap must be written in node order.
+    const Tensor* outs[] = {wsum, add, &norm};
+    for (int x = 0; x < 3; ++x) {
+        for (int y = x + 1; y < 3; ++y) {
+            if (outs[x] != nullptr && outs[y] != nullptr && byte_range(*outs[x]).overlaps(byte_range(*outs[y]))) {
+                a.ordered = 1;
+            }
+        }
     }
-    return launch_kernel("row_chain_kernel", kernel, grid, block, 0, ctx.stream, a);
+    // Few rows (decoding) of at least kClusterMinRow values: each row split over a cluster of
+    // kChainCluster blocks. Otherwise few rows: the widest block, for latency; many rows: ~4 values
+    // per thread.
+    const bool clustered = n >= kClusterMinRow && rows * kChainCluster <= ctx.n_sm && rows <= 65535;
+    int64_t per_block = n;
+    if (clustered) {
+        a.slice = static_cast<int>(ops::ceil_div(ops::ceil_div(n, kChainCluster), 32) * 32);
+        per_block = a.slice;
+    }
+    const int64_t per = rows <= ctx.n_sm ? 1 : 4;
+    int64_t threads = ((per_block + per - 1) / per + 31) / 32 * 32;
+    threads = std::max<int64_t>(threads, ((per_block + kPer - 1) / kPer + 31) / 32 * 32);
+    threads = std::min<int64_t>(std::max<int64_t>(threads, 32), 1024);
+    const auto block = static_cast<unsigned int>(threads);
+    if (clustered) {
+        if (threads < a.slice) return internal_error("row_chain: a cluster slice needs a thread per value");
+        auto kernel = row_chain_kernel<false, false, true>;
+        if (wsum != nullptr) {
+            kernel = row_chain_kernel<true, true, true>;
+        } else if (add != nullptr) {
+            kernel = row_chain_kernel<false, true, true>;
+        }
+        const dim3 grid(kChainCluster, static_cast<unsigned int>(rows));
+        return launch_kernel_clusters("row_chain_kernel", kernel, grid, block, 0, ctx.stream, kChainCluster, a);
+    }
+    auto kernel = row_chain_kernel<false, false, false>;
+    if (wsum != nullptr) {
+        kernel = row_chain_kernel<true, true, false>;
+    } else if (add != nullptr) {
+        kernel = row_chain_kernel<false, true, false>;
+    }
+    return launch_kernel("row_chain_kernel", kernel, static_cast<unsigned int>(rows), block, 0, ctx.stream, a);
 }
 
 Status router_select(std::span<Tensor* const> parts, const OpContext& ctx) {
@@ -474,6 +670,11 @@ Status attn_prep(std::span<Tensor* const> parts, const OpContext& ctx) {
     }
     a.total_rows = rows;
     if (rows > kMaxPrepRows || off > kMaxPrepFloats) return internal_error("attn_prep: too many rows");
+    if (attn_prep_rows_safe(norms, nn, ropes, nr, cpys, nc)) {
+        const auto kernel = a.d == 64 ? attn_prep_rows_kernel<64> : attn_prep_rows_kernel<128>;
+        return launch_kernel("attn_prep_rows_kernel", kernel, static_cast<unsigned int>(ops::ceil_div(rows, kPrepRowWarps)),
+                             kPrepRowWarps * 32, 0, ctx.stream, a);
+    }
     const size_t shm = static_cast<size_t>(off) * sizeof(float);
     const int threads = std::min(1024, std::max(32 * rows, 128));
     const auto kernel = a.d == 64 ? attn_prep_kernel<64> : attn_prep_kernel<128>;

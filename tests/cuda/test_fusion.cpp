@@ -16,6 +16,7 @@
 
 #if MOEINFER_HAS_CUDA
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -210,13 +211,15 @@ TEST_CASE("CUDA fusion plans of real decode graphs fuse q/k/v, norms, routers an
         // Per layer: q/k/v as one group, the output projection with the residual add in its epilogue
         // (a one-row add is a bias row), the router, the norms with their residual adds (the first
         // attention norm alone; the last layer's chain ends in the output norm), and Q8 activations for
-        // q/k/v and the experts' up/gate in every layer, and for the output product.
+        // q/k/v, the output projection (from the attention) and the experts' up/gate in every layer,
+        // and for the output product.
         CHECK(c.kinds.at(FusedKind::kGemvGroup) == 2 * kLayers);
         CHECK(c.kinds.at(FusedKind::kRouter) == kLayers);
         CHECK(c.kinds.at(FusedKind::kRowChain) == 2 * kLayers + 1);
         CHECK(c.kinds.at(FusedKind::kAttnPrep) == kLayers);  // q/k norms, ropes, cache writes
-        CHECK(c.q8_out == 2 * kLayers + 1);
-        CHECK(c.q8_in == 2 * kLayers + 1);
+        // Q8 rows: the two norms and the attention per layer, and the output norm.
+        CHECK(c.q8_out == 3 * kLayers + 1);
+        CHECK(c.q8_in == 3 * kLayers + 1);
         // 22 nodes per layer, 10 launches: chain, group, prep, attention, group, chain, router product,
         // router, up/gate, down; plus the embedding, the first norm and the output product.
         CHECK(c.nodes == 22 * kLayers + 3);
@@ -227,7 +230,7 @@ TEST_CASE("CUDA fusion plans of real decode graphs fuse q/k/v, norms, routers an
         INFO("gpt-oss decode, layer 0:" << c.layer0);
         CHECK(c.kinds.at(FusedKind::kRouter) == kLayers);
         CHECK(c.kinds.at(FusedKind::kRowChain) == 2 * kLayers + 1);
-        CHECK(c.q8_in >= 2 * kLayers + 1);
+        CHECK(c.q8_in >= 3 * kLayers + 1);
         // The bias adds of q, k, v, the output projection and the router ride in GEMV epilogues.
         CHECK(c.kinds.at(FusedKind::kGemvGroup) >= 3 * kLayers);
         CHECK(c.kinds.at(FusedKind::kAttnPrep) == kLayers);  // ropes, cache writes
@@ -493,15 +496,18 @@ TEST_CASE("CUDA fused attention prologues (norms, ropes, cache writes) match unf
         bool norms;
         Type cache;
         moe::RopeParams rope;
+        bool v_over_k = false;  // v's rows are copied over k's input rows (not into the cache)
     };
+    // Outputs apart from every input run a warp per row over several blocks; v_over_k makes an output
+    // overlap an input of another stream, which only the one-block kernel (every read first) allows.
     const Case cases[] = {
         {128, 32, 4, 1, true, Type::F16, qwen},    {64, 64, 8, 1, false, Type::F16, oss},
         {128, 8, 2, 4, true, Type::F32, qwen},     {64, 12, 4, 3, false, Type::F32, oss_trunc},
-        {64, 16, 16, 2, true, Type::F16, small},
+        {64, 16, 16, 2, true, Type::F16, small},   {128, 8, 2, 2, true, Type::F32, qwen, true},
     };
     for (const Case& c : cases) {
         INFO("D " << c.d << " H " << c.h << "/" << c.hkv << " T " << c.t << " norms " << c.norms << " cache "
-                  << moe::type_name(c.cache));
+                  << moe::type_name(c.cache) << " v over k " << c.v_over_k);
         constexpr int64_t kCtx = 64;
         const int n_past = 37;
         std::vector<uint8_t> cache0[2];
@@ -538,7 +544,7 @@ TEST_CASE("CUDA fused attention prologues (norms, ropes, cache writes) match unf
             return g.view(cache, {c.d, c.hkv, c.t}, {cache->nb[1], cache->nb[2]}, static_cast<size_t>(n_past) * cache->nb[2]);
         };
         g.cpy(rk, rows(caches[0]));
-        g.cpy(v, rows(caches[1]));
+        g.cpy(v, c.v_over_k ? g.view(k, {c.d, c.hkv, c.t}, {k->nb[1], k->nb[2]}, 0) : rows(caches[1]));
         const moe::AllocPlan plan = moe::plan_allocation(g);
         moe::bind_allocation(g, plan, dev.alloc(plan.arena_size));
         const std::vector<float> qv = random_f32(rng, static_cast<size_t>(c.d * c.h * c.t), -2.0f, 2.0f);
@@ -566,8 +572,77 @@ TEST_CASE("CUDA fused attention prologues (norms, ropes, cache writes) match unf
         for (int i = 0; i < 2; ++i) {
             INFO("cache " << i << ", seed " << run_seed());
             CHECK(dev.download(*caches[i]) == fused_cache[i]);
-            CHECK(fused_cache[i] != cache0[i]);
+            CHECK((fused_cache[i] != cache0[i]) == (i == 0 || !c.v_over_k));
         }
+        if (c.v_over_k) {  // k's rows now hold v, on both paths
+            const std::vector<uint8_t> kb = dev.download(*k);
+            CHECK(std::memcmp(kb.data(), vv.data(), kb.size()) == 0);
+        }
+    }
+}
+
+TEST_CASE("CUDA attention results handed to the output projection as Q8 rows match unfused launches bit for bit", "[gpu]") {
+    MOE_GPU_OR_SKIP();
+    Device dev;
+    std::mt19937_64 rng(run_seed() * 0x9E3779B97F4A7C15ull + 204);
+    struct Case {
+        int64_t d, h, hkv, t, n_kv;
+        int window;
+        bool sinks;
+        Type cache, weight;
+        bool bias;
+    };
+    // Short contexts (one split), long ones (split-K merged in the kernel), sinks and a window as
+    // gpt-oss, an odd token count, an F32 cache, every quantised weight type, odd output counts.
+    const Case cases[] = {
+        {128, 32, 4, 1, 40, 0, false, Type::F16, Type::Q8_0, false},
+        {128, 32, 4, 1, 3001, 0, false, Type::F16, Type::Q4_0, false},
+        {64, 64, 8, 2, 700, 128, true, Type::F16, Type::MXFP4, true},
+        {64, 12, 4, 3, 90, 0, true, Type::F32, Type::Q8_0, true},
+        {96, 8, 8, 1, 1, 0, false, Type::F16, Type::Q8_0, false},
+    };
+    for (const Case& c : cases) {
+        INFO("D " << c.d << " H " << c.h << "/" << c.hkv << " T " << c.t << " n_kv " << c.n_kv << " window "
+                  << c.window << " sinks " << c.sinks << " cache " << moe::type_name(c.cache) << " weight "
+                  << moe::type_name(c.weight));
+        Tensor* caches[2];
+        for (auto& cache : caches) {
+            const std::vector<float> f = random_f32(rng, static_cast<size_t>(c.d * c.hkv * c.n_kv), -1.5f, 1.5f);
+            std::vector<uint8_t> bytes(static_cast<size_t>(c.d * c.hkv * c.n_kv) * (c.cache == Type::F16 ? 2 : 4));
+            moe::traits(c.cache).from_float(f.data(), bytes.data(), c.d * c.hkv * c.n_kv);
+            cache = dev.leaf(c.cache, {c.d, c.hkv, c.n_kv}, bytes.data());
+        }
+        const std::vector<float> sv = random_f32(rng, static_cast<size_t>(c.h), -1.0f, 3.0f);
+        Tensor* sinks = c.sinks ? dev.leaf(Type::F32, {c.h}, sv.data()) : nullptr;
+        constexpr int64_t kOut = 520;
+        Tensor* wo = random_weight(dev, c.weight, c.d * c.h, kOut, rng);
+        const std::vector<float> bv = random_f32(rng, static_cast<size_t>(kOut), -1.0f, 1.0f);
+        Tensor* bias = dev.leaf(Type::F32, {kOut}, bv.data());
+        moe::Graph g;
+        Tensor* q = g.input(Type::F32, {c.d, c.h, c.t}, "q");
+        Tensor* pos = g.input(Type::I32, {c.t}, "pos");
+        Tensor* att = g.attention(q, caches[0], caches[1], pos, sinks, 1.0f / std::sqrt(static_cast<float>(c.d)),
+                                  c.window, static_cast<int32_t>(c.n_kv));
+        g.set_output(att);
+        Tensor* y = g.mul_mat(wo, g.reshape(att, {c.d * c.h, c.t}));
+        g.set_output(y);
+        if (c.bias) g.set_output(g.add(y, bias));
+        const moe::AllocPlan plan = moe::plan_allocation(g);
+        moe::bind_allocation(g, plan, dev.alloc(plan.arena_size));
+        const std::vector<float> qv = random_f32(rng, static_cast<size_t>(c.d * c.h * c.t), -2.0f, 2.0f);
+        std::vector<int32_t> pv(static_cast<size_t>(c.t));
+        for (int64_t i = 0; i < c.t; ++i) pv[static_cast<size_t>(i)] = static_cast<int32_t>(c.n_kv - c.t + i);
+        const auto reused = dev.be().fusion_stats().q8_reused;
+        const auto items = check_fused_matches_unfused(dev, g, [&] {
+            dev.upload(q->data, qv.data(), q->n_bytes());
+            dev.upload(pos->data, pv.data(), pos->n_bytes());
+        });
+        REQUIRE(items.size() == 2);
+        CHECK(items[0] == std::make_pair(FusedKind::kNone, 1));  // the attention, writing the Q8 rows
+        const auto& launched = dev.be().last_plan().items;
+        CHECK(launched[0].q8_out >= 0);
+        CHECK(launched[1].q8_in == launched[0].q8_out);
+        CHECK(dev.be().fusion_stats().q8_reused > reused);
     }
 }
 

@@ -4,7 +4,8 @@ it then starts before the kernel ahead of it in the stream has finished, and onl
 pdl_grid_sync(), makes it wait. A kernel that reads, writes or returns before that wait races with its
 predecessor (and breaks the ordering of the kernels after it) only for the length of a memory flush,
 which tests rarely catch. So this check reads the sources:
-  - every __global__ function's body starts with `pdl_grid_sync();`;
+  - every __global__ function's body starts with `pdl_grid_sync();` (or `pdl_grid_sync_small();`, the
+    same wait followed by the small grids' early trigger);
   - no kernel is launched with <<<...>>> (launches go through launch_kernel(), which sets the attribute).
 Usage: check_pdl_waits.py LIB_CUDA_DIR [FILE...]; exit 1 with one line per offence.
 """
@@ -56,7 +57,7 @@ def offences(path: pathlib.Path) -> list[str]:
         if brace < 0 or (0 <= semi < brace):
             continue  # a declaration
         body = rest[brace + 1:].lstrip()
-        if not body.startswith("pdl_grid_sync();"):
+        if not (body.startswith("pdl_grid_sync();") or body.startswith("pdl_grid_sync_small();")):
             line = code.count("\n", 0, m.start()) + 1
             found.append(f"{path}:{line}: kernel {name} does not start with pdl_grid_sync();")
     return found
