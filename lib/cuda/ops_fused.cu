@@ -183,19 +183,36 @@ __global__ void __launch_bounds__(1024) row_chain_kernel(ChainArgs a) {
 // ---- router ----
 
 // blockDim (32, T): warp t takes token t. The keys and the tie rule are topk_kernel's (cuda/topk_key.cuh).
+constexpr int kRouterKeys = 8;  // experts up to 256: the keys stay in registers
+
+// kKeys: keys per lane held in registers, read once (n <= 32 * kKeys); 0: read again each round.
+template <int kKeys>
 __global__ void router_kernel(View x, View ids, View vals, View probs, int k) {
     pdl_grid_sync_small();
     const int lane = static_cast<int>(threadIdx.x);
     const int64_t t = threadIdx.y;
     const auto* xr = reinterpret_cast<const float*>(ops::row_at(x, t, 0, 0));
     const int64_t n = x.ne[0];
+    unsigned long long keys[kKeys > 0 ? kKeys : 1];
+#pragma unroll
+    for (int i = 0; i < kKeys; ++i) {
+        const int e = lane + 32 * i;
+        keys[i] = e < n ? topk_key(xr[e], e) : 0ull;  // 0 is below every key: never chosen
+    }
     unsigned long long prev = ~0ull;
     int my_id = 0;
     for (int j = 0; j < k; ++j) {
         unsigned long long best = 0;
-        for (int64_t e = lane; e < n; e += 32) {
-            const unsigned long long key = topk_key(xr[e], e);
-            if (key < prev && key > best) best = key;
+        if constexpr (kKeys > 0) {
+#pragma unroll
+            for (int i = 0; i < kKeys; ++i) {
+                if (keys[i] < prev && keys[i] > best) best = keys[i];
+            }
+        } else {
+            for (int64_t e = lane; e < n; e += 32) {
+                const unsigned long long key = topk_key(xr[e], e);
+                if (key < prev && key > best) best = key;
+            }
         }
         best = warp_max_u64(best);
         if (lane == j) my_id = static_cast<int>(0xffffffffu - static_cast<unsigned int>(best));
@@ -584,7 +601,8 @@ Status router_select(std::span<Tensor* const> parts, const OpContext& ctx) {
         !moe::op_checks::same_shape(sm, ga)) {
         return internal_error("router_select: the parts do not form a router");
     }
-    return launch_kernel("router_kernel", router_kernel, 1, dim3(32, static_cast<unsigned int>(x->ne[1])), 0, ctx.stream,
+    const auto kernel = x->ne[0] <= 32 * kRouterKeys ? router_kernel<kRouterKeys> : router_kernel<0>;
+    return launch_kernel("router_kernel", kernel, 1, dim3(32, static_cast<unsigned int>(x->ne[1])), 0, ctx.stream,
                          ops::view_of(*x), ops::view_of(tk), ops::view_of(ga), ops::view_of(sm), k);
 }
 

@@ -429,9 +429,10 @@ TEST_CASE("CUDA fused weighted sums, residual adds, norms and routers match unfu
         int32_t top;
     };
     // Rows of 1056 to 8192 floats, 1 to 33 tokens (several blocks; past 32 tokens the router runs
-    // unfused), k of 1 to 8 experts per token, top-k up to 32.
+    // unfused), k of 1 to 8 experts per token, top-k up to 32, up to 300 experts (past 256 the router
+    // reads the logits again each pass instead of keeping them in registers).
     const Case cases[] = {{2048, 8, 1, 128, 8}, {2880, 4, 1, 32, 4}, {1056, 3, 7, 40, 32},
-                          {8192, 1, 2, 16, 1},  {4000, 8, 33, 64, 8}};
+                          {8192, 1, 2, 16, 1},  {4000, 8, 33, 64, 8}, {2048, 2, 3, 300, 8}};
     for (const Case& c : cases) {
         INFO("n " << c.n << " k " << c.k << " tokens " << c.t << " experts " << c.n_expert << " top " << c.top);
         const std::vector<float> wn = random_f32(rng, static_cast<size_t>(c.n), 0.5f, 1.5f);
