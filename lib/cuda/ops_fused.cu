@@ -276,6 +276,37 @@ __device__ __forceinline__ unsigned short prep_half_bits(float f) {
     return __half_as_ushort(__float2half_rn(f));
 }
 
+// The row steps both prologue kernels share, so that they compute bitwise the same values.
+// Global row gr: its stream, and (head, token) within the stream's [D, H, T] rows.
+__device__ __forceinline__ int prep_stream_of(const PrepArgs& a, int gr) {
+    int si = 0;
+#pragma unroll
+    for (int k = 1; k < kPrepStreams; ++k) {
+        if (k < a.n_streams && gr >= a.s[k].row0) si = k;
+    }
+    return si;
+}
+
+// Lane's values e = lane + 32 i of row (h, t) of the stream's input.
+template <int D>
+__device__ __forceinline__ void load_prep_row(const PrepStream& st, int h, int t, int lane, float (&v)[D / 32]) {
+    const auto* x = reinterpret_cast<const float*>(ops::row_at(st.src, h, t, 0));
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) v[i] = x[lane + 32 * i];
+}
+
+// RMS_NORM of a warp's row in place, as rms_norm_kernel's warp rows: lane-strided squares, one warp sum.
+template <int D>
+__device__ __forceinline__ void norm_prep_row(const PrepStream& st, int lane, float (&v)[D / 32]) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) ss += v[i] * v[i];
+    ss = ops::warp_sum(ss);
+    const auto scale = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / static_cast<double>(D) + st.eps));
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) v[i] = st.w != nullptr ? v[i] * scale * st.w[lane + 32 * i] : v[i] * scale;
+}
+
 template <int D>
 __global__ void __launch_bounds__(1024) attn_prep_kernel(const __grid_constant__ PrepArgs a) {
     pdl_grid_sync_small();
@@ -291,31 +322,16 @@ __global__ void __launch_bounds__(1024) attn_prep_kernel(const __grid_constant__
     __syncthreads();
     // Rows: every read, the norms and the rotations, into shared memory.
     for (int gr = warp; gr < a.total_rows; gr += n_warps) {
-        int si = 0;
-#pragma unroll
-        for (int k = 1; k < kPrepStreams; ++k) {
-            if (k < a.n_streams && gr >= a.s[k].row0) si = k;
-        }
-        const PrepStream& st = a.s[si];
+        const PrepStream& st = a.s[prep_stream_of(a, gr)];
         const int r = gr - st.row0;
         const int nh = static_cast<int>(st.src.ne[1]);
         const int h = r % nh, t = r / nh;
-        const auto* x = reinterpret_cast<const float*>(ops::row_at(st.src, h, t, 0));
         float v[kPerLane];
-#pragma unroll
-        for (int i = 0; i < kPerLane; ++i) v[i] = x[lane + 32 * i];
+        load_prep_row<D>(st, h, t, lane, v);
         if (st.has_norm) {
-            float ss = 0.0f;
+            norm_prep_row<D>(st, lane, v);
 #pragma unroll
-            for (int i = 0; i < kPerLane; ++i) ss += v[i] * v[i];
-            ss = ops::warp_sum(ss);
-            const auto scale = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / static_cast<double>(D) + st.eps));
-#pragma unroll
-            for (int i = 0; i < kPerLane; ++i) {
-                const int e = lane + 32 * i;
-                v[i] = st.w != nullptr ? v[i] * scale * st.w[e] : v[i] * scale;
-                sm[st.nbuf + r * D + e] = v[i];
-            }
+            for (int i = 0; i < kPerLane; ++i) sm[st.nbuf + r * D + lane + 32 * i] = v[i];
         }
         if (st.has_rope) {
             const float* cs = sm + t * D;
@@ -375,19 +391,13 @@ __global__ void __launch_bounds__(kPrepRowWarps * 32) attn_prep_rows_kernel(cons
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int gr = static_cast<int>(blockIdx.x) * kPrepRowWarps + (static_cast<int>(threadIdx.x) >> 5);
     if (gr >= a.total_rows) return;
-    int si = 0;
-#pragma unroll
-    for (int k = 1; k < kPrepStreams; ++k) {
-        if (k < a.n_streams && gr >= a.s[k].row0) si = k;
-    }
+    const int si = prep_stream_of(a, gr);
     const PrepStream& st = a.s[si];
     const int r = gr - st.row0;
     const int nh = static_cast<int>(st.src.ne[1]);
     const int h = r % nh, t = r / nh;
-    const auto* x = reinterpret_cast<const float*>(ops::row_at(st.src, h, t, 0));
     float v[kPerLane];
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) v[i] = x[lane + 32 * i];
+    load_prep_row<D>(st, h, t, lane, v);
     float c[kH], sn[kH];
     if (st.has_rope) {
         const int p = a.pos[t];
@@ -407,13 +417,7 @@ __global__ void __launch_bounds__(kPrepRowWarps * 32) attn_prep_rows_kernel(cons
         }
     };
     if (st.has_norm) {
-        float ss = 0.0f;
-#pragma unroll
-        for (int i = 0; i < kPerLane; ++i) ss += v[i] * v[i];
-        ss = ops::warp_sum(ss);
-        const auto scale = static_cast<float>(1.0 / sqrt(static_cast<double>(ss) / static_cast<double>(D) + st.eps));
-#pragma unroll
-        for (int i = 0; i < kPerLane; ++i) v[i] = st.w != nullptr ? v[i] * scale * st.w[lane + 32 * i] : v[i] * scale;
+        norm_prep_row<D>(st, lane, v);
         store_row(st.norm, v, false);
     }
     if (st.has_rope) {

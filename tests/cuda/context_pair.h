@@ -9,13 +9,12 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
-#include <unistd.h>
 
+#include "common/tiny_model.h"
 #include "cuda/cuda_backend.h"
 #include "moeinfer/moeinfer.h"
 #include "runtime/context.h"
@@ -47,43 +46,14 @@ private:
     std::string saved_;
 };
 
-// A tiny synthetic model (head_dim 64: the CUDA attention kernels cover 32..256) written to the system
-// temp dir (GPU tests may run from a binary built elsewhere) under `tag`, loaded; freed and removed
-// with the object. n_embd 0 keeps the preset's.
-class TinyModel {
-public:
-    TinyModel(const char* arch, const std::string& tag, int32_t expert_type, uint32_t seed, int32_t n_embd = 0)
-        : path_((std::filesystem::temp_directory_path() / (tag + "_" + arch + "_" + std::to_string(getpid()) + ".gguf"))
-                    .string()) {
-        moe_synth_params sp;
-        REQUIRE(moe_synth_params_init(&sp, arch) == MOE_STATUS_OK);
-        sp.preset = "tiny";
-        sp.head_dim = 64;
-        if (n_embd > 0) sp.n_embd = n_embd;
-        sp.expert_type = expert_type;
-        sp.dense_type = MOE_TYPE_Q8_0;
-        sp.seed = seed;
-        REQUIRE(moe_synth_write(path_.c_str(), &sp) == MOE_STATUS_OK);
-        REQUIRE(moe_model_load(path_.c_str(), nullptr, &model_) == MOE_STATUS_OK);
-        moe_model_info_init(&info_);
-        REQUIRE(moe_model_get_info(model_, &info_) == MOE_STATUS_OK);
-    }
-    ~TinyModel() {
-        moe_model_free(model_);
-        std::error_code ec;
-        std::filesystem::remove(path_, ec);
-    }
-    TinyModel(const TinyModel&) = delete;
-    TinyModel& operator=(const TinyModel&) = delete;
-
-    moe_model* get() const { return model_; }
-    const moe_model_info& info() const { return info_; }
-
-private:
-    std::string path_;
-    moe_model* model_ = nullptr;
-    moe_model_info info_{};
-};
+// The pair tests' models: 64-wide heads (the CUDA attention kernels cover 32..256), `expert_type` experts, n_embd 0 for the preset's.
+inline TinyModelOptions pair_model_options(int32_t expert_type, int32_t n_embd = 0) {
+    TinyModelOptions o;
+    o.expert_type = expert_type;
+    o.n_embd = n_embd;
+    o.head_dim = 64;
+    return o;
+}
 
 // Two CUDA contexts (n_ctx 256, n_ubatch 32) of one model, `on` made with `var`=1, `off` with `var`=0:
 // all on the GPU, or hybrid with `tensor_overrides` (e.g. "exps=CPU") and a scheduling policy.

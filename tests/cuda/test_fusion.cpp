@@ -52,6 +52,7 @@ using moe::test::kPairSteps;
 using moe::test::random_f32;
 using moe::test::require_ok;
 using moe::test::run_seed;
+using moe::test::pair_model_options;
 using moe::test::TinyModel;
 using moe::cuda::FusedKind;
 
@@ -654,7 +655,8 @@ TEST_CASE("cuda contexts give the same logits with and without fused launches", 
         INFO(arch);
         const bool oss = std::strcmp(arch, "gpt-oss") == 0;
         // Rows longer than a warp's: the row chains run.
-        const TinyModel model(arch, "moe_cuda_fusion", oss ? MOE_TYPE_MXFP4 : MOE_TYPE_Q8_0, rng(), oss ? 2880 : 1152);
+        const TinyModel model(arch, "moe_cuda_fusion", rng(),
+                              pair_model_options(oss ? MOE_TYPE_MXFP4 : MOE_TYPE_Q8_0, oss ? 2880 : 1152));
         const CudaContextPair pair(model, "MOEINFER_CUDA_FUSION");
         REQUIRE(pair.on_backend().fusion_enabled());
         REQUIRE_FALSE(pair.off_backend().fusion_enabled());

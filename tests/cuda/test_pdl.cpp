@@ -45,6 +45,7 @@ using moe::test::random_f32;
 using moe::test::require_ok;
 using moe::test::run_seed;
 using moe::test::ScopedEnv;
+using moe::test::pair_model_options;
 using moe::test::TinyModel;
 
 #define MOE_PDL_OR_SKIP(be)                                                   \
@@ -65,7 +66,11 @@ struct Chain {
     Tensor* y = nullptr;
 };
 
-void build_chain(Device& dev, Chain& ch, Tensor* c) {
+// Builds the chain on a fresh random constant operand c and returns c's values.
+template <typename Rng>
+std::vector<float> build_chain(Device& dev, Chain& ch, Rng& rng) {
+    std::vector<float> cv = random_f32(rng, static_cast<size_t>(kN), 0.5f, 1.5f);
+    Tensor* c = dev.leaf(Type::F32, {kN}, cv.data());
     ch.x = ch.g.input(Type::F32, {kN}, "x");
     Tensor* y = ch.x;
     for (int i = 0; i < kSteps; ++i) y = ch.g.add(y, c);
@@ -73,6 +78,7 @@ void build_chain(Device& dev, Chain& ch, Tensor* c) {
     ch.y = y;
     const moe::AllocPlan plan = moe::plan_allocation(ch.g);
     moe::bind_allocation(ch.g, plan, dev.alloc(plan.arena_size));
+    return cv;
 }
 
 // Programmatic edges in a graph captured from the backend's stream while it computes `nodes` eagerly.
@@ -103,10 +109,8 @@ TEST_CASE("PDL launches keep a chain of dependent kernels in order", "[gpu]") {
     MOE_PDL_OR_SKIP(dev.be());
     auto rng = fresh_rng(4242);
     const std::vector<float> xv = random_f32(rng, static_cast<size_t>(kN), -1.0f, 1.0f);
-    const std::vector<float> cv = random_f32(rng, static_cast<size_t>(kN), 0.5f, 1.5f);
-    Tensor* c = dev.leaf(Type::F32, {kN}, cv.data());
     Chain ch;
-    build_chain(dev, ch, c);
+    const std::vector<float> cv = build_chain(dev, ch, rng);
     std::vector<float> want(xv);
     for (int i = 0; i < kSteps; ++i) {
         for (size_t j = 0; j < want.size(); ++j) want[j] = want[j] + cv[j];
@@ -135,10 +139,8 @@ TEST_CASE("PDL launches become programmatic edges under stream capture", "[gpu]"
     dev.be().set_pdl_enabled(true);  // stays off on devices without PDL
     MOE_PDL_OR_SKIP(dev.be());
     auto rng = fresh_rng(4243);
-    const std::vector<float> cv = random_f32(rng, static_cast<size_t>(kN), 0.5f, 1.5f);
-    Tensor* c = dev.leaf(Type::F32, {kN}, cv.data());
     Chain ch;
-    build_chain(dev, ch, c);
+    (void)build_chain(dev, ch, rng);
     dev.be().set_graphs_enabled(false);  // launches go straight to the stream being captured
     require_ok(dev.be().compute(ch.g.nodes()));  // sizes everything first: a capture must not allocate
     require_ok(dev.be().synchronize());
@@ -153,7 +155,8 @@ TEST_CASE("cuda contexts give the same logits with and without PDL", "[gpu]") {
     for (const char* arch : {"qwen3moe", "gpt-oss"}) {
         INFO(arch << ", seed " << run_seed());
         const bool oss = std::strcmp(arch, "gpt-oss") == 0;
-        const TinyModel model(arch, "moe_cuda_pdl", oss ? MOE_TYPE_MXFP4 : MOE_TYPE_Q8_0, rng(), oss ? 2880 : 1152);
+        const TinyModel model(arch, "moe_cuda_pdl", rng(),
+                              pair_model_options(oss ? MOE_TYPE_MXFP4 : MOE_TYPE_Q8_0, oss ? 2880 : 1152));
         const ScopedEnv graphs("MOEINFER_CUDA_GRAPHS", "1");
         const CudaContextPair pair(model, "MOEINFER_CUDA_PDL");
         REQUIRE_FALSE(pair.off_backend().pdl_enabled());
@@ -173,7 +176,7 @@ TEST_CASE("hybrid cuda contexts give the same logits with and without PDL", "[gp
     std::mt19937 rng(static_cast<uint32_t>(run_seed()));
     const ScopedEnv pull("MOEINFER_CUDA_PULL_COPIES", "1");
     for (const char* arch : {"qwen3moe", "gpt-oss"}) {
-        const TinyModel model(arch, "moe_cuda_pdl_hybrid", MOE_TYPE_Q8_0, rng());
+        const TinyModel model(arch, "moe_cuda_pdl_hybrid", rng(), pair_model_options(MOE_TYPE_Q8_0));
         for (const int32_t split : {0, 3}) {
             INFO(arch << ", split " << split << ", seed " << run_seed());
             moe_sched_policy pol;

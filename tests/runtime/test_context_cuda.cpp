@@ -246,8 +246,9 @@ TEST_CASE("cuda contexts give the same logits with and without CUDA graphs", "[g
     std::mt19937 rng(std::random_device{}());
     for (const char* arch : {"qwen3moe", "gpt-oss"}) {
         INFO(arch);
-        const moe::test::TinyModel model(arch, "moe_cuda_graphs",
-                                         std::strcmp(arch, "gpt-oss") == 0 ? MOE_TYPE_MXFP4 : MOE_TYPE_Q4_0, rng());
+        const moe::test::TinyModel model(
+            arch, "moe_cuda_graphs", rng(),
+            moe::test::pair_model_options(std::strcmp(arch, "gpt-oss") == 0 ? MOE_TYPE_MXFP4 : MOE_TYPE_Q4_0));
         const moe::test::CudaContextPair pair(model, "MOEINFER_CUDA_GRAPHS");
         REQUIRE(pair.on_backend().graphs_enabled());
         REQUIRE_FALSE(pair.off_backend().graphs_enabled());

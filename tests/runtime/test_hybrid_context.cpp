@@ -9,51 +9,24 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
+#include "common/tiny_model.h"
 #include "moeinfer/moeinfer.h"
 
 namespace {
 
-struct Model {
-    moe_model* model = nullptr;
-    moe_model_info info{};
-    std::string path;
-    explicit Model(const char* arch, uint64_t seed, float skew = 0.0f, int32_t n_layer = 0) {
-        path = (std::filesystem::temp_directory_path() /
-                (std::string("moe_hybrid_") + arch + "_" + std::to_string(seed) + "_" + std::to_string(getpid()) +
-                 ".gguf")).string();  // per process: ctest runs the [sched] cases in two processes at once
-        moe_synth_params sp;
-        REQUIRE(moe_synth_params_init(&sp, arch) == MOE_STATUS_OK);
-        sp.preset = "tiny";
-        sp.expert_type = MOE_TYPE_Q8_0;
-        sp.dense_type = MOE_TYPE_Q8_0;
-        sp.seed = seed;
-        sp.routing_skew = skew;
-        sp.n_layer = n_layer;  // 0: the preset's
-        REQUIRE(moe_synth_write(path.c_str(), &sp) == MOE_STATUS_OK);
-        REQUIRE(moe_model_load(path.c_str(), nullptr, &model) == MOE_STATUS_OK);
-        moe_model_info_init(&info);
-        REQUIRE(moe_model_get_info(model, &info) == MOE_STATUS_OK);
-    }
-    ~Model() {
-        moe_model_free(model);
-        std::filesystem::remove(path);
-    }
-    uint64_t tensor_bytes(const std::string& name) const {
-        int32_t idx = -1;
-        REQUIRE(moe_model_find_tensor(model, name.c_str(), &idx) == MOE_STATUS_OK);
-        moe_tensor_info ti;
-        moe_tensor_info_init(&ti);
-        REQUIRE(moe_model_get_tensor(model, idx, &ti) == MOE_STATUS_OK);
-        return ti.n_bytes;
-    }
-};
+using Model = moe::test::TinyModel;
+
+// A tiny Q8_0 model; skew is the synthetic router's routing skew, n_layer 0 the preset's.
+moe::test::TinyModelOptions model_options(float skew = 0.0f, int32_t n_layer = 0) {
+    moe::test::TinyModelOptions o;
+    o.routing_skew = skew;
+    o.n_layer = n_layer;
+    return o;
+}
 
 struct Ctx {
     moe_context* ctx = nullptr;
@@ -66,7 +39,7 @@ struct Ctx {
         p.device = device;
         p.tensor_overrides = overrides;
         p.policy = policy;
-        const moe_status s = moe_context_create(m.model, &p, &ctx);
+        const moe_status s = moe_context_create(m.get(), &p, &ctx);
         INFO(moe_last_error());
         REQUIRE(s == MOE_STATUS_OK);
     }
@@ -133,8 +106,8 @@ moe_sched_policy make_policy(const char* offload, int32_t expert_copy, int32_t b
 TEST_CASE("hybrid contexts match the cpu path for every policy", "[sched]") {
     std::mt19937 rng(std::random_device{}());
     for (const char* arch : {"qwen3moe", "gpt-oss"}) {
-        Model m(arch, rng());
-        const int32_t nv = m.info.n_vocab;
+        Model m(arch, "moe_hybrid", rng());
+        const int32_t nv = m.info().n_vocab;
         // The same token stream for every configuration: prefill above and below the thresholds, then
         // single tokens (TG), over several ubatches (n_ubatch 16).
         const std::vector<std::vector<int32_t>> batches = {random_tokens(rng, 37, nv), random_tokens(rng, 3, nv),
@@ -170,8 +143,9 @@ TEST_CASE("hybrid contexts match the cpu path for every policy", "[sched]") {
 TEST_CASE("ACTIVE_ONLY uploads exactly the selected experts, coalesced", "[sched]") {
     std::mt19937 rng(std::random_device{}());
     for (const char* arch : {"qwen3moe", "gpt-oss"}) {
-        Model m(arch, rng(), 0.9f);  // skewed routing: some experts are rarely selected
-        const int32_t nv = m.info.n_vocab, n_layer = m.info.n_layer, n_expert = m.info.n_expert;
+        // Skewed routing: some experts are rarely selected.
+        Model m(arch, "moe_hybrid", rng(), model_options(0.9f));
+        const int32_t nv = m.info().n_vocab, n_layer = m.info().n_layer, n_expert = m.info().n_expert;
         const moe_sched_policy active = make_policy("all=0", MOE_EXPERT_COPY_ACTIVE_ONLY, 1);
         const moe_sched_policy full = make_policy("all=0", MOE_EXPERT_COPY_FULL, 1);
         const moe_sched_policy prefetch = make_policy("all=0", MOE_EXPERT_COPY_ACTIVE_PREFETCH, 1);
@@ -220,7 +194,7 @@ TEST_CASE("ACTIVE_ONLY uploads exactly the selected experts, coalesced", "[sched
                     expect_copies += runs;
                 }
             }
-            CHECK(selections == static_cast<uint64_t>(n) * static_cast<uint64_t>(m.info.n_expert_used) *
+            CHECK(selections == static_cast<uint64_t>(n) * static_cast<uint64_t>(m.info().n_expert_used) *
                                     static_cast<uint64_t>(n_layer));
             const moe_sched_stats sa = a.stats(), sf = f.stats();
             CHECK(sa.bytes_weights_experts == expect_bytes);
@@ -242,8 +216,8 @@ TEST_CASE("ACTIVE_ONLY uploads exactly the selected experts, coalesced", "[sched
 
 TEST_CASE("bias duplication keeps expert biases on both sides", "[sched]") {
     std::mt19937 rng(std::random_device{}());
-    Model m("gpt-oss", rng());
-    const int32_t nv = m.info.n_vocab;
+    Model m("gpt-oss", "moe_hybrid", rng());
+    const int32_t nv = m.info().n_vocab;
     // Expert weights on the host, biases on the device (seed PR 829's second command line).
     const char* ot = "ffn_(up|gate|down)_exps\\.weight=CPU";
     const moe_sched_policy dup = make_policy("all=off", MOE_EXPERT_COPY_FULL, 1);
@@ -265,7 +239,7 @@ TEST_CASE("bias duplication keeps expert biases on both sides", "[sched]") {
     const auto tokens = random_tokens(rng, 1, nv);
     require_close(with.decode(tokens, nv), without.decode(tokens, nv), nv);
     uint64_t bias_bytes = 0;
-    for (int il = 0; il < m.info.n_layer; ++il) {
+    for (int il = 0; il < m.info().n_layer; ++il) {
         for (const char* b : {"ffn_up_exps.bias", "ffn_gate_exps.bias"}) bias_bytes += m.tensor_bytes("blk." + std::to_string(il) + "." + b);
     }
     CHECK(with.stats().bytes_weights_full == 0);
@@ -282,7 +256,7 @@ TEST_CASE("bias duplication keeps expert biases on both sides", "[sched]") {
 }
 
 TEST_CASE("bad placement and policy values are rejected with clear errors", "[sched]") {
-    Model m("qwen3moe", 7);
+    Model m("qwen3moe", "moe_hybrid", 7);
     moe_context_params p;
     moe_context_params_init(&p);
     p.n_ctx = 64;
@@ -290,20 +264,20 @@ TEST_CASE("bad placement and policy values are rejected with clear errors", "[sc
     moe_context* ctx = nullptr;
 
     p.tensor_overrides = "exps=TPU";
-    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
     CHECK(std::string(moe_last_error()).find("unknown backend 'TPU'") != std::string::npos);
     p.tensor_overrides = "ffn_(=CPU";
-    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
     CHECK(std::string(moe_last_error()).find("invalid regex") != std::string::npos);
     p.tensor_overrides = nullptr;
     p.n_cpu_moe = -1;
-    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
     p.n_cpu_moe = 0;
     p.n_gpu_layers = -2;
-    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
     p.n_gpu_layers = -1;
     p.vram_budget = 1000;  // not even the embeddings fit
-    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_RESOURCE_EXHAUSTED);
+    CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_RESOURCE_EXHAUSTED);
     CHECK(std::string(moe_last_error()).find("VRAM budget") != std::string::npos);
     p.vram_budget = 0;
 
@@ -311,20 +285,20 @@ TEST_CASE("bad placement and policy values are rejected with clear errors", "[sc
     moe_sched_policy_init(&pol);
     pol.offload[MOE_OFFLOAD_MUL_MAT].min_batch = -5;
     p.policy = &pol;
-    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
     CHECK(std::string(moe_last_error()).find("mul_mat min_batch") != std::string::npos);
     moe_sched_policy_init(&pol);
     pol.expert_copy = 9;
-    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
     moe_sched_policy_init(&pol);
     CHECK(pol.expert_split == MOE_EXPERT_SPLIT_AUTO);
     pol.expert_split = -2;
-    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
     CHECK_THAT(moe_last_error(), Catch::Contains("expert_split"));
     moe_sched_policy_init(&pol);
     pol.offload_vram_budget = 100;  // far below four slots of an expert tensor
     p.tensor_overrides = "exps=CPU";
-    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
     CHECK(std::string(moe_last_error()).find("upload slots") != std::string::npos);
     CHECK(ctx == nullptr);
 
@@ -335,19 +309,19 @@ TEST_CASE("bad placement and policy values are rejected with clear errors", "[sc
     // A valid context: get_policy resolves the default thresholds; set_policy validates.
     moe_sched_policy_init(&pol);
     p.policy = &pol;
-    REQUIRE(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_OK);
+    REQUIRE(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_OK);
     moe_sched_policy got;
     moe_sched_policy_init(&got);
     REQUIRE(moe_context_get_policy(ctx, &got) == MOE_STATUS_OK);
     CHECK(got.offload[MOE_OFFLOAD_MUL_MAT].min_batch == 32);
-    CHECK(got.offload[MOE_OFFLOAD_MUL_MAT_ID].min_batch == 32 * m.info.n_expert / m.info.n_expert_used);
+    CHECK(got.offload[MOE_OFFLOAD_MUL_MAT_ID].min_batch == 32 * m.info().n_expert / m.info().n_expert_used);
     pol.offload[MOE_OFFLOAD_MOE_UP_GATE].min_batch = -7;
     CHECK(moe_context_set_policy(ctx, &pol) == MOE_STATUS_INVALID_ARGUMENT);
     moe_context_free(ctx);
 }
 
 TEST_CASE("the default placement spills experts to host RAM when VRAM is short", "[sched]") {
-    Model m("qwen3moe", 11);
+    Model m("qwen3moe", "moe_hybrid", 11);
     moe_context_params p;
     moe_context_params_init(&p);
     p.n_ctx = 64;
@@ -355,24 +329,24 @@ TEST_CASE("the default placement spills experts to host RAM when VRAM is short",
     p.vram_budget = 0;
     // Everything fits in an explicit budget of all the weights; a smaller one spills expert tensors.
     uint64_t total = 0, experts = 0;
-    for (int32_t i = 0; i < m.info.n_tensors; ++i) {
+    for (int32_t i = 0; i < m.info().n_tensors; ++i) {
         moe_tensor_info ti;
         moe_tensor_info_init(&ti);
-        REQUIRE(moe_model_get_tensor(m.model, i, &ti) == MOE_STATUS_OK);
+        REQUIRE(moe_model_get_tensor(m.get(), i, &ti) == MOE_STATUS_OK);
         const uint64_t n = (ti.n_bytes + 255) / 256 * 256;
         total += n;
         if (std::string(ti.name).find("_exps.") != std::string::npos) experts += n;
     }
     p.vram_budget = total;
     moe_context* ctx = nullptr;
-    REQUIRE(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_OK);
+    REQUIRE(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_OK);
     moe_sched_stats st;
     st.struct_size = sizeof st;
     REQUIRE(moe_context_get_stats(ctx, &st) == MOE_STATUS_OK);
     CHECK(st.weights_host_bytes == 0);
     moe_context_free(ctx);
     p.vram_budget = total - experts / 2;
-    REQUIRE(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_OK);
+    REQUIRE(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_OK);
     REQUIRE(moe_context_get_stats(ctx, &st) == MOE_STATUS_OK);
     CHECK(st.weights_host_bytes >= experts / 2);
     CHECK(st.weights_device_bytes <= p.vram_budget);
@@ -388,7 +362,8 @@ TEST_CASE("the default placement spills experts to host RAM when VRAM is short",
 // spill, the automatic split reserves at least as much as off (two more upload slots, the split's
 // activations): never fewer weight bytes in RAM, and more at some VRAM.
 TEST_CASE("the default placement reserves the split's activations only when experts spill", "[sched]") {
-    Model m("qwen3moe", 12, 0.0f, 16);  // 16 layers: expert bytes well above the slots' reserve
+    // 16 layers: expert bytes well above the slots' reserve.
+    Model m("qwen3moe", "moe_hybrid", 12, model_options(0.0f, 16));
     constexpr uint64_t kFailed = UINT64_MAX;
     auto host_bytes = [&](uint64_t vram, int32_t split) {
         const std::string v = std::to_string(vram);
@@ -402,7 +377,7 @@ TEST_CASE("the default placement reserves the split's activations only when expe
         p.device = MOE_DEVICE_EMULATED;
         p.policy = &pol;
         moe_context* ctx = nullptr;
-        const moe_status s = moe_context_create(m.model, &p, &ctx);
+        const moe_status s = moe_context_create(m.get(), &p, &ctx);
         unsetenv("MOEINFER_EMULATED_VRAM");
         if (s != MOE_STATUS_OK) return kFailed;  // too small for the dense weights, KV cache and reserve
         moe_sched_stats st;
@@ -442,9 +417,9 @@ TEST_CASE("the default placement reserves the split's activations only when expe
 TEST_CASE("the automatic split times each ubatch size both ways, then keeps one", "[sched]") {
     std::mt19937 rng(std::random_device{}());
     for (const char* arch : {"qwen3moe", "gpt-oss"}) {
-        Model m(arch, rng());
-        const int32_t nv = m.info.n_vocab;
-        const uint64_t n_layer = static_cast<uint64_t>(m.info.n_layer);
+        Model m(arch, "moe_hybrid", rng());
+        const int32_t nv = m.info().n_vocab;
+        const uint64_t n_layer = static_cast<uint64_t>(m.info().n_layer);
         moe_sched_policy pol;
         moe_sched_policy_init(&pol);
         REQUIRE(pol.expert_split == MOE_EXPERT_SPLIT_AUTO);
@@ -508,7 +483,7 @@ int log_progress(float f, void* user) {
 }  // namespace
 
 TEST_CASE("context creation reports progress and can be cancelled", "[sched]") {
-    Model m("gpt-oss", 5);
+    Model m("gpt-oss", "moe_hybrid", 5);
     moe_context_params p;
     moe_context_params_init(&p);
     p.n_ctx = 64;
@@ -518,7 +493,7 @@ TEST_CASE("context creation reports progress and can be cancelled", "[sched]") {
     p.progress = log_progress;
     p.progress_user_data = &log;
     moe_context* ctx = nullptr;
-    REQUIRE(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_OK);
+    REQUIRE(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_OK);
     CHECK(log.calls > 1);
     CHECK(log.monotonic);
     CHECK(log.last == Approx(1.0f));
@@ -528,7 +503,7 @@ TEST_CASE("context creation reports progress and can be cancelled", "[sched]") {
     ProgressLog cancel;
     cancel.cancel_at = 2;
     p.progress_user_data = &cancel;
-    CHECK(moe_context_create(m.model, &p, &ctx) == MOE_STATUS_CANCELLED);
+    CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_CANCELLED);
     CHECK(ctx == nullptr);
     CHECK(cancel.calls == 3);
 }
@@ -536,8 +511,8 @@ TEST_CASE("context creation reports progress and can be cancelled", "[sched]") {
 TEST_CASE("expert split: the host and device parts add up to the cpu path", "[sched]") {
     std::mt19937 rng(std::random_device{}());
     for (const char* arch : {"qwen3moe", "gpt-oss"}) {
-        Model m(arch, rng());
-        const int32_t nv = m.info.n_vocab, n_layer = m.info.n_layer, n_expert = m.info.n_expert;
+        Model m(arch, "moe_hybrid", rng());
+        const int32_t nv = m.info().n_vocab, n_layer = m.info().n_layer, n_expert = m.info().n_expert;
         const std::vector<std::vector<int32_t>> batches = {random_tokens(rng, 37, nv), random_tokens(rng, 3, nv),
                                                             random_tokens(rng, 1, nv), random_tokens(rng, 20, nv)};
         Ctx cpu(m, MOE_DEVICE_CPU, nullptr, nullptr);
