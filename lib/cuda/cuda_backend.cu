@@ -260,6 +260,7 @@ Status CudaBackend::launch_item(size_t i) {
     ctx.scratch = scratch_;
     ctx.scratch_size = scratch_size_;
     ctx.n_sm = n_sm_;
+    ctx.clusters = pdl_supported_;  // both need compute capability 9.0+
     ctx.error_flags = error_flags_dev_;
     ctx.attn_counters = attn_counters_;
     const size_t slot_stride = (plan_.slot_bytes + 255) & ~size_t{255};

@@ -25,6 +25,7 @@ struct OpContext {
     void* scratch = nullptr;          // device memory, 256-byte aligned
     size_t scratch_size = 0;
     int n_sm = 0;                     // multiprocessors of the device, for grid sizing
+    bool clusters = false;            // thread block clusters may be launched (compute capability 9.0+)
     // Device-visible error word (mapped pinned host memory). A kernel that meets bad data it cannot
     // report synchronously (an out-of-range id read on the device) ORs a kError* bit here, writes NaN
     // instead of reading out of bounds, and the backend turns the word into a Status at synchronize().

@@ -268,7 +268,11 @@ bool match_attn_prep(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
         }
         bool from_rope = false;
         for (int r = 0; r < nr; ++r) from_rope = from_rope || identical(s, ropes[r]);
-        if (!from_rope) {  // rows of its own
+        if (!from_rope) {  // rows of its own, read before any write of the launch
+            const ByteRange sr = byte_range(*s);
+            for (Tensor* o : {norms[0], norms[1], ropes[0], ropes[1], cpys[0]}) {
+                if (o != nullptr && o != &c && sr.overlaps(byte_range(*o))) return false;  // another part's result
+            }
             rows += s->ne[1] * t;
             floats += s->ne[1] * t * d;
         }
@@ -280,6 +284,50 @@ bool match_attn_prep(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
     for (int m = 0; m < nr; ++m) item.part[static_cast<size_t>(k++)] = ropes[m];
     for (int m = 0; m < nc; ++m) item.part[static_cast<size_t>(k++)] = cpys[m];
     item.n_part = k;
+    return true;
+}
+
+bool attn_prep_rows_apart_impl(std::span<Tensor* const> parts) {
+    std::vector<Tensor*> norms, ropes, cpys;
+    for (Tensor* p : parts) {
+        if (p->op == Op::RMS_NORM) norms.push_back(p);
+        if (p->op == Op::ROPE) ropes.push_back(p);
+        if (p->op == Op::CPY) cpys.push_back(p);
+    }
+    // Every tensor the launch touches with the stream whose warps touch it (-1: read by all, or a weight).
+    struct Use {
+        const Tensor* t;
+        int stream;
+        bool out;
+    };
+    std::vector<Use> uses;
+    const int nr = static_cast<int>(ropes.size());
+    for (int k = 0; k < nr; ++k) {
+        uses.push_back({ropes[k], k, true});
+        uses.push_back({ropes[k]->src[0], k, false});
+        uses.push_back({ropes[k]->src[1], -1, false});  // positions
+        if (static_cast<size_t>(k) < norms.size()) {
+            uses.push_back({norms[k], k, true});
+            uses.push_back({norms[k]->src[0], k, false});
+            if (norms[k]->src[1] != nullptr) uses.push_back({norms[k]->src[1], -1, false});
+        }
+    }
+    for (size_t m = 0; m < cpys.size(); ++m) {
+        int stream = nr + static_cast<int>(m);  // rows of its own, unless it copies a rope's result
+        for (int k = 0; k < nr; ++k) {
+            if (identical(cpys[m]->src[0], ropes[k])) stream = k;
+        }
+        uses.push_back({cpys[m], stream, true});
+        uses.push_back({cpys[m]->src[0], stream, false});
+    }
+    for (size_t i = 0; i < uses.size(); ++i) {
+        if (!uses[i].out) continue;
+        const ByteRange r = byte_range(*uses[i].t);
+        for (size_t j = 0; j < uses.size(); ++j) {
+            if (j == i || uses[j].t == nullptr || !r.overlaps(byte_range(*uses[j].t))) continue;
+            if (uses[j].stream != uses[i].stream || uses[i].stream < 0 || !identical(uses[i].t, uses[j].t)) return false;
+        }
+    }
     return true;
 }
 
@@ -351,6 +399,8 @@ void assign_slots(FusionPlan& plan) {
 }
 
 }  // namespace
+
+bool attn_prep_rows_apart(std::span<Tensor* const> parts) { return attn_prep_rows_apart_impl(parts); }
 
 ByteRange byte_range(const Tensor& t) {
     ByteRange r;

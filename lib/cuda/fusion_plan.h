@@ -70,6 +70,12 @@ struct FusionPlan {
 const Tensor* gemv_q8_activation(const Tensor& node);
 // True when MUL_MAT `node` passes its checks and takes the GEMV path.
 bool mul_mat_takes_gemv(const Tensor& node);
+// Whether the parts of a kAttnPrep item (as matched: norms, ropes, copies) may run a warp per (head,
+// token) row over several blocks, with no barrier between one row's reads and another row's writes:
+// every output (norm, rope and copy rows) is disjoint from every other tensor the launch reads or
+// writes, except the rows of its own stream (a head's input, norm, rope and the copy of that rope)
+// where the two are exactly the same rows and no other stream reads them.
+bool attn_prep_rows_apart(std::span<Tensor* const> parts);
 // True when ATTENTION `node` passes its checks and can also write its result as Q8 rows of n_head * D
 // values per token (ops_attention.cu: the FP32 kernel, dense output).
 bool attention_writes_q8(const Tensor& node);

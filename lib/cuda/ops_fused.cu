@@ -25,7 +25,6 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
-#include <vector>
 
 #include <cooperative_groups.h>
 
@@ -65,11 +64,39 @@ __device__ __forceinline__ const float* frow(const View& t, int64_t i1, int64_t 
     return reinterpret_cast<const float*>(ops::row_at(t, i1, i2, i3));
 }
 
+// Cluster operations exist from sm_90 on; the host launches clustered chains only there
+// (OpContext::clusters), so older targets compile them to nothing.
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cg::this_cluster().sync();
+#endif
+}
+
+// The cluster's blocks' part[0] values, added in rank order.
+__device__ __forceinline__ float cluster_sum(float* part0) {
+    float s = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cg::cluster_group cluster = cg::this_cluster();
+    for (unsigned int b = 0; b < cluster.num_blocks(); ++b) s += *cluster.map_shared_rank(part0, b);
+#else
+    s = *part0;
+#endif
+    return s;
+}
+
+__device__ __forceinline__ int cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    return static_cast<int>(cg::this_cluster().block_rank());
+#else
+    return 0;
+#endif
+}
+
 // Block-wide barrier, or cluster-wide when the row is split over a cluster (kCluster).
 template <bool kCluster>
 __device__ __forceinline__ void chain_barrier() {
     if constexpr (kCluster) {
-        cg::this_cluster().sync();
+        cluster_sync();
     } else {
         __syncthreads();
     }
@@ -90,7 +117,7 @@ __global__ void __launch_bounds__(1024) row_chain_kernel(ChainArgs a) {
     const int64_t r = kCluster ? blockIdx.y : blockIdx.x;
     int begin = 0, end = static_cast<int>(a.n);
     if constexpr (kCluster) {
-        begin = static_cast<int>(cg::this_cluster().block_rank()) * a.slice;
+        begin = cluster_rank() * a.slice;
         end = min(end, begin + a.slice);
     }
     int64_t i1 = r, i2 = 0, i3 = 0;  // decoding has one row: skip the 64-bit divisions
@@ -133,10 +160,8 @@ __global__ void __launch_bounds__(1024) row_chain_kernel(ChainArgs a) {
     if constexpr (kCluster) {
         // Every block's reads are done (and its part[0] written) before any block writes or reads a
         // sum: the barrier orders outputs after all of the row's reads, as __syncthreads does below.
-        cg::cluster_group cluster = cg::this_cluster();
-        cluster.sync();
-        ss = 0.0f;
-        for (unsigned int b = 0; b < cluster.num_blocks(); ++b) ss += *cluster.map_shared_rank(&part[0], b);
+        cluster_sync();
+        ss = cluster_sum(&part[0]);
     } else {
         __syncthreads();
         ss = part[0];
@@ -177,7 +202,7 @@ __global__ void __launch_bounds__(1024) row_chain_kernel(ChainArgs a) {
                                         reinterpret_cast<float*>(q8row + a.n) + b);
         }
     }
-    if constexpr (kCluster) cg::this_cluster().sync();  // no block leaves while others read its part[0]
+    if constexpr (kCluster) cluster_sync();  // no block leaves while others read its part[0]
 }
 
 // ---- router ----
@@ -380,7 +405,8 @@ __global__ void __launch_bounds__(1024) attn_prep_kernel(const __grid_constant__
 // no barrier: each warp computes its token's cos / sin pairs (2 per lane at D = 128), reads its row,
 // and writes its row of every node in node order. Used only where every output is disjoint from every
 // other tensor of the launch, or is its own stream's rows (in place), so that no warp's write can
-// meet another warp's read or write (attn_prep_rows_safe). Bitwise the block kernel's results.
+// meet another warp's read or write (attn_prep_rows_apart, fusion_plan.h). Bitwise the block kernel's
+// results.
 constexpr int kPrepRowWarps = 4;
 
 template <int D>
@@ -443,52 +469,6 @@ bool same_tensor(const Tensor* a, const Tensor* b) {
     if (a == nullptr || b == nullptr || a->data != b->data) return false;
     for (int d = 0; d < 4; ++d) {
         if (a->ne[d] != b->ne[d] || a->nb[d] != b->nb[d]) return false;
-    }
-    return true;
-}
-
-// Whether attn_prep_rows_kernel may run these parts: every output (norm, rope and cache rows) is
-// disjoint from every other tensor the launch reads or writes, except that a stream's norm and rope
-// results may be its own input rows or each other's, exactly (a warp reads its row before writing it
-// and writes it in node order).
-bool attn_prep_rows_safe(Tensor* const* norms, int nn, Tensor* const* ropes, int nr, Tensor* const* cpys, int nc) {
-    std::vector<const Tensor*> others;  // everything but the outputs checked against it
-    for (int k = 0; k < nr; ++k) {
-        others.push_back(ropes[k]->src[0]);
-        others.push_back(ropes[k]->src[1]);  // positions
-        if (k < nn) {
-            others.push_back(norms[k]->src[0]);
-            if (norms[k]->src[1] != nullptr) others.push_back(norms[k]->src[1]);
-        }
-    }
-    for (int k = 0; k < nc; ++k) others.push_back(cpys[k]->src[0]);
-    std::vector<const Tensor*> outs;
-    for (int k = 0; k < nn; ++k) outs.push_back(norms[k]);
-    for (int k = 0; k < nr; ++k) outs.push_back(ropes[k]);
-    for (int k = 0; k < nc; ++k) outs.push_back(cpys[k]);
-    // The stream a tensor's rows belong to (its input, norm and rope), or -1.
-    const auto stream_of = [&](const Tensor* t) {
-        for (int k = 0; k < nr; ++k) {
-            if (same_tensor(t, ropes[k]) || same_tensor(t, ropes[k]->src[0]) ||
-                (k < nn && (same_tensor(t, norms[k]) || same_tensor(t, norms[k]->src[0])))) {
-                return k;
-            }
-        }
-        return -1;
-    };
-    for (size_t i = 0; i < outs.size(); ++i) {
-        const ByteRange ro = byte_range(*outs[i]);
-        const auto clash = [&](const Tensor* o) {
-            if (o == nullptr || o == outs[i] || !ro.overlaps(byte_range(*o))) return false;
-            const int so = stream_of(outs[i]);
-            return !(so >= 0 && stream_of(o) == so && same_tensor(o, outs[i]));
-        };
-        for (const Tensor* o : others) {
-            if (clash(o)) return false;
-        }
-        for (const Tensor* o : outs) {
-            if (clash(o)) return false;
-        }
     }
     return true;
 }
@@ -558,7 +538,7 @@ Status row_chain(std::span<Tensor* const> parts, const OpContext& ctx) {
     // Few rows (decoding) of at least kClusterMinRow values: each row split over a cluster of
     // kChainCluster blocks. Otherwise few rows: the widest block, for latency; many rows: ~4 values
     // per thread.
-    const bool clustered = n >= kClusterMinRow && rows * kChainCluster <= ctx.n_sm && rows <= 65535;
+    const bool clustered = ctx.clusters && n >= kClusterMinRow && rows * kChainCluster <= ctx.n_sm && rows <= 65535;
     int64_t per_block = n;
     if (clustered) {
         a.slice = static_cast<int>(ops::ceil_div(ops::ceil_div(n, kChainCluster), 32) * 32);
@@ -692,7 +672,7 @@ Status attn_prep(std::span<Tensor* const> parts, const OpContext& ctx) {
     }
     a.total_rows = rows;
     if (rows > kMaxPrepRows || off > kMaxPrepFloats) return internal_error("attn_prep: too many rows");
-    if (attn_prep_rows_safe(norms, nn, ropes, nr, cpys, nc)) {
+    if (attn_prep_rows_apart(parts)) {
         const auto kernel = a.d == 64 ? attn_prep_rows_kernel<64> : attn_prep_rows_kernel<128>;
         return launch_kernel("attn_prep_rows_kernel", kernel, static_cast<unsigned int>(ops::ceil_div(rows, kPrepRowWarps)),
                              kPrepRowWarps * 32, 0, ctx.stream, a);

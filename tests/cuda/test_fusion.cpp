@@ -319,6 +319,72 @@ TEST_CASE("CUDA fusion plans refuse what would change results", "[cuda]") {
         moe::cuda::plan_fusions(nodes, true, plan);
         CHECK(plan.items.size() == 1);
     }
+    SECTION("attention prologues run a warp per row only where no output meets another stream's rows") {
+        // As many query heads as KV heads, so that any output could sit exactly on another stream's rows.
+        constexpr int64_t kD = 128, kH = 4;
+        Tensor* qn = f.make(Type::F32, {kD});
+        Tensor* kn = f.make(Type::F32, {kD});
+        Tensor* kc = f.make(Type::F16, {kD, kH, 64});
+        Tensor* vc = f.make(Type::F16, {kD, kH, 64});
+        moe::Graph g;
+        Tensor* q = g.input(Type::F32, {kD, kH, 1}, "q");
+        Tensor* k = g.input(Type::F32, {kD, kH, 1}, "k");
+        Tensor* v = g.input(Type::F32, {kD, kH, 1}, "v");
+        Tensor* pos = g.input(Type::I32, {1}, "pos");
+        moe::RopeParams rp;
+        rp.n_dims = kD;
+        Tensor* nq = g.rms_norm(q, qn, 1e-6f);
+        Tensor* nk = g.rms_norm(k, kn, 1e-6f);
+        Tensor* rq = g.rope(nq, pos, rp);
+        Tensor* rk = g.rope(nk, pos, rp);
+        const auto rows = [&](Tensor* cache) { return g.view(cache, {kD, kH, 1}, {cache->nb[1], cache->nb[2]}, 0); };
+        Tensor* ck = g.cpy(rk, rows(kc));
+        Tensor* cv = g.cpy(v, rows(vc));
+        for (Tensor* o : {q, k, v, nq, nk, rq, rk}) g.set_output(o);  // nothing reuses another's bytes
+        arena(g);
+        std::vector<Tensor*> nodes = {nq, nk, rq, rk, ck, cv};
+        moe::cuda::FusionPlan plan;
+        moe::cuda::plan_fusions(nodes, true, plan);
+        REQUIRE(plan.items.size() == 1);
+        REQUIRE(plan.items[0].kind == FusedKind::kAttnPrep);
+        const std::span<Tensor* const> parts(plan.items[0].part.data(), static_cast<size_t>(plan.items[0].n_part));
+        CHECK(moe::cuda::attn_prep_rows_apart(parts));  // every output apart
+        void* const saved_rq = rq->data;
+        rq->data = nq->data;  // q's rope in place on q's norm: its own stream's rows
+        CHECK(moe::cuda::attn_prep_rows_apart(parts));
+        rq->data = saved_rq;
+        void* const saved_nk = nk->data;
+        nk->data = q->data;  // k's norm on q's input rows, which q's warps may not have read yet
+        CHECK_FALSE(moe::cuda::attn_prep_rows_apart(parts));
+        nk->data = saved_nk;
+        void* const saved_ck = ck->data;
+        ck->data = rq->data;  // the cache rows over q's rope result (F16 rows inside it)
+        CHECK_FALSE(moe::cuda::attn_prep_rows_apart(parts));
+        ck->data = saved_ck;
+        cv->data = k->data;  // v's copy over k's input rows
+        CHECK_FALSE(moe::cuda::attn_prep_rows_apart(parts));
+    }
+    SECTION("an attention prologue does not take a copy of another part's result that is not a rope") {
+        constexpr int64_t kD = 64, kH = 2;
+        Tensor* vc = f.make(Type::F32, {kD, kH, 8});
+        moe::Graph g;
+        Tensor* q = g.input(Type::F32, {kD, kH, 1}, "q");
+        Tensor* pos = g.input(Type::I32, {1}, "pos");
+        moe::RopeParams rp;
+        rp.n_dims = kD;
+        Tensor* nq = g.rms_norm(q, nullptr, 1e-6f);
+        Tensor* rq = g.rope(nq, pos, rp);
+        Tensor* cn = g.cpy(nq, g.view(vc, {kD, kH, 1}, {vc->nb[1], vc->nb[2]}, 0));  // copies the norm's result
+        g.set_output(rq);
+        arena(g);
+        std::vector<Tensor*> nodes = {nq, rq, cn};
+        moe::cuda::FusionPlan plan;
+        moe::cuda::plan_fusions(nodes, true, plan);
+        // The norm runs first on its own; the rope and the copy (of a finished result) may go together.
+        REQUIRE(plan.items.size() == 2);
+        CHECK(plan.items[0].node == nq);
+        CHECK(plan.items[0].n_part == 1);
+    }
 }
 
 // ---- on the device ----
@@ -473,6 +539,47 @@ TEST_CASE("CUDA fused weighted sums, residual adds, norms and routers match unfu
         REQUIRE(items.size() == (c.t <= 32 ? 5u : 7u));
         if (c.t <= 32) CHECK(items[0] == std::make_pair(FusedKind::kRouter, 3));
         CHECK(items[c.t <= 32 ? 1 : 3] == std::make_pair(FusedKind::kRowChain, 3));
+    }
+}
+
+TEST_CASE("CUDA fused chains whose outputs overlap with a shift write them in node order", "[gpu]") {
+    // ws and the norm's result share bytes, the norm's shifted by 32 floats (legal for one row: ws is
+    // dead once the ADD has read it). The fused chain writes ws, then the sum, then the norm, with
+    // barriers (cluster-wide for a decode row) between: a norm value overwritten by a late ws write
+    // would differ from the unfused launches.
+    MOE_GPU_OR_SKIP();
+    Device dev;
+    std::mt19937_64 rng(run_seed() * 0x9E3779B97F4A7C15ull + 205);
+    for (const int64_t n : {int64_t{2048}, int64_t{2880}, int64_t{8192}}) {
+        INFO("n " << n);
+        constexpr int64_t kK = 8;
+        const std::vector<float> wn = random_f32(rng, static_cast<size_t>(n), 0.5f, 1.5f);
+        Tensor* norm_w = dev.leaf(Type::F32, {n}, wn.data());
+        moe::Graph g;
+        Tensor* y = g.input(Type::F32, {n, kK, 1}, "y");
+        Tensor* p = g.input(Type::F32, {kK, 1}, "p");
+        Tensor* cur = g.input(Type::F32, {n, 1}, "cur");
+        Tensor* ws = g.weighted_sum(y, p);
+        Tensor* sum = g.add(cur, ws);
+        Tensor* nrm = g.rms_norm(sum, norm_w, 1e-5f);
+        g.set_output(sum);
+        g.set_output(nrm);
+        for (Tensor* in : {y, p, cur}) g.set_output(g.silu(in));  // inputs stay apart from the outputs
+        const moe::AllocPlan plan = moe::plan_allocation(g);
+        moe::bind_allocation(g, plan, dev.alloc(plan.arena_size));
+        auto* shared = static_cast<uint8_t*>(dev.alloc(static_cast<size_t>(n + 32) * sizeof(float)));
+        ws->data = shared;
+        nrm->data = shared + 32 * sizeof(float);
+        const std::vector<float> yv = random_f32(rng, static_cast<size_t>(n * kK), -2.0f, 2.0f);
+        const std::vector<float> pv = random_f32(rng, static_cast<size_t>(kK), 0.0f, 1.0f);
+        const std::vector<float> cv = random_f32(rng, static_cast<size_t>(n), -4.0f, 4.0f);
+        const auto items = check_fused_matches_unfused(dev, g, [&] {
+            dev.upload(y->data, yv.data(), y->n_bytes());
+            dev.upload(p->data, pv.data(), p->n_bytes());
+            dev.upload(cur->data, cv.data(), cur->n_bytes());
+        });
+        REQUIRE(items.size() == 4);
+        CHECK(items[0] == std::make_pair(FusedKind::kRowChain, 3));
     }
 }
 

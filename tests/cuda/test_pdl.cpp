@@ -18,6 +18,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -131,6 +133,63 @@ TEST_CASE("PDL launches keep a chain of dependent kernels in order", "[gpu]") {
     const uint64_t replays = dev.be().graph_stats().replays;
     for (int i = 0; i < 3; ++i) CHECK(run());  // captured, then replayed
     CHECK(dev.be().graph_stats().replays > replays);
+}
+
+TEST_CASE("PDL launches keep a chain of small early-triggering kernels in order", "[gpu]") {
+    // y <- rms_norm(y + c) * w, 64 times, on one row of 2048: each step is one fused row chain on a few
+    // blocks, which lets the next step launch right after its own wait (pdl_grid_sync_small) and reads
+    // the previous step's result. A step run early would read a stale row: the bits would differ from
+    // the run without PDL.
+    MOE_GPU_OR_SKIP();
+    Device dev;
+    dev.be().set_pdl_enabled(true);
+    MOE_PDL_OR_SKIP(dev.be());
+    constexpr int kChain = 64;
+    constexpr int64_t kRow = 2048;
+    auto rng = fresh_rng(4244);
+    const std::vector<float> xv = random_f32(rng, static_cast<size_t>(kRow), -2.0f, 2.0f);
+    const std::vector<float> cv = random_f32(rng, static_cast<size_t>(kRow), -1.0f, 1.0f);
+    const std::vector<float> wv = random_f32(rng, static_cast<size_t>(kRow), 0.5f, 1.5f);
+    Tensor* c = dev.leaf(Type::F32, {kRow}, cv.data());
+    Tensor* w = dev.leaf(Type::F32, {kRow}, wv.data());
+    moe::Graph g;
+    Tensor* x = g.input(Type::F32, {kRow, 1}, "x");
+    Tensor* y = x;
+    for (int i = 0; i < kChain; ++i) y = g.rms_norm(g.add(y, c), w, 1e-6f);
+    g.set_output(y);
+    const moe::AllocPlan plan = moe::plan_allocation(g);
+    moe::bind_allocation(g, plan, dev.alloc(plan.arena_size));
+    const auto run = [&] {
+        dev.poison(*y);
+        dev.upload(x->data, xv.data(), x->n_bytes());
+        require_ok(dev.be().compute(g.nodes()));
+        require_ok(dev.be().synchronize());
+        return dev.download(*y);
+    };
+    dev.be().set_pdl_enabled(false);
+    dev.be().set_graphs_enabled(false);
+    const std::vector<uint8_t> want = run();
+    // The chain itself, against float64 on the host (|err| <= 1e-3: 64 normalisations in float).
+    std::vector<double> ref(xv.begin(), xv.end());
+    for (int i = 0; i < kChain; ++i) {
+        double ss = 0.0;
+        for (int64_t j = 0; j < kRow; ++j) {
+            ref[static_cast<size_t>(j)] += cv[static_cast<size_t>(j)];
+            ss += ref[static_cast<size_t>(j)] * ref[static_cast<size_t>(j)];
+        }
+        const double scale = 1.0 / std::sqrt(ss / static_cast<double>(kRow) + 1e-6);
+        for (int64_t j = 0; j < kRow; ++j) ref[static_cast<size_t>(j)] *= scale * wv[static_cast<size_t>(j)];
+    }
+    std::vector<float> got(static_cast<size_t>(kRow));
+    std::memcpy(got.data(), want.data(), want.size());
+    double worst = 0.0;
+    for (size_t j = 0; j < got.size(); ++j) worst = std::max(worst, std::fabs(got[j] - ref[j]));
+    INFO("seed " << run_seed() << ", worst error " << worst);
+    CHECK(worst <= 1e-3);
+    dev.be().set_pdl_enabled(true);
+    CHECK(run() == want);  // eager
+    dev.be().set_graphs_enabled(true);
+    for (int i = 0; i < 3; ++i) CHECK(run() == want);  // captured, then replayed
 }
 
 TEST_CASE("PDL launches become programmatic edges under stream capture", "[gpu]") {
