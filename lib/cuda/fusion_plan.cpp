@@ -287,50 +287,6 @@ bool match_attn_prep(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
     return true;
 }
 
-bool attn_prep_rows_apart_impl(std::span<Tensor* const> parts) {
-    std::vector<Tensor*> norms, ropes, cpys;
-    for (Tensor* p : parts) {
-        if (p->op == Op::RMS_NORM) norms.push_back(p);
-        if (p->op == Op::ROPE) ropes.push_back(p);
-        if (p->op == Op::CPY) cpys.push_back(p);
-    }
-    // Every tensor the launch touches with the stream whose warps touch it (-1: read by all, or a weight).
-    struct Use {
-        const Tensor* t;
-        int stream;
-        bool out;
-    };
-    std::vector<Use> uses;
-    const int nr = static_cast<int>(ropes.size());
-    for (int k = 0; k < nr; ++k) {
-        uses.push_back({ropes[k], k, true});
-        uses.push_back({ropes[k]->src[0], k, false});
-        uses.push_back({ropes[k]->src[1], -1, false});  // positions
-        if (static_cast<size_t>(k) < norms.size()) {
-            uses.push_back({norms[k], k, true});
-            uses.push_back({norms[k]->src[0], k, false});
-            if (norms[k]->src[1] != nullptr) uses.push_back({norms[k]->src[1], -1, false});
-        }
-    }
-    for (size_t m = 0; m < cpys.size(); ++m) {
-        int stream = nr + static_cast<int>(m);  // rows of its own, unless it copies a rope's result
-        for (int k = 0; k < nr; ++k) {
-            if (identical(cpys[m]->src[0], ropes[k])) stream = k;
-        }
-        uses.push_back({cpys[m], stream, true});
-        uses.push_back({cpys[m]->src[0], stream, false});
-    }
-    for (size_t i = 0; i < uses.size(); ++i) {
-        if (!uses[i].out) continue;
-        const ByteRange r = byte_range(*uses[i].t);
-        for (size_t j = 0; j < uses.size(); ++j) {
-            if (j == i || uses[j].t == nullptr || !r.overlaps(byte_range(*uses[j].t))) continue;
-            if (uses[j].stream != uses[i].stream || uses[i].stream < 0 || !identical(uses[i].t, uses[j].t)) return false;
-        }
-    }
-    return true;
-}
-
 // ---- Q8 slots ----
 
 bool item_writes(const LaunchItem& it, const ByteRange& r) {
@@ -400,7 +356,54 @@ void assign_slots(FusionPlan& plan) {
 
 }  // namespace
 
-bool attn_prep_rows_apart(std::span<Tensor* const> parts) { return attn_prep_rows_apart_impl(parts); }
+bool attn_prep_rows_apart(std::span<Tensor* const> parts) {
+    // Runs at every prologue launch (decode steps launch it eagerly): fixed arrays, no allocation.
+    std::array<const Tensor*, 2> norms{}, ropes{}, cpys{};
+    int nn = 0, nr = 0, nc = 0;
+    for (const Tensor* p : parts) {
+        if (p->op == Op::RMS_NORM && nn < 2) norms[static_cast<size_t>(nn++)] = p;
+        if (p->op == Op::ROPE && nr < 2) ropes[static_cast<size_t>(nr++)] = p;
+        if (p->op == Op::CPY && nc < 2) cpys[static_cast<size_t>(nc++)] = p;
+    }
+    // Every tensor the launch touches with the stream whose warps touch it (-1: read by all, or a weight).
+    struct Use {
+        const Tensor* t;
+        int stream;
+        bool out;
+    };
+    std::array<Use, 16> uses{};  // per rope stream 3 (+ 3 with a norm), per copy 2
+    size_t n = 0;
+    for (int k = 0; k < nr; ++k) {
+        const Tensor* r = ropes[static_cast<size_t>(k)];
+        uses[n++] = {r, k, true};
+        uses[n++] = {r->src[0], k, false};
+        uses[n++] = {r->src[1], -1, false};  // positions
+        if (k < nn) {
+            const Tensor* m = norms[static_cast<size_t>(k)];
+            uses[n++] = {m, k, true};
+            uses[n++] = {m->src[0], k, false};
+            if (m->src[1] != nullptr) uses[n++] = {m->src[1], -1, false};
+        }
+    }
+    for (int m = 0; m < nc; ++m) {
+        const Tensor* c = cpys[static_cast<size_t>(m)];
+        int stream = nr + m;  // rows of its own, unless it copies a rope's result
+        for (int k = 0; k < nr; ++k) {
+            if (identical(c->src[0], ropes[static_cast<size_t>(k)])) stream = k;
+        }
+        uses[n++] = {c, stream, true};
+        uses[n++] = {c->src[0], stream, false};
+    }
+    for (size_t i = 0; i < n; ++i) {
+        if (!uses[i].out) continue;
+        const ByteRange r = byte_range(*uses[i].t);
+        for (size_t j = 0; j < n; ++j) {
+            if (j == i || uses[j].t == nullptr || !r.overlaps(byte_range(*uses[j].t))) continue;
+            if (uses[j].stream != uses[i].stream || uses[i].stream < 0 || !identical(uses[i].t, uses[j].t)) return false;
+        }
+    }
+    return true;
+}
 
 ByteRange byte_range(const Tensor& t) {
     ByteRange r;

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include <cooperative_groups.h>
 
@@ -549,24 +550,20 @@ Status row_chain(std::span<Tensor* const> parts, const OpContext& ctx) {
     threads = std::max<int64_t>(threads, ((per_block + kPer - 1) / kPer + 31) / 32 * 32);
     threads = std::min<int64_t>(std::max<int64_t>(threads, 32), 1024);
     const auto block = static_cast<unsigned int>(threads);
+    const auto kernel_for = [&](auto cluster) {  // the instance of this chain's parts
+        constexpr bool kCluster = decltype(cluster)::value;
+        if (wsum != nullptr) return row_chain_kernel<true, true, kCluster>;
+        if (add != nullptr) return row_chain_kernel<false, true, kCluster>;
+        return row_chain_kernel<false, false, kCluster>;
+    };
     if (clustered) {
         if (threads < a.slice) return internal_error("row_chain: a cluster slice needs a thread per value");
-        auto kernel = row_chain_kernel<false, false, true>;
-        if (wsum != nullptr) {
-            kernel = row_chain_kernel<true, true, true>;
-        } else if (add != nullptr) {
-            kernel = row_chain_kernel<false, true, true>;
-        }
         const dim3 grid(kChainCluster, static_cast<unsigned int>(rows));
-        return launch_kernel_clusters("row_chain_kernel", kernel, grid, block, 0, ctx.stream, kChainCluster, a);
+        return launch_kernel_clusters("row_chain_kernel", kernel_for(std::true_type{}), grid, block, 0, ctx.stream,
+                                      kChainCluster, a);
     }
-    auto kernel = row_chain_kernel<false, false, false>;
-    if (wsum != nullptr) {
-        kernel = row_chain_kernel<true, true, false>;
-    } else if (add != nullptr) {
-        kernel = row_chain_kernel<false, true, false>;
-    }
-    return launch_kernel("row_chain_kernel", kernel, static_cast<unsigned int>(rows), block, 0, ctx.stream, a);
+    return launch_kernel("row_chain_kernel", kernel_for(std::false_type{}), static_cast<unsigned int>(rows), block, 0,
+                         ctx.stream, a);
 }
 
 Status router_select(std::span<Tensor* const> parts, const OpContext& ctx) {
