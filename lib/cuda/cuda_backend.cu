@@ -275,6 +275,7 @@ Status CudaBackend::launch_item(size_t i) {
         case FusedKind::kRowChain: s = row_chain(parts, ctx); break;
         case FusedKind::kRouter: s = router_select(parts, ctx); break;
         case FusedKind::kAttnPrep: s = attn_prep(parts, ctx); break;
+        case FusedKind::kMoeBias: s = mul_mat_id_bias(parts, ctx); break;
     }
     return s.is_ok() ? s : s.with_context(node_context(*item.node));
 }

@@ -114,7 +114,7 @@ public:
     // The launches of the last compute(), and counts since create() (for tests and diagnostics).
     const FusionPlan& last_plan() const { return plan_; }
     struct FusionStats {
-        uint64_t fused[5] = {};  // launches per FusedKind (kNone: nodes launched alone)
+        uint64_t fused[kFusedKinds] = {};  // launches per FusedKind (kNone: nodes launched alone)
         uint64_t q8_reused = 0;  // GEMV launches that took their activation from a norm's Q8 slot
     };
     const FusionStats& fusion_stats() const { return fusion_stats_; }

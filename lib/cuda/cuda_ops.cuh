@@ -83,6 +83,8 @@ bool attention_uses_tensor_cores(const Tensor& node);
 // kGemvGroup: MUL_MATs of one activation on the GEMV path, each optionally followed by an ADD of a
 // bias row (matmul.cu).
 Status mul_mat_group(std::span<Tensor* const> parts, const OpContext& ctx);
+// kMoeBias: MUL_MAT_ID (GEMV path), GET_ROWS of F32 bias rows by its ids, ADD (matmul.cu).
+Status mul_mat_id_bias(std::span<Tensor* const> parts, const OpContext& ctx);
 // kRowChain: [WEIGHTED_SUM] [ADD] RMS_NORM, one block per row (ops_fused.cu).
 Status row_chain(std::span<Tensor* const> parts, const OpContext& ctx);
 // kRouter: TOPK, GATHER, SOFTMAX (ops_fused.cu).

@@ -219,6 +219,51 @@ bool match_group(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
     return true;
 }
 
+// ---- kMoeBias: MUL_MAT_ID, GET_ROWS(bias, ids), ADD ----
+
+bool match_moe_bias(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
+    if (i + 2 >= n.size()) return false;
+    Tensor* m = n[i];
+    Tensor* gr = n[i + 1];
+    Tensor* a = n[i + 2];
+    if (m->op != Op::MUL_MAT_ID || gr->op != Op::GET_ROWS || a->op != Op::ADD) return false;
+    if (!mul_mat_id_takes_gemv(*m) || !dense_rows(*m)) return false;
+    // The GET_ROWS reads the MUL_MAT_ID's ids, flattened: entry t * n_used + j is pair (t, j).
+    const Tensor& ids = *m->src[2];
+    const Tensor* gids = gr->src[1];
+    const int64_t pairs = m->ne[1] * m->ne[2];
+    if (gids == nullptr || gids->type != Type::I32 || gids->data != ids.data || gids->nb[0] != 4 || ids.nb[0] != 4 ||
+        ids.nb[1] != 4 * static_cast<size_t>(ids.ne[0]) || ids.ne[0] * ids.ne[1] != pairs || gids->ne[0] != pairs ||
+        gids->ne[1] != 1 || gids->ne[2] != 1 || gids->ne[3] != 1) {
+        return false;
+    }
+    // F32 bias rows, one per expert, as long as the product's rows; the picked rows [E, pairs].
+    const Tensor* bias = gr->src[0];
+    if (!is_f32_rows(bias) || bias->ne[0] != m->ne[0] || bias->ne[1] != m->src[0]->ne[2] || bias->ne[2] != 1 ||
+        bias->ne[3] != 1 || bias->nb[1] % 4 != 0) {
+        return false;
+    }
+    if (!dense_rows(*gr) || gr->data == nullptr || gr->ne[0] != m->ne[0] || gr->ne[1] != pairs || gr->ne[2] != 1 ||
+        gr->ne[3] != 1) {
+        return false;
+    }
+    // ADD(product, picked rows) in either order, the rows viewed as the product's shape.
+    if (!dense_rows(*a) || a->data == nullptr || !op_checks::same_shape(*a, *m)) return false;
+    const int side = identical(a->src[0], m) ? 1 : identical(a->src[1], m) ? 0 : -1;
+    if (side < 0) return false;
+    const Tensor* b = a->src[side];
+    if (b == nullptr || b->data != gr->data || !dense_rows(*b) || b->n_elements() != gr->n_elements()) return false;
+    // One launch writes all three while it reads the ids and the bias (the activation is read before,
+    // by the quantisation or copy into scratch).
+    const Tensor* writes[] = {m, gr, a};
+    const Tensor* reads[] = {&ids, bias};
+    if (!all_disjoint(writes, reads)) return false;
+    item.kind = FusedKind::kMoeBias;
+    item.part = {m, gr, a};
+    item.n_part = 3;
+    return true;
+}
+
 // ---- kAttnPrep: [RMS_NORM q, k] ROPE q, k [CPY k, v] ----
 
 bool same_rope(const Tensor& a, const Tensor& b) {
@@ -433,7 +478,7 @@ void plan_fusions(std::span<Tensor* const> nodes, bool enabled, FusionPlan& out)
         item.node = nodes[i];
         item.part[0] = nodes[i];
         if (enabled && (match_router(nodes, i, item) || match_chain(nodes, i, item) || match_group(nodes, i, item) ||
-                        match_attn_prep(nodes, i, item))) {
+                        match_attn_prep(nodes, i, item) || match_moe_bias(nodes, i, item))) {
             item.node = item.part[0];
         } else {
             item.kind = FusedKind::kNone;

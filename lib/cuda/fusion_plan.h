@@ -9,7 +9,10 @@
 //               quantised to Q8 into an activation slot (below);
 //   kRouter     TOPK, GATHER of the chosen logits, SOFTMAX of them: one warp per token;
 //   kAttnPrep   the attention prologue of a few tokens: [RMS_NORM q, k] ROPE q, k [CPY k, v into the
-//               KV cache], one block (per-head norms, rotation and cache writes of every head).
+//               KV cache], one block (per-head norms, rotation and cache writes of every head);
+//   kMoeBias    MUL_MAT_ID on the GEMV path, GET_ROWS of the experts' bias rows by the same ids, ADD
+//               of the two (GPT-OSS's down projection): the bias rows picked and added in the GEMV
+//               epilogue, all three results written.
 // A Q8 activation slot holds the norm's result as the GEMV kernels read it (int8 rows and a scale per
 // 32 values, exactly what their own quantisation would write): the GEMV nodes that read that tensor
 // later (q, k, v; the experts' up/gate) take it from the slot instead of quantising it again. An
@@ -34,7 +37,8 @@
 
 namespace moe::cuda {
 
-enum class FusedKind : uint8_t { kNone = 0, kGemvGroup, kRowChain, kRouter, kAttnPrep };
+enum class FusedKind : uint8_t { kNone = 0, kGemvGroup, kRowChain, kRouter, kAttnPrep, kMoeBias };
+constexpr int kFusedKinds = 6;
 
 constexpr int kMaxParts = 6;         // a group of 3 MUL_MAT + ADD pairs
 constexpr int kMaxQ8Slots = 4;
@@ -70,6 +74,8 @@ struct FusionPlan {
 const Tensor* gemv_q8_activation(const Tensor& node);
 // True when MUL_MAT `node` passes its checks and takes the GEMV path.
 bool mul_mat_takes_gemv(const Tensor& node);
+// True when MUL_MAT_ID `node` passes its checks and takes the GEMV path (one job per routed pair).
+bool mul_mat_id_takes_gemv(const Tensor& node);
 // Whether the parts of a kAttnPrep item (as matched: norms, ropes, copies) may run a warp per (head,
 // token) row over several blocks, with no barrier between one row's reads and another row's writes:
 // every output (norm, rope and copy rows) is disjoint from every other tensor the launch reads or

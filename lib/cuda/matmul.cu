@@ -418,6 +418,24 @@ Status mul_mat_id(Tensor& dst, const OpContext& ctx) {
     return mm::moe_run(a, ctx);
 }
 
+Status mul_mat_id_bias(std::span<Tensor* const> parts, const OpContext& ctx) {
+    if (parts.size() != 3 || parts[1]->op != Op::GET_ROWS || parts[2]->op != Op::ADD) {
+        return internal_error("mul_mat_id_bias: the parts are not MUL_MAT_ID, GET_ROWS, ADD");
+    }
+    MOE_ASSIGN_OR_RETURN(mm::MoeArgs a, parse_mul_mat_id(*parts[0]));
+    const Tensor* bias = parts[1]->src[0];
+    if (bias == nullptr || bias->type != Type::F32 || bias->data == nullptr || parts[1]->data == nullptr ||
+        parts[2]->data == nullptr || !mm::moe_takes_gemv(a)) {
+        return internal_error("mul_mat_id_bias: not a GEMV product with F32 bias rows (as planned)");
+    }
+    a.bias = static_cast<const float*>(bias->data);
+    a.bias_stride = static_cast<int64_t>(bias->nb[1] / 4);
+    a.bias_rows = static_cast<float*>(parts[1]->data);
+    a.dst2 = static_cast<float*>(parts[2]->data);
+    MOE_RETURN_IF_ERROR(check_scratch("MUL_MAT_ID", mm::moe_scratch(a), ctx));
+    return mm::moe_run(a, ctx);
+}
+
 Status dequant_rows_bf16(const Tensor& w, void* dst, cudaStream_t stream) {
     MOE_RETURN_IF_ERROR(check_weights("dequant_rows_bf16", "w", &w, 2));
     if (w.type == Type::F32) return unimplemented("dequant_rows_bf16: F32 weights have no BF16 decode");
@@ -454,6 +472,12 @@ const Tensor* gemv_q8_activation(const Tensor& node) {
         }
         default: return nullptr;
     }
+}
+
+bool mul_mat_id_takes_gemv(const Tensor& node) {
+    if (node.op != Op::MUL_MAT_ID) return false;
+    const StatusOr<mm::MoeArgs> a = parse_mul_mat_id(node);
+    return a.is_ok() && a->n_tokens > 0 && a->w.n > 0 && mm::moe_takes_gemv(*a);
 }
 
 bool mul_mat_takes_gemv(const Tensor& node) {

@@ -91,6 +91,13 @@ struct GemvRoute {
     int b_rows = 1;
     int64_t n_pairs = 0;
     unsigned int* error_flags = nullptr;  // kErrorBadIndex for an id outside [0, E); its column is NaN
+    // Optional, one weight without gate: a bias row per expert added in the epilogue, as MUL_MAT_ID,
+    // GET_ROWS(bias, ids) and ADD would do it (fusion_plan.h kMoeBias): the picked rows
+    // bias[e * bias_stride + r] go to bias_rows and the sums to dst2, both laid out like dst.
+    const float* bias = nullptr;
+    int64_t bias_stride = 0;  // floats between the experts' bias rows
+    float* bias_rows = nullptr;
+    float* dst2 = nullptr;
 };
 
 // dst[c * w.n + r] = dot(row r of w, prepared activation row c) for c < n_cols (route == nullptr,
@@ -163,6 +170,11 @@ struct MoeArgs {
     int64_t n_used = 1;
     int64_t n_tokens = 0;
     float* dst = nullptr;        // [n, n_used, n_tokens], contiguous
+    // MUL_MAT_ID on the GEMV path only: the experts' bias rows added in the epilogue (GemvRoute).
+    const float* bias = nullptr;
+    int64_t bias_stride = 0;
+    float* bias_rows = nullptr;
+    float* dst2 = nullptr;
 };
 
 size_t moe_scratch(const MoeArgs& a);

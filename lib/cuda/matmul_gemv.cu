@@ -16,7 +16,8 @@
 // - Expert ops run one job per (token, slot) pair (grid.y): the job reads its expert id on the device;
 //   an id outside [0, E) raises kErrorBadIndex and makes that pair's outputs NaN, without reading;
 //   kNoExpert (-1) leaves them unwritten.
-//   MOE_UP_GATE reads the up and gate rows in the same warp and applies bias and activation at the end.
+//   MOE_UP_GATE reads the up and gate rows in the same warp and applies bias and activation at the end;
+//   MUL_MAT_ID may add its expert's bias row at the end (MUL_MAT_ID + GET_ROWS + ADD in one launch).
 #include <cmath>
 #include <string>
 
@@ -64,6 +65,10 @@ struct GemvParams {
     int b_rows;
     unsigned int* error_flags;
     GluParams glu;
+    const float* ebias;  // routed, no gate: per-expert bias rows (GemvRoute::bias)
+    int64_t ebias_stride;
+    float* ebias_rows;
+    float* ebias_sum;
 };
 
 template <Type W, int MC, bool FUSED>
@@ -97,11 +102,20 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         const int64_t t = pair / p.n_used;
         const int64_t j = pair - t * p.n_used;
         const int32_t e = p.ids[t * p.ids_stride + j];
-        if (e == kNoExpert) return;  // a pair of another part of a split expert block: not written
+        const int64_t o = pair * dst_stride + row;
+        if (e == kNoExpert) {  // a pair of another part of a split expert block: not written
+            if (p.ebias != nullptr && lane == 0) p.ebias_rows[o] = 0.0f;  // GET_ROWS writes zeros there
+            return;
+        }
         if (e < 0 || e >= p.n_expert) {
             if (lane == 0) {
                 ops::flag_error(p.error_flags, kErrorBadIndex);
-                seg.dst[pair * dst_stride + row] = __int_as_float(0x7FC00000);
+                const float nan = __int_as_float(0x7FC00000);
+                seg.dst[o] = nan;
+                if (p.ebias != nullptr) {
+                    p.ebias_rows[o] = nan;
+                    p.ebias_sum[o] = nan;
+                }
             }
             return;
         }
@@ -239,6 +253,12 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         if (p.glu.bias_up != nullptr) u += p.glu.bias_up[expert * p.glu.bias_stride + row];
         if (p.glu.bias_gate != nullptr) g += p.glu.bias_gate[expert * p.glu.bias_stride + row];
         seg.dst[out_col * dst_stride + row] = glu_apply(p.glu, g, u);
+    } else if (p.ebias != nullptr) {  // routed (one column): MUL_MAT_ID, GET_ROWS and ADD results
+        const int64_t o = out_col * dst_stride + row;
+        const float b = p.ebias[expert * p.ebias_stride + row];
+        seg.dst[o] = acc[0][0];
+        p.ebias_rows[o] = b;
+        p.ebias_sum[o] = acc[0][0] + b;  // the ADD node's one rounding
     } else {
         const float b = seg.bias != nullptr ? seg.bias[row] : 0.0f;
 #pragma unroll
@@ -435,6 +455,13 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
         p.n_used = route->n_used;
         p.b_rows = route->b_rows;
         p.error_flags = route->error_flags;
+        p.ebias = route->bias;
+        p.ebias_stride = route->bias_stride;
+        p.ebias_rows = route->bias_rows;
+        p.ebias_sum = route->dst2;
+        if (p.ebias != nullptr && (gate != nullptr || p.ebias_rows == nullptr || p.ebias_sum == nullptr)) {
+            return internal_error("cuda gemv: per-expert bias rows take one weight and both outputs");
+        }
         p.n_cols = 1;
         n_jobs = route->n_pairs;
         if (n_jobs == 0) return Status::ok();

@@ -178,7 +178,7 @@ PlanCounts plan_model(const moe::HParams& hp, Type dense, Type experts, int n_to
     PlanCounts c;
     c.nodes = static_cast<int>(nodes.size());
     c.items = static_cast<int>(plan.items.size());
-    static const char* const kind_names[] = {"", "group", "chain", "router", "prep"};
+    static const char* const kind_names[moe::cuda::kFusedKinds] = {"", "group", "chain", "router", "prep", "moe_bias"};
     for (const moe::cuda::LaunchItem& it : plan.items) {
         ++c.kinds[it.kind];
         c.q8_in += it.q8_in >= 0;
@@ -225,6 +225,7 @@ TEST_CASE("CUDA fusion plans of real decode graphs fuse q/k/v, norms, routers an
         // router, up/gate, down; plus the embedding, the first norm and the output product.
         CHECK(c.nodes == 22 * kLayers + 3);
         CHECK(c.items == 10 * kLayers + 3);
+        CHECK(c.kinds.count(FusedKind::kMoeBias) == 0);  // no expert biases
     }
     {
         const PlanCounts c = plan_model(g20_hparams(kLayers), Type::Q8_0, Type::MXFP4, 1, 300);
@@ -235,7 +236,9 @@ TEST_CASE("CUDA fusion plans of real decode graphs fuse q/k/v, norms, routers an
         // The bias adds of q, k, v, the output projection and the router ride in GEMV epilogues.
         CHECK(c.kinds.at(FusedKind::kGemvGroup) >= 3 * kLayers);
         CHECK(c.kinds.at(FusedKind::kAttnPrep) == kLayers);  // ropes, cache writes
-        CHECK(c.items <= c.nodes - 11 * kLayers);
+        // The down projection picks and adds its experts' bias rows in the GEMV epilogue.
+        CHECK(c.kinds.at(FusedKind::kMoeBias) == kLayers);
+        CHECK(c.items <= c.nodes - 13 * kLayers);
     }
     {
         // Prefill: GEMM-sized batches get no GEMV groups, and the long-row chains still run (several
@@ -247,6 +250,7 @@ TEST_CASE("CUDA fusion plans of real decode graphs fuse q/k/v, norms, routers an
         CHECK(c.q8_in == 1);
         CHECK(c.q8_out == 1);
         CHECK(c.kinds.count(FusedKind::kRouter) == 0);  // 40 tokens: more than one block of warps
+        CHECK(c.kinds.count(FusedKind::kMoeBias) == 0);
         CHECK(c.kinds.count(FusedKind::kAttnPrep) == 0);  // more than 4 tokens
         CHECK(c.kinds.at(FusedKind::kRowChain) == 2 * kLayers + 1);
     }
@@ -542,6 +546,139 @@ TEST_CASE("CUDA fused weighted sums, residual adds, norms and routers match unfu
     }
 }
 
+TEST_CASE("CUDA expert products with their bias rows in the epilogue match unfused launches bit for bit", "[gpu]") {
+    MOE_GPU_OR_SKIP();
+    Device dev;
+    std::mt19937_64 rng(run_seed() * 0x9E3779B97F4A7C15ull + 207);
+    struct Case {
+        int64_t k, n, n_expert, used, tokens;
+        Type type;
+        bool masked;  // ids of a split expert block: some are kNoExpert, skipped by the weighted sum
+    };
+    // GPT-OSS's down shape (E = 2880 rows), odd row counts (not multiples of a GEMV block's 4), one
+    // to 8 tokens, every expert weight type.
+    const Case cases[] = {{2880, 2880, 32, 4, 1, Type::MXFP4, false}, {1056, 1030, 9, 3, 5, Type::Q4_0, false},
+                          {512, 66, 40, 8, 8, Type::Q8_0, true},      {256, 130, 5, 2, 3, Type::F16, false},
+                          {2880, 515, 32, 4, 2, Type::MXFP4, true}};
+    for (const Case& c : cases) {
+        INFO("k " << c.k << " n " << c.n << " experts " << c.n_expert << " used " << c.used << " tokens " << c.tokens
+                  << " " << moe::type_name(c.type) << (c.masked ? " masked" : ""));
+        const std::vector<float> wf = random_f32(rng, static_cast<size_t>(c.k * c.n * c.n_expert), -1.0f, 1.0f);
+        std::vector<uint8_t> wb(static_cast<size_t>(moe::row_bytes(c.type, c.k) * c.n * c.n_expert));
+        moe::traits(c.type).from_float(wf.data(), wb.data(), c.k * c.n * c.n_expert);
+        Tensor* w = dev.leaf(c.type, {c.k, c.n, c.n_expert}, wb.data());
+        const std::vector<float> bv = random_f32(rng, static_cast<size_t>(c.n * c.n_expert), -2.0f, 2.0f);
+        Tensor* bias = dev.leaf(Type::F32, {c.n, c.n_expert}, bv.data());
+        moe::Graph g;
+        Tensor* h = g.input(Type::F32, {c.k, c.used, c.tokens}, "h");
+        Tensor* ids = g.input(Type::I32, {c.used, c.tokens}, "ids");
+        Tensor* p = g.input(Type::F32, {c.used, c.tokens}, "p");
+        Tensor* y = g.mul_mat_id(w, h, ids);
+        Tensor* b = g.get_rows(bias, g.reshape(ids, {c.used * c.tokens}));
+        Tensor* s = g.add(y, g.reshape(b, {c.n, c.used, c.tokens}));
+        g.set_output(b);
+        if (c.masked) {
+            // The product leaves the rows of kNoExpert pairs unwritten: only what reads past them is compared.
+            g.set_output(g.weighted_sum(s, p, ids));
+        } else {
+            g.set_output(y);
+            g.set_output(s);
+        }
+        for (Tensor* in : {h, p}) g.set_output(g.silu(in));  // keep the inputs' bytes apart from the outputs
+        const moe::AllocPlan plan = moe::plan_allocation(g);
+        moe::bind_allocation(g, plan, dev.alloc(plan.arena_size));
+        const std::vector<float> hv = random_f32(rng, static_cast<size_t>(c.k * c.used * c.tokens), -2.0f, 2.0f);
+        const std::vector<float> pv = random_f32(rng, static_cast<size_t>(c.used * c.tokens), 0.0f, 1.0f);
+        std::vector<int32_t> iv(static_cast<size_t>(c.used * c.tokens));
+        for (size_t i = 0; i < iv.size(); ++i) {
+            iv[i] = static_cast<int32_t>(rng() % static_cast<uint64_t>(c.n_expert));
+            if (c.masked && i % 3 == 1) iv[i] = moe::kNoExpert;
+        }
+        const auto upload = [&] {
+            dev.upload(h->data, hv.data(), h->n_bytes());
+            dev.upload(p->data, pv.data(), p->n_bytes());
+            dev.upload(ids->data, iv.data(), ids->n_bytes());
+        };
+        const auto items = check_fused_matches_unfused(dev, g, upload);
+        REQUIRE(!items.empty());
+        CHECK(items[0] == std::make_pair(FusedKind::kMoeBias, 3));
+        // The fused results against the float64 reference, so that bitwise agreement is not agreement
+        // on garbage: bias rows exactly, the product within the Q8 activation's error.
+        if (!c.masked) {
+            std::vector<float> got_b(static_cast<size_t>(b->n_elements())), got_s(got_b.size());
+            std::memcpy(got_b.data(), dev.download(*b).data(), b->n_bytes());
+            std::memcpy(got_s.data(), dev.download(*s).data(), s->n_bytes());
+            std::vector<float> wdq(wf.size());
+            moe::traits(c.type).to_float(wb.data(), wdq.data(), c.k * c.n * c.n_expert);
+            const bool q8 = c.type != Type::F16;  // quantised weights multiply Q8 activations
+            int bad = 0;
+            for (int64_t pr = 0; pr < c.used * c.tokens; ++pr) {
+                const int64_t e = iv[static_cast<size_t>(pr)];
+                const float* x = hv.data() + pr * c.k;  // one activation row per pair
+                for (int64_t r = 0; r < c.n; ++r) {
+                    const size_t o = static_cast<size_t>(pr * c.n + r);
+                    CHECK(got_b[o] == bv[static_cast<size_t>(e * c.n + r)]);
+                    const float* wr = wdq.data() + (e * c.n + r) * c.k;
+                    double ref = bv[static_cast<size_t>(e * c.n + r)], mag = std::fabs(ref), q8_err = 0.0;
+                    for (int64_t i0 = 0; i0 < c.k; i0 += 32) {
+                        double amax = 0.0;
+                        for (int64_t i = i0; i < i0 + 32; ++i) amax = std::max(amax, std::fabs(static_cast<double>(x[i])));
+                        for (int64_t i = i0; i < i0 + 32; ++i) {
+                            ref += static_cast<double>(wr[i]) * x[i];
+                            mag += std::fabs(static_cast<double>(wr[i]) * x[i]);
+                            q8_err += std::fabs(static_cast<double>(wr[i])) * amax / 254.0;  // half a Q8 step
+                        }
+                    }
+                    // Q8 rounding of the activation (bounded per block), plus float sums and scales.
+                    const double tol = (q8 ? 1.01 * q8_err : 0.0) + 1e-5 * mag + 1e-6;
+                    if (std::fabs(got_s[o] - ref) > tol && ++bad <= 5) {
+                        FAIL_CHECK("pair " << pr << " row " << r << ": got " << got_s[o] << ", float64 " << ref
+                                           << ", tolerance " << tol);
+                    }
+                }
+            }
+            CHECK(bad == 0);
+        }
+    }
+    SECTION("an expert id out of range is reported and its rows are NaN") {
+        const int64_t k = 256, n = 66, X = 4;
+        const std::vector<float> wf = random_f32(rng, static_cast<size_t>(k * n * X), -1.0f, 1.0f);
+        std::vector<uint8_t> wb(static_cast<size_t>(moe::row_bytes(Type::Q8_0, k) * n * X));
+        moe::traits(Type::Q8_0).from_float(wf.data(), wb.data(), k * n * X);
+        Tensor* w = dev.leaf(Type::Q8_0, {k, n, X}, wb.data());
+        const std::vector<float> bv = random_f32(rng, static_cast<size_t>(n * X), -2.0f, 2.0f);
+        Tensor* bias = dev.leaf(Type::F32, {n, X}, bv.data());
+        moe::Graph g;
+        Tensor* h = g.input(Type::F32, {k, 2, 1}, "h");
+        Tensor* ids = g.input(Type::I32, {2, 1}, "ids");
+        Tensor* y = g.mul_mat_id(w, h, ids);
+        Tensor* b = g.get_rows(bias, g.reshape(ids, {2}));
+        Tensor* s = g.add(y, g.reshape(b, {n, 2, 1}));
+        g.set_output(b);
+        g.set_output(s);
+        g.set_output(g.silu(h));
+        const moe::AllocPlan plan = moe::plan_allocation(g);
+        moe::bind_allocation(g, plan, dev.alloc(plan.arena_size));
+        const std::vector<float> hv = random_f32(rng, static_cast<size_t>(2 * k), -2.0f, 2.0f);
+        const int32_t iv[2] = {1, static_cast<int32_t>(X)};  // the second is past the last expert
+        dev.upload(h->data, hv.data(), h->n_bytes());
+        dev.upload(ids->data, iv, sizeof(iv));
+        dev.be().set_fusion_enabled(true);
+        require_ok(dev.be().compute(g.nodes()));
+        CHECK_FALSE(dev.be().synchronize().is_ok());
+        REQUIRE(dev.be().last_plan().items[0].kind == FusedKind::kMoeBias);
+        std::vector<float> got_b(static_cast<size_t>(2 * n)), got_s(got_b.size());
+        std::memcpy(got_b.data(), dev.download(*b).data(), b->n_bytes());
+        std::memcpy(got_s.data(), dev.download(*s).data(), s->n_bytes());
+        for (int64_t r = 0; r < n; ++r) {
+            CHECK(got_b[static_cast<size_t>(r)] == bv[static_cast<size_t>(n + r)]);
+            CHECK(std::isfinite(got_s[static_cast<size_t>(r)]));
+            CHECK(std::isnan(got_b[static_cast<size_t>(n + r)]));
+            CHECK(std::isnan(got_s[static_cast<size_t>(n + r)]));
+        }
+    }
+}
+
 TEST_CASE("CUDA fused chains whose outputs overlap with a shift write them in node order", "[gpu]") {
     // ws and the norm's result share bytes, the norm's shifted by 32 floats (legal for one row: ws is
     // dead once the ADD has read it). The fused chain writes ws, then the sum, then the norm, with
@@ -775,8 +912,11 @@ TEST_CASE("cuda contexts give the same logits with and without fused launches", 
         CHECK(st.fused[static_cast<int>(FusedKind::kRowChain)] > 0);
         CHECK(st.fused[static_cast<int>(FusedKind::kRouter)] > 0);
         CHECK(st.q8_reused > 0);
+        if (oss) CHECK(st.fused[static_cast<int>(FusedKind::kMoeBias)] > 0);
         const auto& ps = pair.off_backend().fusion_stats();
-        CHECK(ps.fused[1] + ps.fused[2] + ps.fused[3] + ps.q8_reused == 0);
+        uint64_t fused_off = ps.q8_reused;
+        for (int k = 1; k < moe::cuda::kFusedKinds; ++k) fused_off += ps.fused[k];
+        CHECK(fused_off == 0);
     }
 }
 
