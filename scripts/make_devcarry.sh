@@ -6,7 +6,7 @@
 set -euo pipefail
 build=${1:-build}
 out=${2:-build-devcarry}
-tbb=$(ldconfig -p | awk '/libtbb\.so\.12 /{print $NF; exit}')
+tbb=$(ldconfig -p | awk '/libtbb\.so\.12 /{p = $NF} END {print p}')  # reads to the end: no SIGPIPE
 [ -n "$tbb" ] || { echo "make_devcarry: libtbb.so.12 not found" >&2; exit 1; }
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
