@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -31,6 +32,12 @@ private:
     Backend* backend_;
 };
 
+// n bytes of a backend's memory at src.
+struct DeviceRegion {
+    const void* src = nullptr;
+    size_t n = 0;
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -57,6 +64,16 @@ public:
     // Queues a copy of n bytes of this backend's memory to host memory, in the compute order; in place
     // after synchronize() or after waiting for a fence marked after it.
     virtual Status copy_to_host(void* dst_host, const void* src, size_t n) = 0;
+    // copy_to_host of `regions` back to back into dst_host, in the compute order. Devices gather them
+    // first, so that many small regions (a decode step's expert ids, one per layer) cost one transfer.
+    virtual Status gather_to_host(void* dst_host, std::span<const DeviceRegion> regions) {
+        size_t offset = 0;
+        for (const DeviceRegion& r : regions) {
+            MOE_RETURN_IF_ERROR(copy_to_host(static_cast<uint8_t*>(dst_host) + offset, r.src, r.n));
+            offset += r.n;
+        }
+        return Status::ok();
+    }
 
     // Waits until all work queued on this backend has finished.
     virtual Status synchronize() = 0;

@@ -112,6 +112,7 @@ CudaBackend::~CudaBackend() {
     if (cublas_) cublasDestroy(cublas_);
     if (cublas_workspace_) cudaFree(cublas_workspace_);
     if (scratch_) cudaFree(scratch_);
+    if (gather_) cudaFree(gather_);
     if (attn_counters_) cudaFree(attn_counters_);
     if (error_flags_) cudaFreeHost(error_flags_);
     if (copy_mark_) cudaEventDestroy(copy_mark_);
@@ -361,6 +362,37 @@ Status CudaBackend::copy_to_host(void* dst_host, const void* src_dev, size_t n) 
     }
     MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_host, src_dev, n, cudaMemcpyDeviceToHost, compute_stream_));
+    return Status::ok();
+}
+
+Status CudaBackend::gather_to_host(void* dst_host, std::span<const DeviceRegion> regions) {
+    if (regions.size() < 2) return Backend::gather_to_host(dst_host, regions);
+    size_t total = 0;
+    for (const DeviceRegion& r : regions) {
+        if (r.n > 0 && r.src == nullptr) return invalid_argument("gather_to_host: a region of " + std::to_string(r.n) + " bytes has no address");
+        total += r.n;
+    }
+    if (total == 0) return Status::ok();
+    if (dst_host == nullptr) return invalid_argument("gather_to_host: dst_host must not be null");
+    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    if (total > gather_size_) {
+        MOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_stream_));  // the old block may be in use
+        if (gather_ != nullptr) {
+            MOE_CUDA_RETURN_IF_ERROR(cudaFree(gather_));
+            gather_ = nullptr;
+            gather_size_ = 0;
+        }
+        const size_t rounded = (total + 4095) & ~size_t{4095};
+        const cudaError_t err = cudaMalloc(&gather_, rounded);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            gather_ = nullptr;
+            return cuda_status(err, ("cudaMalloc of " + std::to_string(rounded) + " bytes of gather staging").c_str());
+        }
+        gather_size_ = rounded;
+    }
+    MOE_RETURN_IF_ERROR(gather_regions(regions, static_cast<uint8_t*>(gather_), compute_stream_));
+    MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_host, gather_, total, cudaMemcpyDeviceToHost, compute_stream_));
     return Status::ok();
 }
 

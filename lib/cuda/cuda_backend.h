@@ -85,6 +85,9 @@ public:
     // Queues a copy of n bytes from device memory to host memory on the compute stream, after every
     // compute queued before the call. The bytes are in place after synchronize() or a later fence.
     Status copy_to_host(void* dst_host, const void* src_dev, size_t n) override;
+    // Two or more regions: a kernel gathers them into a device staging block (grow-only; growing it
+    // synchronises), then one copy to the host, both on the compute stream.
+    Status gather_to_host(void* dst_host, std::span<const DeviceRegion> regions) override;
 
     StatusOr<std::unique_ptr<Buffer>> alloc_host_buffer(size_t size) override { return alloc_pinned_host_buffer(size); }
     size_t free_memory() const override;
@@ -149,6 +152,8 @@ private:
     void* cublas_workspace_ = nullptr;    // fixed, so that cuBLAS never allocates (in a capture)
     void* scratch_ = nullptr;             // device memory for kernels' temporaries, grow-only
     size_t scratch_size_ = 0;
+    void* gather_ = nullptr;              // device staging of gather_to_host, grow-only
+    size_t gather_size_ = 0;
     unsigned int* error_flags_ = nullptr;      // mapped pinned host word (host address)
     unsigned int* error_flags_dev_ = nullptr;  // the same word's device address
     // Split-K attention: per (row tile, KV head) arrival counters, zero between launches (the last

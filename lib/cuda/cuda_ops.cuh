@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <span>
 
+#include "core/backend.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -72,6 +73,9 @@ Status mask_ids(Tensor& dst, const OpContext& ctx);
 Status unary(Tensor& dst, const OpContext& ctx);  // SILU
 Status glu(Tensor& dst, const OpContext& ctx);    // SWIGLU, SWIGLU_OAI
 Status cpy(Tensor& dst, const OpContext& ctx);
+// Copies the device regions back to back into dst_dev (ops_copy.cu): a block per region, a launch per
+// kMaxGatherRegions of them.
+Status gather_regions(std::span<const DeviceRegion> regions, uint8_t* dst_dev, cudaStream_t stream);
 
 // Device scratch an ATTENTION node needs on a device with n_sm multiprocessors (split-K partials).
 size_t attention_scratch_bytes(const Tensor& node, int n_sm);

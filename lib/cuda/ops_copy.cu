@@ -80,4 +80,45 @@ Status cpy(Tensor& dst, const OpContext& ctx) {
     return same ? launch_cpy<false, true>(dst, s, ctx) : launch_cpy<false, false>(dst, s, ctx);
 }
 
+namespace {
+
+constexpr int kMaxGatherRegions = 64;
+
+struct GatherRegions {
+    const uint8_t* src[kMaxGatherRegions];
+    uint64_t n[kMaxGatherRegions];
+    uint64_t offset[kMaxGatherRegions];
+};
+
+__global__ void gather_kernel(const GatherRegions r, uint8_t* dst) {
+    pdl_grid_sync();
+    const int i = static_cast<int>(blockIdx.x);
+    const uint8_t* src = r.src[i];
+    uint8_t* out = dst + r.offset[i];
+    for (uint64_t b = threadIdx.x; b < r.n[i]; b += blockDim.x) out[b] = src[b];
+}
+
+}  // namespace
+
+Status gather_regions(std::span<const DeviceRegion> regions, uint8_t* dst_dev, cudaStream_t stream) {
+    uint64_t offset = 0;
+    size_t i = 0;
+    while (i < regions.size()) {
+        GatherRegions r{};
+        int count = 0;
+        for (; i < regions.size() && count < kMaxGatherRegions; ++i) {
+            if (regions[i].n == 0) continue;
+            r.src[count] = static_cast<const uint8_t*>(regions[i].src);
+            r.n[count] = regions[i].n;
+            r.offset[count] = offset;
+            offset += regions[i].n;
+            ++count;
+        }
+        if (count == 0) break;
+        MOE_RETURN_IF_ERROR(launch_kernel("gather_kernel", gather_kernel, static_cast<unsigned int>(count), 128, 0,
+                                          stream, r, dst_dev));
+    }
+    return Status::ok();
+}
+
 }  // namespace moe::cuda

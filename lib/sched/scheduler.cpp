@@ -600,11 +600,12 @@ Status Scheduler::prepare_operands(Tensor& node, Side side, RunState& rs) {
     return Status::ok();
 }
 
-Status Scheduler::count_experts(RunState& rs, int n_tokens) {
-    // Ids still only on the device are fetched together into page-locked staging, then tallied after one
-    // synchronisation. (A copy into pageable memory returns only once done: one wait per MoE layer.)
+StatusOr<Scheduler::IdSources> Scheduler::fetch_expert_ids(RunState& rs) {
+    // Ids still only on the device are gathered into page-locked staging in one transfer (a copy per
+    // layer costs a few microseconds of device time each: ~0.2 ms per token on 48 layers).
+    IdSources sources;
     std::vector<const Tensor*> fetched;
-    std::vector<std::pair<const Tensor*, const int32_t*>> sources;
+    std::vector<DeviceRegion> regions;
     size_t fetch_bytes = 0;
     for (const Tensor* ids : rs.moe_ids) {
         if (auto it = rs.ids_on_host.find(ids); it != rs.ids_on_host.end()) {
@@ -615,21 +616,27 @@ Status Scheduler::count_experts(RunState& rs, int n_tokens) {
             sources.emplace_back(ids, sh->second->as<int32_t>());
         } else {
             fetched.push_back(ids);
-            fetch_bytes += static_cast<size_t>(ids->n_elements()) * sizeof(int32_t);
+            const size_t n = static_cast<size_t>(ids->n_elements()) * sizeof(int32_t);
+            regions.push_back(DeviceRegion{ids->data, n});
+            fetch_bytes += n;
         }
     }
-    if (fetch_bytes > 0 && (!ids_staging_ || ids_staging_->size() < fetch_bytes)) {
+    if (fetch_bytes == 0) return sources;
+    if (!ids_staging_ || ids_staging_->size() < fetch_bytes) {
         ids_staging_.reset();
         MOE_ASSIGN_OR_RETURN(ids_staging_, device_->alloc_host_buffer(fetch_bytes));
     }
+    auto* staging = static_cast<uint8_t*>(ids_staging_->data());
+    MOE_RETURN_IF_ERROR(device_->gather_to_host(staging, regions));
     size_t offset = 0;
-    for (const Tensor* ids : fetched) {
-        auto* dst = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(ids_staging_->data()) + offset);
-        const size_t n = static_cast<size_t>(ids->n_elements()) * sizeof(int32_t);
-        MOE_RETURN_IF_ERROR(device_->copy_to_host(dst, ids->data, n));
-        sources.emplace_back(ids, dst);
-        offset += n;
+    for (size_t i = 0; i < fetched.size(); ++i) {
+        sources.emplace_back(fetched[i], reinterpret_cast<const int32_t*>(staging + offset));
+        offset += regions[i].n;
     }
+    return sources;
+}
+
+Status Scheduler::count_experts(const IdSources& sources, int n_tokens) {
     if (device_ != nullptr) {
         const Clock::time_point t0 = Clock::now();
         MOE_RETURN_IF_ERROR(device_->synchronize());
@@ -815,6 +822,7 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
             }
         }
         MOE_RETURN_IF_ERROR(flush(rs));
+        MOE_ASSIGN_OR_RETURN(const IdSources id_sources, fetch_expert_ids(rs));
         std::vector<const HostOutput*> on_host;
         for (const HostOutput& out : outputs) {
             if (side_of_storage(storage_of(out.tensor), rs) == Side::DEVICE) {
@@ -823,7 +831,7 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
                 on_host.push_back(&out);
             }
         }
-        MOE_RETURN_IF_ERROR(count_experts(rs, n_tokens));  // ends with the ubatch's synchronisation
+        MOE_RETURN_IF_ERROR(count_experts(id_sources, n_tokens));  // ends with the ubatch's synchronisation
         for (const HostOutput* out : on_host) std::memcpy(out->data, out->tensor->data, out->tensor->n_bytes());
         return Status::ok();
     }();

@@ -161,7 +161,12 @@ private:
     int choose_host_experts(int layer, int n_tokens, std::vector<int32_t>& order, double* expected_pairs) const;
     void learn_split_costs(const RunState& rs);
     Status ensure_slots();
-    Status count_experts(RunState& rs, int n_tokens);
+    // The ubatch's expert ids: fetch_expert_ids queues the copies of those only on the device (before
+    // the outputs' copies, so that a blocking output copy does not hold them up) and says where each
+    // set of ids will be; count_experts waits for the device and tallies them.
+    using IdSources = std::vector<std::pair<const Tensor*, const int32_t*>>;
+    StatusOr<IdSources> fetch_expert_ids(RunState& rs);
+    Status count_experts(const IdSources& sources, int n_tokens);
     Tensor* substitute(RunState& rs, const Tensor& like, void* data, Buffer* buffer);
 
     Backend& host_;
@@ -174,7 +179,7 @@ private:
     std::unordered_map<const Tensor*, WeightCopies> weights_;
     std::vector<std::vector<const Tensor*>> expert_matrices_;  // per layer (empty: none registered)
     std::unordered_map<const Tensor*, std::unique_ptr<Buffer>> download_buffers_;  // device-only weights used on host
-    std::unique_ptr<Buffer> ids_staging_;  // page-locked: where count_experts fetches the device's expert ids
+    std::unique_ptr<Buffer> ids_staging_;  // page-locked: where fetch_expert_ids gathers the device's expert ids
 
     std::unique_ptr<Buffer> arena_[kSides];
     std::unique_ptr<Buffer> slot_buffer_;
