@@ -77,6 +77,13 @@ public:
 
     // Waits until all work queued on this backend has finished.
     virtual Status synchronize() = 0;
+    // Whether a caller computing a long run of nodes should hand it over in two compute() calls, the
+    // first ending at `node`, so that the device starts while the rest is prepared: true only where the
+    // backend loses nothing by the cut (no fused launch crosses it).
+    virtual bool cut_after(const Tensor& node) const {
+        (void)node;
+        return false;
+    }
 
     // --- What the hybrid scheduler needs beyond the above (defaults fit host backends) ---
 

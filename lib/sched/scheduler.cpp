@@ -812,6 +812,10 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
             // its inputs only, not for the device part queued next.
             if (rs.eager[i]) MOE_RETURN_IF_ERROR(activation_operand(&node, Side::HOST, rs).status());
             ++(side == Side::HOST ? stats_.n_ops_host : stats_.n_ops_device);
+            // A device span goes out in pieces where the backend loses nothing by a cut, so the device
+            // computes the first layers while the host prepares the others (all-GPU decode steps: the
+            // host's planning of the whole step used to leave the device idle for ~0.1-0.3 ms per token).
+            if (side == Side::DEVICE && device_->cut_after(node)) MOE_RETURN_IF_ERROR(flush(rs));
             if (profiling_) {
                 const Clock::time_point t0 = Clock::now();
                 MOE_RETURN_IF_ERROR(flush(rs));

@@ -190,6 +190,17 @@ PlanCounts plan_model(const moe::HParams& hp, Type dense, Type experts, int n_to
             if (it.q8_out >= 0) c.layer0 += ">q8";
         }
     }
+    // CudaBackend::cut_after holds: an expert block's up/gate product ends its launch, and no Q8 hand-off
+    // crosses it (a span cut there fuses the same).
+    int last_up_gate = -1;
+    std::map<int, int> slot_producer;  // slot -> item index of its latest producer
+    for (size_t k = 0; k < plan.items.size(); ++k) {
+        const moe::cuda::LaunchItem& it = plan.items[k];
+        for (int p = 0; p + 1 < it.n_part; ++p) CHECK(it.part[static_cast<size_t>(p)]->op != Op::MOE_UP_GATE);
+        if (it.q8_in >= 0) CHECK(slot_producer.at(it.q8_in) > last_up_gate);
+        if (it.q8_out >= 0) slot_producer[it.q8_out] = static_cast<int>(k);
+        if (it.part[static_cast<size_t>(it.n_part - 1)]->op == Op::MOE_UP_GATE) last_up_gate = static_cast<int>(k);
+    }
     // Every node is launched exactly once.
     int parts = 0;
     for (const moe::cuda::LaunchItem& it : plan.items) parts += it.n_part;
