@@ -84,8 +84,9 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device) {
     void* flags_dev = nullptr;
     MOE_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&flags_dev, flags, 0));
     b->error_flags_dev_ = static_cast<unsigned int*>(flags_dev);
-    MOE_CUDA_RETURN_IF_ERROR(cudaMalloc(&b->attn_counters_, sizeof(unsigned int) * kAttnCounters));
-    MOE_CUDA_RETURN_IF_ERROR(cudaMemset(b->attn_counters_, 0, sizeof(unsigned int) * kAttnCounters));
+    // The attention's counters, then the router GEMV's (OpContext::router_counter).
+    MOE_CUDA_RETURN_IF_ERROR(cudaMalloc(&b->attn_counters_, sizeof(unsigned int) * (kAttnCounters + 1)));
+    MOE_CUDA_RETURN_IF_ERROR(cudaMemset(b->attn_counters_, 0, sizeof(unsigned int) * (kAttnCounters + 1)));
     CudaBackend* self = b.get();
     b->graphs_ = std::make_unique<GraphRunner>(b->compute_stream_, [self](size_t i) { return self->launch_item(i); });
     const char* env = std::getenv("MOEINFER_CUDA_GRAPHS");
@@ -264,6 +265,7 @@ Status CudaBackend::launch_item(size_t i) {
     ctx.clusters = pdl_supported_;  // both need compute capability 9.0+
     ctx.error_flags = error_flags_dev_;
     ctx.attn_counters = attn_counters_;
+    ctx.router_counter = attn_counters_ + kAttnCounters;
     const size_t slot_stride = (plan_.slot_bytes + 255) & ~size_t{255};
     if (item.q8_in >= 0) ctx.q8_act = static_cast<uint8_t*>(slots_) + static_cast<size_t>(item.q8_in) * slot_stride;
     if (item.q8_out >= 0) ctx.q8_out = static_cast<uint8_t*>(slots_) + static_cast<size_t>(item.q8_out) * slot_stride;
@@ -277,6 +279,7 @@ Status CudaBackend::launch_item(size_t i) {
         case FusedKind::kRouter: s = router_select(parts, ctx); break;
         case FusedKind::kAttnPrep: s = attn_prep(parts, ctx); break;
         case FusedKind::kMoeBias: s = mul_mat_id_bias(parts, ctx); break;
+        case FusedKind::kRouterGemv: s = mul_mat_router(parts, ctx); break;
     }
     return s.is_ok() ? s : s.with_context(node_context(*item.node));
 }

@@ -40,6 +40,8 @@ struct OpContext {
     // Split-K attention merges in the kernel with these counters (kAttnCounters, zero between
     // launches); nullptr: a separate merge kernel.
     unsigned int* attn_counters = nullptr;
+    // A word that is zero between launches, for the router GEMV's last-block selection (kRouterGemv).
+    unsigned int* router_counter = nullptr;
 };
 
 constexpr int kAttnCounters = 1024;
@@ -87,6 +89,9 @@ bool attention_uses_tensor_cores(const Tensor& node);
 // kGemvGroup: MUL_MATs of one activation on the GEMV path, each optionally followed by an ADD of a
 // bias row (matmul.cu).
 Status mul_mat_group(std::span<Tensor* const> parts, const OpContext& ctx);
+// kRouterGemv: MUL_MAT (the router, one token) [ADD bias], TOPK, GATHER, SOFTMAX: the selection runs in the
+// GEMV's last block where the product takes the float-weight row kernel, else as router_select (matmul.cu).
+Status mul_mat_router(std::span<Tensor* const> parts, const OpContext& ctx);
 // kMoeBias: MUL_MAT_ID (GEMV path), GET_ROWS of F32 bias rows by its ids, ADD (matmul.cu).
 Status mul_mat_id_bias(std::span<Tensor* const> parts, const OpContext& ctx);
 // kRowChain: [WEIGHTED_SUM] [ADD] RMS_NORM, one block per row (ops_fused.cu).

@@ -264,6 +264,34 @@ bool match_moe_bias(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
     return true;
 }
 
+// ---- kRouterGemv: MUL_MAT [ADD bias] TOPK GATHER SOFTMAX ----
+
+bool match_router_gemv(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
+    Tensor* m = n[i];
+    if (m->op != Op::MUL_MAT || !mul_mat_takes_row_kernel(*m)) return false;
+    size_t j = i + 1;
+    Tensor* bias = nullptr;
+    if (is_bias_add(n, j, *m)) bias = n[j++];
+    LaunchItem r;
+    if (!match_router(n, j, r)) return false;
+    const Tensor* logits = bias != nullptr ? bias : m;
+    if (!identical(r.part[0]->src[0], logits) || logits->ne[1] != 1) return false;
+    if (bias != nullptr) {  // as in a kGemvGroup: the bias is read while the product and the sum are written
+        const Tensor* writes[] = {m, bias};
+        const Tensor* reads[] = {identical(bias->src[0], m) ? bias->src[1] : bias->src[0]};
+        if (!all_disjoint(writes, reads)) return false;
+    }
+    // The selection runs after every block of the product is done (the last block), as the unfused
+    // launches would: its own parts' checks (match_router) are all it needs.
+    item.kind = FusedKind::kRouterGemv;
+    int k = 0;
+    item.part[static_cast<size_t>(k++)] = m;
+    if (bias != nullptr) item.part[static_cast<size_t>(k++)] = bias;
+    for (int p = 0; p < r.n_part; ++p) item.part[static_cast<size_t>(k++)] = r.part[static_cast<size_t>(p)];
+    item.n_part = k;
+    return true;
+}
+
 // ---- kAttnPrep: [RMS_NORM q, k] ROPE q, k [CPY k, v] ----
 
 bool same_rope(const Tensor& a, const Tensor& b) {
@@ -477,7 +505,7 @@ void plan_fusions(std::span<Tensor* const> nodes, bool enabled, FusionPlan& out)
         LaunchItem item;
         item.node = nodes[i];
         item.part[0] = nodes[i];
-        if (enabled && (match_router(nodes, i, item) || match_chain(nodes, i, item) || match_group(nodes, i, item) ||
+        if (enabled && (match_router_gemv(nodes, i, item) || match_router(nodes, i, item) || match_chain(nodes, i, item) || match_group(nodes, i, item) ||
                         match_attn_prep(nodes, i, item) || match_moe_bias(nodes, i, item))) {
             item.node = item.part[0];
         } else {

@@ -12,7 +12,9 @@
 //               KV cache], one block (per-head norms, rotation and cache writes of every head);
 //   kMoeBias    MUL_MAT_ID on the GEMV path, GET_ROWS of the experts' bias rows by the same ids, ADD
 //               of the two (GPT-OSS's down projection): the bias rows picked and added in the GEMV
-//               epilogue, all three results written.
+//               epilogue, all three results written;
+//   kRouterGemv the router's product of one token with float weights [ADD bias] and its kRouter parts:
+//               the GEMV's last block (a fence and a counter) selects the experts.
 // A Q8 activation slot holds the norm's result as the GEMV kernels read it (int8 rows and a scale per
 // 32 values, exactly what their own quantisation would write): the GEMV nodes that read that tensor
 // later (q, k, v; the experts' up/gate) take it from the slot instead of quantising it again. An
@@ -37,8 +39,8 @@
 
 namespace moe::cuda {
 
-enum class FusedKind : uint8_t { kNone = 0, kGemvGroup, kRowChain, kRouter, kAttnPrep, kMoeBias };
-constexpr int kFusedKinds = 6;
+enum class FusedKind : uint8_t { kNone = 0, kGemvGroup, kRowChain, kRouter, kAttnPrep, kMoeBias, kRouterGemv };
+constexpr int kFusedKinds = 7;
 
 constexpr int kMaxParts = 6;         // a group of 3 MUL_MAT + ADD pairs
 constexpr int kMaxQ8Slots = 4;
@@ -74,6 +76,9 @@ struct FusionPlan {
 const Tensor* gemv_q8_activation(const Tensor& node);
 // True when MUL_MAT `node` passes its checks and takes the GEMV path.
 bool mul_mat_takes_gemv(const Tensor& node);
+// True when MUL_MAT `node` passes its checks and takes the float-weight row kernel of the GEMV (one
+// block per output row: F32 / F16 / BF16 weights of at most 1024 rows) with one activation row.
+bool mul_mat_takes_row_kernel(const Tensor& node);
 // True when MUL_MAT_ID `node` passes its checks and takes the GEMV path (one job per routed pair).
 bool mul_mat_id_takes_gemv(const Tensor& node);
 // Whether the parts of a kAttnPrep item (as matched: norms, ropes, copies) may run a warp per (head,

@@ -327,7 +327,8 @@ struct GemvUnit {
 // The products of `units` (one activation x, the same weight type and k) in one GEMV launch. The
 // activation comes from ctx.q8_act when a fused norm has quantised it already, is read in place for
 // float weights when no output overlaps it, and is prepared into scratch otherwise.
-Status run_gemv_units(std::span<const GemvUnit> units, const OpContext& ctx) {
+Status run_gemv_units(std::span<const GemvUnit> units, const OpContext& ctx, const mm::RouterTail* router = nullptr,
+                      bool* routed = nullptr) {
     const DenseOp& d0 = units[0].d;
     const Tensor& x = *d0.x;
     const void* acts = ctx.scratch;
@@ -357,7 +358,7 @@ Status run_gemv_units(std::span<const GemvUnit> units, const OpContext& ctx) {
     mm::GemvOut outs[mm::kMaxGemvSegs];
     for (size_t i = 0; i < units.size(); ++i) outs[i] = mm::GemvOut{&units[i].d.w, units[i].out, units[i].bias, units[i].out2};
     return mm::gemv_multi(std::span<const mm::GemvOut>(outs, units.size()), nullptr, acts, act_stride, d0.m, nullptr,
-                          nullptr, ctx.stream);
+                          nullptr, ctx.stream, router, routed);
 }
 
 }  // namespace
@@ -377,7 +378,11 @@ Status mul_mat(Tensor& dst, const OpContext& ctx) {
     return mm::gemm_dense(d.w, *d.x, out, ctx);
 }
 
-Status mul_mat_group(std::span<Tensor* const> parts, const OpContext& ctx) {
+namespace {
+
+// mul_mat_group(), optionally with the router's selection in the launch (mul_mat_router).
+Status mul_mat_group_routed(std::span<Tensor* const> parts, const OpContext& ctx, const mm::RouterTail* router,
+                            bool* routed) {
     GemvUnit units[mm::kMaxGemvSegs];
     size_t n = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -409,7 +414,37 @@ Status mul_mat_group(std::span<Tensor* const> parts, const OpContext& ctx) {
     }
     if (n == 0) return internal_error("mul_mat_group: no product");
     if (units[0].d.m == 0) return Status::ok();
-    return run_gemv_units(std::span<const GemvUnit>(units, n), ctx);
+    return run_gemv_units(std::span<const GemvUnit>(units, n), ctx, router, routed);
+}
+
+}  // namespace
+
+Status mul_mat_group(std::span<Tensor* const> parts, const OpContext& ctx) {
+    return mul_mat_group_routed(parts, ctx, nullptr, nullptr);
+}
+
+Status mul_mat_router(std::span<Tensor* const> parts, const OpContext& ctx) {
+    const size_t n = parts.size();
+    if (n < 4 || parts[n - 3]->op != Op::TOPK || parts[n - 2]->op != Op::GATHER || parts[n - 1]->op != Op::SOFTMAX) {
+        return internal_error("mul_mat_router: expected MUL_MAT [ADD] TOPK GATHER SOFTMAX");
+    }
+    const std::span<Tensor* const> product = parts.first(n - 3);
+    const std::span<Tensor* const> select = parts.last(3);
+    const Tensor& tk = *select[0];
+    mm::RouterTail tail;
+    tail.x = ops::view_of(*tk.src[0]);
+    tail.ids = ops::view_of(tk);
+    tail.vals = ops::view_of(*select[1]);
+    tail.probs = ops::view_of(*select[2]);
+    tail.k = tk.params.i[0];
+    tail.counter = ctx.router_counter;
+    if (tk.src[0] != product.back() || tk.src[0]->ne[1] != 1) {
+        return internal_error("mul_mat_router: the router does not select from the product's one row");
+    }
+    bool routed = false;
+    MOE_RETURN_IF_ERROR(mul_mat_group_routed(product, ctx, &tail, &routed));
+    // Where the product took another kernel, the selection is its own launch (router_select's checks).
+    return routed ? Status::ok() : router_select(select, ctx);
 }
 
 Status mul_mat_id(Tensor& dst, const OpContext& ctx) {
@@ -478,6 +513,12 @@ bool mul_mat_id_takes_gemv(const Tensor& node) {
     if (node.op != Op::MUL_MAT_ID) return false;
     const StatusOr<mm::MoeArgs> a = parse_mul_mat_id(node);
     return a.is_ok() && a->n_tokens > 0 && a->w.n > 0 && mm::moe_takes_gemv(*a);
+}
+
+bool mul_mat_takes_row_kernel(const Tensor& node) {
+    if (node.op != Op::MUL_MAT) return false;
+    const StatusOr<DenseOp> d = parse_mul_mat(node);
+    return d.is_ok() && d->m == 1 && !mm::is_quant(d->w.type) && d->w.n > 0 && d->w.n <= mm::kRowKernelMaxRows;
 }
 
 bool mul_mat_takes_gemv(const Tensor& node) {

@@ -21,6 +21,7 @@
 #include "core/tensor.h"
 #include "cuda/cuda_ops.cuh"
 #include "cuda/matmul_device.cuh"
+#include "cuda/ops_common.cuh"
 
 namespace moe::cuda::mm {
 
@@ -106,6 +107,9 @@ struct GemvRoute {
 Status gemv(const WeightArg& w, const WeightArg* gate, const void* acts, int64_t n_cols, const GemvRoute* route,
             const GluParams* glu, float* dst, cudaStream_t stream);
 
+// Float weights of up to this many rows per segment take the row kernel (a block per row).
+constexpr int64_t kRowKernelMaxRows = 1024;
+
 // Weights of one launch that multiply the same prepared activation rows (same type and k): each
 // writes dst[c * w.n + r] and, with a bias, dst2[c * w.n + r] = dst[...] + bias[r].
 constexpr int kMaxGemvSegs = 3;
@@ -115,10 +119,21 @@ struct GemvOut {
     const float* bias;
     float* dst2;
 };
+// The router's selection (TOPK, GATHER, SOFTMAX of the logits x, one token) run by the last block of
+// the router's GEMV; counter: a device word that is zero between launches.
+struct RouterTail {
+    ops::View x, ids, vals, probs;
+    int k = 0;
+    unsigned int* counter = nullptr;
+};
+
 // gemv() over up to kMaxGemvSegs weights in one launch (routed: exactly one). act_stride: bytes
-// between activation rows; 0 = gemv_act_row_bytes (rows as gemv_prepare writes them).
+// between activation rows; 0 = gemv_act_row_bytes (rows as gemv_prepare writes them). With `router`,
+// the launch also runs the router's selection where it takes the float-weight row kernel with one
+// activation row; *routed says whether it did (else the caller runs the selection).
 Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const void* acts, int64_t act_stride,
-                  int64_t n_cols, const GemvRoute* route, const GluParams* glu, cudaStream_t stream);
+                  int64_t n_cols, const GemvRoute* route, const GluParams* glu, cudaStream_t stream,
+                  const RouterTail* router = nullptr, bool* routed = nullptr);
 
 // ---- tensor-core GEMM (matmul_gemm.cu) ----
 

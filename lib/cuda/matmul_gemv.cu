@@ -26,6 +26,7 @@
 #include "cuda/launch.cuh"
 #include "cuda/matmul.cuh"
 #include "cuda/ops_common.cuh"
+#include "cuda/router_select.cuh"
 
 namespace moe::cuda::mm {
 namespace {
@@ -69,6 +70,7 @@ struct GemvParams {
     int64_t ebias_stride;
     float* ebias_rows;
     float* ebias_sum;
+    RouterTail rt;       // gemv_rows_kernel with RK >= 0: the router's selection in the last block
 };
 
 template <Type W, int MC, bool FUSED>
@@ -276,7 +278,6 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 // of 4 consecutive values per step, so that the row's bytes are all in flight at once (a warp per row
 // would leave most SMs idle), then a block sum. Segments as in gemv_kernel, blk0 counting rows.
 constexpr int kRowThreads = 256;
-constexpr int64_t kRowKernelMaxRows = 1024;  // rows per segment up to which float weights use it
 
 template <Type W>
 __device__ __forceinline__ void load_w4(const uint8_t* row, int64_t e, float (&w)[4]) {
@@ -302,7 +303,10 @@ __device__ __forceinline__ void load_w4(const uint8_t* row, int64_t e, float (&w
     }
 }
 
-template <Type W, int MC>
+// RK >= 0 (one activation row): the block that finishes last (a fence and a counter) also runs the
+// router's selection on the logits the grid wrote (router_select.cuh, kKeys = RK), one launch instead of
+// two per MoE layer.
+template <Type W, int MC, int RK = -1>
 __global__ void __launch_bounds__(kRowThreads) gemv_rows_kernel(const GemvParams p) {
     pdl_grid_sync();
     __shared__ float part[kRowThreads / 32][MC];
@@ -335,17 +339,30 @@ __global__ void __launch_bounds__(kRowThreads) gemv_rows_kernel(const GemvParams
         if (lane == 0) part[warp][mc] = v;
     }
     __syncthreads();
-    if (threadIdx.x != 0) return;
-    const float b = seg.bias != nullptr ? seg.bias[row] : 0.0f;
+    if (threadIdx.x == 0) {
+        const float b = seg.bias != nullptr ? seg.bias[row] : 0.0f;
 #pragma unroll
-    for (int mc = 0; mc < MC; ++mc) {
-        if (mc >= p.n_cols) continue;
-        float v = 0.0f;
+        for (int mc = 0; mc < MC; ++mc) {
+            if (mc >= p.n_cols) continue;
+            float v = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kRowThreads / 32; ++w) v += part[w][mc];
-        const int64_t o = mc * seg.n_rows + row;
-        seg.dst[o] = v;
-        if (seg.bias != nullptr) seg.dst2[o] = v + b;
+            for (int w = 0; w < kRowThreads / 32; ++w) v += part[w][mc];
+            const int64_t o = mc * seg.n_rows + row;
+            seg.dst[o] = v;
+            if (seg.bias != nullptr) seg.dst2[o] = v + b;
+        }
+    }
+    if constexpr (RK >= 0) {
+        __shared__ bool last;
+        if (threadIdx.x == 0) {
+            __threadfence();  // this block's logits are visible before it counts itself done
+            last = atomicAdd(p.rt.counter, 1u) == gridDim.x - 1;
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        router_select_token<RK>(p.rt.x, p.rt.ids, p.rt.vals, p.rt.probs, p.rt.k, lane, warp, warp < p.n_cols);
+        if (threadIdx.x == 0) *p.rt.counter = 0;  // zero for the next launch
     }
 }
 
@@ -414,7 +431,9 @@ Status gemv(const WeightArg& w, const WeightArg* gate, const void* acts, int64_t
 }
 
 Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const void* acts, int64_t act_stride,
-                  int64_t n_cols, const GemvRoute* route, const GluParams* glu, cudaStream_t stream) {
+                  int64_t n_cols, const GemvRoute* route, const GluParams* glu, cudaStream_t stream,
+                  const RouterTail* router, bool* routed) {
+    if (routed != nullptr) *routed = false;
     if (outs.empty() || outs.size() > static_cast<size_t>(kMaxGemvSegs)) {
         return internal_error("cuda gemv: " + std::to_string(outs.size()) + " weights in one launch (1 .. " +
                               std::to_string(kMaxGemvSegs) + " expected)");
@@ -495,6 +514,13 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
                     return internal_error("cuda gemv: the row kernel takes float weights");
                 } else {
                     const auto grid = static_cast<unsigned int>(rows);
+                    if (router != nullptr && p.n_cols == 1 && router->counter != nullptr) {
+                        p.rt = *router;
+                        if (routed != nullptr) *routed = true;
+                        const auto kernel = router->x.ne[0] <= 32 * kRouterKeys ? gemv_rows_kernel<W, 1, kRouterKeys>
+                                                                                 : gemv_rows_kernel<W, 1, 0>;
+                        return launch_kernel("gemv_rows_kernel", kernel, grid, kRowThreads, 0, stream, p);
+                    }
                     auto kernel = gemv_rows_kernel<W, 8>;
                     if (p.n_cols == 1) {
                         kernel = gemv_rows_kernel<W, 1>;

@@ -33,7 +33,7 @@
 #include "cuda/launch.cuh"
 #include "cuda/ops_common.cuh"
 #include "cuda/rope_math.cuh"
-#include "cuda/topk_key.cuh"
+#include "cuda/router_select.cuh"
 
 namespace moe::cuda {
 namespace {
@@ -208,57 +208,11 @@ __global__ void __launch_bounds__(1024) row_chain_kernel(ChainArgs a) {
 
 // ---- router ----
 
-// blockDim (32, T): warp t takes token t. The keys and the tie rule are topk_kernel's (cuda/topk_key.cuh).
-constexpr int kRouterKeys = 8;  // experts up to 256: the keys stay in registers
-
-// kKeys: keys per lane held in registers, read once (n <= 32 * kKeys); 0: read again each round.
+// blockDim (32, T): warp t takes token t (router_select.cuh).
 template <int kKeys>
 __global__ void router_kernel(View x, View ids, View vals, View probs, int k) {
     pdl_grid_sync_small();
-    const int lane = static_cast<int>(threadIdx.x);
-    const int64_t t = threadIdx.y;
-    const auto* xr = reinterpret_cast<const float*>(ops::row_at(x, t, 0, 0));
-    const int64_t n = x.ne[0];
-    unsigned long long keys[kKeys > 0 ? kKeys : 1];
-#pragma unroll
-    for (int i = 0; i < kKeys; ++i) {
-        const int e = lane + 32 * i;
-        keys[i] = e < n ? topk_key(xr[e], e) : 0ull;  // 0 is below every key: never chosen
-    }
-    unsigned long long prev = ~0ull;
-    int my_id = 0;
-    for (int j = 0; j < k; ++j) {
-        unsigned long long best = 0;
-        if constexpr (kKeys > 0) {
-#pragma unroll
-            for (int i = 0; i < kKeys; ++i) {
-                if (keys[i] < prev && keys[i] > best) best = keys[i];
-            }
-        } else {
-            for (int64_t e = lane; e < n; e += 32) {
-                const unsigned long long key = topk_key(xr[e], e);
-                if (key < prev && key > best) best = key;
-            }
-        }
-        best = warp_max_u64(best);
-        if (lane == j) my_id = static_cast<int>(0xffffffffu - static_cast<unsigned int>(best));
-        prev = best;
-    }
-    const float g = lane < k ? xr[my_id] : -INFINITY;
-    // As softmax_kernel's warp rows: one value per lane, so the same reductions in the same order.
-    const float mx = ops::warp_max(g);
-    float p = 0.0f;
-    if (mx != -INFINITY) {
-        const float e = lane < k ? expf(g - mx) : 0.0f;
-        const float inv = 1.0f / ops::warp_sum(e);
-        p = e * inv;
-    }
-    __syncthreads();  // every read is done: outputs may reuse the logits' bytes
-    if (lane < k) reinterpret_cast<int32_t*>(ops::row_at(ids, t, 0, 0))[lane] = my_id;
-    __syncthreads();
-    if (lane < k) reinterpret_cast<float*>(ops::row_at(vals, t, 0, 0))[lane] = g;
-    __syncthreads();
-    if (lane < k) reinterpret_cast<float*>(ops::row_at(probs, t, 0, 0))[lane] = p;
+    router_select_token<kKeys>(x, ids, vals, probs, k, static_cast<int>(threadIdx.x), threadIdx.y, true);
 }
 
 // ---- attention prologue ----

@@ -178,7 +178,7 @@ PlanCounts plan_model(const moe::HParams& hp, Type dense, Type experts, int n_to
     PlanCounts c;
     c.nodes = static_cast<int>(nodes.size());
     c.items = static_cast<int>(plan.items.size());
-    static const char* const kind_names[moe::cuda::kFusedKinds] = {"", "group", "chain", "router", "prep", "moe_bias"};
+    static const char* const kind_names[moe::cuda::kFusedKinds] = {"", "group", "chain", "router", "prep", "moe_bias", "router_gemv"};
     for (const moe::cuda::LaunchItem& it : plan.items) {
         ++c.kinds[it.kind];
         c.q8_in += it.q8_in >= 0;
@@ -226,30 +226,32 @@ TEST_CASE("CUDA fusion plans of real decode graphs fuse q/k/v, norms, routers an
         // q/k/v, the output projection (from the attention) and the experts' up/gate in every layer,
         // and for the output product.
         CHECK(c.kinds.at(FusedKind::kGemvGroup) == 2 * kLayers);
-        CHECK(c.kinds.at(FusedKind::kRouter) == kLayers);
+        CHECK(c.kinds.at(FusedKind::kRouterGemv) == kLayers);  // the router's product selects in its last block
+        CHECK(c.kinds.count(FusedKind::kRouter) == 0);
         CHECK(c.kinds.at(FusedKind::kRowChain) == 2 * kLayers + 1);
         CHECK(c.kinds.at(FusedKind::kAttnPrep) == kLayers);  // q/k norms, ropes, cache writes
         // Q8 rows: the two norms and the attention per layer, and the output norm.
         CHECK(c.q8_out == 3 * kLayers + 1);
         CHECK(c.q8_in == 3 * kLayers + 1);
-        // 22 nodes per layer, 10 launches: chain, group, prep, attention, group, chain, router product,
-        // router, up/gate, down; plus the embedding, the first norm and the output product.
+        // 22 nodes per layer, 9 launches: chain, group, prep, attention, group, chain, router product
+        // with the selection, up/gate, down; plus the embedding, the first norm and the output product.
         CHECK(c.nodes == 22 * kLayers + 3);
-        CHECK(c.items == 10 * kLayers + 3);
+        CHECK(c.items == 9 * kLayers + 3);
         CHECK(c.kinds.count(FusedKind::kMoeBias) == 0);  // no expert biases
     }
     {
         const PlanCounts c = plan_model(g20_hparams(kLayers), Type::Q8_0, Type::MXFP4, 1, 300);
         INFO("gpt-oss decode, layer 0:" << c.layer0);
-        CHECK(c.kinds.at(FusedKind::kRouter) == kLayers);
+        CHECK(c.kinds.at(FusedKind::kRouterGemv) == kLayers);  // with the router's bias add
+        CHECK(c.kinds.count(FusedKind::kRouter) == 0);
         CHECK(c.kinds.at(FusedKind::kRowChain) == 2 * kLayers + 1);
         CHECK(c.q8_in >= 3 * kLayers + 1);
-        // The bias adds of q, k, v, the output projection and the router ride in GEMV epilogues.
-        CHECK(c.kinds.at(FusedKind::kGemvGroup) >= 3 * kLayers);
+        // The bias adds of q, k, v and the output projection ride in GEMV epilogues.
+        CHECK(c.kinds.at(FusedKind::kGemvGroup) >= 2 * kLayers);
         CHECK(c.kinds.at(FusedKind::kAttnPrep) == kLayers);  // ropes, cache writes
         // The down projection picks and adds its experts' bias rows in the GEMV epilogue.
         CHECK(c.kinds.at(FusedKind::kMoeBias) == kLayers);
-        CHECK(c.items <= c.nodes - 13 * kLayers);
+        CHECK(c.items <= c.nodes - 14 * kLayers);
     }
     {
         // Prefill: GEMM-sized batches get no GEMV groups, and the long-row chains still run (several
@@ -690,6 +692,60 @@ TEST_CASE("CUDA expert products with their bias rows in the epilogue match unfus
     }
 }
 
+TEST_CASE("CUDA router products that select in their last block match unfused launches bit for bit", "[gpu]") {
+    MOE_GPU_OR_SKIP();
+    Device dev;
+    std::mt19937_64 rng(run_seed() * 0x9E3779B97F4A7C15ull + 208);
+    struct Case {
+        int64_t k, n_expert;
+        int32_t top;
+        Type type;
+        bool bias;
+    };
+    // Qwen3's router (128 x 2048 F32), GPT-OSS's (32 x 2880 with a bias), more experts than the keys kept
+    // in registers (300, 1024: read again each round), half-precision weights, top-k up to 32.
+    const Case cases[] = {{2048, 128, 8, Type::F32, false}, {2880, 32, 4, Type::F32, true},
+                          {1056, 300, 8, Type::BF16, true}, {64, 1024, 32, Type::F16, false},
+                          {2048, 128, 8, Type::F32, false}};
+    for (const Case& c : cases) {
+        INFO("k " << c.k << " experts " << c.n_expert << " top " << c.top << " " << moe::type_name(c.type)
+                  << (c.bias ? " bias" : ""));
+        Tensor* w = random_weight(dev, c.type, c.k, c.n_expert, rng);
+        const std::vector<float> bv = random_f32(rng, static_cast<size_t>(c.n_expert), -0.5f, 0.5f);
+        Tensor* bias = dev.leaf(Type::F32, {c.n_expert}, bv.data());
+        moe::Graph g;
+        Tensor* x = g.input(Type::F32, {c.k, 1}, "x");
+        Tensor* m = g.mul_mat(w, x);
+        g.set_output(m);
+        Tensor* logits = c.bias ? g.add(m, bias) : m;
+        Tensor* ids = g.topk(logits, c.top);
+        Tensor* vals = g.gather(logits, ids);
+        Tensor* probs = g.softmax(vals);
+        for (Tensor* o : {logits, ids, vals, probs}) g.set_output(o);
+        g.set_output(g.silu(x));  // keeps x's bytes apart from the outputs
+        const moe::AllocPlan plan = moe::plan_allocation(g);
+        moe::bind_allocation(g, plan, dev.alloc(plan.arena_size));
+        const std::vector<float> xv = random_f32(rng, static_cast<size_t>(c.k), -2.0f, 2.0f);
+        const auto items = check_fused_matches_unfused(dev, g, [&] { dev.upload(x->data, xv.data(), x->n_bytes()); });
+        REQUIRE(!items.empty());
+        CHECK(items[0] == std::make_pair(FusedKind::kRouterGemv, c.bias ? 5 : 4));
+        // The selection is a real top-k: ids distinct, their logits descending, probabilities summing to 1.
+        std::vector<int32_t> got_ids(static_cast<size_t>(c.top));
+        std::vector<float> got_vals(got_ids.size()), got_probs(got_ids.size());
+        std::memcpy(got_ids.data(), dev.download(*ids).data(), ids->n_bytes());
+        std::memcpy(got_vals.data(), dev.download(*vals).data(), vals->n_bytes());
+        std::memcpy(got_probs.data(), dev.download(*probs).data(), probs->n_bytes());
+        double psum = 0.0;
+        for (size_t j = 0; j < got_ids.size(); ++j) {
+            CHECK(got_ids[j] >= 0);
+            CHECK(got_ids[j] < c.n_expert);
+            if (j > 0) CHECK(got_vals[j] <= got_vals[j - 1]);
+            psum += got_probs[j];
+        }
+        CHECK(std::fabs(psum - 1.0) < 1e-5);
+    }
+}
+
 TEST_CASE("CUDA fused chains whose outputs overlap with a shift write them in node order", "[gpu]") {
     // ws and the norm's result share bytes, the norm's shifted by 32 floats (legal for one row: ws is
     // dead once the ADD has read it). The fused chain writes ws, then the sum, then the norm, with
@@ -921,7 +977,7 @@ TEST_CASE("cuda contexts give the same logits with and without fused launches", 
                        << st.q8_reused);
         CHECK(st.fused[static_cast<int>(FusedKind::kGemvGroup)] > 0);
         CHECK(st.fused[static_cast<int>(FusedKind::kRowChain)] > 0);
-        CHECK(st.fused[static_cast<int>(FusedKind::kRouter)] > 0);
+        CHECK(st.fused[static_cast<int>(FusedKind::kRouterGemv)] > 0);  // decode steps
         CHECK(st.q8_reused > 0);
         if (oss) CHECK(st.fused[static_cast<int>(FusedKind::kMoeBias)] > 0);
         const auto& ps = pair.off_backend().fusion_stats();
