@@ -187,26 +187,30 @@ StatusOr<std::unique_ptr<Buffer>> CudaBackend::alloc_pinned_host_buffer(size_t s
     return PinnedHostBuffer::allocate(this, size);
 }
 
-// Grow-only. Kernels queued earlier may still use the old block, so the compute stream is drained
-// before it is freed; growth happens only on the first large shapes, not per step.
+// Replaces `block` by one of `bytes`. Kernels queued earlier may still use the old block, so the compute
+// stream is drained before it is freed; blocks grow only on the first large shapes, not per step.
+Status CudaBackend::regrow(void*& block, size_t& size, size_t bytes, const char* what) {
+    MOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_stream_));
+    if (block != nullptr) {
+        MOE_CUDA_RETURN_IF_ERROR(cudaFree(block));
+        block = nullptr;
+        size = 0;
+    }
+    const cudaError_t err = cudaMalloc(&block, bytes);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        block = nullptr;
+        return cuda_status(err, ("cudaMalloc of " + std::to_string(bytes) + " bytes of " + what).c_str());
+    }
+    size = bytes;
+    return Status::ok();
+}
+
 Status CudaBackend::ensure_scratch(size_t bytes) {
     if (bytes <= scratch_size_) return Status::ok();
     const size_t grown = std::max(bytes, scratch_size_ + scratch_size_ / 2);
     const size_t rounded = (grown + (size_t{1} << 20) - 1) & ~((size_t{1} << 20) - 1);
-    MOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_stream_));
-    if (scratch_ != nullptr) {
-        MOE_CUDA_RETURN_IF_ERROR(cudaFree(scratch_));
-        scratch_ = nullptr;
-        scratch_size_ = 0;
-    }
-    const cudaError_t err = cudaMalloc(&scratch_, rounded);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        scratch_ = nullptr;
-        return cuda_status(err, ("cudaMalloc of " + std::to_string(rounded) + " bytes of kernel scratch").c_str());
-    }
-    scratch_size_ = rounded;
-    return Status::ok();
+    return regrow(scratch_, scratch_size_, rounded, "kernel scratch");
 }
 
 size_t CudaBackend::scratch_bytes(const Tensor& node) const {
@@ -379,20 +383,7 @@ Status CudaBackend::gather_to_host(void* dst_host, std::span<const DeviceRegion>
     if (dst_host == nullptr) return invalid_argument("gather_to_host: dst_host must not be null");
     MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     if (total > gather_size_) {
-        MOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_stream_));  // the old block may be in use
-        if (gather_ != nullptr) {
-            MOE_CUDA_RETURN_IF_ERROR(cudaFree(gather_));
-            gather_ = nullptr;
-            gather_size_ = 0;
-        }
-        const size_t rounded = (total + 4095) & ~size_t{4095};
-        const cudaError_t err = cudaMalloc(&gather_, rounded);
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();
-            gather_ = nullptr;
-            return cuda_status(err, ("cudaMalloc of " + std::to_string(rounded) + " bytes of gather staging").c_str());
-        }
-        gather_size_ = rounded;
+        MOE_RETURN_IF_ERROR(regrow(gather_, gather_size_, (total + 4095) & ~size_t{4095}, "gather staging"));
     }
     MOE_RETURN_IF_ERROR(gather_regions(regions, static_cast<uint8_t*>(gather_), compute_stream_));
     MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_host, gather_, total, cudaMemcpyDeviceToHost, compute_stream_));

@@ -138,6 +138,7 @@ private:
     Status launch_item(size_t i);
     size_t scratch_bytes(const Tensor& node) const;
     Status ensure_scratch(size_t bytes);
+    Status regrow(void*& block, size_t& size, size_t bytes, const char* what);
 
     int device_;
     int n_sm_ = 0;
