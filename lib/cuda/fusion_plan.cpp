@@ -191,13 +191,24 @@ bool match_group(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
     }
     // Shrink to the longest prefix whose writes are disjoint from each other and from the biases (one
     // launch writes them all while the biases are read). The activation is read before (quantised or
-    // copied) or, where the launch reads it directly, the launch checks it.
+    // copied) or, where the launch reads it directly, the launch checks it. A product whose bytes a
+    // later part overwrites is not written at all (group_dead_products).
     for (; units > 0; --units) {
+        std::array<Tensor*, kMaxParts> parts{};
+        size_t np = 0;
+        for (int u = 0; u < units; ++u) {
+            parts[np++] = mm[u];
+            if (bias[u] != nullptr) parts[np++] = bias[u];
+        }
+        std::array<bool, kMaxParts> dead{};
+        group_dead_products(std::span<Tensor* const>(parts.data(), np), dead);
         const Tensor* writes[2 * kMaxUnits];
         const Tensor* reads[kMaxUnits];
         int nw = 0, nr = 0;
+        size_t at = 0;
         for (int u = 0; u < units; ++u) {
-            writes[nw++] = mm[u];
+            if (!dead[at]) writes[nw++] = mm[u];
+            at += bias[u] != nullptr ? 2 : 1;
             if (bias[u] != nullptr) {
                 writes[nw++] = bias[u];
                 reads[nr++] = identical(bias[u]->src[0], mm[u]) ? bias[u]->src[1] : bias[u]->src[0];
@@ -252,7 +263,10 @@ bool match_moe_bias(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
     const int side = identical(a->src[0], m) ? 1 : identical(a->src[1], m) ? 0 : -1;
     if (side < 0) return false;
     const Tensor* b = a->src[side];
-    if (b == nullptr || b->data != gr->data || !dense_rows(*b) || b->n_elements() != gr->n_elements()) return false;
+    if (b == nullptr || b->data != gr->data || !dense_rows(*b) || b->n_elements() != gr->n_elements() ||
+        !op_checks::same_shape(*b, *a)) {
+        return false;  // the ADD's own check: both operands have its shape
+    }
     // One launch writes all three while it reads the ids and the bias (the activation is read before,
     // by the quantisation or copy into scratch).
     const Tensor* writes[] = {m, gr, a};
@@ -275,7 +289,7 @@ bool match_router_gemv(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
     LaunchItem r;
     if (!match_router(n, j, r)) return false;
     const Tensor* logits = bias != nullptr ? bias : m;
-    if (!identical(r.part[0]->src[0], logits) || logits->ne[1] != 1) return false;
+    if (r.part[0]->src[0] != logits || logits->ne[1] != 1) return false;  // the node itself (mul_mat_router)
     if (bias != nullptr) {  // as in a kGemvGroup: the bias is read while the product and the sum are written
         const Tensor* writes[] = {m, bias};
         const Tensor* reads[] = {identical(bias->src[0], m) ? bias->src[1] : bias->src[0]};
@@ -428,6 +442,35 @@ void assign_slots(FusionPlan& plan) {
 }
 
 }  // namespace
+
+void group_dead_products(std::span<Tensor* const> parts, std::array<bool, kMaxParts>& dead) {
+    dead.fill(false);
+    for (size_t p = 0; p + 1 < parts.size() && p < static_cast<size_t>(kMaxParts); ++p) {
+        const Tensor* m = parts[p];
+        const Tensor* add = parts[p + 1];
+        if (m->op != Op::MUL_MAT || add->op != Op::ADD || m->is_output) continue;
+        if (!identical(add->src[0], m) && !identical(add->src[1], m)) continue;
+        bool read_elsewhere = false, overwritten = false;
+        const ByteRange r = byte_range(*m);
+        for (size_t q = 0; q < parts.size(); ++q) {
+            if (q == p || q == p + 1) {
+                if (q == p + 1) overwritten = overwritten || r.overlaps(byte_range(*parts[q]));
+                continue;
+            }
+            // Another part reading the tensor itself, or reading its bytes from memory: a weight or a
+            // bias row. (Products read the activation, prepared before the launch or not written over
+            // by anything but live results; an add takes its own product from registers.)
+            const Tensor& o = *parts[q];
+            for (const Tensor* s : o.src) read_elsewhere = read_elsewhere || s == m;
+            const Tensor* mem = nullptr;
+            if (o.op == Op::MUL_MAT) mem = o.src[0];
+            if (o.op == Op::ADD) mem = o.src[0] == parts[q - 1] || identical(o.src[0], parts[q - 1]) ? o.src[1] : o.src[0];
+            read_elsewhere = read_elsewhere || (mem != nullptr && r.overlaps(byte_range(*mem)));
+            if (q > p + 1) overwritten = overwritten || r.overlaps(byte_range(*parts[q]));
+        }
+        dead[p] = overwritten && !read_elsewhere;
+    }
+}
 
 bool attn_prep_rows_apart(std::span<Tensor* const> parts) {
     // Runs at every prologue launch (decode steps launch it eagerly): fixed arrays, no allocation.

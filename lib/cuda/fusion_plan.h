@@ -91,6 +91,13 @@ bool attn_prep_rows_apart(std::span<Tensor* const> parts);
 // values per token (ops_attention.cu: the FP32 kernel, dense output).
 bool attention_writes_q8(const Tensor& node);
 
+// Parts of a kGemvGroup item (MUL_MAT [ADD bias] ...): dead[p] for a MUL_MAT part that the launch need not
+// write: it is followed by its bias ADD, is no graph output, no other part reads it, and a later part's
+// output overwrites bytes of it. (The memory plan reuses bytes only of tensors whose last reader has run,
+// so nothing reads the product after that part; unfused, the bias ADD was its only reader in between.)
+// The planner's disjointness rules and the launch both use this.
+void group_dead_products(std::span<Tensor* const> parts, std::array<bool, kMaxParts>& dead);
+
 // Bytes of one Q8 activation row of k values as the GEMV kernels read it: int8 qs[k], float d[k / 32],
 // rounded up to 16.
 inline size_t q8_row_bytes(int64_t k) {

@@ -414,6 +414,14 @@ Status mul_mat_group_routed(std::span<Tensor* const> parts, const OpContext& ctx
     }
     if (n == 0) return internal_error("mul_mat_group: no product");
     if (units[0].d.m == 0) return Status::ok();
+    // Products that only their bias add reads, whose bytes a later part overwrites: not written.
+    std::array<bool, kMaxParts> dead{};
+    group_dead_products(parts, dead);
+    for (size_t i = 0, u = 0; i < parts.size(); ++i) {
+        if (parts[i]->op != Op::MUL_MAT) continue;
+        if (dead[i] && units[u].bias != nullptr) units[u].out = nullptr;
+        ++u;
+    }
     return run_gemv_units(std::span<const GemvUnit>(units, n), ctx, router, routed);
 }
 

@@ -111,7 +111,8 @@ Status gemv(const WeightArg& w, const WeightArg* gate, const void* acts, int64_t
 constexpr int64_t kRowKernelMaxRows = 1024;
 
 // Weights of one launch that multiply the same prepared activation rows (same type and k): each
-// writes dst[c * w.n + r] and, with a bias, dst2[c * w.n + r] = dst[...] + bias[r].
+// writes dst[c * w.n + r] and, with a bias, dst2[c * w.n + r] = dst[...] + bias[r]; dst may be nullptr
+// with a bias (dense launches: the product itself is not written).
 constexpr int kMaxGemvSegs = 3;
 struct GemvOut {
     const WeightArg* w;

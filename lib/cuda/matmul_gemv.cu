@@ -106,7 +106,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         const int32_t e = p.ids[t * p.ids_stride + j];
         const int64_t o = pair * dst_stride + row;
         if (e == kNoExpert) {  // a pair of another part of a split expert block: not written
-            if (p.ebias != nullptr && lane == 0) p.ebias_rows[o] = 0.0f;  // GET_ROWS writes zeros there
+            if (p.ebias != nullptr && lane == 0) {
+                p.ebias_rows[o] = 0.0f;              // GET_ROWS writes zeros there,
+                p.ebias_sum[o] = seg.dst[o] + 0.0f;  // and the ADD adds them to the unwritten product
+            }
             return;
         }
         if (e < 0 || e >= p.n_expert) {
@@ -116,7 +119,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
                 seg.dst[o] = nan;
                 if (p.ebias != nullptr) {
                     p.ebias_rows[o] = nan;
-                    p.ebias_sum[o] = nan;
+                    p.ebias_sum[o] = __int_as_float(0x7FFFFFFF);  // the canonical NaN the GPU's NaN + NaN gives
                 }
             }
             return;
@@ -267,7 +270,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         for (int mc = 0; mc < MC; ++mc) {
             if (mc < n_cols) {
                 const int64_t o = (out_col + mc) * dst_stride + row;
-                seg.dst[o] = acc[0][mc];
+                if (seg.dst != nullptr) seg.dst[o] = acc[0][mc];  // nullptr: a product only its bias add reads
                 if (seg.bias != nullptr) seg.dst2[o] = acc[0][mc] + b;  // the ADD node's one rounding
             }
         }
@@ -348,7 +351,7 @@ __global__ void __launch_bounds__(kRowThreads) gemv_rows_kernel(const GemvParams
 #pragma unroll
             for (int w = 0; w < kRowThreads / 32; ++w) v += part[w][mc];
             const int64_t o = mc * seg.n_rows + row;
-            seg.dst[o] = v;
+            if (seg.dst != nullptr) seg.dst[o] = v;
             if (seg.bias != nullptr) seg.dst2[o] = v + b;
         }
     }
@@ -357,10 +360,10 @@ __global__ void __launch_bounds__(kRowThreads) gemv_rows_kernel(const GemvParams
         if (threadIdx.x == 0) {
             __threadfence();  // this block's logits are visible before it counts itself done
             last = atomicAdd(p.rt.counter, 1u) == gridDim.x - 1;
+            if (last) __threadfence();  // acquire: the other blocks' logits, before this block reads them
         }
         __syncthreads();
         if (!last) return;
-        __threadfence();
         router_select_token<RK>(p.rt.x, p.rt.ids, p.rt.vals, p.rt.probs, p.rt.k, lane, warp, warp < p.n_cols);
         if (threadIdx.x == 0) *p.rt.counter = 0;  // zero for the next launch
     }
