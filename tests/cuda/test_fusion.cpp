@@ -603,8 +603,8 @@ TEST_CASE("CUDA expert products with their bias rows in the epilogue match unfus
         Tensor* s = g.add(y, g.reshape(b, {c.n, c.used, c.tokens}));
         g.set_output(b);
         if (c.masked) {
-            // The product leaves the rows of kNoExpert pairs unwritten (not an output here, so both runs see
-            // the same stale bytes there): the sum adds the zero bias rows to them, the weighted sum skips them.
+            // The product leaves the rows of kNoExpert pairs unwritten (each run first fills its bytes with
+            // the same pattern): the sum adds the zero bias rows to them, the weighted sum skips them.
             g.set_output(s);
             g.set_output(g.weighted_sum(s, p, ids));
         } else {
@@ -621,7 +621,9 @@ TEST_CASE("CUDA expert products with their bias rows in the epilogue match unfus
             iv[i] = static_cast<int32_t>(rng() % static_cast<uint64_t>(c.n_expert));
             if (c.masked && i % 3 == 1) iv[i] = moe::kNoExpert;
         }
+        const std::vector<float> stale = random_f32(rng, static_cast<size_t>(y->n_elements()), -9.0f, 9.0f);
         const auto upload = [&] {
+            if (c.masked) dev.upload(y->data, stale.data(), y->n_bytes());  // before the inputs: y may reuse no input's bytes
             dev.upload(h->data, hv.data(), h->n_bytes());
             dev.upload(p->data, pv.data(), p->n_bytes());
             dev.upload(ids->data, iv.data(), ids->n_bytes());
