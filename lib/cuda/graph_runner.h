@@ -51,11 +51,12 @@ public:
     // Chunks of at most kMaxChunk nodes; volatile runs shorter than kMinVolatileGraph run eagerly;
     // at most kMaxEntries cached executables and kMaxPlans learned span layouts (least recently
     // used ones are dropped). A warm 48-layer decode step is 49 spans (the scheduler hands a step over
-    // at each expert block: CudaBackend::cut_after) of ~3 chunks each.
+    // at each expert block: CudaBackend::cut_after) of ~3 chunks each; a 94-layer model (Qwen3-235B)
+    // alternating prompt ubatches and decode steps needs ~190 layouts and ~500 executables.
     static constexpr size_t kMaxChunk = 64;
     static constexpr size_t kMinGraph = 2;
     static constexpr size_t kMinVolatileGraph = 4;
-    static constexpr size_t kMaxEntries = 512;
+    static constexpr size_t kMaxEntries = 1024;
     static constexpr size_t kMaxPlans = 256;
 
     GraphRunner(cudaStream_t stream, LaunchFn launch) : stream_(stream), launch_(std::move(launch)) {}
