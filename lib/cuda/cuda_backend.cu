@@ -376,7 +376,9 @@ Status CudaBackend::gather_to_host(void* dst_host, std::span<const DeviceRegion>
     if (regions.size() < 2) return Backend::gather_to_host(dst_host, regions);
     size_t total = 0;
     for (const DeviceRegion& r : regions) {
-        if (r.n > 0 && r.src == nullptr) return invalid_argument("gather_to_host: a region of " + std::to_string(r.n) + " bytes has no address");
+        if (r.n > 0 && r.src == nullptr) {
+            return invalid_argument("gather_to_host: a region of " + std::to_string(r.n) + " bytes has no address");
+        }
         total += r.n;
     }
     if (total == 0) return Status::ok();

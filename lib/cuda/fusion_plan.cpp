@@ -462,9 +462,9 @@ void group_dead_products(std::span<Tensor* const> parts, std::array<bool, kMaxPa
             // by anything but live results; an add takes its own product from registers.)
             const Tensor& o = *parts[q];
             for (const Tensor* s : o.src) read_elsewhere = read_elsewhere || s == m;
-            const Tensor* mem = nullptr;
+            const Tensor* mem = nullptr;  // the weight of a product, the bias row of an add
             if (o.op == Op::MUL_MAT) mem = o.src[0];
-            if (o.op == Op::ADD) mem = o.src[0] == parts[q - 1] || identical(o.src[0], parts[q - 1]) ? o.src[1] : o.src[0];
+            if (o.op == Op::ADD && q > 0) mem = identical(o.src[0], parts[q - 1]) ? o.src[1] : o.src[0];
             read_elsewhere = read_elsewhere || (mem != nullptr && r.overlaps(byte_range(*mem)));
             if (q > p + 1) overwritten = overwritten || r.overlaps(byte_range(*parts[q]));
         }
@@ -548,7 +548,8 @@ void plan_fusions(std::span<Tensor* const> nodes, bool enabled, FusionPlan& out)
         LaunchItem item;
         item.node = nodes[i];
         item.part[0] = nodes[i];
-        if (enabled && (match_router_gemv(nodes, i, item) || match_router(nodes, i, item) || match_chain(nodes, i, item) || match_group(nodes, i, item) ||
+        if (enabled && (match_router_gemv(nodes, i, item) || match_router(nodes, i, item) ||
+                        match_chain(nodes, i, item) || match_group(nodes, i, item) ||
                         match_attn_prep(nodes, i, item) || match_moe_bias(nodes, i, item))) {
             item.node = item.part[0];
         } else {

@@ -471,10 +471,10 @@ Status mul_mat_id_bias(std::span<Tensor* const> parts, const OpContext& ctx) {
         parts[2]->data == nullptr || !mm::moe_takes_gemv(a)) {
         return internal_error("mul_mat_id_bias: not a GEMV product with F32 bias rows (as planned)");
     }
-    a.bias = static_cast<const float*>(bias->data);
-    a.bias_stride = static_cast<int64_t>(bias->nb[1] / 4);
-    a.bias_rows = static_cast<float*>(parts[1]->data);
-    a.dst2 = static_cast<float*>(parts[2]->data);
+    a.bias.rows = static_cast<const float*>(bias->data);
+    a.bias.stride = static_cast<int64_t>(bias->nb[1] / 4);
+    a.bias.picked = static_cast<float*>(parts[1]->data);
+    a.bias.sum = static_cast<float*>(parts[2]->data);
     MOE_RETURN_IF_ERROR(check_scratch("MUL_MAT_ID", mm::moe_scratch(a), ctx));
     return mm::moe_run(a, ctx);
 }

@@ -83,6 +83,16 @@ size_t gemv_act_row_bytes(Type w, int64_t k);
 // Prepares `rows` rows of x (K = k) for weights of type w into dst (rows * gemv_act_row_bytes).
 Status gemv_prepare(const RowsF32& x, int64_t rows, int64_t k, Type w, void* dst, cudaStream_t stream);
 
+// A bias row per expert added in a routed product's epilogue, as MUL_MAT_ID, GET_ROWS(rows, ids) and ADD
+// would do it (fusion_plan.h kMoeBias): the picked rows go to `picked` and the sums to `sum`, both laid
+// out like the product's dst. rows == nullptr: none.
+struct ExpertBias {
+    const float* rows = nullptr;  // row e at rows + e * stride
+    int64_t stride = 0;           // floats between the experts' rows
+    float* picked = nullptr;
+    float* sum = nullptr;
+};
+
 // Expert routing of the GEMV: one job per (token, slot) pair p = j + n_used * t; its expert is
 // ids[t * ids_stride + j], its activation row t (b_rows == 1) or p, its output column p.
 struct GemvRoute {
@@ -92,13 +102,7 @@ struct GemvRoute {
     int b_rows = 1;
     int64_t n_pairs = 0;
     unsigned int* error_flags = nullptr;  // kErrorBadIndex for an id outside [0, E); its column is NaN
-    // Optional, one weight without gate: a bias row per expert added in the epilogue, as MUL_MAT_ID,
-    // GET_ROWS(bias, ids) and ADD would do it (fusion_plan.h kMoeBias): the picked rows
-    // bias[e * bias_stride + r] go to bias_rows and the sums to dst2, both laid out like dst.
-    const float* bias = nullptr;
-    int64_t bias_stride = 0;  // floats between the experts' bias rows
-    float* bias_rows = nullptr;
-    float* dst2 = nullptr;
+    ExpertBias bias;  // optional, one weight without gate
 };
 
 // dst[c * w.n + r] = dot(row r of w, prepared activation row c) for c < n_cols (route == nullptr,
@@ -186,11 +190,7 @@ struct MoeArgs {
     int64_t n_used = 1;
     int64_t n_tokens = 0;
     float* dst = nullptr;        // [n, n_used, n_tokens], contiguous
-    // MUL_MAT_ID on the GEMV path only: the experts' bias rows added in the epilogue (GemvRoute).
-    const float* bias = nullptr;
-    int64_t bias_stride = 0;
-    float* bias_rows = nullptr;
-    float* dst2 = nullptr;
+    ExpertBias bias;             // MUL_MAT_ID on the GEMV path only (GemvRoute)
 };
 
 size_t moe_scratch(const MoeArgs& a);

@@ -66,10 +66,7 @@ struct GemvParams {
     int b_rows;
     unsigned int* error_flags;
     GluParams glu;
-    const float* ebias;  // routed, no gate: per-expert bias rows (GemvRoute::bias)
-    int64_t ebias_stride;
-    float* ebias_rows;
-    float* ebias_sum;
+    ExpertBias ebias;    // routed, no gate: per-expert bias rows (GemvRoute::bias)
     RouterTail rt;       // gemv_rows_kernel with RK >= 0: the router's selection in the last block
 };
 
@@ -106,9 +103,9 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         const int32_t e = p.ids[t * p.ids_stride + j];
         const int64_t o = pair * dst_stride + row;
         if (e == kNoExpert) {  // a pair of another part of a split expert block: not written
-            if (p.ebias != nullptr && lane == 0) {
-                p.ebias_rows[o] = 0.0f;              // GET_ROWS writes zeros there,
-                p.ebias_sum[o] = seg.dst[o] + 0.0f;  // and the ADD adds them to the unwritten product
+            if (p.ebias.rows != nullptr && lane == 0) {
+                p.ebias.picked[o] = 0.0f;            // GET_ROWS writes zeros there,
+                p.ebias.sum[o] = seg.dst[o] + 0.0f;  // and the ADD adds them to the unwritten product
             }
             return;
         }
@@ -117,9 +114,9 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
                 ops::flag_error(p.error_flags, kErrorBadIndex);
                 const float nan = __int_as_float(0x7FC00000);
                 seg.dst[o] = nan;
-                if (p.ebias != nullptr) {
-                    p.ebias_rows[o] = nan;
-                    p.ebias_sum[o] = __int_as_float(0x7FFFFFFF);  // the canonical NaN the GPU's NaN + NaN gives
+                if (p.ebias.rows != nullptr) {
+                    p.ebias.picked[o] = nan;
+                    p.ebias.sum[o] = __int_as_float(0x7FFFFFFF);  // the canonical NaN the GPU's NaN + NaN gives
                 }
             }
             return;
@@ -258,12 +255,12 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         if (p.glu.bias_up != nullptr) u += p.glu.bias_up[expert * p.glu.bias_stride + row];
         if (p.glu.bias_gate != nullptr) g += p.glu.bias_gate[expert * p.glu.bias_stride + row];
         seg.dst[out_col * dst_stride + row] = glu_apply(p.glu, g, u);
-    } else if (p.ebias != nullptr) {  // routed (one column): MUL_MAT_ID, GET_ROWS and ADD results
+    } else if (p.ebias.rows != nullptr) {  // routed (one column): MUL_MAT_ID, GET_ROWS and ADD results
         const int64_t o = out_col * dst_stride + row;
-        const float b = p.ebias[expert * p.ebias_stride + row];
+        const float b = p.ebias.rows[expert * p.ebias.stride + row];
         seg.dst[o] = acc[0][0];
-        p.ebias_rows[o] = b;
-        p.ebias_sum[o] = acc[0][0] + b;  // the ADD node's one rounding
+        p.ebias.picked[o] = b;
+        p.ebias.sum[o] = acc[0][0] + b;  // the ADD node's one rounding
     } else {
         const float b = seg.bias != nullptr ? seg.bias[row] : 0.0f;
 #pragma unroll
@@ -478,10 +475,7 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
         p.b_rows = route->b_rows;
         p.error_flags = route->error_flags;
         p.ebias = route->bias;
-        p.ebias_stride = route->bias_stride;
-        p.ebias_rows = route->bias_rows;
-        p.ebias_sum = route->dst2;
-        if (p.ebias != nullptr && (gate != nullptr || p.ebias_rows == nullptr || p.ebias_sum == nullptr)) {
+        if (p.ebias.rows != nullptr && (gate != nullptr || p.ebias.picked == nullptr || p.ebias.sum == nullptr)) {
             return internal_error("cuda gemv: per-expert bias rows take one weight and both outputs");
         }
         p.n_cols = 1;

@@ -194,13 +194,10 @@ Status moe_run(const MoeArgs& a, const OpContext& ctx) {
         r.n_pairs = n_pairs;
         r.error_flags = ctx.error_flags;
         r.bias = a.bias;
-        r.bias_stride = a.bias_stride;
-        r.bias_rows = a.bias_rows;
-        r.dst2 = a.dst2;
         return gemv(a.w, gate, acts, 1, &r, glu, a.dst, ctx.stream);
     }
 
-    if (a.bias != nullptr) return internal_error("cuda expert matmul: bias rows in the epilogue need the GEMV path");
+    if (a.bias.rows != nullptr) return internal_error("cuda expert matmul: bias rows in the epilogue need the GEMV path");
     const int n_expert = static_cast<int>(a.w.n_expert);
     const int bn = mma_route_tile_cols(static_cast<double>(n_pairs) / static_cast<double>(std::min<int64_t>(n_expert, n_pairs)));
     constexpr int kThreads = 256;
