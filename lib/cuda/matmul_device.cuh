@@ -233,6 +233,32 @@ __device__ __forceinline__ void bytes_scaled_bf16(uint32_t u, float magic_plus_b
     hi = pack_bf16x2(byte_minus<2>(u, magic_plus_bias) * d, byte_minus<3>(u, magic_plus_bias) * d);
 }
 
+// The scale of a block for byte_scaled: 128 d and -(2^15 + bias) d.
+struct ByteScale {
+    float d128;
+    float neg_base;
+};
+__device__ __forceinline__ ByteScale byte_scale(float d, float bias) {
+    return {128.0f * d, -(32768.0f + bias) * d};
+}
+
+// Byte B of w as (byte - bias) * d, in one byte permute and one FMA (byte_minus * d takes a permute,
+// a subtraction and a product): the byte goes into bits 8-15 of 256.0f, x = 256 + byte / 128, and
+// x * 128 d - (2^15 + bias) d = (byte - bias) * d. Exact for a finite FP16 d and bias 8 or 128: the
+// product is exact inside the FMA, (2^15 + bias) d has at most 24 significant bits, the result at
+// most 19. It differs from byte_minus * d only in the sign of a zero (+0 where d < 0 gives -0), which
+// no sum of products can tell apart. Infinite or NaN scales take byte_minus (inf - inf here).
+template <int B>
+__device__ __forceinline__ float byte_scaled(uint32_t w, ByteScale s) {
+    return fmaf(__uint_as_float(__byte_perm(w, 0x43800000u, 0x7604u | (B << 4))), s.d128, s.neg_base);
+}
+
+// bytes_scaled_bf16 for a finite d (byte_scaled's conditions).
+__device__ __forceinline__ void bytes_scaled_bf16_finite(uint32_t u, ByteScale s, uint32_t& lo, uint32_t& hi) {
+    lo = pack_bf16x2(byte_scaled<0>(u, s), byte_scaled<1>(u, s));
+    hi = pack_bf16x2(byte_scaled<2>(u, s), byte_scaled<3>(u, s));
+}
+
 // a * b + c per BF16 lane, rounded once (fma.rn.bf16x2: exact intermediate, subnormals kept; sm_80+).
 __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
     uint32_t d;
@@ -241,8 +267,9 @@ __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t 
 }
 
 // decode_half's 16 values as 8 packed BF16 pairs: the same values, rounded to BF16 (RN), bit for bit,
-// except that NaNs (inf / NaN scales only) may carry another payload. Q8_0 and Q4_0 take the
-// byte-permute conversion above (Q8_0's signed bytes biased by 128 first). MXFP4 computes in BF16
+// except that NaNs (inf / NaN scales only) may carry another payload and Q8_0's and Q4_0's zeros are
+// +0 under a negative scale. Q8_0 and Q4_0 take the byte-permute + FMA conversion above (byte_scaled;
+// Q8_0's signed bytes biased by 128 first; the session-9 A/B is in PERF.md). MXFP4 computes in BF16
 // (fma.bf16x2, two values per instruction instead of F32 products and conversions: its expert GEMMs
 // +5-9% in the session-6 A/B, where the same change for Q4_0 gained nothing):
 // the doubled e2m1 values k (0, 1, 2, 3, 4, 6, 8, 12, signed) are built as BF16 bit patterns by byte
@@ -259,8 +286,16 @@ __device__ __forceinline__ void decode_half_bf16(const uint32_t* s, int off, int
         const float d = fp16_bits_to_float(extract_u32(s, off));
         uint32_t q[4];
         extract_words<4>(s, off + 2 + 16 * h, q);
+        if (isfinite(d)) {
+            const ByteScale bs = byte_scale(d, 128.0f);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) bytes_scaled_bf16(q[i] ^ 0x80808080u, kMagic + 128.0f, d, out[2 * i], out[2 * i + 1]);
+            for (int i = 0; i < 4; ++i) bytes_scaled_bf16_finite(q[i] ^ 0x80808080u, bs, out[2 * i], out[2 * i + 1]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                bytes_scaled_bf16(q[i] ^ 0x80808080u, kMagic + 128.0f, d, out[2 * i], out[2 * i + 1]);
+            }
+        }
     } else if constexpr (W == Type::MXFP4) {
         uint32_t q[4];
         float d;
@@ -285,9 +320,17 @@ __device__ __forceinline__ void decode_half_bf16(const uint32_t* s, int off, int
         uint32_t q[4];
         float d;
         nibble_block<W>(s, off, d, q);
+        if (isfinite(d)) {
+            const ByteScale bs = byte_scale(d, 8.0f);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            bytes_scaled_bf16((q[i] >> (4 * h)) & 0x0F0F0F0Fu, kMagic + 8.0f, d, out[2 * i], out[2 * i + 1]);
+            for (int i = 0; i < 4; ++i) {
+                bytes_scaled_bf16_finite((q[i] >> (4 * h)) & 0x0F0F0F0Fu, bs, out[2 * i], out[2 * i + 1]);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                bytes_scaled_bf16((q[i] >> (4 * h)) & 0x0F0F0F0Fu, kMagic + 8.0f, d, out[2 * i], out[2 * i + 1]);
+            }
         }
     } else {
         float v[16];

@@ -4,7 +4,7 @@
 // for dense products of quantised / F16 weights at moderate batch sizes. A CTA of 8 warps computes a
 // 128-row x BN-column tile with mma.sync m16n8k16; per k-step of KB quantised blocks per row (MmaCfg:
 // quantised weights take steps of 2 blocks with 2 stages, float weights steps of 1 with 4 stages):
-//   - the weight tile's raw bytes (128 rows x KB blocks, any alignment: the aligned 4-byte words that
+//   - the weight tile's raw bytes (128 rows x KB blocks, any alignment: the aligned 16-byte chunks that
 //     cover them) and the activation tile (BF16 rows, gathered through the column -> row table for
 //     routed pairs) arrive with cp.async, STAGES steps ahead, so that enough bytes are in flight to
 //     hide the memory latency. Quantised weights (LEAN): CTAs whose rows all lie inside their tensors
@@ -93,9 +93,15 @@ struct MmaShape {
     static constexpr int kBB = block_bytes(W);
     static constexpr int kKS = 32 * C::KB;  // k per step
     static constexpr int kLds = kKS + 8;    // BF16 per shared-memory tile row: 8 of padding
-    static constexpr int kWR = (C::KB * kBB + 6) / 4;  // raw words per row: KB blocks at any alignment
+    // Raw 16-byte chunks per row and step: those that cover KB blocks at any alignment, and one more
+    // where rows of 4 kCR words would put the decode's reads of 8 rows on 4 banks (strides 0 or 16 mod
+    // 32 words). 16-byte copies: a third of the copy instructions of 4-byte words (session 9).
+    static constexpr int kCRmin = (C::KB * kBB + 30) / 16;
+    static constexpr int kCR = kCRmin % 4 == 0 ? kCRmin + 1 : kCRmin;
+    static constexpr int kWR = 4 * kCR;  // raw words per row
+    static constexpr int kRawChunks = kBM * kCR;
     static constexpr int kRawWords = kBM * kWR;
-    static constexpr int kRpt = (kRawWords + kMmaThreads - 1) / kMmaThreads;
+    static constexpr int kRpt = (kRawChunks + kMmaThreads - 1) / kMmaThreads;  // chunks per thread
     static constexpr int kDq = kBM * C::KB * 2 / kMmaThreads;  // half blocks each thread decodes per step
     static constexpr size_t kSmemA = size_t{2} * kBM * kLds * 2;
     static constexpr size_t kSmemB = size_t{C::STAGES} * C::BN * kLds * 2;
@@ -185,35 +191,36 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C>()) mma_kernel(
     const int nsteps = (p.nblk + KB - 1) / KB;
     auto blocks_in = [&](int step) -> int { return KB == 1 ? 1 : min(KB, p.nblk - step * KB); };
 
-    // ---- A: raw weight words -> shared (cp.async, kStages deep) -> BF16 tile ----
-    // This thread's words, fixed per CTA: raw_off[i], the byte offset of word i's row (LEAN: of the
-    // word itself, + 4 wi) from the CTA's first row in its tensor (rows of the tile's second half
-    // are gate rows in FUSED mode: word indices from kGateWord on), or -1 past the last row. 32-bit
+    // ---- A: raw weight chunks -> shared (cp.async, kStages deep) -> BF16 tile ----
+    // This thread's 16-byte chunks, fixed per CTA: raw_off[i], the byte offset of chunk i's row (LEAN:
+    // + 16 ci, its place in the row) from the CTA's first row in its tensor (rows of the tile's second
+    // half are gate rows in FUSED mode: chunk indices from kGateChunk on), or -1 past the last row. A
+    // row's chunks start at its step's first byte rounded down to 16 bytes. 32-bit
     // offsets (launch_mma checks that they fit) leave the registers to the accumulators: 64-bit row
     // pointers made the Q8_0 fused kernel of 128 columns spill.
     const uint8_t* const row0_w0 = p.w0 + expert_off + n0 * p.nb1;
     const uint8_t* const row0_w1 = FUSED ? p.w1 + expert_off + n0 * p.nb1 : row0_w0;
-    constexpr int kGateWord = FUSED ? kHalf * S::kWR : S::kRawWords;
+    constexpr int kGateChunk = FUSED ? kHalf * S::kCR : S::kRawChunks;
     int32_t raw_off[S::kRpt];
 #pragma unroll
     for (int i = 0; i < S::kRpt; ++i) {
         const int idx = tid + i * kMmaThreads;
-        const int r = idx / S::kWR;
+        const int r = idx / S::kCR;
         const int lr = FUSED ? (r & (kHalf - 1)) : r;
-        const int wi = idx - r * S::kWR;
-        raw_off[i] = idx < S::kRawWords && n0 + lr < p.n_rows
-                         ? static_cast<int32_t>(lr * p.nb1) + (C::LEAN ? 4 * wi : 0)
+        const int ci = idx - r * S::kCR;
+        raw_off[i] = idx < S::kRawChunks && n0 + lr < p.n_rows
+                         ? static_cast<int32_t>(lr * p.nb1) + (C::LEAN ? 16 * ci : 0)
                          : -1;
     }
-    // LEAN: whether every word this CTA loads, in every step, lies inside its tensor (all rows exist;
-    // the lowest word is the first row's first, the highest the last row's last in the last step).
+    // LEAN: whether every chunk this CTA loads, in every step, lies inside its tensor (all rows exist;
+    // the lowest chunk is the first row's first, the highest the last row's last in the last step).
     bool interior = false;
     if constexpr (C::LEAN) {
         const int64_t last_step_bytes = static_cast<int64_t>(nsteps - 1) * (KB * S::kBB);
         auto inside = [&](const uint8_t* w, const uint8_t* lo, const uint8_t* hi) {
             const uint8_t* first = w + expert_off + n0 * p.nb1;
             const uint8_t* last = w + expert_off + (n0 + kOutRows - 1) * p.nb1 + last_step_bytes;
-            return align_down<4>(first) >= lo && align_down<4>(last) + 4 * S::kWR <= hi;
+            return align_down<16>(first) >= lo && align_down<16>(last) + 16 * S::kCR <= hi;
         };
         interior = n0 + kOutRows <= p.n_rows && inside(p.w0, p.lo0, p.hi0) && (!FUSED || inside(p.w1, p.lo1, p.hi1));
     }
@@ -227,8 +234,8 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C>()) mma_kernel(
 #pragma unroll
                 for (int i = 0; i < S::kRpt; ++i) {
                     const int idx = tid + i * kMmaThreads;
-                    if (S::kRawWords % kMmaThreads != 0 && idx >= S::kRawWords) continue;
-                    cp_async4(dst + idx, align_down<4>((idx >= kGateWord ? base1 : base0) + raw_off[i]));
+                    if (S::kRawChunks % kMmaThreads != 0 && idx >= S::kRawChunks) continue;
+                    cp_async16(dst + 4 * idx, align_down<16>((idx >= kGateChunk ? base1 : base0) + raw_off[i]), 16);
                 }
                 return;
             }
@@ -236,21 +243,22 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C>()) mma_kernel(
 #pragma unroll
         for (int i = 0; i < S::kRpt; ++i) {
             const int idx = tid + i * kMmaThreads;
-            if (idx >= S::kRawWords) continue;
-            const int wi = idx - (idx / S::kWR) * S::kWR;
+            if (idx >= S::kRawChunks) continue;
+            auto* chunk = reinterpret_cast<uint4*>(dst + 4 * idx);
             if (raw_off[i] < 0) {
-                dst[idx] = 0u;
+                *chunk = make_uint4(0u, 0u, 0u, 0u);
                 continue;
             }
-            const bool g1 = idx >= kGateWord;
-            // LEAN's offsets already hold + 4 wi; align_down(x + 4 wi) = align_down(x) + 4 wi.
-            const uint8_t* src = align_down<4>((g1 ? base1 : base0) + raw_off[i]) + (C::LEAN ? 0 : 4 * wi);
+            const int ci = idx - (idx / S::kCR) * S::kCR;
+            const bool g1 = idx >= kGateChunk;
+            // LEAN's offsets already hold + 16 ci; align_down(x + 16 ci) = align_down(x) + 16 ci.
+            const uint8_t* src = align_down<16>((g1 ? base1 : base0) + raw_off[i]) + (C::LEAN ? 0 : 16 * ci);
             const uint8_t* lo = g1 ? p.lo1 : p.lo0;
             const uint8_t* hi = g1 ? p.hi1 : p.hi0;
-            if (src >= lo && src + 4 <= hi) {
-                cp_async4(dst + idx, src);
+            if (src >= lo && src + 16 <= hi) {
+                cp_async16(chunk, src, 16);
             } else {
-                dst[idx] = load4_guarded(src, lo, hi);  // a word at the tensor's edge: only its own bytes
+                *chunk = load16_guarded(src, lo, hi);  // a chunk at the tensor's edge: only its own bytes
             }
         }
     };
@@ -280,7 +288,7 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C>()) mma_kernel(
 #pragma unroll kDqUnroll
         for (int j = 0; j < S::kDq; ++j) {
             const int r = dq_row0 + j * kDqStride;
-            const int off = static_cast<int>((dq_lo[j] + step_bytes) & 3u) + dq_blk * S::kBB;
+            const int off = static_cast<int>((dq_lo[j] + step_bytes) & 15u) + dq_blk * S::kBB;
             uint32_t v[8];
             decode_half_bf16<W>(raw_s + slot * S::kRawWords + r * S::kWR, off, dq_half, v);
             store_u32x8(a_s + (st * kBM + r) * kLds + 32 * dq_blk + 16 * dq_half, v);
@@ -425,7 +433,7 @@ Status launch_mma(const MmaParams& p, int64_t n_col_tiles, cudaStream_t stream) 
     }
     constexpr int kOutRows = FUSED ? kBM / 2 : kBM;
     // The kernel's 32-bit word offsets from a tile's first row (raw_off).
-    if (p.nb1 * kOutRows + 4 * MmaShape<W, C>::kWR > int64_t{0x7FFFFFFF}) {
+    if (p.nb1 * kOutRows + 16 * MmaShape<W, C>::kCR > int64_t{0x7FFFFFFF}) {
         return unimplemented("cuda mma_gemm: weight rows of " + std::to_string(p.nb1) +
                              " bytes are too long for the tensor-core kernel");
     }
