@@ -71,20 +71,28 @@ struct MmaParams {
 
 // A kernel's geometry: 128 weight rows x BN columns per CTA, KB blocks of 32 elements per k-step,
 // STAGES raw weight and activation stages in flight; LEAN: in CTAs whose rows all lie inside their
-// tensors, raw words are copied without per-word guards.
-template <int BN_, int KB_, int STAGES_, bool LEAN_>
+// tensors, raw chunks are copied without per-chunk guards; A16: every row starts 16-byte aligned, and
+// so every step's first byte 4-byte aligned (steps of whole words): fewer raw chunks per row (see
+// MmaShape), and no per-row alignment for the decode to track.
+template <int BN_, int KB_, int STAGES_, bool LEAN_, bool A16_ = false>
 struct MmaCfg {
     static constexpr int BN = BN_;
     static constexpr int KB = KB_;
     static constexpr int STAGES = STAGES_;
     static constexpr bool LEAN = LEAN_;
+    static constexpr bool A16 = A16_;
     static constexpr int WARPS_M = BN == 128 ? 2 : 4;
     static constexpr int WARPS_N = 8 / WARPS_M;
 };
 // Quantised weights: 2 blocks per step (half the barriers and per-step overhead) in 2 stages, lean
 // copies. Float weights (F16 / BF16 / F32 experts; 2-4x the bytes per block) keep 1 block in 4 stages.
-template <Type W, int BN>
-using MmaCfgFor = std::conditional_t<is_quant(W), MmaCfg<BN, 2, 2, true>, MmaCfg<BN, 1, 4, false>>;
+// A16 instances exist for Q8_0 and Q4_0, whose 2-block steps are whole words (68 and 36 bytes); their
+// rows are 16-byte aligned where K is a multiple of 256 (Qwen3's 2048 and 768).
+template <Type W>
+constexpr bool has_a16() { return W == Type::Q8_0 || W == Type::Q4_0; }
+template <Type W, int BN, bool A16>
+using MmaCfgFor =
+    std::conditional_t<is_quant(W), MmaCfg<BN, 2, 2, true, A16 && has_a16<W>()>, MmaCfg<BN, 1, 4, false>>;
 
 // Shared memory per CTA: up to 127 KiB (F32 experts, BN 128), within sm_80 / sm_90's opt-in limit but
 // not sm_86 / sm_89's 99 KiB (there the launch fails with cudaFuncSetAttribute's error).
@@ -93,10 +101,13 @@ struct MmaShape {
     static constexpr int kBB = block_bytes(W);
     static constexpr int kKS = 32 * C::KB;  // k per step
     static constexpr int kLds = kKS + 8;    // BF16 per shared-memory tile row: 8 of padding
-    // Raw 16-byte chunks per row and step: those that cover KB blocks at any alignment, and one more
-    // where rows of 4 kCR words would put the decode's reads of 8 rows on 4 banks (strides 0 or 16 mod
-    // 32 words). 16-byte copies: a third of the copy instructions of 4-byte words (session 9).
-    static constexpr int kCRmin = (C::KB * kBB + 30) / 16;
+    // Raw 16-byte chunks per row and step: those that cover KB blocks at any alignment (A16: at a
+    // 4-byte aligned start, at most 12 bytes past a chunk's), and one more where rows of 4 kCR words
+    // would put the decode's reads of 8 rows on 4 banks (strides 0 or 16 mod 32 words). 16-byte copies:
+    // a third of the copy instructions of 4-byte words (session 9). A16 saves Q8_0 a chunk (5, not 6),
+    // which lets 3 CTAs of 64 columns share an SM, and Q4_0 two (3, not 5).
+    static_assert(!C::A16 || (C::KB * kBB) % 4 == 0, "A16: steps of whole words");
+    static constexpr int kCRmin = C::A16 ? (C::KB * kBB + 12 + 15) / 16 : (C::KB * kBB + 30) / 16;
     static constexpr int kCR = kCRmin % 4 == 0 ? kCRmin + 1 : kCRmin;
     static constexpr int kWR = 4 * kCR;  // raw words per row
     static constexpr int kRawChunks = kBM * kCR;
@@ -112,18 +123,20 @@ struct MmaShape {
 
 // CTAs per SM the register budget is set for (the accumulators grow with BN), at most what fits in
 // shared memory. Float weights decode from more words per row and would spill under these budgets:
-// no minimum for them. Threads that decode two half blocks per step (2-block steps) spill at 80
-// registers: 128 for them.
-template <Type W, typename C>
+// no minimum for them. Threads that decode two half blocks per step (2-block steps): 3 CTAs (80
+// registers) up to 64 columns (session 9: the kernel stalls on short dependency chains, and more warps
+// hide them), except the fused kernels, which spill 4-12 bytes at 80 registers; 2 CTAs (128 registers)
+// at 128 columns. (3 CTAs for the fused ones too, spills and all, gave another +5% pp512: PERF.md.)
+template <Type W, typename C, bool FUSED>
 constexpr int mma_min_ctas() {
     const bool two_halves = MmaShape<W, C>::kDq > 1;
-    const int by_regs = !is_quant(W) ? 1 : two_halves ? 2 : C::BN <= 32 ? 4 : C::BN <= 64 ? 3 : 2;
+    const int by_regs = !is_quant(W) ? 1 : two_halves ? (C::BN <= 64 && !FUSED ? 3 : 2) : C::BN <= 32 ? 4 : C::BN <= 64 ? 3 : 2;
     const int by_smem = static_cast<int>(kSmemPerSm / (MmaShape<W, C>::kSmem + 1024));
     return std::max(1, std::min(by_regs, by_smem));
 }
 
 template <Type W, typename C, bool FUSED>
-__global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C>()) mma_kernel(const MmaParams p) {
+__global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C, FUSED>()) mma_kernel(const MmaParams p) {
     pdl_grid_sync();
     using S = MmaShape<W, C>;
     constexpr int BN = C::BN;
@@ -288,7 +301,9 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C>()) mma_kernel(
 #pragma unroll kDqUnroll
         for (int j = 0; j < S::kDq; ++j) {
             const int r = dq_row0 + j * kDqStride;
-            const int off = static_cast<int>((dq_lo[j] + step_bytes) & 15u) + dq_blk * S::kBB;
+            // A16: every row starts at its tile's phase in the 16-byte chunks, 0.
+            const uint32_t row_lo = C::A16 ? 0u : dq_lo[j];
+            const int off = static_cast<int>((row_lo + step_bytes) & 15u) + dq_blk * S::kBB;
             uint32_t v[8];
             decode_half_bf16<W>(raw_s + slot * S::kRawWords + r * S::kWR, off, dq_half, v);
             store_u32x8(a_s + (st * kBM + r) * kLds + 32 * dq_blk + 16 * dq_half, v);
@@ -446,11 +461,18 @@ Status launch_mma(const MmaParams& p, int64_t n_col_tiles, cudaStream_t stream) 
     return launch_kernel("mma_kernel", kernel, grid, kMmaThreads, smem, stream, p);
 }
 
-template <Type W, bool FUSED>
+template <Type W, bool FUSED, bool A16>
 Status launch_mma_bn(const MmaParams& p, int bn, int64_t n_col_tiles, cudaStream_t stream) {
-    if (bn == 128) return launch_mma<W, MmaCfgFor<W, 128>, FUSED>(p, n_col_tiles, stream);
-    if (bn == 64) return launch_mma<W, MmaCfgFor<W, 64>, FUSED>(p, n_col_tiles, stream);
-    return launch_mma<W, MmaCfgFor<W, 32>, FUSED>(p, n_col_tiles, stream);
+    if (bn == 128) return launch_mma<W, MmaCfgFor<W, 128, A16>, FUSED>(p, n_col_tiles, stream);
+    if (bn == 64) return launch_mma<W, MmaCfgFor<W, 64, A16>, FUSED>(p, n_col_tiles, stream);
+    return launch_mma<W, MmaCfgFor<W, 32, A16>, FUSED>(p, n_col_tiles, stream);
+}
+
+// Whether every weight row of every expert starts 16-byte aligned.
+bool rows_aligned16(const MmaParams& p) {
+    const auto bits = reinterpret_cast<uintptr_t>(p.w0) | reinterpret_cast<uintptr_t>(p.w1) |
+                      static_cast<uintptr_t>(p.nb1) | static_cast<uintptr_t>(p.nb2);
+    return bits % 16 == 0;
 }
 
 // Two F32 per thread -> packed BF16.
@@ -603,8 +625,14 @@ Status mma_gemm(const WeightArg& w, const WeightArg* gate, const void* xb, int64
     const bool fused = gate != nullptr;
     return with_weight_type(w.type, [&](auto wt) -> Status {
         constexpr Type W = decltype(wt)::value;
-        return fused ? launch_mma_bn<W, true>(p, bn, n_col_tiles, stream)
-                     : launch_mma_bn<W, false>(p, bn, n_col_tiles, stream);
+        if constexpr (has_a16<W>()) {
+            if (rows_aligned16(p)) {
+                return fused ? launch_mma_bn<W, true, true>(p, bn, n_col_tiles, stream)
+                             : launch_mma_bn<W, false, true>(p, bn, n_col_tiles, stream);
+            }
+        }
+        return fused ? launch_mma_bn<W, true, false>(p, bn, n_col_tiles, stream)
+                     : launch_mma_bn<W, false, false>(p, bn, n_col_tiles, stream);
     });
 }
 
