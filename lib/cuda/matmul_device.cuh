@@ -253,10 +253,21 @@ __device__ __forceinline__ float byte_scaled(uint32_t w, ByteScale s) {
     return fmaf(__uint_as_float(__byte_perm(w, 0x43800000u, 0x7604u | (B << 4))), s.d128, s.neg_base);
 }
 
-// bytes_scaled_bf16 for a finite d (byte_scaled's conditions).
-__device__ __forceinline__ void bytes_scaled_bf16_finite(uint32_t u, ByteScale s, uint32_t& lo, uint32_t& hi) {
-    lo = pack_bf16x2(byte_scaled<0>(u, s), byte_scaled<1>(u, s));
-    hi = pack_bf16x2(byte_scaled<2>(u, s), byte_scaled<3>(u, s));
+// Sixteen bytes (u - bias) * d -> 8 packed BF16 pairs, elements in byte order: byte_scaled for a finite
+// d, byte_minus * d otherwise (one branch per half block).
+__device__ __forceinline__ void bytes16_scaled_bf16(const uint32_t (&u)[4], float bias, float d, uint32_t (&out)[8]) {
+    if (isfinite(d)) {
+        const ByteScale s = byte_scale(d, bias);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            out[2 * i] = pack_bf16x2(byte_scaled<0>(u[i], s), byte_scaled<1>(u[i], s));
+            out[2 * i + 1] = pack_bf16x2(byte_scaled<2>(u[i], s), byte_scaled<3>(u[i], s));
+        }
+    } else {
+        constexpr float kMagic = 8388608.0f;  // 2^23
+#pragma unroll
+        for (int i = 0; i < 4; ++i) bytes_scaled_bf16(u[i], kMagic + bias, d, out[2 * i], out[2 * i + 1]);
+    }
 }
 
 // a * b + c per BF16 lane, rounded once (fma.rn.bf16x2: exact intermediate, subnormals kept; sm_80+).
@@ -280,22 +291,14 @@ __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t 
 // tests/cuda/test_decode_bf16.cpp checks every scale and value against the CPU's dequantisation.
 template <Type W>
 __device__ __forceinline__ void decode_half_bf16(const uint32_t* s, int off, int h, uint32_t (&out)[8]) {
-    constexpr float kMagic = 8388608.0f;  // 2^23
     constexpr uint32_t kNegZero2 = 0x80008000u;
     if constexpr (W == Type::Q8_0) {
         const float d = fp16_bits_to_float(extract_u32(s, off));
         uint32_t q[4];
         extract_words<4>(s, off + 2 + 16 * h, q);
-        if (isfinite(d)) {
-            const ByteScale bs = byte_scale(d, 128.0f);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) bytes_scaled_bf16_finite(q[i] ^ 0x80808080u, bs, out[2 * i], out[2 * i + 1]);
-        } else {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                bytes_scaled_bf16(q[i] ^ 0x80808080u, kMagic + 128.0f, d, out[2 * i], out[2 * i + 1]);
-            }
-        }
+        for (int i = 0; i < 4; ++i) q[i] ^= 0x80808080u;  // signed bytes biased by 128
+        bytes16_scaled_bf16(q, 128.0f, d, out);
     } else if constexpr (W == Type::MXFP4) {
         uint32_t q[4];
         float d;
@@ -320,18 +323,9 @@ __device__ __forceinline__ void decode_half_bf16(const uint32_t* s, int off, int
         uint32_t q[4];
         float d;
         nibble_block<W>(s, off, d, q);
-        if (isfinite(d)) {
-            const ByteScale bs = byte_scale(d, 8.0f);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                bytes_scaled_bf16_finite((q[i] >> (4 * h)) & 0x0F0F0F0Fu, bs, out[2 * i], out[2 * i + 1]);
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                bytes_scaled_bf16((q[i] >> (4 * h)) & 0x0F0F0F0Fu, kMagic + 8.0f, d, out[2 * i], out[2 * i + 1]);
-            }
-        }
+        for (int i = 0; i < 4; ++i) q[i] = (q[i] >> (4 * h)) & 0x0F0F0F0Fu;  // this half's nibbles, one per byte
+        bytes16_scaled_bf16(q, 8.0f, d, out);
     } else {
         float v[16];
         decode_half<W>(s, off, h, v);

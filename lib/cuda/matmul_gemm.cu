@@ -91,8 +91,7 @@ struct MmaCfg {
 template <Type W>
 constexpr bool has_a16() { return W == Type::Q8_0 || W == Type::Q4_0; }
 template <Type W, int BN, bool A16>
-using MmaCfgFor =
-    std::conditional_t<is_quant(W), MmaCfg<BN, 2, 2, true, A16 && has_a16<W>()>, MmaCfg<BN, 1, 4, false>>;
+using MmaCfgFor = std::conditional_t<is_quant(W), MmaCfg<BN, 2, 2, true, A16>, MmaCfg<BN, 1, 4, false>>;
 
 // Shared memory per CTA: up to 127 KiB (F32 experts, BN 128), within sm_80 / sm_90's opt-in limit but
 // not sm_86 / sm_89's 99 KiB (there the launch fails with cudaFuncSetAttribute's error).
@@ -130,7 +129,11 @@ struct MmaShape {
 template <Type W, typename C, bool FUSED>
 constexpr int mma_min_ctas() {
     const bool two_halves = MmaShape<W, C>::kDq > 1;
-    const int by_regs = !is_quant(W) ? 1 : two_halves ? (C::BN <= 64 && !FUSED ? 3 : 2) : C::BN <= 32 ? 4 : C::BN <= 64 ? 3 : 2;
+    const int by_regs = !is_quant(W)  ? 1
+                        : two_halves  ? (C::BN <= 64 && !FUSED ? 3 : 2)
+                        : C::BN <= 32 ? 4
+                        : C::BN <= 64 ? 3
+                                      : 2;
     const int by_smem = static_cast<int>(kSmemPerSm / (MmaShape<W, C>::kSmem + 1024));
     return std::max(1, std::min(by_regs, by_smem));
 }
@@ -301,7 +304,7 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C, FUSED>()) mma_
 #pragma unroll kDqUnroll
         for (int j = 0; j < S::kDq; ++j) {
             const int r = dq_row0 + j * kDqStride;
-            // A16: every row starts at its tile's phase in the 16-byte chunks, 0.
+            // A16: rows start 16-byte aligned, so only the step's own offset sets the phase.
             const uint32_t row_lo = C::A16 ? 0u : dq_lo[j];
             const int off = static_cast<int>((row_lo + step_bytes) & 15u) + dq_blk * S::kBB;
             uint32_t v[8];
@@ -447,7 +450,7 @@ Status launch_mma(const MmaParams& p, int64_t n_col_tiles, cudaStream_t stream) 
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     }
     constexpr int kOutRows = FUSED ? kBM / 2 : kBM;
-    // The kernel's 32-bit word offsets from a tile's first row (raw_off).
+    // The kernel's 32-bit chunk offsets from a tile's first row (raw_off).
     if (p.nb1 * kOutRows + 16 * MmaShape<W, C>::kCR > int64_t{0x7FFFFFFF}) {
         return unimplemented("cuda mma_gemm: weight rows of " + std::to_string(p.nb1) +
                              " bytes are too long for the tensor-core kernel");

@@ -59,8 +59,8 @@ size_t mismatches(moe::test::Device& dev, Type type, const std::vector<uint8_t>&
         for (int64_t i = 0; i < k; ++i) {
             const uint16_t want = bf16_rn(ref[static_cast<size_t>(i)]);
             const uint16_t got = gpu[static_cast<size_t>(r * k + i)];
-            const bool either_zero = type == Type::Q8_0 || type == Type::Q4_0;
-            const bool zeros = either_zero && (want & 0x7FFFu) == 0 && (got & 0x7FFFu) == 0;
+            const bool zero_sign_free = type == Type::Q8_0 || type == Type::Q4_0;
+            const bool zeros = zero_sign_free && (want & 0x7FFFu) == 0 && (got & 0x7FFFu) == 0;
             const bool same = bf16_is_nan(want) ? bf16_is_nan(got) : got == want || zeros;
             if (!same && ++bad <= 5) {
                 UNSCOPED_INFO(moe::type_name(type) << " row " << r << " element " << i << ": cpu " << ref[static_cast<size_t>(i)]
