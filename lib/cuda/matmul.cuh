@@ -157,12 +157,13 @@ struct MmaRoute {
     int n_used = 1;
     int b_rows = 1;
     int64_t max_tiles = 0;  // an upper bound of tile_off[n_expert], known on the host
+    int64_t x_rows = 0;     // rows of the activations (tokens, or pairs where b_rows > 1)
 };
 
 // Columns per tile of the tensor-core kernel (32, 64 or 128) for ~cols_per_group columns per expert.
 int mma_tile_cols(double cols_per_group);
 // The same for expert groups of ~cols_per_group columns on average: wide enough that most groups fit
-// one tile (the kernel skips the MMAs of empty column fragments, but every tile decodes its weights).
+// one tile (warps without columns skip their MMAs, but every tile decodes its weights).
 int mma_route_tile_cols(double cols_per_group);
 
 // dst[col * w.n + r] = dot(row r of w (or of its routed expert), BF16 activation row of col).

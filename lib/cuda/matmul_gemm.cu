@@ -14,7 +14,9 @@
 //     its MMAs use step kb, decoded in the step before: one barrier per step, and no dequantised copy
 //     of the weights is ever written;
 //   - ldmatrix feeds the MMAs; rows padded by 8 BF16 so the ldmatrix reads are free of bank conflicts;
-//     column fragments past the tile's last column skip their MMAs (warp-uniform).
+//     warps whose columns all lie past the tile's last column skip their MMAs (warp-uniform); the
+//     others run every fragment's MMAs (session 10: per-fragment branches cost more issue slots,
+//     with their warp syncs, than the tensor-core work they saved).
 // Chosen by a same-call A/B of compiled variants (PERF.md, 2026-11-23): 2-block steps, unguarded
 // copies and the BF16 decode of MXFP4 together gave all-GPU pp512 ~+10% (Q30 Q8_0) and ~+20% (G20
 // MXFP4) over the one-block, 4-stage kernel before them; 256-row tiles were slower.
@@ -124,13 +126,13 @@ struct MmaShape {
 // shared memory. Float weights decode from more words per row and would spill under these budgets:
 // no minimum for them. Threads that decode two half blocks per step (2-block steps): 3 CTAs (80
 // registers) up to 64 columns (session 9: the kernel stalls on short dependency chains, and more warps
-// hide them), except the fused kernels, which spill 4-12 bytes at 80 registers; 2 CTAs (128 registers)
-// at 128 columns. (3 CTAs for the fused ones too, spills and all, gave another +5% pp512: PERF.md.)
+// hide them; the fused kernels fit 80 registers since their MMA loop lost its per-fragment branches,
+// session 10), 2 CTAs (128 registers) at 128 columns.
 template <Type W, typename C, bool FUSED>
 constexpr int mma_min_ctas() {
     const bool two_halves = MmaShape<W, C>::kDq > 1;
     const int by_regs = !is_quant(W)  ? 1
-                        : two_halves  ? (C::BN <= 64 && !FUSED ? 3 : 2)
+                        : two_halves  ? (C::BN <= 64 ? 3 : 2)
                         : C::BN <= 32 ? 4
                         : C::BN <= 64 ? 3
                                       : 2;
@@ -313,19 +315,23 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C, FUSED>()) mma_
         }
     };
 
-    // ---- B: activation rows -> BF16 tile. Columns past ncols are not loaded: the last, partly filled
-    // fragment's MMAs read stale shared memory there, which only reaches accumulator columns the
-    // epilogue drops (col < ncols); the missing block of an odd last step is never read by an MMA. ----
+    // ---- B: activation rows -> BF16 tile. Columns past ncols are not loaded: MMAs of those columns read
+    // stale shared memory, which only reaches accumulator columns the epilogue drops (col < ncols); the
+    // missing block of an odd last step is never read by an MMA. A thread's chunks sit at fixed places
+    // of every step's tile (256 threads, kCpc | 256): their element offsets in x are set once, after the
+    // column table (launch_mma checks that x's elements fit 32 bits). ----
+    constexpr int kCpc = S::kKS / 8;  // 16-byte chunks per column and step
+    constexpr int kBpt = (BN * kCpc + kMmaThreads - 1) / kMmaThreads;
+    static_assert(kMmaThreads % kCpc == 0, "a thread's chunks share their place in the column");
+    const int b_q = tid % kCpc;
+    int32_t b_off[kBpt];  // this thread's chunk i: x offset of its first element in step 0, or -1
     auto load_b = [&](int step, int slot) {
-        constexpr int kCpc = S::kKS / 8;  // 16-byte chunks per column
-        const int n_chunks = 4 * blocks_in(step);
-        for (int i = tid; i < ncols * kCpc; i += kMmaThreads) {
-            const int c = i / kCpc;
-            const int q = i - c * kCpc;
-            if (KB > 1 && q >= n_chunks) continue;
-            const __nv_bfloat16* src =
-                p.x + static_cast<int64_t>(col_act[c]) * p.x_stride + static_cast<int64_t>(step) * S::kKS + q * 8;
-            cp_async16(b_s + (slot * BN + c) * kLds + q * 8, src, 16);
+        if (KB > 1 && b_q >= 4 * blocks_in(step)) return;
+#pragma unroll
+        for (int i = 0; i < kBpt; ++i) {
+            if (b_off[i] < 0) continue;
+            const int idx = tid + i * kMmaThreads;
+            cp_async16(b_s + slot * BN * kLds + (idx / kCpc) * kLds + b_q * 8, p.x + b_off[i] + step * S::kKS, 16);
         }
     };
 
@@ -340,7 +346,7 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C, FUSED>()) mma_
             return wm * WM + i * 16;
         }
     };
-    // Column fragments of this warp that hold columns (warp-uniform): the rest skip their MMAs.
+    // Columns of this warp's slice that exist (warp-uniform): warps with none skip their MMAs.
     const int warp_cols = ncols - wn * WN;
 
     float acc[MI][NI][4];
@@ -360,6 +366,11 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C, FUSED>()) mma_
     // activations (kb - 1) % kStages) and the A buffer decoded into ((kb + 1) & 1) were last read in
     // step kb - 1, before the barrier.
     __syncthreads();  // col_act / col_out
+#pragma unroll
+    for (int i = 0; i < kBpt; ++i) {
+        const int c = (tid + i * kMmaThreads) / kCpc;
+        b_off[i] = c < ncols ? col_act[c] * static_cast<int32_t>(p.x_stride) + b_q * 8 : -1;
+    }
     load_raw(0, 0);
     cp_async_commit();
     for (int g = 0; g < kStages - 1; ++g) {
@@ -394,7 +405,6 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C, FUSED>()) mma_
             }
 #pragma unroll
             for (int jj = 0; jj < NI / 2; ++jj) {
-                if (jj * 16 >= warp_cols) break;
                 uint32_t r[4];
                 ldmatrix_x4(r, bs + (wn * WN + jj * 16 + ((lane >> 4) & 1) * 8 + (lane & 7)) * kLds + ks * 16 +
                                    ((lane >> 3) & 1) * 8);
@@ -405,7 +415,6 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C, FUSED>()) mma_
             }
 #pragma unroll
             for (int j = 0; j < NI; ++j) {
-                if (j * 8 >= warp_cols) break;
 #pragma unroll
                 for (int i = 0; i < MI; ++i) mma_bf16_16816(acc[i][j], af[i], bf[j][0], bf[j][1]);
             }
@@ -625,6 +634,12 @@ Status mma_gemm(const WeightArg& w, const WeightArg* gate, const void* xb, int64
         n_col_tiles = route->max_tiles;
     }
     if (n_col_tiles == 0) return Status::ok();
+    // The kernel's 32-bit element offsets into the activations (b_off).
+    const int64_t x_rows = route != nullptr ? route->x_rows : n_cols;
+    if (x_rows * w.k > int64_t{0x7FFFFFFF}) {
+        return unimplemented("cuda mma_gemm: " + std::to_string(x_rows) + " activation rows of " + std::to_string(w.k) +
+                             " elements are too many for the tensor-core kernel; use smaller ubatches");
+    }
     const bool fused = gate != nullptr;
     return with_weight_type(w.type, [&](auto wt) -> Status {
         constexpr Type W = decltype(wt)::value;

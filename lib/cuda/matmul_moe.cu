@@ -221,6 +221,7 @@ Status moe_run(const MoeArgs& a, const OpContext& ctx) {
     route.b_rows = static_cast<int>(a.b_rows);
     // Each non-empty expert adds at most one partial tile.
     route.max_tiles = n_pairs / bn + std::min<int64_t>(n_expert, n_pairs) + 1;
+    route.x_rows = x_rows;
     return mma_gemm(a.w, gate, l.acts, 0, &route, bn, glu, a.dst, ctx.stream);
 }
 
