@@ -1,6 +1,7 @@
 #include "cuda/fusion_plan.h"
 
 #include <algorithm>
+#include <array>
 
 #include "core/op_checks.h"
 
@@ -330,7 +331,7 @@ bool match_attn_prep(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
     if (nr == 0 || (nn != 0 && nn != nr) || nn + nr + nc < 2) return false;
     const Tensor& x0 = *ropes[0]->src[0];
     const int64_t d = x0.ne[0], t = x0.ne[2];
-    if ((d != 64 && d != 128) || t < 1 || t > 4) return false;
+    if ((d != 64 && d != 128) || t < 1) return false;
     int64_t rows = 0, floats = t * d;  // the cos / sin tables
     for (int k = 0; k < nr; ++k) {
         const Tensor& r = *ropes[k];
@@ -364,12 +365,16 @@ bool match_attn_prep(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
             floats += s->ne[1] * t * d;
         }
     }
-    if (rows > kMaxPrepRows || floats > kMaxPrepFloats) return false;
-    item.kind = FusedKind::kAttnPrep;
+    std::array<Tensor*, kMaxParts> parts{};
     int k = 0;
-    for (int m = 0; m < nn; ++m) item.part[static_cast<size_t>(k++)] = norms[m];
-    for (int m = 0; m < nr; ++m) item.part[static_cast<size_t>(k++)] = ropes[m];
-    for (int m = 0; m < nc; ++m) item.part[static_cast<size_t>(k++)] = cpys[m];
+    for (int m = 0; m < nn; ++m) parts[static_cast<size_t>(k++)] = norms[m];
+    for (int m = 0; m < nr; ++m) parts[static_cast<size_t>(k++)] = ropes[m];
+    for (int m = 0; m < nc; ++m) parts[static_cast<size_t>(k++)] = cpys[m];
+    // A prefill's rows (more than one block's shared memory holds) only as a warp per row.
+    const bool one_block = t <= kMaxPrepTokens && rows <= kMaxPrepRows && floats <= kMaxPrepFloats;
+    if (!one_block && !attn_prep_rows_apart(std::span<Tensor* const>(parts.data(), static_cast<size_t>(k)))) return false;
+    item.kind = FusedKind::kAttnPrep;
+    item.part = parts;
     item.n_part = k;
     return true;
 }

@@ -8,8 +8,9 @@
 //               add and the next norm): one block per row, optionally also writing the norm's result
 //               quantised to Q8 into an activation slot (below);
 //   kRouter     TOPK, GATHER of the chosen logits, SOFTMAX of them: one warp per token;
-//   kAttnPrep   the attention prologue of a few tokens: [RMS_NORM q, k] ROPE q, k [CPY k, v into the
-//               KV cache], one block (per-head norms, rotation and cache writes of every head);
+//   kAttnPrep   the attention prologue: [RMS_NORM q, k] ROPE q, k [CPY k, v into the KV cache], one
+//               block for a few tokens (per-head norms, rotation and cache writes of every head), or a
+//               warp per (head, token) row over many blocks where the outputs lie apart (prefills too);
 //   kMoeBias    MUL_MAT_ID on the GEMV path, GET_ROWS of the experts' bias rows by the same ids, ADD
 //               of the two (GPT-OSS's down projection): the bias rows picked and added in the GEMV
 //               epilogue, all three results written;
@@ -44,7 +45,10 @@ constexpr int kFusedKinds = 7;
 
 constexpr int kMaxParts = 6;         // a group of 3 MUL_MAT + ADD pairs
 constexpr int kMaxQ8Slots = 4;
-constexpr int kMaxPrepRows = 128;     // (head, token) rows of a kAttnPrep launch: 4 per warp of 32
+// kAttnPrep in one block (attn_prep_kernel): its tokens, (head, token) rows (4 per warp of 32) and
+// shared memory. Launches whose outputs lie apart (attn_prep_rows_apart: prefills too) have no limits.
+constexpr int kMaxPrepTokens = 4;
+constexpr int kMaxPrepRows = 128;
 constexpr int64_t kMaxPrepFloats = 24 * 1024;  // its shared memory: tables and rows, 96 KiB
 constexpr int64_t kMaxChainRow = 8192;  // floats per row of a kRowChain launch (8 per thread of 1024)
 

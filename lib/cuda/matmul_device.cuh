@@ -410,6 +410,7 @@ struct RowsF32 {
 };
 
 __device__ __forceinline__ const float* row_f32(const RowsF32& x, int64_t r) {
+    if (r < x.ne1) return reinterpret_cast<const float*>(x.data + r * x.nb1);  // most callers: no divisions
     const int64_t i1 = r % x.ne1;
     const int64_t i23 = r / x.ne1;
     return reinterpret_cast<const float*>(x.data + i1 * x.nb1 + (i23 % x.ne2) * x.nb2 + (i23 / x.ne2) * x.nb3);

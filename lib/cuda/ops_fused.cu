@@ -14,14 +14,16 @@
 // router_select: TOPK, GATHER of the chosen logits, SOFTMAX of them, one warp per token (lane j holds
 // the j-th choice), one block; bitwise the separate kernels' results.
 //
-// attn_prep: the attention prologue of up to 4 tokens, [RMS_NORM q, k] ROPE q, k [CPY k, v] into the
-// cache, in one block: the token's cos / sin tables first (rope_math.cuh, as rope_kernel), then a warp
+// attn_prep: the attention prologue, [RMS_NORM q, k] ROPE q, k [CPY k, v] into the cache; for up to
+// kMaxPrepTokens tokens in one block: the token's cos / sin tables first (rope_math.cuh, as rope_kernel), then a warp
 // per (head, token) row computes the norm (as rms_norm_kernel's warp rows: lane-strided squares, one
 // warp sum) and the rotation into shared memory, and finally every node's output is written in node
 // order (CPY converting to F16 as cpy_kernel does). Bitwise the separate kernels' results. Where no
 // output overlaps another tensor of the launch (other than in place on its own rows), which is the
 // decode graph's case, a warp per row over several blocks does the same without shared memory or
-// barriers (attn_prep_rows_kernel, ~6 us instead of ~10 on an H100).
+// barriers (attn_prep_rows_kernel, ~6 us instead of ~10 on an H100); for prefills a block per token
+// (attn_prep_tokens_kernel: the token's cos / sin computed once) instead of two norms, two ropes and
+// two copies.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -356,34 +358,28 @@ __global__ void __launch_bounds__(1024) attn_prep_kernel(const __grid_constant__
     }
 }
 
-// The same, one warp per (head, token) row over as many blocks as rows need, no shared memory and
-// no barrier: each warp computes its token's cos / sin pairs (2 per lane at D = 128), reads its row,
-// and writes its row of every node in node order. Used only where every output is disjoint from every
-// other tensor of the launch, or is its own stream's rows (in place), so that no warp's write can
-// meet another warp's read or write (attn_prep_rows_apart, fusion_plan.h). Bitwise the block kernel's
-// results.
-constexpr int kPrepRowWarps = 4;
-
+// Row (h, t) of stream si by one warp: load, norm, rotation, then its row of every node in node order.
+// cs: token t's cos / sin pairs in shared memory (cos half, sin half), or nullptr: the lanes compute
+// their own (rope_cos_sin is the same function either way: bitwise the same values).
 template <int D>
-__global__ void __launch_bounds__(kPrepRowWarps * 32) attn_prep_rows_kernel(const __grid_constant__ PrepArgs a) {
-    pdl_grid_sync_small();
+__device__ __forceinline__ void prep_row(const PrepArgs& a, int si, int h, int t, int lane, const float* cs) {
     constexpr int kPerLane = D / 32;
     constexpr int kH = kPerLane / 2;  // element i pairs with i + kH (e and e + D/2)
-    const int lane = static_cast<int>(threadIdx.x) & 31;
-    const int gr = static_cast<int>(blockIdx.x) * kPrepRowWarps + (static_cast<int>(threadIdx.x) >> 5);
-    if (gr >= a.total_rows) return;
-    const int si = prep_stream_of(a, gr);
     const PrepStream& st = a.s[si];
-    const int r = gr - st.row0;
-    const int nh = static_cast<int>(st.src.ne[1]);
-    const int h = r % nh, t = r / nh;
     float v[kPerLane];
     load_prep_row<D>(st, h, t, lane, v);
     float c[kH], sn[kH];
     if (st.has_rope) {
-        const int p = a.pos[t];
 #pragma unroll
-        for (int i = 0; i < kH; ++i) rope_cos_sin(a.rope, lane + 32 * i, p, c[i], sn[i]);
+        for (int i = 0; i < kH; ++i) {
+            const int e = lane + 32 * i;
+            if (cs != nullptr) {
+                c[i] = cs[e];
+                sn[i] = cs[D / 2 + e];
+            } else {
+                rope_cos_sin(a.rope, e, a.pos[t], c[i], sn[i]);
+            }
+        }
     }
     const auto store_row = [&](const View& dv, const float (&val)[kPerLane], bool to_f16) {
         char* row = ops::row_at(dv, h, t, 0);
@@ -415,6 +411,48 @@ __global__ void __launch_bounds__(kPrepRowWarps * 32) attn_prep_rows_kernel(cons
     for (int wi = 0; wi < a.n_writes; ++wi) {  // this stream's cache copies
         const PrepWrite& w = a.w[wi];
         if (w.what == 2 && w.stream == si) store_row(w.cpy, v, w.to_f16 != 0);
+    }
+}
+
+// The same, one warp per (head, token) row over as many blocks as rows need, no shared memory and
+// no barrier: each warp computes its token's cos / sin pairs (2 per lane at D = 128), reads its row,
+// and writes its row of every node in node order. Used only where every output is disjoint from every
+// other tensor of the launch, or is its own stream's rows (in place), so that no warp's write can
+// meet another warp's read or write (attn_prep_rows_apart, fusion_plan.h). Bitwise the block kernel's
+// results.
+constexpr int kPrepRowWarps = 4;
+
+template <int D>
+__global__ void __launch_bounds__(kPrepRowWarps * 32) attn_prep_rows_kernel(const __grid_constant__ PrepArgs a) {
+    pdl_grid_sync_small();
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const int gr = static_cast<int>(blockIdx.x) * kPrepRowWarps + (static_cast<int>(threadIdx.x) >> 5);
+    if (gr >= a.total_rows) return;
+    const int si = prep_stream_of(a, gr);
+    const PrepStream& st = a.s[si];
+    const int r = gr - st.row0;
+    const int nh = static_cast<int>(st.src.ne[1]);
+    prep_row<D>(a, si, r % nh, r / nh, lane, nullptr);
+}
+
+// Prefills (more than kMaxPrepTokens tokens): a block per token computes the token's cos / sin pairs
+// once into shared memory, then a warp per row of the token's heads in every stream. Where each row
+// computed its own (the rows kernel), the double-precision sincos of every (head, token) row took
+// most of a Qwen3 layer's 25 us at 512 tokens (H100, session 10). Same conditions as the rows kernel
+// (outputs apart); bitwise its results.
+constexpr int kPrepTokenWarps = 8;
+
+template <int D>
+__global__ void __launch_bounds__(kPrepTokenWarps * 32) attn_prep_tokens_kernel(const __grid_constant__ PrepArgs a) {
+    pdl_grid_sync_small();
+    __shared__ float cs[D];
+    const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    const int t = static_cast<int>(blockIdx.x);
+    for (int p = tid; p < D / 2; p += kPrepTokenWarps * 32) rope_cos_sin(a.rope, p, a.pos[t], cs[p], cs[D / 2 + p]);
+    __syncthreads();
+    for (int si = 0; si < a.n_streams; ++si) {
+        const int nh = static_cast<int>(a.s[si].src.ne[1]);
+        for (int h = warp; h < nh; h += kPrepTokenWarps) prep_row<D>(a, si, h, t, lane, cs);
     }
 }
 
@@ -564,7 +602,7 @@ Status attn_prep(std::span<Tensor* const> parts, const OpContext& ctx) {
     a.t = static_cast<int>(x0.ne[2]);
     a.pos = ropes[0]->src[1]->as<int32_t>();
     a.rope = rope_args(ropes[0]->rope_params());
-    if ((a.d != 64 && a.d != 128) || a.t < 1 || a.t > 4) return internal_error("attn_prep: unsupported shape");
+    if ((a.d != 64 && a.d != 128) || a.t < 1) return internal_error("attn_prep: unsupported shape");
     int off = a.t * a.d;  // after the cos / sin tables
     int rows = 0;
     for (int k = 0; k < nr; ++k) {
@@ -622,11 +660,18 @@ Status attn_prep(std::span<Tensor* const> parts, const OpContext& ctx) {
         a.w[a.n_writes++] = PrepWrite{stream, 2, ops::view_of(c), c.type == Type::F16 ? 1 : 0};
     }
     a.total_rows = rows;
-    if (rows > kMaxPrepRows || off > kMaxPrepFloats) return internal_error("attn_prep: too many rows");
     if (attn_prep_rows_apart(parts)) {
+        if (a.t > kMaxPrepTokens) {
+            const auto kernel = a.d == 64 ? attn_prep_tokens_kernel<64> : attn_prep_tokens_kernel<128>;
+            return launch_kernel("attn_prep_tokens_kernel", kernel, static_cast<unsigned int>(a.t),
+                                 kPrepTokenWarps * 32, 0, ctx.stream, a);
+        }
         const auto kernel = a.d == 64 ? attn_prep_rows_kernel<64> : attn_prep_rows_kernel<128>;
         return launch_kernel("attn_prep_rows_kernel", kernel, static_cast<unsigned int>(ops::ceil_div(rows, kPrepRowWarps)),
                              kPrepRowWarps * 32, 0, ctx.stream, a);
+    }
+    if (a.t > kMaxPrepTokens || rows > kMaxPrepRows || off > kMaxPrepFloats) {
+        return internal_error("attn_prep: too many rows for one block");
     }
     const size_t shm = static_cast<size_t>(off) * sizeof(float);
     const int threads = std::min(1024, std::max(32 * rows, 128));

@@ -266,7 +266,7 @@ TEST_CASE("CUDA fusion plans of real decode graphs fuse q/k/v, norms, routers an
         CHECK(c.q8_out == 1);
         CHECK(c.kinds.count(FusedKind::kRouter) == 0);  // 40 tokens: more than one block of warps
         CHECK(c.kinds.count(FusedKind::kMoeBias) == 0);
-        CHECK(c.kinds.count(FusedKind::kAttnPrep) == 0);  // more than 4 tokens
+        CHECK(c.kinds.at(FusedKind::kAttnPrep) == kLayers);  // a warp per (head, token) row: outputs apart
         CHECK(c.kinds.at(FusedKind::kRowChain) == 2 * kLayers + 1);
     }
 }
@@ -382,6 +382,32 @@ TEST_CASE("CUDA fusion plans refuse what would change results", "[cuda]") {
         ck->data = saved_ck;
         cv->data = k->data;  // v's copy over k's input rows
         CHECK_FALSE(moe::cuda::attn_prep_rows_apart(parts));
+    }
+    SECTION("prefill prologues (more than one block's tokens) are fused only where the outputs lie apart") {
+        constexpr int64_t kD = 64, kH = 2, kT = 8;
+        Tensor* kc = f.make(Type::F16, {kD, kH, 64});
+        moe::Graph g;
+        Tensor* q = g.input(Type::F32, {kD, kH, kT}, "q");
+        Tensor* k = g.input(Type::F32, {kD, kH, kT}, "k");
+        Tensor* pos = g.input(Type::I32, {kT}, "pos");
+        moe::RopeParams rp;
+        rp.n_dims = kD;
+        Tensor* rq = g.rope(q, pos, rp);
+        Tensor* rk = g.rope(k, pos, rp);
+        Tensor* ck = g.cpy(rk, g.view(kc, {kD, kH, kT}, {kc->nb[1], kc->nb[2]}, 0));
+        for (Tensor* o : {q, k, rq, rk}) g.set_output(o);
+        arena(g);
+        std::vector<Tensor*> nodes = {rq, rk, ck};
+        moe::cuda::FusionPlan plan;
+        moe::cuda::plan_fusions(nodes, true, plan);
+        REQUIRE(plan.items.size() == 1);
+        CHECK(plan.items[0].kind == FusedKind::kAttnPrep);
+        rk->data = q->data;  // k's rope over q's input rows: only one block could order that, and 8 tokens need more
+        moe::cuda::plan_fusions(nodes, true, plan);
+        REQUIRE(plan.items.size() == 2);  // q's rope alone; k's rope and its copy apart from everything else
+        CHECK(plan.items[0].kind == FusedKind::kNone);
+        CHECK(plan.items[1].kind == FusedKind::kAttnPrep);
+        CHECK(plan.items[1].n_part == 2);
     }
     SECTION("an attention prologue does not take a copy of another part's result that is not a rope") {
         constexpr int64_t kD = 64, kH = 2;
@@ -842,11 +868,13 @@ TEST_CASE("CUDA fused attention prologues (norms, ropes, cache writes) match unf
         {128, 32, 4, 1, true, Type::F16, qwen},    {64, 64, 8, 1, false, Type::F16, oss},
         {128, 8, 2, 4, true, Type::F32, qwen},     {64, 12, 4, 3, false, Type::F32, oss_trunc},
         {64, 16, 16, 2, true, Type::F16, small},   {128, 8, 2, 2, true, Type::F32, qwen, true},
+        // Prefills (more tokens than one block takes): a warp per row only.
+        {128, 32, 4, 40, true, Type::F16, qwen},   {64, 64, 8, 33, false, Type::F16, oss},
     };
     for (const Case& c : cases) {
         INFO("D " << c.d << " H " << c.h << "/" << c.hkv << " T " << c.t << " norms " << c.norms << " cache "
                   << moe::type_name(c.cache) << " v over k " << c.v_over_k);
-        constexpr int64_t kCtx = 64;
+        constexpr int64_t kCtx = 96;
         const int n_past = 37;
         std::vector<uint8_t> cache0[2];
         Tensor* caches[2];
@@ -866,6 +894,11 @@ TEST_CASE("CUDA fused attention prologues (norms, ropes, cache writes) match unf
         Tensor* k = g.input(Type::F32, {c.d, c.hkv, c.t}, "k");
         Tensor* v = g.input(Type::F32, {c.d, c.hkv, c.t}, "v");
         Tensor* pos = g.input(Type::I32, {c.t}, "pos");
+        // Prefills: inputs kept, or the memory plan could put an output on another stream's input rows,
+        // which only the one-block kernel allows (the plan would not fuse them).
+        if (c.t > moe::cuda::kMaxPrepTokens) {
+            for (Tensor* in : {q, k, v}) g.set_output(in);
+        }
         Tensor* qx = q;
         Tensor* kx = k;
         if (c.norms) {

@@ -373,18 +373,23 @@ std::string case_name(const char* op, Type type, std::initializer_list<int64_t> 
 
 // ---- MUL_MAT ----
 
-void check_mul_mat(Type type, int64_t k, int64_t n, int64_t rows, int64_t ne2 = 1) {
+// pad > 0: x is a view of rows of k + pad values (rows not 16-byte aligned for odd pad).
+void check_mul_mat(Type type, int64_t k, int64_t n, int64_t rows, int64_t ne2 = 1, int64_t pad = 0) {
     const HostTensor w = random_weights(type, k, n);
-    const HostTensor x = ne2 > 1 ? random_acts({k, rows / ne2, ne2}) : random_acts({k, rows});
+    HostTensor x = ne2 > 1 ? random_acts({k + pad, rows / ne2, ne2}) : random_acts({k + pad, rows});
+    x.t.ne[0] = k;
+    const int64_t x_stride = k + pad;
     const Outputs o = run_both(Op::MUL_MAT, {&w, &x}, {n, x.t.ne[1], x.t.ne[2]}, moe::OpParams{});
     const std::vector<float> wf = dequant_all(w);
     const auto* xf = reinterpret_cast<const float*>(x.bytes.data());
     std::vector<double> tol(static_cast<size_t>(n * rows));
     const Path path = path_of(type, rows, true);
     for (int64_t c = 0; c < rows; ++c) {
-        for (int64_t r = 0; r < n; ++r) tol[c * n + r] = dot_tol(dot_ref(type, wf.data() + r * k, xf + c * k, k), path);
+        for (int64_t r = 0; r < n; ++r) {
+            tol[c * n + r] = dot_tol(dot_ref(type, wf.data() + r * k, xf + c * x_stride, k), path);
+        }
     }
-    compare(case_name("MUL_MAT", type, {k, n, rows}), o.gpu, o.cpu, tol);
+    compare(case_name(pad > 0 ? "MUL_MAT padded rows" : "MUL_MAT", type, {k, n, rows}), o.gpu, o.cpu, tol);
     CHECK(o.flags == 0);
 }
 
@@ -490,6 +495,8 @@ TEST_CASE("cuda MUL_MAT matches the CPU backend on every weight type and batch s
         check_mul_mat(type, 320, 129, 6, 2);       // 3-D activations [K, 3, 2]
         check_mul_mat(type, 256, 1100, 3);         // float weights: many rows take warp rows again
         check_mul_mat(type, 320, 129, 300, 3);     // [K, 100, 3]: the dequantise + cuBLAS path
+        check_mul_mat(type, 320, 129, 300, 1, 1);  // rows of 321 values: BF16 conversion of unaligned rows
+        check_mul_mat(type, 320, 129, 64, 1, 4);   // rows of 324 values, 16-byte aligned: tensor-core kernel
     }
 }
 
