@@ -284,6 +284,7 @@ Status CudaBackend::launch_item(size_t i) {
         case FusedKind::kAttnPrep: s = attn_prep(parts, ctx); break;
         case FusedKind::kMoeBias: s = mul_mat_id_bias(parts, ctx); break;
         case FusedKind::kRouterGemv: s = mul_mat_router(parts, ctx); break;
+        case FusedKind::kDenseGroup: s = mul_mat_dense_group(parts, ctx); break;
     }
     return s.is_ok() ? s : s.with_context(node_context(*item.node));
 }
@@ -307,7 +308,9 @@ Status CudaBackend::compute(std::span<Tensor* const> nodes) {
         launch_nodes_.push_back(item.node);
         extras_.push_back(NodeExtra{item.tag(), std::span<Tensor* const>(item.part.data() + 1,
                                                                           static_cast<size_t>(item.n_part - 1))});
-        const size_t b = scratch_bytes(*item.node);
+        const size_t b = item.kind == FusedKind::kDenseGroup
+                             ? mul_mat_dense_group_scratch(std::span<Tensor* const>(item.part.data(), static_cast<size_t>(item.n_part)))
+                             : scratch_bytes(*item.node);
         if (b > need) {
             need = b;
             needs_most = item.node;

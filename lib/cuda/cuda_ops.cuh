@@ -89,6 +89,10 @@ bool attention_uses_tensor_cores(const Tensor& node);
 // kGemvGroup: MUL_MATs of one activation on the GEMV path, each optionally followed by an ADD of a
 // bias row (matmul.cu).
 Status mul_mat_group(std::span<Tensor* const> parts, const OpContext& ctx);
+// kDenseGroup: MUL_MATs of one activation on the dequantise + cuBLAS path (matmul.cu), and the scratch
+// the launch needs (0 where the parts do not form a group: the launch reports why).
+Status mul_mat_dense_group(std::span<Tensor* const> parts, const OpContext& ctx);
+size_t mul_mat_dense_group_scratch(std::span<Tensor* const> parts);
 // kRouterGemv: MUL_MAT (the router, one token) [ADD bias], TOPK, GATHER, SOFTMAX: the selection runs in the
 // GEMV's last block where the product takes the float-weight row kernel, else as router_select (matmul.cu).
 Status mul_mat_router(std::span<Tensor* const> parts, const OpContext& ctx);

@@ -9,7 +9,7 @@ namespace moe::cuda {
 namespace {
 
 constexpr int64_t kMaxGroupRows = 8;  // activation rows of a GEMV (matmul.cuh kGemvMaxCols)
-constexpr int kMaxUnits = 3;          // MUL_MATs in a kGemvGroup
+constexpr int kMaxUnits = 3;          // MUL_MATs in a kGemvGroup or a kDenseGroup (matmul.cuh kMaxDenseGroup)
 constexpr int kMaxRouterK = 32;       // experts chosen per token: one lane each
 constexpr int kMaxRouterTokens = 32;  // tokens of a kRouter launch: one warp each, one block
 constexpr int64_t kWarpRowMax = 1024; // RMS_NORM rows up to this length run one warp each (ops_norm.cu)
@@ -228,6 +228,30 @@ bool match_group(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
         if (bias[u] != nullptr) item.part[static_cast<size_t>(k++)] = bias[u];
     }
     item.n_part = k;
+    return true;
+}
+
+// ---- kDenseGroup: MUL_MATs of one activation on the dequantise + cuBLAS path ----
+
+bool match_dense_group(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
+    Tensor* m0 = n[i];
+    if (m0->op != Op::MUL_MAT || !mul_mat_takes_dequant_gemm(*m0)) return false;
+    const Tensor& x = *m0->src[1];
+    int units = 0;
+    for (size_t j = i; j < n.size() && units < kMaxUnits; ++j, ++units) {
+        const Tensor& m = *n[j];
+        if (m.op != Op::MUL_MAT || !mul_mat_takes_dequant_gemm(m)) break;
+        if (units > 0 && (!same_rows(*m.src[1], x) || m.src[0]->type != m0->src[0]->type ||
+                          m.src[0]->ne[0] != m0->src[0]->ne[0])) {
+            break;
+        }
+        // The launch converts x once, before any product is written: no product may overwrite it.
+        if (byte_range(m).overlaps(byte_range(x))) break;
+    }
+    if (units < 2) return false;
+    item.kind = FusedKind::kDenseGroup;
+    for (int u = 0; u < units; ++u) item.part[static_cast<size_t>(u)] = n[i + static_cast<size_t>(u)];
+    item.n_part = units;
     return true;
 }
 
@@ -554,7 +578,7 @@ void plan_fusions(std::span<Tensor* const> nodes, bool enabled, FusionPlan& out)
         item.node = nodes[i];
         item.part[0] = nodes[i];
         if (enabled && (match_router_gemv(nodes, i, item) || match_router(nodes, i, item) ||
-                        match_chain(nodes, i, item) || match_group(nodes, i, item) ||
+                        match_chain(nodes, i, item) || match_group(nodes, i, item) || match_dense_group(nodes, i, item) ||
                         match_attn_prep(nodes, i, item) || match_moe_bias(nodes, i, item))) {
             item.node = item.part[0];
         } else {

@@ -15,7 +15,10 @@
 //               of the two (GPT-OSS's down projection): the bias rows picked and added in the GEMV
 //               epilogue, all three results written;
 //   kRouterGemv the router's product of one token with float weights [ADD bias] and its kRouter parts:
-//               the GEMV's last block (a fence and a counter) selects the experts.
+//               the GEMV's last block (a fence and a counter) selects the experts;
+//   kDenseGroup consecutive MUL_MATs of one activation on the dequantise + cuBLAS path (prefill q, k,
+//               v without bias adds): one BF16 copy of the activation, then each product's
+//               dequantisation and GEMM in node order.
 // A Q8 activation slot holds the norm's result as the GEMV kernels read it (int8 rows and a scale per
 // 32 values, exactly what their own quantisation would write): the GEMV nodes that read that tensor
 // later (q, k, v; the experts' up/gate) take it from the slot instead of quantising it again. An
@@ -40,8 +43,8 @@
 
 namespace moe::cuda {
 
-enum class FusedKind : uint8_t { kNone = 0, kGemvGroup, kRowChain, kRouter, kAttnPrep, kMoeBias, kRouterGemv };
-constexpr int kFusedKinds = 7;
+enum class FusedKind : uint8_t { kNone = 0, kGemvGroup, kRowChain, kRouter, kAttnPrep, kMoeBias, kRouterGemv, kDenseGroup };
+constexpr int kFusedKinds = 8;
 
 constexpr int kMaxParts = 6;         // a group of 3 MUL_MAT + ADD pairs
 constexpr int kMaxQ8Slots = 4;
@@ -80,6 +83,8 @@ struct FusionPlan {
 const Tensor* gemv_q8_activation(const Tensor& node);
 // True when MUL_MAT `node` passes its checks and takes the GEMV path.
 bool mul_mat_takes_gemv(const Tensor& node);
+// True when MUL_MAT `node` passes its checks and takes the dequantise + cuBLAS path (gemm_dense).
+bool mul_mat_takes_dequant_gemm(const Tensor& node);
 // True when MUL_MAT `node` passes its checks and takes the float-weight row kernel of the GEMV (one
 // block per output row: F32 / F16 / BF16 weights of at most 1024 rows) with one activation row.
 bool mul_mat_takes_row_kernel(const Tensor& node);

@@ -5,6 +5,7 @@
 // Checks read only shapes, types and strides, never device data, so nothing here synchronises; ids
 // are validated by the kernels (kErrorBadIndex, NaN outputs). The scratch a node needs is computed
 // by the same layout code that carves it (mm::Carver), so matmul_scratch_bytes() and the kernels agree.
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -167,7 +168,7 @@ StatusOr<DenseOp> parse_mul_mat(const Tensor& dst) {
 
 size_t dense_scratch(const DenseOp& d) {
     if (d.m <= mm::kGemvMaxCols) return static_cast<size_t>(d.m) * mm::gemv_act_row_bytes(d.w.type, d.w.k);
-    return mm::gemm_dense_scratch(d.w, *d.x);
+    return mm::gemm_dense_scratch(std::span<const mm::WeightArg>(&d.w, 1), *d.x);
 }
 
 // ---- MUL_MAT_ID / MOE_UP_GATE ----
@@ -375,7 +376,49 @@ Status mul_mat(Tensor& dst, const OpContext& ctx) {
         return run_gemv_units(std::span<const GemvUnit>(&u, 1), ctx);
     }
     MOE_RETURN_IF_ERROR(check_scratch("MUL_MAT", dense_scratch(d), ctx));
-    return mm::gemm_dense(d.w, *d.x, out, ctx);
+    return mm::gemm_dense(std::span<const mm::WeightArg>(&d.w, 1), *d.x, std::span<float* const>(&out, 1), ctx);
+}
+
+namespace {
+
+// The products of a kDenseGroup, checked as the planner matched them (mul_mat_takes_dequant_gemm, one
+// activation, one weight type and K).
+Status parse_dense_group(std::span<Tensor* const> parts, std::array<mm::WeightArg, mm::kMaxDenseGroup>& ws,
+                         std::array<float*, mm::kMaxDenseGroup>& outs, const Tensor*& x) {
+    if (parts.empty() || parts.size() > static_cast<size_t>(mm::kMaxDenseGroup)) {
+        return internal_error("mul_mat_dense_group: " + std::to_string(parts.size()) + " products");
+    }
+    for (size_t i = 0; i < parts.size(); ++i) {
+        MOE_ASSIGN_OR_RETURN(const DenseOp d, parse_mul_mat(*parts[i]));
+        if (!mm::gemm_dense_dequantises(d.w.type, d.m) || d.m <= mm::kGemvMaxCols ||
+            (i > 0 && (d.x->data != x->data || d.m != x->n_rows() || d.w.type != ws[0].type || d.w.k != ws[0].k))) {
+            return internal_error("mul_mat_dense_group: the products do not share one dequantising activation");
+        }
+        if (i == 0) x = d.x;
+        ws[i] = d.w;
+        outs[i] = static_cast<float*>(parts[i]->data);
+    }
+    return Status::ok();
+}
+
+}  // namespace
+
+size_t mul_mat_dense_group_scratch(std::span<Tensor* const> parts) {
+    std::array<mm::WeightArg, mm::kMaxDenseGroup> ws{};
+    std::array<float*, mm::kMaxDenseGroup> outs{};
+    const Tensor* x = nullptr;
+    if (!parse_dense_group(parts, ws, outs, x).is_ok()) return 0;  // the launch reports the error
+    return mm::gemm_dense_scratch(std::span<const mm::WeightArg>(ws.data(), parts.size()), *x);
+}
+
+Status mul_mat_dense_group(std::span<Tensor* const> parts, const OpContext& ctx) {
+    std::array<mm::WeightArg, mm::kMaxDenseGroup> ws{};
+    std::array<float*, mm::kMaxDenseGroup> outs{};
+    const Tensor* x = nullptr;
+    MOE_RETURN_IF_ERROR(parse_dense_group(parts, ws, outs, x));
+    const std::span<const mm::WeightArg> units(ws.data(), parts.size());
+    MOE_RETURN_IF_ERROR(check_scratch("MUL_MAT", mm::gemm_dense_scratch(units, *x), ctx));
+    return mm::gemm_dense(units, *x, std::span<float* const>(outs.data(), parts.size()), ctx);
 }
 
 namespace {
@@ -533,6 +576,12 @@ bool mul_mat_takes_gemv(const Tensor& node) {
     if (node.op != Op::MUL_MAT) return false;
     const StatusOr<DenseOp> d = parse_mul_mat(node);
     return d.is_ok() && d->m >= 1 && d->m <= mm::kGemvMaxCols && d->w.n > 0;
+}
+
+bool mul_mat_takes_dequant_gemm(const Tensor& node) {
+    if (node.op != Op::MUL_MAT) return false;
+    const StatusOr<DenseOp> d = parse_mul_mat(node);
+    return d.is_ok() && d->m > mm::kGemvMaxCols && mm::gemm_dense_dequantises(d->w.type, d->m) && d->w.n > 0;
 }
 
 }  // namespace moe::cuda

@@ -173,9 +173,18 @@ Status mma_gemm(const WeightArg& w, const WeightArg* gate, const void* xb, int64
                 int bn, const GluParams* glu, float* dst, cudaStream_t stream);
 
 // MUL_MAT with more than kGemvMaxCols activation rows: cuBLAS (F32 and BF16 weights, and other
-// weights dequantised to BF16 tiles for large batches) or the tensor-core kernel.
-size_t gemm_dense_scratch(const WeightArg& w, const Tensor& x);
-Status gemm_dense(const WeightArg& w, const Tensor& x, float* dst, const OpContext& ctx);
+// weights dequantised to BF16 tiles from kCublasMinCols rows on) or the tensor-core kernel.
+// Below kCublasMinCols activation rows, quantised / F16 weights go through mma_gemm (no dequantised
+// copy); from there on the dequantisation pass is small next to the product and cuBLAS's kernels are
+// faster.
+constexpr int64_t kCublasMinCols = 256;
+// Up to kMaxDenseGroup products of one activation (prefill q, k, v) in one call: one BF16 copy of the
+// activations, then each product's dequantisation and GEMM; ws share a type and K, dsts[i] is ws[i]'s
+// result. (One dequantisation launch for all three weights was slower than three: session 10.)
+constexpr int kMaxDenseGroup = 3;
+bool gemm_dense_dequantises(Type w, int64_t m);
+size_t gemm_dense_scratch(std::span<const WeightArg> ws, const Tensor& x);
+Status gemm_dense(std::span<const WeightArg> ws, const Tensor& x, std::span<float* const> dsts, const OpContext& ctx);
 
 // ---- expert products (matmul_moe.cu) ----
 

@@ -32,6 +32,7 @@
 // precision), BF16 weights (read in place), and other weights at large batches (dequantised to BF16
 // in tiles of <= 64 MiB of scratch, where cuBLAS's Hopper kernels outrun the mma.sync kernel).
 #include <algorithm>
+#include <span>
 #include <string>
 #include <type_traits>
 
@@ -546,9 +547,6 @@ __global__ void __launch_bounds__(128) dequant_bf16_kernel(const uint8_t* w, con
     }
 }
 
-// Below this many activation rows, quantised / F16 weights go through mma_gemm (no dequantised copy);
-// from here on the dequantisation pass is small next to the product and cuBLAS's kernels are faster.
-constexpr int64_t kCublasMinCols = 256;
 constexpr size_t kDequantTileBytes = size_t{64} << 20;
 
 // x as a column-major K x M F32 matrix without a copy: fully contiguous.
@@ -564,20 +562,24 @@ bool rows_contiguous(const Tensor& x) {
 struct DenseLayout {
     void* xb = nullptr;      // BF16 activations [M][K]
     float* xf = nullptr;     // compacted F32 activations (F32 weights with non-uniform rows)
-    void* wtile = nullptr;   // BF16 weight tile [tile_rows][K]
+    void* wtile = nullptr;   // BF16 weight tile [tile_rows][K], for one product at a time
     int64_t tile_rows = 0;
 };
 
-DenseLayout dense_layout(const WeightArg& w, const Tensor& x, Carver& c) {
+// ws: one or more products of x, of one weight type and K (gemm_dense).
+DenseLayout dense_layout(std::span<const WeightArg> ws, const Tensor& x, Carver& c) {
     DenseLayout l;
+    const WeightArg& w = ws[0];
     const int64_t m = x.n_rows();
     if (w.type == Type::F32) {
         if (!rows_contiguous(x)) l.xf = c.take<float>(static_cast<size_t>(m * w.k));
         return l;
     }
     l.xb = c.take<uint16_t>(static_cast<size_t>(m * w.k));
-    if (w.type != Type::BF16 && m >= kCublasMinCols) {
-        l.tile_rows = std::min<int64_t>(w.n, std::max<int64_t>(128, static_cast<int64_t>(kDequantTileBytes / (w.k * 2))));
+    if (gemm_dense_dequantises(w.type, m)) {
+        int64_t most = 0;
+        for (const WeightArg& u : ws) most = std::max(most, u.n);
+        l.tile_rows = std::min<int64_t>(most, std::max<int64_t>(128, static_cast<int64_t>(kDequantTileBytes / (w.k * 2))));
         l.wtile = c.take<uint16_t>(static_cast<size_t>(l.tile_rows * w.k));
     }
     return l;
@@ -593,6 +595,10 @@ Status dequant_bf16(const WeightArg& w, int64_t r0, int64_t rows, void* dst, cud
         return launch_kernel("dequant_bf16_kernel", dequant_bf16_kernel<W>, grid, 128, 0, stream, w.data + r0 * w.nb1,
                              w.data, w.end, w.nb1, rows, nblk, static_cast<__nv_bfloat16*>(dst));
     });
+}
+
+bool gemm_dense_dequantises(Type w, int64_t m) {
+    return w != Type::F32 && w != Type::BF16 && m >= kCublasMinCols;
 }
 
 int mma_tile_cols(double cols_per_group) {
@@ -671,18 +677,25 @@ Status mma_gemm(const WeightArg& w, const WeightArg* gate, const void* xb, int64
     });
 }
 
-size_t gemm_dense_scratch(const WeightArg& w, const Tensor& x) {
+size_t gemm_dense_scratch(std::span<const WeightArg> ws, const Tensor& x) {
     Carver c(nullptr);
-    (void)dense_layout(w, x, c);
+    (void)dense_layout(ws, x, c);
     return c.used();
 }
 
-Status gemm_dense(const WeightArg& w, const Tensor& x, float* dst, const OpContext& ctx) {
+Status gemm_dense(std::span<const WeightArg> ws, const Tensor& x, std::span<float* const> dsts, const OpContext& ctx) {
     const int64_t m = x.n_rows();
+    if (ws.empty() || ws.size() > static_cast<size_t>(kMaxDenseGroup) || dsts.size() != ws.size() ||
+        (ws.size() > 1 && !gemm_dense_dequantises(ws[0].type, m))) {
+        return internal_error("cuda MUL_MAT: a group of " + std::to_string(ws.size()) + " products it cannot take");
+    }
+    const WeightArg& w = ws[0];
     const int64_t k = w.k;
-    const int64_t n = w.n;
+    for (const WeightArg& u : ws) {
+        if (u.type != w.type || u.k != k) return internal_error("cuda MUL_MAT: grouped products differ in type or K");
+    }
     Carver c(ctx.scratch);
-    const DenseLayout l = dense_layout(w, x, c);
+    const DenseLayout l = dense_layout(ws, x, c);
     if (c.used() > ctx.scratch_size) {
         return internal_error("cuda MUL_MAT: scratch of " + std::to_string(ctx.scratch_size) + " bytes, " +
                               std::to_string(c.used()) + " needed");
@@ -699,12 +712,13 @@ Status gemm_dense(const WeightArg& w, const Tensor& x, float* dst, const OpConte
     }
     const float one = 1.0f;
     const float zero = 0.0f;
+    // rows output rows (weight rows) of a product whose outputs are ldc apart per activation row.
     auto gemm = [&](const void* a, cudaDataType at, int64_t lda, const void* b, cudaDataType bt, int64_t ldb,
-                    int64_t rows, float* out) -> Status {
+                    int64_t rows, float* out, int64_t ldc) -> Status {
         MOE_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows),
                                                 static_cast<int>(m), static_cast<int>(k), &one, a, at,
                                                 static_cast<int>(lda), b, bt, static_cast<int>(ldb), &zero, out,
-                                                CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                                CUDA_R_32F, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         return Status::ok();
     };
 
@@ -714,17 +728,20 @@ Status gemm_dense(const WeightArg& w, const Tensor& x, float* dst, const OpConte
             MOE_RETURN_IF_ERROR(gemv_prepare(xr, m, k, Type::F32, l.xf, ctx.stream));  // a compacting copy
             xf = l.xf;
         }
-        return gemm(w.data, CUDA_R_32F, w.nb1 / 4, xf, CUDA_R_32F, k, n, dst);
+        return gemm(w.data, CUDA_R_32F, w.nb1 / 4, xf, CUDA_R_32F, k, w.n, dsts[0], w.n);
     }
+    // One BF16 copy of the activations for every product of the group.
     MOE_RETURN_IF_ERROR(prepare_bf16(xr, m, k, l.xb, ctx.stream));
-    if (w.type == Type::BF16) return gemm(w.data, CUDA_R_16BF, w.nb1 / 2, l.xb, CUDA_R_16BF, k, n, dst);
+    if (w.type == Type::BF16) return gemm(w.data, CUDA_R_16BF, w.nb1 / 2, l.xb, CUDA_R_16BF, k, w.n, dsts[0], w.n);
     if (l.wtile == nullptr) {
-        return mma_gemm(w, nullptr, l.xb, m, nullptr, mma_tile_cols(static_cast<double>(m)), nullptr, dst, ctx.stream);
+        return mma_gemm(w, nullptr, l.xb, m, nullptr, mma_tile_cols(static_cast<double>(m)), nullptr, dsts[0], ctx.stream);
     }
-    for (int64_t r0 = 0; r0 < n; r0 += l.tile_rows) {
-        const int64_t rows = std::min(l.tile_rows, n - r0);
-        MOE_RETURN_IF_ERROR(dequant_bf16(w, r0, rows, l.wtile, ctx.stream));
-        MOE_RETURN_IF_ERROR(gemm(l.wtile, CUDA_R_16BF, k, l.xb, CUDA_R_16BF, k, rows, dst + r0));
+    for (size_t u = 0; u < ws.size(); ++u) {
+        for (int64_t r0 = 0; r0 < ws[u].n; r0 += l.tile_rows) {
+            const int64_t rows = std::min(l.tile_rows, ws[u].n - r0);
+            MOE_RETURN_IF_ERROR(dequant_bf16(ws[u], r0, rows, l.wtile, ctx.stream));
+            MOE_RETURN_IF_ERROR(gemm(l.wtile, CUDA_R_16BF, k, l.xb, CUDA_R_16BF, k, rows, dsts[u] + r0, ws[u].n));
+        }
     }
     return Status::ok();
 }

@@ -179,7 +179,7 @@ PlanCounts plan_model(const moe::HParams& hp, Type dense, Type experts, int n_to
     PlanCounts c;
     c.nodes = static_cast<int>(nodes.size());
     c.items = static_cast<int>(plan.items.size());
-    static const char* const kind_names[moe::cuda::kFusedKinds] = {"", "group", "chain", "router", "prep", "moe_bias", "router_gemv"};
+    static const char* const kind_names[moe::cuda::kFusedKinds] = {"", "group", "chain", "router", "prep", "moe_bias", "router_gemv", "dense_group"};
     for (const moe::cuda::LaunchItem& it : plan.items) {
         ++c.kinds[it.kind];
         c.q8_in += it.q8_in >= 0;
@@ -268,6 +268,13 @@ TEST_CASE("CUDA fusion plans of real decode graphs fuse q/k/v, norms, routers an
         CHECK(c.kinds.count(FusedKind::kMoeBias) == 0);
         CHECK(c.kinds.at(FusedKind::kAttnPrep) == kLayers);  // a warp per (head, token) row: outputs apart
         CHECK(c.kinds.at(FusedKind::kRowChain) == 2 * kLayers + 1);
+        CHECK(c.kinds.count(FusedKind::kDenseGroup) == 0);  // 40 tokens: the tensor-core kernel, no cuBLAS
+    }
+    {
+        // A prefill ubatch on the dequantise + cuBLAS path: q, k and v as one group per layer.
+        const PlanCounts c = plan_model(q30_hparams(kLayers), Type::Q8_0, Type::Q8_0, 300, 0);
+        INFO("qwen3moe prefill of 300 tokens, layer 0:" << c.layer0);
+        CHECK(c.kinds.at(FusedKind::kDenseGroup) == kLayers);
     }
 }
 
@@ -540,6 +547,37 @@ TEST_CASE("CUDA fused q/k/v products, norms and Q8 hand-offs match unfused launc
         }
     }
     CHECK(dev.be().fusion_stats().q8_reused > 0);
+}
+
+TEST_CASE("CUDA prefill q/k/v products grouped on the dequantise + cuBLAS path match unfused launches bit for bit", "[gpu]") {
+    MOE_GPU_OR_SKIP();
+    Device dev;
+    std::mt19937_64 rng(run_seed() * 0x9E3779B97F4A7C15ull + 208);
+    struct Case {
+        int64_t k, nq, nk, rows;
+        Type type;
+    };
+    // 256 to 300 activation rows (cuBLAS from 256 on), odd output counts, every dequantised weight type;
+    // the last case fills the 64 MiB dequantisation tile with q alone.
+    const Case cases[] = {{2048, 520, 130, 300, Type::Q8_0}, {1056, 1030, 66, 256, Type::Q4_0},
+                          {2880, 512, 64, 257, Type::MXFP4}, {512, 96, 32, 300, Type::F16},
+                          {4096, 8192, 520, 256, Type::Q8_0}};
+    for (const Case& c : cases) {
+        INFO("k " << c.k << " nq " << c.nq << " nk " << c.nk << " rows " << c.rows << " " << moe::type_name(c.type));
+        Tensor* wts[] = {random_weight(dev, c.type, c.k, c.nq, rng), random_weight(dev, c.type, c.k, c.nk, rng),
+                         random_weight(dev, c.type, c.k, c.nk, rng)};
+        moe::Graph g;
+        Tensor* a = g.input(Type::F32, {c.k, c.rows}, "a");
+        Tensor* x = g.silu(a);
+        for (Tensor* w : wts) g.set_output(g.mul_mat(w, x));
+        g.set_output(x);
+        const moe::AllocPlan plan = moe::plan_allocation(g);
+        moe::bind_allocation(g, plan, dev.alloc(plan.arena_size));
+        const std::vector<float> av = random_f32(rng, static_cast<size_t>(c.k * c.rows), -3.0f, 3.0f);
+        const auto items = check_fused_matches_unfused(dev, g, [&] { dev.upload(a->data, av.data(), a->n_bytes()); });
+        REQUIRE(items.size() == 2);  // silu; the three products
+        CHECK(items[1] == std::make_pair(FusedKind::kDenseGroup, 3));
+    }
 }
 
 TEST_CASE("CUDA fused weighted sums, residual adds, norms and routers match unfused launches bit for bit", "[gpu]") {
