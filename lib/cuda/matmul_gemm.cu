@@ -535,15 +535,22 @@ __global__ void __launch_bounds__(128) dequant_bf16_kernel(const uint8_t* w, con
         stage[warp][lane + 32 * v] = q < end ? load16_guarded(q, lo, hi) : make_uint4(0u, 0u, 0u, 0u);
     }
     __syncwarp();
-    if (lane < nb_c) {
-        const int off = static_cast<int>(reinterpret_cast<uintptr_t>(base) & 15) + lane * kBB;
-        const auto* s = reinterpret_cast<const uint32_t*>(stage[warp]);
-        __nv_bfloat16* out = dst + row * (static_cast<int64_t>(nblk) * 32) + (32 * static_cast<int64_t>(c) + lane) * 32;
-        uint32_t v[8];
-        decode_half_bf16<W>(s, off, 0, v);
-        store_u32x8(out, v);
-        decode_half_bf16<W>(s, off, 1, v);
-        store_u32x8(out + 16, v);
+    // A lane per quarter block (8 values, 16 bytes) and 8 blocks per pass, so each store instruction
+    // of the warp writes 512 contiguous bytes (a lane per block wrote 16 of every 64: partial sectors).
+    // Both lanes of a half decode it and keep their quarter: the decode is cheap next to the stores.
+    const int off0 = static_cast<int>(reinterpret_cast<uintptr_t>(base) & 15);
+    const auto* s = reinterpret_cast<const uint32_t*>(stage[warp]);
+    __nv_bfloat16* out = dst + row * (static_cast<int64_t>(nblk) * 32) + 32 * static_cast<int64_t>(c) * 32;
+    const int quarter = lane % 4;
+#pragma unroll
+    for (int pass = 0; pass < 4; ++pass) {
+        const int b = 8 * pass + lane / 4;
+        if (b < nb_c) {
+            uint32_t v[8];
+            decode_half_bf16<W>(s, off0 + b * kBB, quarter / 2, v);
+            const uint4 q = quarter % 2 == 0 ? make_uint4(v[0], v[1], v[2], v[3]) : make_uint4(v[4], v[5], v[6], v[7]);
+            *reinterpret_cast<uint4*>(out + b * 32 + quarter * 8) = q;
+        }
     }
 }
 

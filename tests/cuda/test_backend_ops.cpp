@@ -705,6 +705,24 @@ TEST_CASE("CUDA ATTENTION on the tensor cores matches the CPU: D 64 and 128, GQA
             }
         }
     }
+    // 8 KV heads of 1024 tokens: more blocks than SMs (the cases above fill the device at most once).
+    for (const int64_t D : {64, 128}) {
+        for (const int variant : {0, 3}) {
+            const bool sinks = variant % 2 == 1;
+            const int32_t window = variant >= 2 ? 128 : 0;
+            const int64_t Hkv = 8, H = 8 * Hkv, T = 1024, n_kv = 1024 + 77;
+            TensorPool pool;
+            Tensor* dst = attention_node(pool, rng, D, H, Hkv, T, n_kv, Type::F16, sinks, window, 0);
+            INFO("ATTENTION (many blocks) D " << D << " H " << H << " Hkv " << Hkv << " T " << T << " n_kv " << n_kv
+                                                << " sinks " << sinks << " window " << window);
+            DeviceMirror dev;
+            Tensor got = run_both(dst, [&](Tensor& n) { return moe::cpu::attention(n, scratch); }, dev);
+            CHECK(moe::cuda::attention_uses_tensor_cores(*dev.of(dst)));
+            const AttnTolerance tol = attention_tolerance(*dev.of(dst));
+            used = std::max(used, compare_f32(got, *dst, tol.rel, tol.abs));
+            ++n_mma;
+        }
+    }
     if (perf_mode()) {
         std::printf("tensor-core ATTENTION: %d cases, worst error at %.3f of the tolerance (rel 2e-3 + abs 1e-3)\n",
                     n_mma, used);

@@ -128,6 +128,18 @@ TEST_CASE("cuda BF16 weight decode equals the CPU's dequantisation rounded to BF
             });
         CHECK(mismatches(dev, Type::MXFP4, blocks, 4) == 0);  // 1 block per scale: rows of 4 scales
     }
+    SECTION("rows of whole 32-block chunks and a partial one, unaligned rows, random bits") {
+        for (Type type : {Type::Q8_0, Type::Q4_0, Type::MXFP4, Type::F16}) {
+            for (const int64_t per_row : {32, 64, 71}) {  // 32-value blocks
+                const auto& tr = moe::traits(type);
+                const int64_t blocks = per_row * 32 / tr.block_size;  // F16: one value per "block"
+                std::vector<uint8_t> bytes(static_cast<size_t>(blocks * 37 * tr.block_bytes));
+                for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+                INFO(moe::type_name(type) << ", " << per_row << " blocks of 32 per row");
+                CHECK(mismatches(dev, type, bytes, blocks) == 0);
+            }
+        }
+    }
     SECTION("F16 and BF16: random bits, every exponent") {
         for (Type type : {Type::F16, Type::BF16}) {
             std::vector<uint8_t> bytes(size_t{1} << 20);
