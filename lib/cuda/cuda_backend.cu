@@ -270,6 +270,7 @@ Status CudaBackend::launch_item(size_t i) {
     ctx.error_flags = error_flags_dev_;
     ctx.attn_counters = attn_counters_;
     ctx.router_counter = attn_counters_ + kAttnCounters;
+    ctx.moe_route_ready = item.route_from_prev;
     const size_t slot_stride = (plan_.slot_bytes + 255) & ~size_t{255};
     if (item.q8_in >= 0) ctx.q8_act = static_cast<uint8_t*>(slots_) + static_cast<size_t>(item.q8_in) * slot_stride;
     if (item.q8_out >= 0) ctx.q8_out = static_cast<uint8_t*>(slots_) + static_cast<size_t>(item.q8_out) * slot_stride;

@@ -76,9 +76,10 @@ public:
     StatusOr<std::unique_ptr<Buffer>> alloc_pinned_host_buffer(size_t size);
     Status compute(std::span<Tensor* const> nodes) override;
     Status synchronize() override;
-    // After an expert block's up/gate product: the fusion planner joins nothing across it (the down
-    // product quantises its own input), so a decode step can start while the host prepares the rest.
-    bool cut_after(const Tensor& node) const override { return node.op == Op::MOE_UP_GATE; }
+    // At each expert block (span_cut_after: after the up/gate GEMV when decoding, after the down product
+    // in prefills), where the fusion plan joins nothing across, so the device starts on the first layers
+    // while the host prepares the rest.
+    bool cut_after(const Tensor& node) const override { return span_cut_after(node); }
 
     // Queues a copy of n bytes from host memory to device memory of this backend on the compute stream
     // (not behind uploads on the copy stream): after every compute queued before the call, before

@@ -587,6 +587,9 @@ void plan_fusions(std::span<Tensor* const> nodes, bool enabled, FusionPlan& out)
             item.n_part = 1;
         }
         i += static_cast<size_t>(item.n_part);
+        if (enabled && item.kind == FusedKind::kNone && !out.items.empty() && out.items.back().kind == FusedKind::kNone) {
+            item.route_from_prev = expert_route_carries(*out.items.back().node, *item.node);
+        }
         out.items.push_back(item);
     }
     if (enabled) assign_slots(out);

@@ -19,6 +19,9 @@
 //   kDenseGroup consecutive MUL_MATs of one activation on the dequantise + cuBLAS path (prefill q, k,
 //               v without bias adds): one BF16 copy of the activation, then each product's
 //               dequantisation and GEMM in node order.
+// Besides fusing, the plan lets an expert block's down product on the tensor cores take the route (its
+// tokens grouped by expert) that the up/gate product launched right before it built from the same ids
+// (LaunchItem::route_from_prev): four small launches fewer per prefill layer.
 // A Q8 activation slot holds the norm's result as the GEMV kernels read it (int8 rows and a scale per
 // 32 values, exactly what their own quantisation would write): the GEMV nodes that read that tensor
 // later (q, k, v; the experts' up/gate) take it from the slot instead of quantising it again. An
@@ -63,11 +66,14 @@ struct LaunchItem {
     int q8_in = -1;   // the activation's Q8 rows are ready in this slot (GEMV nodes, kGemvGroup)
     int q8_out = -1;  // the result (kRowChain: the RMS_NORM's; an ATTENTION node's) is also written to
                       // this slot as Q8 rows
+    bool route_from_prev = false;  // a MUL_MAT_ID that takes the expert route the previous item (an
+                                   // expert product of the same ids) built (expert_route_carries)
 
     // What the launch does besides its nodes' own words (for CUDA graph signatures).
     uint64_t tag() const {
         return static_cast<uint64_t>(kind) | static_cast<uint64_t>(n_part) << 8 |
-               static_cast<uint64_t>(q8_in + 1) << 16 | static_cast<uint64_t>(q8_out + 1) << 24;
+               static_cast<uint64_t>(q8_in + 1) << 16 | static_cast<uint64_t>(q8_out + 1) << 24 |
+               static_cast<uint64_t>(route_from_prev) << 32;
     }
 };
 
@@ -90,6 +96,17 @@ bool mul_mat_takes_dequant_gemm(const Tensor& node);
 bool mul_mat_takes_row_kernel(const Tensor& node);
 // True when MUL_MAT_ID `node` passes its checks and takes the GEMV path (one job per routed pair).
 bool mul_mat_id_takes_gemv(const Tensor& node);
+// True when MOE_UP_GATE `node` passes its checks and takes the GEMV path.
+bool moe_up_gate_takes_gemv(const Tensor& node);
+// True when MUL_MAT_ID `next`, launched right after the expert product `built` (MOE_UP_GATE or
+// MUL_MAT_ID), may take the route (pairs grouped by expert) that `built` leaves in the scratch block:
+// both pass their checks and are grouped on the tensor cores with the same ids, pairs and expert
+// count, and `built` writes no byte of the ids (LaunchItem::route_from_prev).
+bool expert_route_carries(const Tensor& built, const Tensor& next);
+// Where a span of nodes may be cut into two compute() calls at no cost (CudaBackend::cut_after): after an
+// expert block's up/gate GEMV (decode), or after its down product on the tensor cores (prefill: not
+// between up/gate and down, whose route it takes). No fused launch or Q8 hand-off crosses these nodes.
+bool span_cut_after(const Tensor& node);
 // Whether the parts of a kAttnPrep item (as matched: norms, ropes, copies) may run a warp per (head,
 // token) row over several blocks, with no barrier between one row's reads and another row's writes:
 // every output (norm, rope and copy rows) is disjoint from every other tensor the launch reads or

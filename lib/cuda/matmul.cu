@@ -566,6 +566,27 @@ bool mul_mat_id_takes_gemv(const Tensor& node) {
     return a.is_ok() && a->n_tokens > 0 && a->w.n > 0 && mm::moe_takes_gemv(*a);
 }
 
+bool moe_up_gate_takes_gemv(const Tensor& node) {
+    if (node.op != Op::MOE_UP_GATE) return false;
+    const StatusOr<mm::MoeArgs> a = parse_moe_up_gate(node);
+    return a.is_ok() && a->n_tokens > 0 && a->w.n > 0 && mm::moe_takes_gemv(*a);
+}
+
+bool expert_route_carries(const Tensor& built, const Tensor& next) {
+    if (next.op != Op::MUL_MAT_ID || (built.op != Op::MOE_UP_GATE && built.op != Op::MUL_MAT_ID)) return false;
+    const StatusOr<mm::MoeArgs> b = built.op == Op::MOE_UP_GATE ? parse_moe_up_gate(built) : parse_mul_mat_id(built);
+    const StatusOr<mm::MoeArgs> n = parse_mul_mat_id(next);
+    if (!b.is_ok() || !n.is_ok() || !mm::moe_routes_match(*b, *n)) return false;
+    // The ids the route was built from are still the ids `next` reads: `built` wrote none of their bytes.
+    return !byte_range(built).overlaps(byte_range(*next.src[2]));
+}
+
+bool span_cut_after(const Tensor& node) {
+    if (node.op == Op::MOE_UP_GATE) return moe_up_gate_takes_gemv(node);
+    if (node.op == Op::MUL_MAT_ID) return !mul_mat_id_takes_gemv(node);
+    return false;
+}
+
 bool mul_mat_takes_row_kernel(const Tensor& node) {
     if (node.op != Op::MUL_MAT) return false;
     const StatusOr<DenseOp> d = parse_mul_mat(node);

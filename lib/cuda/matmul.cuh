@@ -204,6 +204,9 @@ struct MoeArgs {
 };
 
 size_t moe_scratch(const MoeArgs& a);
+// Whether `next` may take the expert route `built` left in the scratch block (the two run back to back
+// with nothing between): both grouped on the tensor cores, the same ids, pairs and expert count.
+bool moe_routes_match(const MoeArgs& built, const MoeArgs& next);
 // Whether moe_run takes the GEMV path (small batches).
 bool moe_takes_gemv(const MoeArgs& a);
 Status moe_run(const MoeArgs& a, const OpContext& ctx);

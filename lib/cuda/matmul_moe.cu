@@ -16,6 +16,10 @@
 //      results straight into [N, n_used, T], so there is no separate gather or scatter pass.
 // The grid of step 4 is sized on the host from an upper bound of the number of tiles; CTAs past the
 // real count exit at once.
+// Steps 1-3 depend only on the ids, so the down product of an expert block takes the route its up/gate
+// product left in the scratch block (OpContext::moe_route_ready, planned by expert_route_carries): the
+// route's arrays lead every layout, at the same offsets for the same ids. It then only writes NaN into
+// the columns of out-of-range ids, as step 1 would have.
 #include <algorithm>
 #include <string>
 
@@ -28,6 +32,14 @@ namespace moe::cuda::mm {
 namespace {
 
 constexpr int kScanThreads = 1024;
+// pair_expert of a pair that joins no group: a kNoExpert id (its columns stay unwritten) or an id out
+// of range (its columns become NaN).
+constexpr int32_t kPairNoExpert = -1;
+constexpr int32_t kPairBadId = -2;
+
+__device__ __forceinline__ void write_nan_column(float* dst, int64_t p, int64_t n_out) {
+    for (int64_t r = 0; r < n_out; ++r) dst[p * n_out + r] = __int_as_float(0x7FC00000);
+}
 
 __global__ void route_count_kernel(const int32_t* ids, int64_t ids_stride, int n_used, int64_t n_pairs, int n_expert,
                                    int32_t* counts, int32_t* pair_expert, float* dst, int64_t n_out,
@@ -39,10 +51,13 @@ __global__ void route_count_kernel(const int32_t* ids, int64_t ids_stride, int n
     const int64_t j = p - t * n_used;
     const int32_t e = ids[t * ids_stride + j];
     if (e < 0 || e >= n_expert) {
-        pair_expert[p] = -1;
-        if (e == kNoExpert) return;  // a pair of another part of a split expert block: not written
+        if (e == kNoExpert) {  // a pair of another part of a split expert block: not written
+            pair_expert[p] = kPairNoExpert;
+            return;
+        }
+        pair_expert[p] = kPairBadId;
         ops::flag_error(error_flags, kErrorBadIndex);
-        for (int64_t r = 0; r < n_out; ++r) dst[p * n_out + r] = __int_as_float(0x7FC00000);
+        write_nan_column(dst, p, n_out);
         return;
     }
     pair_expert[p] = e;
@@ -125,6 +140,13 @@ __global__ void route_scatter_kernel(const int32_t* pair_expert, int64_t n_pairs
     perm[seg_off[e] + atomicAdd(&cursor[e], 1)] = static_cast<int32_t>(p);
 }
 
+// A product that reuses a route: the NaN columns of its out-of-range ids (the route's builder flagged them).
+__global__ void route_bad_columns_kernel(const int32_t* pair_expert, int64_t n_pairs, float* dst, int64_t n_out) {
+    pdl_grid_sync();
+    const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (p < n_pairs && pair_expert[p] == kPairBadId) write_nan_column(dst, p, n_out);
+}
+
 bool use_gemv(const MoeArgs& a) { return moe_takes_gemv(a); }
 
 struct MoeLayout {
@@ -143,14 +165,15 @@ MoeLayout moe_layout(const MoeArgs& a, Carver& c) {
         l.acts = c.take<uint8_t>(static_cast<size_t>(x_rows) * gemv_act_row_bytes(a.w.type, a.w.k));
         return l;
     }
+    // The route first: its offsets depend only on the experts and pairs (see moe_routes_match).
     const size_t e = static_cast<size_t>(a.w.n_expert);
     const size_t pairs = static_cast<size_t>(a.n_used * a.n_tokens);
-    l.acts = c.take<uint16_t>(static_cast<size_t>(x_rows * a.w.k));
     l.counts = c.take<int32_t>(2 * e);
     l.seg_off = c.take<int32_t>(e + 1);
     l.tile_off = c.take<int32_t>(e + 1);
     l.pair_expert = c.take<int32_t>(pairs);
     l.perm = c.take<int32_t>(pairs);
+    l.acts = c.take<uint16_t>(static_cast<size_t>(x_rows * a.w.k));
     return l;
 }
 
@@ -158,6 +181,12 @@ MoeLayout moe_layout(const MoeArgs& a, Carver& c) {
 
 bool moe_takes_gemv(const MoeArgs& a) {
     return a.n_tokens <= kGemvMaxCols && a.n_used * a.n_tokens <= static_cast<int64_t>(ops::kMaxGridYZ);
+}
+
+bool moe_routes_match(const MoeArgs& built, const MoeArgs& next) {
+    return !use_gemv(built) && !use_gemv(next) && built.w.n > 0 && built.n_used * built.n_tokens > 0 &&
+           built.ids == next.ids && built.ids_stride == next.ids_stride && built.n_used == next.n_used &&
+           built.n_tokens == next.n_tokens && built.w.n_expert == next.w.n_expert;
 }
 
 size_t moe_scratch(const MoeArgs& a) {
@@ -179,6 +208,7 @@ Status moe_run(const MoeArgs& a, const OpContext& ctx) {
     const WeightArg* gate = a.fused ? &a.gate : nullptr;
     const GluParams* glu = a.fused ? &a.glu : nullptr;
 
+    if (ctx.moe_route_ready && use_gemv(a)) return internal_error("cuda expert matmul: a route handed to a GEMV");
     if (use_gemv(a)) {
         const void* acts = l.acts;
         if (ctx.q8_act != nullptr && is_quant(a.w.type) && a.b_rows == 1) {
@@ -202,14 +232,20 @@ Status moe_run(const MoeArgs& a, const OpContext& ctx) {
     const int bn = mma_route_tile_cols(static_cast<double>(n_pairs) / static_cast<double>(std::min<int64_t>(n_expert, n_pairs)));
     constexpr int kThreads = 256;
     const auto pair_blocks = static_cast<unsigned int>((n_pairs + kThreads - 1) / kThreads);
-    MOE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.counts, 0, sizeof(int32_t) * 2 * static_cast<size_t>(n_expert), ctx.stream));
-    MOE_RETURN_IF_ERROR(launch_kernel("route_count_kernel", route_count_kernel, pair_blocks, kThreads, 0, ctx.stream,
-                                      a.ids, a.ids_stride, static_cast<int>(a.n_used), n_pairs, n_expert, l.counts,
-                                      l.pair_expert, a.dst, a.w.n, ctx.error_flags));
-    MOE_RETURN_IF_ERROR(launch_kernel("route_scan_kernel", route_scan_kernel, 1, kScanThreads, 0, ctx.stream, l.counts,
-                                      n_expert, bn, l.seg_off, l.tile_off));
-    MOE_RETURN_IF_ERROR(launch_kernel("route_scatter_kernel", route_scatter_kernel, pair_blocks, kThreads, 0,
-                                      ctx.stream, l.pair_expert, n_pairs, l.seg_off, l.counts + n_expert, l.perm));
+    if (ctx.moe_route_ready) {
+        MOE_RETURN_IF_ERROR(launch_kernel("route_bad_columns_kernel", route_bad_columns_kernel, pair_blocks, kThreads, 0,
+                                          ctx.stream, l.pair_expert, n_pairs, a.dst, a.w.n));
+    } else {
+        MOE_CUDA_RETURN_IF_ERROR(
+            cudaMemsetAsync(l.counts, 0, sizeof(int32_t) * 2 * static_cast<size_t>(n_expert), ctx.stream));
+        MOE_RETURN_IF_ERROR(launch_kernel("route_count_kernel", route_count_kernel, pair_blocks, kThreads, 0, ctx.stream,
+                                          a.ids, a.ids_stride, static_cast<int>(a.n_used), n_pairs, n_expert, l.counts,
+                                          l.pair_expert, a.dst, a.w.n, ctx.error_flags));
+        MOE_RETURN_IF_ERROR(launch_kernel("route_scan_kernel", route_scan_kernel, 1, kScanThreads, 0, ctx.stream,
+                                          l.counts, n_expert, bn, l.seg_off, l.tile_off));
+        MOE_RETURN_IF_ERROR(launch_kernel("route_scatter_kernel", route_scatter_kernel, pair_blocks, kThreads, 0,
+                                          ctx.stream, l.pair_expert, n_pairs, l.seg_off, l.counts + n_expert, l.perm));
+    }
     MOE_RETURN_IF_ERROR(prepare_bf16(a.x, x_rows, a.w.k, l.acts, ctx.stream));
 
     MmaRoute route;

@@ -25,6 +25,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <utility>
 #include <memory>
 #include <random>
@@ -154,6 +155,8 @@ struct PlanCounts {
     int items = 0, nodes = 0;
     std::map<FusedKind, int> kinds;
     int q8_in = 0, q8_out = 0;
+    int route_reuse = 0;  // down products that take their up/gate product's expert route
+    int cuts = 0;
     std::string layer0;  // the item sequence of the first layer, for the failure message
 };
 
@@ -191,17 +194,25 @@ PlanCounts plan_model(const moe::HParams& hp, Type dense, Type experts, int n_to
             if (it.q8_out >= 0) c.layer0 += ">q8";
         }
     }
-    // CudaBackend::cut_after holds: an expert block's up/gate product ends its launch, and no Q8 hand-off
-    // crosses it (a span cut there fuses the same).
-    int last_up_gate = -1;
+    // CudaBackend::cut_after holds: a node where spans are cut (span_cut_after) ends its launch, no Q8
+    // hand-off crosses it and no down product takes a route across it (a span cut there plans the same).
+    int last_cut = -1;
     std::map<int, int> slot_producer;  // slot -> item index of its latest producer
     for (size_t k = 0; k < plan.items.size(); ++k) {
         const moe::cuda::LaunchItem& it = plan.items[k];
-        for (int p = 0; p + 1 < it.n_part; ++p) CHECK(it.part[static_cast<size_t>(p)]->op != Op::MOE_UP_GATE);
-        if (it.q8_in >= 0) CHECK(slot_producer.at(it.q8_in) > last_up_gate);
+        for (int p = 0; p + 1 < it.n_part; ++p) CHECK_FALSE(moe::cuda::span_cut_after(*it.part[static_cast<size_t>(p)]));
+        if (it.q8_in >= 0) CHECK(slot_producer.at(it.q8_in) > last_cut);
         if (it.q8_out >= 0) slot_producer[it.q8_out] = static_cast<int>(k);
-        if (it.part[static_cast<size_t>(it.n_part - 1)]->op == Op::MOE_UP_GATE) last_up_gate = static_cast<int>(k);
+        if (it.route_from_prev) {
+            ++c.route_reuse;
+            CHECK(it.node->op == Op::MUL_MAT_ID);
+            CHECK(last_cut < static_cast<int>(k) - 1);
+        }
+        if (moe::cuda::span_cut_after(*it.part[static_cast<size_t>(it.n_part - 1)])) last_cut = static_cast<int>(k);
     }
+    // Decode cuts after each up/gate GEMV, prefills after each down product: one cut per layer.
+    for (const moe::cuda::LaunchItem& it : plan.items) c.cuts += moe::cuda::span_cut_after(*it.part[static_cast<size_t>(it.n_part - 1)]);
+    CHECK(c.cuts == hp.n_layer);
     // Every node is launched exactly once.
     int parts = 0;
     for (const moe::cuda::LaunchItem& it : plan.items) parts += it.n_part;
@@ -239,6 +250,7 @@ TEST_CASE("CUDA fusion plans of real decode graphs fuse q/k/v, norms, routers an
         CHECK(c.nodes == 22 * kLayers + 3);
         CHECK(c.items == 9 * kLayers + 3);
         CHECK(c.kinds.count(FusedKind::kMoeBias) == 0);  // no expert biases
+        CHECK(c.route_reuse == 0);                         // GEMVs: no routes
     }
     {
         const PlanCounts c = plan_model(g20_hparams(kLayers), Type::Q8_0, Type::MXFP4, 1, 300);
@@ -269,12 +281,19 @@ TEST_CASE("CUDA fusion plans of real decode graphs fuse q/k/v, norms, routers an
         CHECK(c.kinds.at(FusedKind::kAttnPrep) == kLayers);  // a warp per (head, token) row: outputs apart
         CHECK(c.kinds.at(FusedKind::kRowChain) == 2 * kLayers + 1);
         CHECK(c.kinds.count(FusedKind::kDenseGroup) == 0);  // 40 tokens: the tensor-core kernel, no cuBLAS
+        CHECK(c.route_reuse == kLayers);  // each down product takes its up/gate's expert route
     }
     {
         // A prefill ubatch on the dequantise + cuBLAS path: q, k and v as one group per layer.
         const PlanCounts c = plan_model(q30_hparams(kLayers), Type::Q8_0, Type::Q8_0, 300, 0);
         INFO("qwen3moe prefill of 300 tokens, layer 0:" << c.layer0);
         CHECK(c.kinds.at(FusedKind::kDenseGroup) == kLayers);
+        CHECK(c.route_reuse == kLayers);
+    }
+    {
+        const PlanCounts c = plan_model(g20_hparams(kLayers), Type::Q8_0, Type::MXFP4, 300, 0);
+        INFO("gpt-oss prefill of 300 tokens, layer 0:" << c.layer0);
+        CHECK(c.route_reuse == kLayers);
     }
 }
 
@@ -577,6 +596,109 @@ TEST_CASE("CUDA prefill q/k/v products grouped on the dequantise + cuBLAS path m
         const auto items = check_fused_matches_unfused(dev, g, [&] { dev.upload(a->data, av.data(), a->n_bytes()); });
         REQUIRE(items.size() == 2);  // silu; the three products
         CHECK(items[1] == std::make_pair(FusedKind::kDenseGroup, 3));
+    }
+}
+
+TEST_CASE("CUDA prefill down products that take their up/gate product's expert route match unfused launches", "[gpu]") {
+    MOE_GPU_OR_SKIP();
+    Device dev;
+    std::mt19937_64 rng(run_seed() * 0x9E3779B97F4A7C15ull + 209);
+    const auto experts = [&](Type type, int64_t k, int64_t n, int64_t n_expert) {
+        const std::vector<float> f = random_f32(rng, static_cast<size_t>(k * n * n_expert), -1.0f, 1.0f);
+        std::vector<uint8_t> bytes(static_cast<size_t>(moe::row_bytes(type, k) * n * n_expert));
+        moe::traits(type).from_float(f.data(), bytes.data(), k * n * n_expert);
+        return dev.leaf(type, {k, n, n_expert}, bytes.data());
+    };
+    struct Case {
+        int64_t k, f, n, n_expert, n_used, tokens;
+        Type type;
+        bool bias;  // GPT-OSS: up / gate biases and SWIGLU_OAI
+    };
+    // Tensor-core sizes (from 9 tokens on), more pairs than one scan block, Qwen3's 128 experts.
+    const Case cases[] = {{256, 64, 96, 6, 3, 33, Type::Q8_0, false}, {512, 96, 130, 128, 8, 300, Type::Q4_0, false},
+                          {256, 64, 66, 32, 4, 257, Type::MXFP4, true}, {256, 64, 96, 6, 2, 700, Type::F16, false}};
+    for (const Case& c : cases) {
+        INFO("k " << c.k << " f " << c.f << " n " << c.n << " experts " << c.n_expert << " used " << c.n_used << " tokens "
+                  << c.tokens << " " << moe::type_name(c.type) << " bias " << c.bias);
+        Tensor* up = experts(c.type, c.k, c.f, c.n_expert);
+        Tensor* gate = experts(c.type, c.k, c.f, c.n_expert);
+        Tensor* down = experts(c.type, c.f, c.n, c.n_expert);
+        Tensor* bu = nullptr;
+        Tensor* bg = nullptr;
+        if (c.bias) {
+            const std::vector<float> b0 = random_f32(rng, static_cast<size_t>(c.f * c.n_expert), -1.0f, 1.0f);
+            const std::vector<float> b1 = random_f32(rng, static_cast<size_t>(c.f * c.n_expert), -1.0f, 1.0f);
+            bu = dev.leaf(Type::F32, {c.f, c.n_expert}, b0.data());
+            bg = dev.leaf(Type::F32, {c.f, c.n_expert}, b1.data());
+        }
+        moe::Graph g;
+        Tensor* a = g.input(Type::F32, {c.k, c.tokens}, "a");
+        Tensor* ids = g.input(Type::I32, {c.n_used, c.tokens}, "ids");
+        Tensor* x = g.silu(a);
+        Tensor* h = g.moe_up_gate(up, gate, x, ids, bu, bg, c.bias ? moe::Activation::SWIGLU_OAI : moe::Activation::SILU);
+        Tensor* y = g.mul_mat_id(down, h, ids);
+        g.set_output(h);
+        g.set_output(y);
+        const moe::AllocPlan plan = moe::plan_allocation(g);
+        moe::bind_allocation(g, plan, dev.alloc(plan.arena_size));
+        const std::vector<float> av = random_f32(rng, static_cast<size_t>(c.k * c.tokens), -3.0f, 3.0f);
+        std::vector<int32_t> iv(static_cast<size_t>(c.n_used * c.tokens));
+        for (int64_t t = 0; t < c.tokens; ++t) {  // distinct experts per token
+            std::vector<int32_t> all(static_cast<size_t>(c.n_expert));
+            std::iota(all.begin(), all.end(), 0);
+            std::shuffle(all.begin(), all.end(), rng);
+            std::copy_n(all.begin(), c.n_used, iv.begin() + t * c.n_used);
+        }
+        const auto upload = [&](const std::vector<int32_t>& idv) {
+            dev.upload(a->data, av.data(), a->n_bytes());
+            dev.upload(ids->data, idv.data(), ids->n_bytes());
+        };
+        const auto items = check_fused_matches_unfused(dev, g, [&] { upload(iv); });
+        REQUIRE(items.size() == 3);  // silu, up/gate, down
+        REQUIRE(dev.be().last_plan().items[2].route_from_prev);
+        CHECK_FALSE(dev.be().last_plan().items[1].route_from_prev);
+
+        // kNoExpert pairs (rows left as they were: whatever tensor last had those bytes, in both runs) and
+        // ids out of range (an error, NaN rows in both products).
+        std::vector<int32_t> odd = iv;
+        for (int64_t p = 2; p < c.n_used * c.tokens; p += 5) odd[static_cast<size_t>(p)] = moe::kNoExpert;
+        const int64_t bad0 = 1, bad1 = c.n_used * c.tokens - 1;
+        odd[static_cast<size_t>(bad0)] = static_cast<int32_t>(c.n_expert);
+        odd[static_cast<size_t>(bad1)] = -7;
+        const auto n_valid = std::count_if(odd.begin(), odd.end(), [&](int32_t e) { return e >= 0 && e < c.n_expert; });
+        std::vector<std::vector<uint8_t>> want;
+        for (const bool fused : {false, true}) {
+            dev.be().set_fusion_enabled(fused);
+            dev.poison(*h);  // before the inputs: h and y may reuse their bytes
+            dev.poison(*y);
+            upload(odd);
+            require_ok(dev.be().compute(g.nodes()));
+            CHECK(dev.be().synchronize().code() == MOE_STATUS_OUT_OF_RANGE);
+            if (!fused) {
+                want = {dev.download(*h), dev.download(*y)};
+                continue;
+            }
+            REQUIRE(dev.be().last_plan().items[2].route_from_prev);
+            CHECK(dev.download(*h) == want[0]);
+            CHECK(dev.download(*y) == want[1]);
+        }
+        std::vector<float> got(static_cast<size_t>(y->n_elements()));
+        std::memcpy(got.data(), want[1].data(), y->n_bytes());
+        int finite_rows = 0;
+        for (int64_t p = 0; p < c.n_used * c.tokens; ++p) {
+            bool all_nan = true, all_finite = true;
+            for (int64_t r = 0; r < c.n; ++r) {
+                const float v = got[static_cast<size_t>(p * c.n + r)];
+                all_nan = all_nan && std::isnan(v);
+                all_finite = all_finite && std::isfinite(v);
+            }
+            if (p == bad0 || p == bad1) {
+                CHECK(all_nan);
+            } else if (odd[static_cast<size_t>(p)] != moe::kNoExpert) {
+                finite_rows += all_finite;
+            }
+        }
+        CHECK(finite_rows == n_valid);
     }
 }
 
