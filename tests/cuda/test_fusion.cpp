@@ -25,11 +25,11 @@
 #include <functional>
 #include <limits>
 #include <map>
-#include <numeric>
-#include <utility>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/allocator.h"
