@@ -21,7 +21,7 @@
 //               dequantisation and GEMM in node order.
 // Besides fusing, the plan lets an expert block's down product on the tensor cores take the route (its
 // tokens grouped by expert) that the up/gate product launched right before it built from the same ids
-// (LaunchItem::route_from_prev): four small launches fewer per prefill layer.
+// (LaunchItem::route_from_prev): one small launch per prefill layer instead of a memset and three.
 // A Q8 activation slot holds the norm's result as the GEMV kernels read it (int8 rows and a scale per
 // 32 values, exactly what their own quantisation would write): the GEMV nodes that read that tensor
 // later (q, k, v; the experts' up/gate) take it from the slot instead of quantising it again. An

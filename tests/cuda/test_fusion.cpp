@@ -208,10 +208,12 @@ PlanCounts plan_model(const moe::HParams& hp, Type dense, Type experts, int n_to
             CHECK(it.node->op == Op::MUL_MAT_ID);
             CHECK(last_cut < static_cast<int>(k) - 1);
         }
-        if (moe::cuda::span_cut_after(*it.part[static_cast<size_t>(it.n_part - 1)])) last_cut = static_cast<int>(k);
+        if (moe::cuda::span_cut_after(*it.part[static_cast<size_t>(it.n_part - 1)])) {
+            last_cut = static_cast<int>(k);
+            ++c.cuts;
+        }
     }
     // Decode cuts after each up/gate GEMV, prefills after each down product: one cut per layer.
-    for (const moe::cuda::LaunchItem& it : plan.items) c.cuts += moe::cuda::span_cut_after(*it.part[static_cast<size_t>(it.n_part - 1)]);
     CHECK(c.cuts == hp.n_layer);
     // Every node is launched exactly once.
     int parts = 0;
@@ -463,11 +465,13 @@ TEST_CASE("CUDA fusion plans refuse what would change results", "[cuda]") {
 namespace {
 
 // A weight of `type` from random floats through the reference quantiser.
-Tensor* random_weight(Device& dev, Type type, int64_t k, int64_t n, std::mt19937_64& rng) {
-    const std::vector<float> f = random_f32(rng, static_cast<size_t>(k * n), -1.0f, 1.0f);
-    std::vector<uint8_t> bytes(static_cast<size_t>(moe::row_bytes(type, k) * n));
-    moe::traits(type).from_float(f.data(), bytes.data(), k * n);
-    return dev.leaf(type, {k, n}, bytes.data());
+// Random weights [k, n] quantised to `type`; with n_expert > 1, experts [k, n, n_expert].
+Tensor* random_weight(Device& dev, Type type, int64_t k, int64_t n, std::mt19937_64& rng, int64_t n_expert = 1) {
+    const int64_t rows = n * n_expert;
+    const std::vector<float> f = random_f32(rng, static_cast<size_t>(k * rows), -1.0f, 1.0f);
+    std::vector<uint8_t> bytes(static_cast<size_t>(moe::row_bytes(type, k) * rows));
+    moe::traits(type).from_float(f.data(), bytes.data(), k * rows);
+    return n_expert == 1 ? dev.leaf(type, {k, n}, bytes.data()) : dev.leaf(type, {k, n, n_expert}, bytes.data());
 }
 
 // Runs g with fusion off, then on (outputs poisoned in between), graphs on; every output must be
@@ -603,12 +607,6 @@ TEST_CASE("CUDA prefill down products that take their up/gate product's expert r
     MOE_GPU_OR_SKIP();
     Device dev;
     std::mt19937_64 rng(run_seed() * 0x9E3779B97F4A7C15ull + 209);
-    const auto experts = [&](Type type, int64_t k, int64_t n, int64_t n_expert) {
-        const std::vector<float> f = random_f32(rng, static_cast<size_t>(k * n * n_expert), -1.0f, 1.0f);
-        std::vector<uint8_t> bytes(static_cast<size_t>(moe::row_bytes(type, k) * n * n_expert));
-        moe::traits(type).from_float(f.data(), bytes.data(), k * n * n_expert);
-        return dev.leaf(type, {k, n, n_expert}, bytes.data());
-    };
     struct Case {
         int64_t k, f, n, n_expert, n_used, tokens;
         Type type;
@@ -620,9 +618,9 @@ TEST_CASE("CUDA prefill down products that take their up/gate product's expert r
     for (const Case& c : cases) {
         INFO("k " << c.k << " f " << c.f << " n " << c.n << " experts " << c.n_expert << " used " << c.n_used << " tokens "
                   << c.tokens << " " << moe::type_name(c.type) << " bias " << c.bias);
-        Tensor* up = experts(c.type, c.k, c.f, c.n_expert);
-        Tensor* gate = experts(c.type, c.k, c.f, c.n_expert);
-        Tensor* down = experts(c.type, c.f, c.n, c.n_expert);
+        Tensor* up = random_weight(dev, c.type, c.k, c.f, rng, c.n_expert);
+        Tensor* gate = random_weight(dev, c.type, c.k, c.f, rng, c.n_expert);
+        Tensor* down = random_weight(dev, c.type, c.f, c.n, rng, c.n_expert);
         Tensor* bu = nullptr;
         Tensor* bg = nullptr;
         if (c.bias) {
