@@ -24,9 +24,14 @@
 //     lets the next grid launch: its wait still returns after this grid has completed.
 //
 // Why this keeps stream order exact:
-//   - Nothing of a kernel runs before its wait (no global read, no global write, no early return), so a
-//     kernel only ever overlaps the previous one with threads parked at the wait. In particular no
-//     kernel writes memory that its predecessor may still read.
+//   - Nothing of a kernel runs before its wait (no global write, no early return, no global read but of
+//     model weights), so a kernel only ever overlaps the previous one with threads parked at the wait.
+//     In particular no kernel writes memory that its predecessor may still read. The one exception,
+//     reads of model weights (WeightArg::constant): no kernel writes those bytes, and uploads into them
+//     are copies, which the next kernel does not overlap (below). The dense GEMVs load their first
+//     weight bytes before the wait, so those loads overlap the (small, early-triggering) kernel before.
+//     Such a kernel loads everything else with coherent loads: ptxas moves ld.global.nc (__ldg) loads
+//     above the wait. scripts/check_pdl_sass.py checks the machine code for loads before waits.
 //   - The wait covers only the immediate predecessor, and transitively the rest: the predecessor could
 //     not complete before its own wait returned, i.e. before its predecessor completed. That is why the
 //     wait is unconditional in every thread of every kernel: a kernel that could finish without waiting

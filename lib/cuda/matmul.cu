@@ -28,6 +28,7 @@ WeightArg weight_arg(const Tensor& w) {
     a.n_expert = w.ne[2];
     a.nb1 = static_cast<int64_t>(w.nb[1]);
     a.nb2 = static_cast<int64_t>(w.nb[2]);
+    a.constant = w.is_weight;
     a.end = a.n > 0 && a.n_expert > 0
                 ? a.data + (a.n_expert - 1) * a.nb2 + (a.n - 1) * a.nb1 + static_cast<int64_t>(row_bytes(w.type, a.k))
                 : a.data;

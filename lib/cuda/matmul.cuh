@@ -55,6 +55,9 @@ struct WeightArg {
     Type type = Type::F32;
     int64_t k = 0, n = 0, n_expert = 1;
     int64_t nb1 = 0, nb2 = 0;
+    // A model weight (Tensor::is_weight): no kernel writes its bytes (uploads are copies, which end
+    // before any kernel after them starts), so a kernel may read them before its PDL wait (launch.cuh).
+    bool constant = false;
 };
 
 WeightArg weight_arg(const Tensor& w);

@@ -18,6 +18,9 @@
 //   kNoExpert (-1) leaves them unwritten.
 //   MOE_UP_GATE reads the up and gate rows in the same warp and applies bias and activation at the end;
 //   MUL_MAT_ID may add its expert's bias row at the end (MUL_MAT_ID + GET_ROWS + ADD in one launch).
+//   Routed 4-bit rows of at most 32 blocks take gemv_short_kernel: 4 rows per warp, 8 lanes per row.
+// - Dense products of model weights with grids of about one wave load their first chunk of weights
+//   before the PDL wait (EARLY), so those loads overlap the small kernel before them (launch.cuh).
 #include <cmath>
 #include <string>
 
@@ -33,6 +36,9 @@ namespace {
 
 constexpr int kGemvWarps = 4;
 constexpr int kGemvThreads = kGemvWarps * 32;
+// Dense launches of at most this many blocks load their first weight bytes before the PDL wait
+// (about one wave: an H100 holds 1,320 blocks of the early GEMV at once).
+constexpr int64_t kEarlyMaxBlocks = 2048;
 
 // One weight of a launch and where its products go (dense: up to kMaxGemvSegs of them).
 struct GemvSeg {
@@ -68,11 +74,76 @@ struct GemvParams {
     GluParams glu;
     ExpertBias ebias;    // routed, no gate: per-expert bias rows (GemvRoute::bias)
     RouterTail rt;       // gemv_rows_kernel with RK >= 0: the router's selection in the last block
+    // Dense products of model weights only (WeightArg::constant): the first weight bytes are loaded
+    // before the PDL wait, overlapping the kernel before (launch.cuh). Routed products read their
+    // expert id, which an earlier kernel wrote, before any weight byte, so they wait first.
+    bool early_weights;
 };
 
-template <Type W, int MC, bool FUSED>
+// What a routed job (pair = j + n_used * t, expert ids[t, j]) whose id e is kNoExpert or outside [0, E)
+// leaves in output o (one thread per output row): nothing (kNoExpert; with expert bias rows, the zeros GET_ROWS picks and the ADD of them), or NaN
+// and the error flag. Not inlined: a cold path, which would cost the GEMVs' hot loops registers.
+__device__ __noinline__ void write_missing_expert(int32_t e, float* dst, const ExpertBias eb, unsigned int* error_flags,
+                                                  int64_t o) {
+    if (e == kNoExpert) {  // a pair of another part of a split expert block: not written
+        if (eb.rows != nullptr) {
+            eb.picked[o] = 0.0f;        // GET_ROWS writes zeros there,
+            eb.sum[o] = dst[o] + 0.0f;  // and the ADD adds them to the unwritten product
+        }
+        return;
+    }
+    ops::flag_error(error_flags, kErrorBadIndex);
+    const float nan = __int_as_float(0x7FC00000);
+    dst[o] = nan;
+    if (eb.rows != nullptr) {
+        eb.picked[o] = nan;
+        eb.sum[o] = __int_as_float(0x7FFFFFFF);  // the canonical NaN the GPU's NaN + NaN gives
+    }
+}
+
+// A routed job's single-column result acc for row `row` of pair `pair`: the product and, with expert
+// bias rows, the picked row and the sum (MUL_MAT_ID, GET_ROWS and ADD results).
+__device__ __forceinline__ void store_routed(const GemvParams& p, const GemvSeg& seg, int64_t expert, int64_t pair,
+                                             int64_t row, float acc) {
+    const int64_t o = pair * seg.n_rows + row;
+    seg.dst[o] = acc;
+    if (p.ebias.rows != nullptr) {
+        const float b = p.ebias.rows[expert * p.ebias.stride + row];
+        p.ebias.picked[o] = b;
+        p.ebias.sum[o] = acc + b;  // the ADD node's one rounding
+    }
+}
+
+// An activation load. After an early start (EARLY: weight loads before the PDL wait) it is a coherent
+// load (ld.global.ca): ptxas treats ld.global.nc data as fixed for the kernel's lifetime and moved such
+// loads above the wait (SASS of the router's row kernel), where they read the rows the previous kernel
+// was still writing (the PDL on / off logits differed). Kernels that wait first keep the read-only path.
+template <bool EARLY, typename T>
+__device__ __forceinline__ T load_act(const T* p) {
+    if constexpr (EARLY) {
+        return __ldca(p);
+    } else {
+        return __ldg(p);
+    }
+}
+
+// This block's segment of a launch, selected with constant indices (no dynamically indexed parameters).
+__device__ __forceinline__ GemvSeg block_segment(const GemvParams& p) {
+    GemvSeg seg = p.seg[0];
+#pragma unroll
+    for (int i = 1; i < kMaxGemvSegs; ++i) {
+        if (i < p.n_seg && static_cast<int64_t>(blockIdx.x) >= p.seg[i].blk0) seg = p.seg[i];
+    }
+    return seg;
+}
+
+// EARLY (dense products of model weights, GemvParams::early_weights): the first chunk's weight loads are
+// issued before the PDL wait. A template parameter: a run-time choice of where to wait costs the
+// kernel 8-10 registers.
+template <Type W, int MC, bool FUSED, bool EARLY>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) {
-    pdl_grid_sync();
+    if constexpr (!EARLY) pdl_grid_sync();
+    static_assert(!(EARLY && FUSED), "routed products read their expert id first");
     constexpr int kBB = block_bytes(W);
     constexpr int kChunk = 32 * kBB;               // one block per lane
     constexpr int kVecs = (kChunk + 30) / 16;      // 16-byte vectors covering a chunk at any alignment
@@ -84,41 +155,23 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 
     const int warp = static_cast<int>(threadIdx.x) >> 5;
     const int lane = static_cast<int>(threadIdx.x) & 31;
-    // This block's segment, selected with constant indices (no dynamically indexed parameters).
-    GemvSeg seg = p.seg[0];
-#pragma unroll
-    for (int i = 1; i < kMaxGemvSegs; ++i) {
-        if (i < p.n_seg && static_cast<int64_t>(blockIdx.x) >= p.seg[i].blk0) seg = p.seg[i];
-    }
+    const GemvSeg seg = block_segment(p);
     const int64_t row = (static_cast<int64_t>(blockIdx.x) - seg.blk0) * kGemvWarps + warp;
-    if (row >= seg.n_rows) return;  // no block-wide barrier below
+    if (row >= seg.n_rows) {  // no block-wide barrier below
+        if constexpr (EARLY) pdl_grid_sync();
+        return;
+    }
     const int64_t dst_stride = seg.n_rows;  // floats between output columns
 
     int64_t expert = 0, act_row = 0, out_col = 0;
     int n_cols = p.n_cols;
-    if (p.ids != nullptr) {
+    if (!EARLY && p.ids != nullptr) {  // EARLY launches are dense
         const int64_t pair = blockIdx.y;
         const int64_t t = pair / p.n_used;
         const int64_t j = pair - t * p.n_used;
         const int32_t e = p.ids[t * p.ids_stride + j];
-        const int64_t o = pair * dst_stride + row;
-        if (e == kNoExpert) {  // a pair of another part of a split expert block: not written
-            if (p.ebias.rows != nullptr && lane == 0) {
-                p.ebias.picked[o] = 0.0f;            // GET_ROWS writes zeros there,
-                p.ebias.sum[o] = seg.dst[o] + 0.0f;  // and the ADD adds them to the unwritten product
-            }
-            return;
-        }
         if (e < 0 || e >= p.n_expert) {
-            if (lane == 0) {
-                ops::flag_error(p.error_flags, kErrorBadIndex);
-                const float nan = __int_as_float(0x7FC00000);
-                seg.dst[o] = nan;
-                if (p.ebias.rows != nullptr) {
-                    p.ebias.picked[o] = nan;
-                    p.ebias.sum[o] = __int_as_float(0x7FFFFFFF);  // the canonical NaN the GPU's NaN + NaN gives
-                }
-            }
+            if (lane == 0) write_missing_expert(e, seg.dst, p.ebias, p.error_flags, pair * dst_stride + row);
             return;
         }
         expert = e;
@@ -159,6 +212,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
     };
 
     load_chunk(0);
+    if constexpr (EARLY) pdl_grid_sync();  // activations and outputs only after it
     for (int c = 0; c < nchunks; ++c) {
         // kEarly: this lane's activation block of the chunk is requested before the chunk's weights are
         // waited for, so its L2 round trip overlaps theirs (MOE_UP_GATE on an H100: 18.1 -> 15.9 us per
@@ -202,9 +256,9 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
                             if (mc < n_cols) {
                                 const uint8_t* xr = p.acts + (act_row + mc) * p.act_stride;
                                 const int4* xq = reinterpret_cast<const int4*>(xr + 32 * static_cast<int64_t>(b));
-                                const int4 x0 = __ldg(xq);
-                                const int4 x1 = __ldg(xq + 1);
-                                const float xd = __ldg(reinterpret_cast<const float*>(xr + p.k) + b);
+                                const int4 x0 = load_act<EARLY>(xq);
+                                const int4 x1 = load_act<EARLY>(xq + 1);
+                                const float xd = load_act<EARLY>(reinterpret_cast<const float*>(xr + p.k) + b);
                                 acc[m][mc] += qb.scale * xd * static_cast<float>(qblock_dot(qb, x0, x1));
                             }
                         }
@@ -221,7 +275,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
                             float sum = 0.0f;
 #pragma unroll
                             for (int i = 0; i < 4; ++i) {
-                                const float4 x = __ldg(xr + i);
+                                const float4 x = load_act<EARLY>(xr + i);
                                 sum = fmaf(v0[4 * i], x.x, sum);
                                 sum = fmaf(v0[4 * i + 1], x.y, sum);
                                 sum = fmaf(v0[4 * i + 2], x.z, sum);
@@ -229,7 +283,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
                             }
 #pragma unroll
                             for (int i = 0; i < 4; ++i) {
-                                const float4 x = __ldg(xr + 4 + i);
+                                const float4 x = load_act<EARLY>(xr + 4 + i);
                                 sum = fmaf(v1[4 * i], x.x, sum);
                                 sum = fmaf(v1[4 * i + 1], x.y, sum);
                                 sum = fmaf(v1[4 * i + 2], x.z, sum);
@@ -255,12 +309,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         if (p.glu.bias_up != nullptr) u += p.glu.bias_up[expert * p.glu.bias_stride + row];
         if (p.glu.bias_gate != nullptr) g += p.glu.bias_gate[expert * p.glu.bias_stride + row];
         seg.dst[out_col * dst_stride + row] = glu_apply(p.glu, g, u);
-    } else if (p.ebias.rows != nullptr) {  // routed (one column): MUL_MAT_ID, GET_ROWS and ADD results
-        const int64_t o = out_col * dst_stride + row;
-        const float b = p.ebias.rows[expert * p.ebias.stride + row];
-        seg.dst[o] = acc[0][0];
-        p.ebias.picked[o] = b;
-        p.ebias.sum[o] = acc[0][0] + b;  // the ADD node's one rounding
+    } else if (p.ebias.rows != nullptr) {  // routed (one column)
+        store_routed(p, seg, expert, out_col, row, acc[0][0]);
     } else {
         const float b = seg.bias != nullptr ? seg.bias[row] : 0.0f;
 #pragma unroll
@@ -274,10 +324,81 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
     }
 }
 
+// Routed products of short 4-bit rows (at most kShortMaxBlocks blocks: the expert down product of
+// K = 768): a warp computes kShortRows rows, kShortLanes lanes per row, each lane kBpl consecutive blocks.
+// A warp's path is three dependent memory round trips (its expert id, its weights, its activations);
+// with a warp per row it moves one short row (and 8 of 32 lanes idle at 24 blocks), here four.
+// Sums per lane in block order, then over the row's lanes (xor 4, 2, 1).
+constexpr int kShortLanes = 8;
+constexpr int kShortRows = 32 / kShortLanes;
+constexpr int kShortMaxBlocks = 4 * kShortLanes;
+
+template <Type W, int kBpl>
+__global__ void __launch_bounds__(kGemvThreads) gemv_short_kernel(const GemvParams p) {
+    pdl_grid_sync();
+    static_assert(is_quant(W), "quantised weights times Q8 activations");
+    constexpr int kBB = block_bytes(W);
+    constexpr int kVecs = (kShortLanes * kBpl * kBB + 30) / 16;    // 16-byte vectors covering a row at any alignment
+    constexpr int kVpl = (kVecs + kShortLanes - 1) / kShortLanes;  // per lane
+    constexpr int kSlots = kVpl * kShortLanes + 1;                 // + a spare for extract_words
+    __shared__ uint4 stage[kGemvWarps][kShortRows][kSlots];
+
+    const int warp = static_cast<int>(threadIdx.x) >> 5;
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const int g = lane / kShortLanes;  // this lane's row of the warp
+    const int l = lane % kShortLanes;  // and its place in the row
+    const GemvSeg& seg = p.seg[0];
+    const int64_t row = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kShortRows + g;
+    const bool has_row = row < seg.n_rows;  // lanes without one still take part in the shuffles
+    const int64_t pair = blockIdx.y;
+    const int64_t t = pair / p.n_used;
+    const int32_t e = p.ids[t * p.ids_stride + (pair - t * p.n_used)];
+    if (e < 0 || e >= p.n_expert) {  // the same for every thread of the block
+        if (has_row && l == 0) write_missing_expert(e, seg.dst, p.ebias, p.error_flags, pair * seg.n_rows + row);
+        return;
+    }
+    const int64_t expert = e;
+    const int64_t act_row = p.b_rows == 1 ? t : pair;
+
+    const uint8_t* wrow = seg.w + expert * p.nb2 + (has_row ? row : 0) * seg.nb1;
+    const uint8_t* end = wrow + static_cast<int64_t>(p.nblk) * kBB;
+    const uint8_t* a0 = align_down<16>(wrow);
+    uint4 buf[kVpl];
+#pragma unroll
+    for (int v = 0; v < kVpl; ++v) {
+        const uint8_t* q = a0 + 16 * (l + kShortLanes * v);
+        buf[v] = has_row && q < end ? load16_guarded(q, seg.lo, seg.hi) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int v = 0; v < kVpl; ++v) stage[warp][g][l + kShortLanes * v] = buf[v];
+    __syncwarp();
+
+    const uint8_t* xr = p.acts + act_row * p.act_stride;
+    const auto* sw = reinterpret_cast<const uint32_t*>(stage[warp][g]);
+    const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(wrow) & 15);
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kBpl; ++i) {
+        const int b = l * kBpl + i;
+        if (b < p.nblk) {
+            const QBlock qb = load_qblock<W>(sw, mis + b * kBB);
+            const int4* xq = reinterpret_cast<const int4*>(xr + 32 * static_cast<int64_t>(b));
+            const int4 x0 = __ldg(xq);
+            const int4 x1 = __ldg(xq + 1);
+            const float xd = __ldg(reinterpret_cast<const float*>(xr + p.k) + b);
+            acc += qb.scale * xd * static_cast<float>(qblock_dot(qb, x0, x1));
+        }
+    }
+#pragma unroll
+    for (int o = kShortLanes / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (has_row && l == 0) store_routed(p, seg, expert, pair, row, acc);
+}
+
 // Float weights with few rows (the router: 128 x 2048 F32): one block per row, each thread a slice
 // of 4 consecutive values per step, so that the row's bytes are all in flight at once (a warp per row
 // would leave most SMs idle), then a block sum. Segments as in gemv_kernel, blk0 counting rows.
 constexpr int kRowThreads = 256;
+constexpr int kRowSteps = 4;
 
 template <Type W>
 __device__ __forceinline__ void load_w4(const uint8_t* row, int64_t e, float (&w)[4]) {
@@ -306,9 +427,9 @@ __device__ __forceinline__ void load_w4(const uint8_t* row, int64_t e, float (&w
 // RK >= 0 (one activation row): the block that finishes last (a fence and a counter) also runs the
 // router's selection on the logits the grid wrote (router_select.cuh, kKeys = RK), one launch instead of
 // two per MoE layer.
-template <Type W, int MC, int RK = -1>
+template <Type W, int MC, int RK, bool EARLY>
 __global__ void __launch_bounds__(kRowThreads) gemv_rows_kernel(const GemvParams p) {
-    pdl_grid_sync();
+    if constexpr (!EARLY) pdl_grid_sync();
     __shared__ float part[kRowThreads / 32][MC];
     GemvSeg seg = p.seg[0];
 #pragma unroll
@@ -320,17 +441,35 @@ __global__ void __launch_bounds__(kRowThreads) gemv_rows_kernel(const GemvParams
     float acc[MC];
 #pragma unroll
     for (int mc = 0; mc < MC; ++mc) acc[mc] = 0.0f;
-#pragma unroll 4
-    for (int64_t e = 4 * static_cast<int64_t>(threadIdx.x); e < p.k; e += 4 * kRowThreads) {
-        float w[4];
-        load_w4<W>(wr, e, w);
+    const auto step = [&](int64_t e, const float (&w)[4]) {
 #pragma unroll
         for (int mc = 0; mc < MC; ++mc) {
             if (mc < p.n_cols) {
-                const float4 x = __ldg(reinterpret_cast<const float4*>(p.acts + mc * p.act_stride) + e / 4);
+                const float4 x = load_act<EARLY>(reinterpret_cast<const float4*>(p.acts + mc * p.act_stride) + e / 4);
                 acc[mc] += w[0] * x.x + w[1] * x.y + w[2] * x.z + w[3] * x.w;
             }
         }
+    };
+    // The first kRowSteps steps' weights (a whole row of up to 4 * kRowThreads * kRowSteps values) are
+    // all requested at once, before the PDL wait with EARLY.
+    const int64_t e0 = 4 * static_cast<int64_t>(threadIdx.x);
+    float wp[kRowSteps][4];
+#pragma unroll
+    for (int i = 0; i < kRowSteps; ++i) {
+        const int64_t e = e0 + i * 4 * kRowThreads;
+        if (e < p.k) load_w4<W>(wr, e, wp[i]);
+    }
+    if constexpr (EARLY) pdl_grid_sync();
+#pragma unroll
+    for (int i = 0; i < kRowSteps; ++i) {
+        const int64_t e = e0 + i * 4 * kRowThreads;
+        if (e < p.k) step(e, wp[i]);
+    }
+#pragma unroll 4
+    for (int64_t e = e0 + kRowSteps * 4 * kRowThreads; e < p.k; e += 4 * kRowThreads) {
+        float w[4];
+        load_w4<W>(wr, e, w);
+        step(e, w);
     }
     const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
 #pragma unroll
@@ -398,7 +537,52 @@ template <Type W, int MC, bool FUSED>
 Status launch_gemv(const GemvParams& p, int64_t blocks, int64_t n_jobs, cudaStream_t stream) {
     static_assert(!FUSED || MC == 1, "MOE_UP_GATE reads one activation row per routed pair");
     const dim3 grid(static_cast<unsigned int>(blocks), static_cast<unsigned int>(n_jobs));
-    return launch_kernel("gemv_kernel", gemv_kernel<W, MC, FUSED>, grid, kGemvThreads, 0, stream, p);
+    if constexpr (!FUSED) {
+        if (p.early_weights) return launch_kernel("gemv_kernel", gemv_kernel<W, MC, false, true>, grid, kGemvThreads, 0, stream, p);
+    }
+    return launch_kernel("gemv_kernel", gemv_kernel<W, MC, FUSED, false>, grid, kGemvThreads, 0, stream, p);
+}
+
+// gemv_rows_kernel over `grid` rows of p, with the router's selection where p.rt.counter is set.
+template <Type W, bool EARLY>
+Status launch_rows(const GemvParams& p, unsigned int grid, cudaStream_t stream) {
+    auto kernel = gemv_rows_kernel<W, 8, -1, EARLY>;
+    if (p.rt.counter != nullptr) {
+        kernel = p.rt.x.ne[0] <= 32 * kRouterKeys ? gemv_rows_kernel<W, 1, kRouterKeys, EARLY>
+                                                  : gemv_rows_kernel<W, 1, 0, EARLY>;
+    } else if (p.n_cols == 1) {
+        kernel = gemv_rows_kernel<W, 1, -1, EARLY>;
+    } else if (p.n_cols == 2) {
+        kernel = gemv_rows_kernel<W, 2, -1, EARLY>;
+    } else if (p.n_cols <= 4) {
+        kernel = gemv_rows_kernel<W, 4, -1, EARLY>;
+    }
+    return launch_kernel("gemv_rows_kernel", kernel, grid, kRowThreads, 0, stream, p);
+}
+
+// gemv_short_kernel over the routed pairs of p (one 4-bit weight w of at most kShortMaxBlocks blocks per
+// row).
+Status launch_gemv_short(Type w, const GemvParams& p, int64_t n_jobs, cudaStream_t stream) {
+    const int64_t rows_per_block = kGemvWarps * kShortRows;
+    const dim3 grid(static_cast<unsigned int>((p.seg[0].n_rows + rows_per_block - 1) / rows_per_block),
+                    static_cast<unsigned int>(n_jobs));
+    const int bpl = (p.nblk + kShortLanes - 1) / kShortLanes;
+    return with_weight_type(w, [&](auto wt) -> Status {
+        constexpr Type W = decltype(wt)::value;
+        if constexpr (W != Type::Q4_0 && W != Type::MXFP4) {
+            return internal_error("cuda gemv: short rows take 4-bit weights");
+        } else {
+            auto kernel = gemv_short_kernel<W, 4>;
+            if (bpl == 1) {
+                kernel = gemv_short_kernel<W, 1>;
+            } else if (bpl == 2) {
+                kernel = gemv_short_kernel<W, 2>;
+            } else if (bpl == 3) {
+                kernel = gemv_short_kernel<W, 3>;
+            }
+            return launch_kernel("gemv_short_kernel", kernel, grid, kGemvThreads, 0, stream, p);
+        }
+    });
 }
 
 }  // namespace
@@ -456,6 +640,11 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
         blocks += (o.w->n + kGemvWarps - 1) / kGemvWarps;
     }
     if (blocks == 0) return Status::ok();
+    // Early weight loads only where the grid is resident at once: later blocks start when earlier ones
+    // exit, so theirs would overlap nothing, and the early kernels' 8 more registers cost the output
+    // product (38k blocks) 2% (ncu, H100).
+    p.early_weights = route == nullptr && gate == nullptr && blocks <= kEarlyMaxBlocks;
+    for (const GemvOut& o : outs) p.early_weights = p.early_weights && o.w->constant;
     p.gate = gate != nullptr ? gate->data : w.data;
     p.gate_lo = gate != nullptr ? gate->data : w.data;
     p.gate_hi = gate != nullptr ? gate->end : w.end;
@@ -514,19 +703,8 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
                     if (router != nullptr && p.n_cols == 1 && router->counter != nullptr) {
                         p.rt = *router;
                         if (routed != nullptr) *routed = true;
-                        const auto kernel = router->x.ne[0] <= 32 * kRouterKeys ? gemv_rows_kernel<W, 1, kRouterKeys>
-                                                                                 : gemv_rows_kernel<W, 1, 0>;
-                        return launch_kernel("gemv_rows_kernel", kernel, grid, kRowThreads, 0, stream, p);
                     }
-                    auto kernel = gemv_rows_kernel<W, 8>;
-                    if (p.n_cols == 1) {
-                        kernel = gemv_rows_kernel<W, 1>;
-                    } else if (p.n_cols == 2) {
-                        kernel = gemv_rows_kernel<W, 2>;
-                    } else if (p.n_cols <= 4) {
-                        kernel = gemv_rows_kernel<W, 4>;
-                    }
-                    return launch_kernel("gemv_rows_kernel", kernel, grid, kRowThreads, 0, stream, p);
+                    return p.early_weights ? launch_rows<W, true>(p, grid, stream) : launch_rows<W, false>(p, grid, stream);
                 }
             });
         }
@@ -535,6 +713,12 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
             p.seg[i].blk0 = blk;
             blk += (p.seg[i].n_rows + kGemvWarps - 1) / kGemvWarps;
         }
+    }
+    // 4-bit weights only: with Q8_0's 34-byte blocks the short kernel stages 7 vectors per lane (50
+    // registers) and its down product of K = 768 ran slower than the warp-per-row kernel (11.1 vs 10.2 us
+    // per Qwen3 layer; Q4_0: 8.4 vs 9.3, H100 ncu).
+    if (route != nullptr && !fused && (w.type == Type::Q4_0 || w.type == Type::MXFP4) && p.nblk <= kShortMaxBlocks) {
+        return launch_gemv_short(w.type, p, n_jobs, stream);
     }
     return with_weight_type(w.type, [&](auto wt) -> Status {
         constexpr Type W = decltype(wt)::value;

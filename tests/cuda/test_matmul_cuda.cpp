@@ -33,6 +33,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -528,6 +529,16 @@ TEST_CASE("cuda MUL_MAT_ID matches the CPU backend, B = 1 and B = n_used, idle e
                 check_mul_mat_id(type, sk, t, false);
             }
         }
+        // Short quantised rows (4 rows per warp, 8 lanes per row): 24 blocks (3 per lane, the Qwen3 down
+        // product's K = 768), 25 (4 per lane but the last lanes: 1 and none) and 32; row counts that
+        // leave part of a block's last warp without a row.
+        for (const MoeShape& sk : {MoeShape{5, 37, 768, 2, {0, 1, 2, 4}}, MoeShape{3, 50, 800, 3, {0, 1, 2}},
+                                   MoeShape{4, 21, 1024, 2, {0, 2, 3}}}) {
+            for (int64_t t : {int64_t{1}, int64_t{6}}) {
+                check_mul_mat_id(type, sk, t, true);
+                check_mul_mat_id(type, sk, t, false);
+            }
+        }
     }
 }
 
@@ -584,9 +595,11 @@ TEST_CASE("cuda MUL_MAT_ID: out-of-range ids give NaN columns and raise kErrorBa
         return;
     }
     const int64_t n = 45, n_expert = 4, n_used = 2;
-    // K = 2080: GEMV rows of 3 chunks of 32 blocks.
-    for (const auto& [k, n_tokens] : {std::pair<int64_t, int64_t>{256, 1}, {256, 33}, {2080, 1}, {2080, 3}}) {
-        const HostTensor w = random_weights(Type::Q8_0, k, n, n_expert);
+    // K = 2080: GEMV rows of 3 chunks of 32 blocks; Q4_0 at K = 256: the short-row GEMV (4 rows per warp).
+    for (const auto& [type, k, n_tokens] :
+         {std::tuple<Type, int64_t, int64_t>{Type::Q8_0, 256, 1}, {Type::Q8_0, 256, 33}, {Type::Q8_0, 2080, 1},
+          {Type::Q8_0, 2080, 3}, {Type::Q4_0, 256, 1}, {Type::Q4_0, 256, 3}}) {
+        const HostTensor w = random_weights(type, k, n, n_expert);
         const HostTensor x = random_acts({k, 1, n_tokens});
         HostTensor ids = random_ids(n_used, n_tokens, {0, 1, 2, 3});
         const Outputs good = run_both(Op::MUL_MAT_ID, {&w, &x, &ids}, {n, n_used, n_tokens}, moe::OpParams{});
@@ -608,7 +621,7 @@ TEST_CASE("cuda MUL_MAT_ID: out-of-range ids give NaN columns and raise kErrorBa
                 }
             }
         }
-        INFO("K = " << k << ", T = " << n_tokens);
+        INFO(moe::type_name(type) << " K = " << k << ", T = " << n_tokens);
         CHECK(wrong == 0);
     }
 }

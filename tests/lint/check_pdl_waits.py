@@ -5,7 +5,10 @@ pdl_grid_sync(), makes it wait. A kernel that reads, writes or returns before th
 predecessor (and breaks the ordering of the kernels after it) only for the length of a memory flush,
 which tests rarely catch. So this check reads the sources:
   - every __global__ function's body starts with `pdl_grid_sync();` (or `pdl_grid_sync_small();`, the
-    same wait followed by the small grids' early trigger);
+    same wait followed by the small grids' early trigger), or, in the GEMVs that load model weights
+    before their wait (launch.cuh), with `if constexpr (!EARLY) pdl_grid_sync();` followed later by
+    `if constexpr (EARLY) pdl_grid_sync();` (what comes before that second wait is checked in the
+    machine code: scripts/check_pdl_sass.py on the GPU machine);
   - no kernel is launched with <<<...>>> (launches go through launch_kernel(), which sets the attribute).
 Usage: check_pdl_waits.py LIB_CUDA_DIR [FILE...]; exit 1 with one line per offence.
 """
@@ -15,6 +18,11 @@ import sys
 
 # Comments and string literals out, so that a kernel named in a comment is not taken for one.
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/|\"(?:\\.|[^\"\\])*\"", re.S)
+
+
+# The early-weights form (GEMVs that load model weights before their wait).
+_EARLY_FIRST = "if constexpr (!EARLY) pdl_grid_sync();"
+_EARLY_LATER = "if constexpr (EARLY) pdl_grid_sync();"
 
 
 def strip_comments(text: str) -> str:
@@ -57,8 +65,12 @@ def offences(path: pathlib.Path) -> list[str]:
         if brace < 0 or (0 <= semi < brace):
             continue  # a declaration
         body = rest[brace + 1:].lstrip()
-        if not (body.startswith("pdl_grid_sync();") or body.startswith("pdl_grid_sync_small();")):
-            line = code.count("\n", 0, m.start()) + 1
+        line = code.count("\n", 0, m.start()) + 1
+        if body.startswith(_EARLY_FIRST):
+            if _EARLY_LATER not in body[len(_EARLY_FIRST):]:
+                found.append(f"{path}:{line}: kernel {name} starts with the early-weights form but has no "
+                             f"`{_EARLY_LATER}`")
+        elif not (body.startswith("pdl_grid_sync();") or body.startswith("pdl_grid_sync_small();")):
             found.append(f"{path}:{line}: kernel {name} does not start with pdl_grid_sync();")
     return found
 
