@@ -24,8 +24,9 @@ def kernels(text):
 
 
 def is_early(name):
-    # gemv_kernel<W, MC, FUSED, EARLY> and gemv_rows_kernel<W, MC, RK, EARLY>: EARLY is the last argument.
-    return re.search(r"gemv_(rows_)?kernelIL.*Lb1EEEv", name) is not None
+    # gemv_kernel<W, MC, FUSED, EARLY, RPW> and gemv_rows_kernel<W, MC, RK, EARLY> (mangled) with EARLY = true.
+    return (re.search(r"gemv_kernelIL.*ELb[01]ELb1ELi\d+EEEv", name) is not None or
+            re.search(r"gemv_rows_kernelIL.*ELb1EEEv", name) is not None)
 
 
 def main():

@@ -106,6 +106,7 @@ struct GemvRoute {
     int64_t n_pairs = 0;
     unsigned int* error_flags = nullptr;  // kErrorBadIndex for an id outside [0, E); its column is NaN
     ExpertBias bias;  // optional, one weight without gate
+    int n_sm = 0;     // multiprocessors of the device (grid sizing; 0: unknown)
 };
 
 // dst[c * w.n + r] = dot(row r of w, prepared activation row c) for c < n_cols (route == nullptr,

@@ -16,7 +16,8 @@
 // - Expert ops run one job per (token, slot) pair (grid.y): the job reads its expert id on the device;
 //   an id outside [0, E) raises kErrorBadIndex and makes that pair's outputs NaN, without reading;
 //   kNoExpert (-1) leaves them unwritten.
-//   MOE_UP_GATE reads the up and gate rows in the same warp and applies bias and activation at the end;
+//   MOE_UP_GATE reads the up and gate rows in the same warp and applies bias and activation at the end
+//   (with quantised weights, two rows per warp where that brings a grid of more than a wave into one);
 //   MUL_MAT_ID may add its expert's bias row at the end (MUL_MAT_ID + GET_ROWS + ADD in one launch).
 //   Routed 4-bit rows of at most 32 blocks take gemv_short_kernel: 4 rows per warp, 8 lanes per row.
 // - Dense products of model weights with grids of about one wave load their first chunk of weights
@@ -140,10 +141,17 @@ __device__ __forceinline__ GemvSeg block_segment(const GemvParams& p) {
 // EARLY (dense products of model weights, GemvParams::early_weights): the first chunk's weight loads are
 // issued before the PDL wait. A template parameter: a run-time choice of where to wait costs the
 // kernel 8-10 registers.
-template <Type W, int MC, bool FUSED, bool EARLY>
+// RPW = 2 (MOE_UP_GATE with quantised weights): a warp computes 2 consecutive rows of its pair, one
+// after the other, the second row's first chunk in flight while the last chunk of the first is computed:
+// the 1,536 blocks of a Qwen3 decode layer's up/gate product took 1.45 waves at 8 blocks per SM; two rows
+// per warp run one wave of longer-lived warps (H100 ncu: 16.0 -> 15.0 us per Q8_0 layer, 11.8 -> 11.3
+// Q4_0). Each row's sum is computed as with one row per warp: the same bits.
+template <Type W, int MC, bool FUSED, bool EARLY, int RPW>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) {
     if constexpr (!EARLY) pdl_grid_sync();
     static_assert(!(EARLY && FUSED), "routed products read their expert id first");
+    static_assert(RPW == 1 || (FUSED && MC == 1 && is_quant(W)), "several rows per warp: quantised MOE_UP_GATE");
+    static_assert(RPW == 1 || RPW == 2, "rows per warp: 1 or 2");
     constexpr int kBB = block_bytes(W);
     constexpr int kChunk = 32 * kBB;               // one block per lane
     constexpr int kVecs = (kChunk + 30) / 16;      // 16-byte vectors covering a chunk at any alignment
@@ -156,11 +164,12 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
     const int warp = static_cast<int>(threadIdx.x) >> 5;
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const GemvSeg seg = block_segment(p);
-    const int64_t row = (static_cast<int64_t>(blockIdx.x) - seg.blk0) * kGemvWarps + warp;
-    if (row >= seg.n_rows) {  // no block-wide barrier below
+    const int64_t row0 = ((static_cast<int64_t>(blockIdx.x) - seg.blk0) * kGemvWarps + warp) * RPW;
+    if (row0 >= seg.n_rows) {  // no block-wide barrier below
         if constexpr (EARLY) pdl_grid_sync();
         return;
     }
+    const int n_rows = RPW == 1 ? 1 : static_cast<int>(min(static_cast<int64_t>(RPW), seg.n_rows - row0));
     const int64_t dst_stride = seg.n_rows;  // floats between output columns
 
     int64_t expert = 0, act_row = 0, out_col = 0;
@@ -171,7 +180,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         const int64_t j = pair - t * p.n_used;
         const int32_t e = p.ids[t * p.ids_stride + j];
         if (e < 0 || e >= p.n_expert) {
-            if (lane == 0) write_missing_expert(e, seg.dst, p.ebias, p.error_flags, pair * dst_stride + row);
+            if (lane < n_rows) write_missing_expert(e, seg.dst, p.ebias, p.error_flags, pair * dst_stride + row0 + lane);
             return;
         }
         expert = e;
@@ -183,9 +192,9 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
     const uint8_t* wbase[2] = {seg.w, p.gate};
     const uint8_t* wlo[2] = {seg.lo, p.gate_lo};
     const uint8_t* whi[2] = {seg.hi, p.gate_hi};
-    const uint8_t* wrow[kNM];
+    const uint8_t* wrow0[kNM];  // the warp's first row
 #pragma unroll
-    for (int m = 0; m < kNM; ++m) wrow[m] = wbase[m] + expert * p.nb2 + row * seg.nb1;
+    for (int m = 0; m < kNM; ++m) wrow0[m] = wbase[m] + expert * p.nb2 + row0 * seg.nb1;
 
     float acc[kNM][MC];
 #pragma unroll
@@ -196,11 +205,15 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 
     const int nchunks = (p.nblk + 31) / 32;
     uint4 buf[kNM][kVpl];
-    auto load_chunk = [&](int c) {
+    // Chunk c of the warp's row r (r = 0 with RPW = 1).
+    auto chunk_at = [&](int m, int r, int c) {
+        return wrow0[m] + (RPW == 1 ? 0 : r * seg.nb1) + static_cast<int64_t>(c) * kChunk;
+    };
+    auto load_chunk = [&](int r, int c) {
         const int nb_c = min(32, p.nblk - 32 * c);
 #pragma unroll
         for (int m = 0; m < kNM; ++m) {
-            const uint8_t* base = wrow[m] + static_cast<int64_t>(c) * kChunk;
+            const uint8_t* base = chunk_at(m, r, c);
             const uint8_t* end = base + nb_c * kBB;
             const uint8_t* a0 = align_down<16>(base);
 #pragma unroll
@@ -211,9 +224,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         }
     };
 
-    load_chunk(0);
-    if constexpr (EARLY) pdl_grid_sync();  // activations and outputs only after it
-    for (int c = 0; c < nchunks; ++c) {
+    // Chunk c of row r into acc: staged from buf, the next chunk requested into buf, then computed.
+    auto chunk_step = [&](int r, int c) {
         // kEarly: this lane's activation block of the chunk is requested before the chunk's weights are
         // waited for, so its L2 round trip overlaps theirs (MOE_UP_GATE on an H100: 18.1 -> 15.9 us per
         // Q30 decode layer; the one-weight GEMVs gained nothing and lost an occupancy step).
@@ -236,16 +248,19 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
             for (int v = 0; v < kVpl; ++v) stage[warp][m][lane + 32 * v] = buf[m][v];
         }
         __syncwarp();
-        if (c + 1 < nchunks) load_chunk(c + 1);  // in flight while this chunk is computed
+        // The next chunk (of this row, or the next row's first) is in flight while this one is computed.
+        if (c + 1 < nchunks) {
+            load_chunk(r, c + 1);
+        } else if (RPW > 1 && r + 1 < n_rows) {
+            load_chunk(r + 1, 0);
+        }
 
         const int b = 32 * c + lane;
         if (b < p.nblk) {
 #pragma unroll
             for (int m = 0; m < kNM; ++m) {
                 const auto* s = reinterpret_cast<const uint32_t*>(stage[warp][m]);
-                const int off =
-                    static_cast<int>(reinterpret_cast<uintptr_t>(wrow[m] + static_cast<int64_t>(c) * kChunk) & 15) +
-                    lane * kBB;
+                const int off = static_cast<int>(reinterpret_cast<uintptr_t>(chunk_at(m, r, c)) & 15) + lane * kBB;
                 if constexpr (is_quant(W)) {
                     const QBlock qb = load_qblock<W>(s, off);
                     if constexpr (kEarly) {
@@ -295,31 +310,48 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
                 }
             }
         }
-    }
-
+    };
+    // The warp sums of row `row` (every lane), then its outputs (lane 0): the expert product(s) with bias
+    // and activation, or the dense products and bias adds.
+    auto finish_row = [&](int64_t row) {
 #pragma unroll
-    for (int m = 0; m < kNM; ++m) {
+        for (int m = 0; m < kNM; ++m) {
 #pragma unroll
-        for (int mc = 0; mc < MC; ++mc) acc[m][mc] = ops::warp_sum(acc[m][mc]);
-    }
-    if (lane != 0) return;
-    if constexpr (FUSED) {
-        float u = acc[0][0];
-        float g = acc[1][0];
-        if (p.glu.bias_up != nullptr) u += p.glu.bias_up[expert * p.glu.bias_stride + row];
-        if (p.glu.bias_gate != nullptr) g += p.glu.bias_gate[expert * p.glu.bias_stride + row];
-        seg.dst[out_col * dst_stride + row] = glu_apply(p.glu, g, u);
-    } else if (p.ebias.rows != nullptr) {  // routed (one column)
-        store_routed(p, seg, expert, out_col, row, acc[0][0]);
-    } else {
-        const float b = seg.bias != nullptr ? seg.bias[row] : 0.0f;
+            for (int mc = 0; mc < MC; ++mc) acc[m][mc] = ops::warp_sum(acc[m][mc]);
+        }
+        if (lane != 0) return;
+        if constexpr (FUSED) {
+            float u = acc[0][0];
+            float g = acc[1][0];
+            if (p.glu.bias_up != nullptr) u += p.glu.bias_up[expert * p.glu.bias_stride + row];
+            if (p.glu.bias_gate != nullptr) g += p.glu.bias_gate[expert * p.glu.bias_stride + row];
+            seg.dst[out_col * dst_stride + row] = glu_apply(p.glu, g, u);
+        } else if (p.ebias.rows != nullptr) {  // routed (one column)
+            store_routed(p, seg, expert, out_col, row, acc[0][0]);
+        } else {
+            const float b = seg.bias != nullptr ? seg.bias[row] : 0.0f;
 #pragma unroll
-        for (int mc = 0; mc < MC; ++mc) {
-            if (mc < n_cols) {
-                const int64_t o = (out_col + mc) * dst_stride + row;
-                if (seg.dst != nullptr) seg.dst[o] = acc[0][mc];  // nullptr: a product only its bias add reads
-                if (seg.bias != nullptr) seg.dst2[o] = acc[0][mc] + b;  // the ADD node's one rounding
+            for (int mc = 0; mc < MC; ++mc) {
+                if (mc < n_cols) {
+                    const int64_t o = (out_col + mc) * dst_stride + row;
+                    if (seg.dst != nullptr) seg.dst[o] = acc[0][mc];  // nullptr: a product only its bias add reads
+                    if (seg.bias != nullptr) seg.dst2[o] = acc[0][mc] + b;  // the ADD node's one rounding
+                }
             }
+        }
+    };
+
+    load_chunk(0, 0);
+    if constexpr (EARLY) pdl_grid_sync();  // activations and outputs only after it
+    if constexpr (RPW == 1) {
+        for (int c = 0; c < nchunks; ++c) chunk_step(0, c);
+        finish_row(row0);
+    } else {
+        for (int r = 0; r < n_rows; ++r) {
+            for (int c = 0; c < nchunks; ++c) chunk_step(r, c);
+            finish_row(row0 + r);
+#pragma unroll
+            for (int m = 0; m < kNM; ++m) acc[m][0] = 0.0f;
         }
     }
 }
@@ -533,14 +565,44 @@ __global__ void copy_f32_kernel(const RowsF32 x, int64_t rows, int64_t k, float*
     dst[i] = row_f32(x, r)[i - r * k];
 }
 
-template <Type W, int MC, bool FUSED>
-Status launch_gemv(const GemvParams& p, int64_t blocks, int64_t n_jobs, cudaStream_t stream) {
-    static_assert(!FUSED || MC == 1, "MOE_UP_GATE reads one activation row per routed pair");
-    const dim3 grid(static_cast<unsigned int>(blocks), static_cast<unsigned int>(n_jobs));
-    if constexpr (!FUSED) {
-        if (p.early_weights) return launch_kernel("gemv_kernel", gemv_kernel<W, MC, false, true>, grid, kGemvThreads, 0, stream, p);
+// Blocks of `kernel` (kGemvThreads threads) one multiprocessor holds at once; 0 if unknown.
+template <typename Kernel>
+int gemv_blocks_per_sm(Kernel kernel) {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kGemvThreads, 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
     }
-    return launch_kernel("gemv_kernel", gemv_kernel<W, MC, FUSED, false>, grid, kGemvThreads, 0, stream, p);
+    return n;
+}
+
+template <Type W, int MC, bool FUSED>
+Status launch_gemv(const GemvParams& p, int64_t blocks, int64_t n_jobs, int n_sm, cudaStream_t stream) {
+    static_assert(!FUSED || MC == 1, "MOE_UP_GATE reads one activation row per routed pair");
+    if constexpr (FUSED && is_quant(W)) {
+        // Two rows per warp where that brings a grid of more than one wave into one (the Qwen3 up/gate
+        // products: 1,536 blocks in 1.45 waves -> 768 in one); with more blocks (GPT-OSS-20B: 2,880 -> 1,440
+        // in 1.36 waves) the longer warps lost (tg128 -2%). Occupancies are per kernel and device kind,
+        // queried once per process.
+        static const int per_sm_1 = gemv_blocks_per_sm(gemv_kernel<W, 1, true, false, 1>);
+        static const int per_sm_2 = gemv_blocks_per_sm(gemv_kernel<W, 1, true, false, 2>);
+        const int64_t resident_1 = static_cast<int64_t>(per_sm_1) * n_sm, resident_2 = static_cast<int64_t>(per_sm_2) * n_sm;
+        const int64_t blocks_2 = (p.seg[0].n_rows + 2 * kGemvWarps - 1) / (2 * kGemvWarps);
+        if (blocks * n_jobs > resident_1 && blocks_2 * n_jobs <= resident_2) {
+            const dim3 grid(static_cast<unsigned int>(blocks_2), static_cast<unsigned int>(n_jobs));
+            return launch_kernel("gemv_kernel", gemv_kernel<W, 1, true, false, 2>, grid, kGemvThreads, 0, stream, p);
+        }
+    }
+    if constexpr (FUSED) {
+        const dim3 grid(static_cast<unsigned int>(blocks), static_cast<unsigned int>(n_jobs));
+        return launch_kernel("gemv_kernel", gemv_kernel<W, 1, true, false, 1>, grid, kGemvThreads, 0, stream, p);
+    } else {
+        const dim3 grid(static_cast<unsigned int>(blocks), static_cast<unsigned int>(n_jobs));
+        if (p.early_weights) {
+            return launch_kernel("gemv_kernel", gemv_kernel<W, MC, false, true, 1>, grid, kGemvThreads, 0, stream, p);
+        }
+        return launch_kernel("gemv_kernel", gemv_kernel<W, MC, false, false, 1>, grid, kGemvThreads, 0, stream, p);
+    }
 }
 
 // gemv_rows_kernel over `grid` rows of p, with the router's selection where p.rt.counter is set.
@@ -656,7 +718,9 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
     p.act_stride = act_stride > 0 ? act_stride : static_cast<int64_t>(gemv_act_row_bytes(w.type, w.k));
     p.n_cols = static_cast<int>(n_cols);
     int64_t n_jobs = 1;
+    int n_sm = 0;
     if (route != nullptr) {
+        n_sm = route->n_sm;
         if (outs.size() != 1) return internal_error("cuda gemv: routed products take one weight");
         p.ids = route->ids;
         p.ids_stride = route->ids_stride;
@@ -722,11 +786,11 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
     }
     return with_weight_type(w.type, [&](auto wt) -> Status {
         constexpr Type W = decltype(wt)::value;
-        if (fused) return launch_gemv<W, 1, true>(p, blocks, n_jobs, stream);
-        if (p.n_cols == 1) return launch_gemv<W, 1, false>(p, blocks, n_jobs, stream);
-        if (p.n_cols == 2) return launch_gemv<W, 2, false>(p, blocks, n_jobs, stream);
-        if (p.n_cols <= 4) return launch_gemv<W, 4, false>(p, blocks, n_jobs, stream);
-        return launch_gemv<W, 8, false>(p, blocks, n_jobs, stream);
+        if (fused) return launch_gemv<W, 1, true>(p, blocks, n_jobs, n_sm, stream);
+        if (p.n_cols == 1) return launch_gemv<W, 1, false>(p, blocks, n_jobs, n_sm, stream);
+        if (p.n_cols == 2) return launch_gemv<W, 2, false>(p, blocks, n_jobs, n_sm, stream);
+        if (p.n_cols <= 4) return launch_gemv<W, 4, false>(p, blocks, n_jobs, n_sm, stream);
+        return launch_gemv<W, 8, false>(p, blocks, n_jobs, n_sm, stream);
     });
 }
 

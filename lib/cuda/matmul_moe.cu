@@ -222,6 +222,7 @@ Status moe_run(const MoeArgs& a, const OpContext& ctx) {
         r.n_used = static_cast<int>(a.n_used);
         r.b_rows = static_cast<int>(a.b_rows);
         r.n_pairs = n_pairs;
+        r.n_sm = ctx.n_sm;
         r.error_flags = ctx.error_flags;
         r.bias = a.bias;
         return gemv(a.w, gate, acts, 1, &r, glu, a.dst, ctx.stream);
