@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Same-machine A/B of two packed builds (scripts/make_devcarry.sh) on the GPU machine: each moeinfer-bench
-# run goes A, B, A, B (machines differ by several % between device calls, so only runs of one call compare).
+# run goes A, B, B, A, ... (machines differ by several % between device calls, so only runs of one call
+# compare; the order alternates because the first run of a pair can read slower).
 #   scripts/device_ab.sh A_DIR B_DIR OUT_DIR [GROUP...]
 # Groups: tg (all-GPU tg128, Q30-16 / G20 / Q30-48), hybrid_tg (the same with -ot exps=CPU), pp (all-GPU
 # pp512, and pp4096 with -ub 4096). JSON per run in OUT_DIR; a line per run with the median t/s.
@@ -32,7 +33,10 @@ for g in $groups; do
     tag=$(echo "$spec" | grep -q gpt-oss && echo g20 || (echo "$spec" | grep -q layers=48 && echo q48 || echo q30))
     extra=(); [ "$g" = hybrid_tg ] && extra=(-ot exps=CPU)
     for k in $(seq 1 "${ROUNDS:-2}"); do
-      for side in A B; do
+      # A B in odd rounds, B A in even ones: the first run of a pair has read up to 6% slower on some
+      # machines (session 12, call 10: the same build 640-665 t/s first, 705-716 second).
+      sides="A B"; [ $((k % 2)) -eq 0 ] && sides="B A"
+      for side in $sides; do
         if [ "$g" = pp ]; then
           run $side pp512_${tag}_$k --synthetic "$spec" -p 512 -n 0
           run $side pp4096_${tag}_$k --synthetic "$spec" -p 4096 -ub 4096 -n 0
