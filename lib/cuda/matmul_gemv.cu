@@ -37,8 +37,8 @@ namespace {
 
 constexpr int kGemvWarps = 4;
 constexpr int kGemvThreads = kGemvWarps * 32;
-// Dense launches of at most this many blocks load their first weight bytes before the PDL wait
-// (about one wave: an H100 holds 1,320 blocks of the early GEMV at once).
+// Dense launches of at most this many blocks load their first weight bytes before the PDL wait (about
+// one wave: an H100's 132 multiprocessors hold 10 to 12 blocks of the early GEMVs each).
 constexpr int64_t kEarlyMaxBlocks = 2048;
 
 // One weight of a launch and where its products go (dense: up to kMaxGemvSegs of them).
@@ -82,8 +82,9 @@ struct GemvParams {
 };
 
 // What a routed job (pair = j + n_used * t, expert ids[t, j]) whose id e is kNoExpert or outside [0, E)
-// leaves in output o (one thread per output row): nothing (kNoExpert; with expert bias rows, the zeros GET_ROWS picks and the ADD of them), or NaN
-// and the error flag. Not inlined: a cold path, which would cost the GEMVs' hot loops registers.
+// leaves in output o (one thread per output row): nothing (kNoExpert; with expert bias rows, the zeros
+// GET_ROWS picks and the ADD of them), or NaN and the error flag. Not inlined: a cold path, which would
+// cost the GEMVs' hot loops registers.
 __device__ __noinline__ void write_missing_expert(int32_t e, float* dst, const ExpertBias eb, unsigned int* error_flags,
                                                   int64_t o) {
     if (e == kNoExpert) {  // a pair of another part of a split expert block: not written
@@ -180,7 +181,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         const int64_t j = pair - t * p.n_used;
         const int32_t e = p.ids[t * p.ids_stride + j];
         if (e < 0 || e >= p.n_expert) {
-            if (lane < n_rows) write_missing_expert(e, seg.dst, p.ebias, p.error_flags, pair * dst_stride + row0 + lane);
+            const int64_t o = pair * dst_stride + row0 + lane;  // lane r writes the warp's row r
+            if (lane < n_rows) write_missing_expert(e, seg.dst, p.ebias, p.error_flags, o);
             return;
         }
         expert = e;
@@ -586,7 +588,8 @@ Status launch_gemv(const GemvParams& p, int64_t blocks, int64_t n_jobs, int n_sm
         // queried once per process.
         static const int per_sm_1 = gemv_blocks_per_sm(gemv_kernel<W, 1, true, false, 1>);
         static const int per_sm_2 = gemv_blocks_per_sm(gemv_kernel<W, 1, true, false, 2>);
-        const int64_t resident_1 = static_cast<int64_t>(per_sm_1) * n_sm, resident_2 = static_cast<int64_t>(per_sm_2) * n_sm;
+        const int64_t resident_1 = static_cast<int64_t>(per_sm_1) * n_sm;
+        const int64_t resident_2 = static_cast<int64_t>(per_sm_2) * n_sm;
         const int64_t blocks_2 = (p.seg[0].n_rows + 2 * kGemvWarps - 1) / (2 * kGemvWarps);
         if (blocks * n_jobs > resident_1 && blocks_2 * n_jobs <= resident_2) {
             const dim3 grid(static_cast<unsigned int>(blocks_2), static_cast<unsigned int>(n_jobs));
@@ -703,8 +706,8 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
     }
     if (blocks == 0) return Status::ok();
     // Early weight loads only where the grid is resident at once: later blocks start when earlier ones
-    // exit, so theirs would overlap nothing, and the early kernels' 8 more registers cost the output
-    // product (38k blocks) 2% (ncu, H100).
+    // exit, so theirs would overlap nothing (and a first early build, at 48 registers, cost the output
+    // product of 38k blocks 2% in ncu on an H100).
     p.early_weights = route == nullptr && gate == nullptr && blocks <= kEarlyMaxBlocks;
     for (const GemvOut& o : outs) p.early_weights = p.early_weights && o.w->constant;
     p.gate = gate != nullptr ? gate->data : w.data;
@@ -768,7 +771,8 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
                         p.rt = *router;
                         if (routed != nullptr) *routed = true;
                     }
-                    return p.early_weights ? launch_rows<W, true>(p, grid, stream) : launch_rows<W, false>(p, grid, stream);
+                    if (p.early_weights) return launch_rows<W, true>(p, grid, stream);
+                    return launch_rows<W, false>(p, grid, stream);
                 }
             });
         }
