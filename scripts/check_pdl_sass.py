@@ -1,19 +1,26 @@
 #!/usr/bin/env python3
-"""Checks the PDL order of the CUDA kernels in the machine code: what each kernel loads before its
+"""Checks the PDL order of the CUDA kernels in the machine code: what each kernel does before its
 griddepcontrol.wait (SASS ACQBULK), from `cuobjdump -sass` of the library (the GPU machine has cuobjdump):
 
     cuobjdump -sass build/lib/libmoeinfer.so.0 > sass.txt && scripts/check_pdl_sass.py sass.txt
 
 Before its wait a kernel may only read model weights (lib/cuda/launch.cuh), and only the dense GEMVs
-with early weight loads do (gemv_kernel / gemv_rows_kernel with EARLY = true): through the read-only
-path (LDG...CONSTANT), or byte by byte (LD.E.U8: load16_guarded at a weight tensor's edge; activations
-are never loaded by the byte). Any other load there may read bytes the previous kernel is still writing: ptxas
-moves ld.global.nc loads above the wait (it takes their data as fixed for the kernel's lifetime), which
-is why activations after an early start are loaded with ld.global.ca. Exit status 1 on a finding.
-Loads are counted up to the last ACQBULK of a kernel, in code order (branches may differ at run time).
+with early weight loads do (gemv_kernel / gemv_rows_kernel with EARLY = true):
+  - gemv_kernel: at most one chunk's 16-byte vectors per lane (kVpl of its weight type) through the
+    read-only path (LDG.E.128.CONSTANT), plus byte loads (load16_guarded at a weight tensor's edge);
+  - gemv_rows_kernel: at most kRowSteps = 4 weight loads of 16 (F32) or 8 (F16 / BF16) bytes.
+More loads than that mean something else moved above the wait: ptxas moves ld.global.nc (__ldg) loads
+there (it takes their data as fixed for the kernel's lifetime), which is why activations after an early
+start are loaded with ld.global.ca. Any other kernel loading before its wait, and any store or atomic
+before a kernel's first wait, is an offence too. Exit status 1 on an offence.
+Loads are counted in code order up to the kernel's last ACQBULK (branches may differ at run time).
 """
 import re
 import sys
+
+# Bytes per 32-value block by the weight type's id in mangled names (moe::Type, ggml's numbering).
+BLOCK_BYTES = {0: 128, 1: 64, 30: 64, 8: 34, 2: 18, 39: 17}
+ROW_STEPS = 4  # gemv_rows_kernel's kRowSteps
 
 
 def kernels(text):
@@ -23,10 +30,35 @@ def kernels(text):
         yield m.group(1), text[m.end():end]
 
 
-def is_early(name):
-    # gemv_kernel<W, MC, FUSED, EARLY, RPW> and gemv_rows_kernel<W, MC, RK, EARLY> (mangled) with EARLY = true.
-    return (re.search(r"gemv_kernelIL.*ELb[01]ELb1ELi\d+EEEv", name) is not None or
-            re.search(r"gemv_rows_kernelIL.*ELb1EEEv", name) is not None)
+def early_allowance(name):
+    """(vector load mnemonic, how many) an early GEMV may issue before its wait; None for other kernels."""
+    m = re.search(r"gemv_kernelILN\w*?TypeE(\d+)ELi\d+ELb[01]ELb1ELi\d+EEEv", name)
+    if m:  # gemv_kernel<W, MC, FUSED, EARLY = true, RPW>
+        chunk = 32 * BLOCK_BYTES[int(m.group(1))]
+        vecs = (chunk + 30) // 16
+        return "LDG.E.128.CONSTANT", (vecs + 31) // 32
+    m = re.search(r"gemv_rows_kernelILN\w*?TypeE(\d+)E.*ELb1EEEv", name)
+    if m:  # gemv_rows_kernel<W, MC, RK, EARLY = true>
+        return ("LDG.E.128.CONSTANT" if int(m.group(1)) == 0 else "LDG.E.64.CONSTANT"), ROW_STEPS
+    return None
+
+
+def offence(name, body):
+    first, last = body.find("ACQBULK"), body.rfind("ACQBULK")
+    writes = re.findall(r"\b(STG[.\w]*|ST\.E[.\w]*|ATOMG?[.\w]*|REDG?[.\w]*)\b", body[:first])
+    if writes:
+        return f"{len(writes)} stores or atomics before the first wait: {sorted(set(writes))}"
+    loads = re.findall(r"\b(LDG[.\w]*|LD\.[.\w]*)\b", body[:last])
+    allowed = early_allowance(name)
+    if allowed is None:
+        return f"{len(loads)} loads before the wait: {sorted(set(loads))}" if loads else None
+    vector, most = allowed
+    others = [l for l in loads if l != vector and not l.endswith(".U8")]
+    vectors = loads.count(vector)
+    if others or vectors > most:
+        return (f"{vectors} {vector} (at most {most} are weights) and {len(others)} other loads before the wait: "
+                f"{sorted(set(loads))}")
+    return None
 
 
 def main():
@@ -35,18 +67,15 @@ def main():
     text = open(sys.argv[1], errors="replace").read()
     bad, early, checked = [], 0, 0
     for name, body in kernels(text):
-        wait = body.rfind("ACQBULK")
-        if wait < 0:
+        if "ACQBULK" not in body:
             continue
         checked += 1
-        loads = re.findall(r"\b(LDG[.\w]*|LD\.[.\w]*)\b", body[:wait])
-        if not loads:
-            continue
-        if is_early(name) and all("CONSTANT" in l or l.endswith(".U8") for l in loads):
+        found = offence(name, body)
+        if found:
+            bad.append(f"{name}: {found}")
+        elif early_allowance(name) is not None and re.search(r"\bLDG|\bLD\.", body[:body.rfind("ACQBULK")]):
             early += 1
-            continue
-        bad.append(f"{name}: {len(loads)} loads before the wait: {sorted(set(loads))}")
-    print(f"{checked} kernels wait; {early} load weights before their wait (early GEMVs); {len(bad)} load other data")
+    print(f"{checked} kernels wait; {early} load weights before their wait (early GEMVs); {len(bad)} offences")
     for b in bad:
         print("  BAD", b)
     if checked == 0:

@@ -20,8 +20,8 @@
 //   (with quantised weights, two rows per warp where that brings a grid of more than a wave into one);
 //   MUL_MAT_ID may add its expert's bias row at the end (MUL_MAT_ID + GET_ROWS + ADD in one launch).
 //   Routed 4-bit rows of at most 32 blocks take gemv_short_kernel: 4 rows per warp, 8 lanes per row.
-// - Dense products of model weights with grids of about one wave load their first chunk of weights
-//   before the PDL wait (EARLY), so those loads overlap the small kernel before them (launch.cuh).
+// - Dense products of model weights with grids of at most kEarlyMaxBlocks blocks load their first chunk
+//   of weights before the PDL wait (EARLY), so those loads overlap the small kernel before them (launch.cuh).
 #include <cmath>
 #include <string>
 
@@ -37,8 +37,9 @@ namespace {
 
 constexpr int kGemvWarps = 4;
 constexpr int kGemvThreads = kGemvWarps * 32;
-// Dense launches of at most this many blocks load their first weight bytes before the PDL wait (about
-// one wave: an H100's 132 multiprocessors hold 10 to 12 blocks of the early GEMVs each).
+// Dense launches of at most this many blocks load their first weight bytes before the PDL wait: most of
+// such a grid is resident from its start (an H100's 132 multiprocessors hold 10 to 12 blocks of the early
+// GEMVs each: q/k/v's 1,280 blocks, o's 512), while the output product's 38k blocks are not.
 constexpr int64_t kEarlyMaxBlocks = 2048;
 
 // One weight of a launch and where its products go (dense: up to kMaxGemvSegs of them).
@@ -145,7 +146,7 @@ __device__ __forceinline__ GemvSeg block_segment(const GemvParams& p) {
 // RPW = 2 (MOE_UP_GATE with quantised weights): a warp computes 2 consecutive rows of its pair, one
 // after the other, the second row's first chunk in flight while the last chunk of the first is computed:
 // the 1,536 blocks of a Qwen3 decode layer's up/gate product took 1.45 waves at 8 blocks per SM; two rows
-// per warp run one wave of longer-lived warps (H100 ncu: 16.0 -> 15.0 us per Q8_0 layer, 11.8 -> 11.3
+// per warp run one wave of longer-lived warps (H100 ncu: 16.0 -> 15.2 us per Q8_0 layer, 11.8 -> 11.3
 // Q4_0). Each row's sum is computed as with one row per warp: the same bits.
 template <Type W, int MC, bool FUSED, bool EARLY, int RPW>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) {
@@ -158,7 +159,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
     constexpr int kVecs = (kChunk + 30) / 16;      // 16-byte vectors covering a chunk at any alignment
     constexpr int kVpl = (kVecs + 31) / 32;        // per lane
     constexpr int kNM = FUSED ? 2 : 1;
-    constexpr bool kEarly = FUSED && is_quant(W);  // MOE_UP_GATE: one activation row per pair
+    constexpr bool kActFirst = FUSED && is_quant(W);  // MOE_UP_GATE: activations requested before weights
     constexpr int kSlots = kVpl * 32 + 1;          // + a spare for extract_words
     __shared__ uint4 stage[kGemvWarps][kNM][kSlots];
 
@@ -170,7 +171,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         if constexpr (EARLY) pdl_grid_sync();
         return;
     }
-    const int n_rows = RPW == 1 ? 1 : static_cast<int>(min(static_cast<int64_t>(RPW), seg.n_rows - row0));
+    const int warp_rows = RPW == 1 ? 1 : static_cast<int>(min(static_cast<int64_t>(RPW), seg.n_rows - row0));
     const int64_t dst_stride = seg.n_rows;  // floats between output columns
 
     int64_t expert = 0, act_row = 0, out_col = 0;
@@ -182,7 +183,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         const int32_t e = p.ids[t * p.ids_stride + j];
         if (e < 0 || e >= p.n_expert) {
             const int64_t o = pair * dst_stride + row0 + lane;  // lane r writes the warp's row r
-            if (lane < n_rows) write_missing_expert(e, seg.dst, p.ebias, p.error_flags, o);
+            if (lane < warp_rows) write_missing_expert(e, seg.dst, p.ebias, p.error_flags, o);
             return;
         }
         expert = e;
@@ -228,12 +229,13 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 
     // Chunk c of row r into acc: staged from buf, the next chunk requested into buf, then computed.
     auto chunk_step = [&](int r, int c) {
-        // kEarly: this lane's activation block of the chunk is requested before the chunk's weights are
-        // waited for, so its L2 round trip overlaps theirs (MOE_UP_GATE on an H100: 18.1 -> 15.9 us per
-        // Q30 decode layer; the one-weight GEMVs gained nothing and lost an occupancy step).
+        // kActFirst (one activation row per pair): this lane's activation block of the chunk is requested
+        // before the chunk's weights are waited for, so its L2 round trip overlaps theirs (MOE_UP_GATE on an
+        // H100: 18.1 -> 15.9 us per Q30 decode layer; the one-weight GEMVs gained nothing and lost an
+        // occupancy step).
         int4 ex0 = make_int4(0, 0, 0, 0), ex1 = ex0;
         float exd = 0.0f;
-        if constexpr (kEarly) {
+        if constexpr (kActFirst) {
             const int be = 32 * c + lane;
             if (be < p.nblk) {
                 const uint8_t* xr = p.acts + act_row * p.act_stride;
@@ -253,7 +255,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         // The next chunk (of this row, or the next row's first) is in flight while this one is computed.
         if (c + 1 < nchunks) {
             load_chunk(r, c + 1);
-        } else if (RPW > 1 && r + 1 < n_rows) {
+        } else if (RPW > 1 && r + 1 < warp_rows) {
             load_chunk(r + 1, 0);
         }
 
@@ -265,7 +267,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
                 const int off = static_cast<int>(reinterpret_cast<uintptr_t>(chunk_at(m, r, c)) & 15) + lane * kBB;
                 if constexpr (is_quant(W)) {
                     const QBlock qb = load_qblock<W>(s, off);
-                    if constexpr (kEarly) {
+                    if constexpr (kActFirst) {
                         acc[m][0] += qb.scale * exd * static_cast<float>(qblock_dot(qb, ex0, ex1));
                     } else {
 #pragma unroll
@@ -349,7 +351,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
         for (int c = 0; c < nchunks; ++c) chunk_step(0, c);
         finish_row(row0);
     } else {
-        for (int r = 0; r < n_rows; ++r) {
+        for (int r = 0; r < warp_rows; ++r) {
             for (int c = 0; c < nchunks; ++c) chunk_step(r, c);
             finish_row(row0 + r);
 #pragma unroll
@@ -363,6 +365,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 // A warp's path is three dependent memory round trips (its expert id, its weights, its activations);
 // with a warp per row it moves one short row (and 8 of 32 lanes idle at 24 blocks), here four.
 // Sums per lane in block order, then over the row's lanes (xor 4, 2, 1).
+// REQUIRES: a routed launch (p.ids), one 4-bit weight (Q4_0 or MXFP4), p.nblk <= kShortMaxBlocks, kBpl =
+// ceil(p.nblk / kShortLanes).
 constexpr int kShortLanes = 8;
 constexpr int kShortRows = 32 / kShortLanes;
 constexpr int kShortMaxBlocks = 4 * kShortLanes;
@@ -465,11 +469,7 @@ template <Type W, int MC, int RK, bool EARLY>
 __global__ void __launch_bounds__(kRowThreads) gemv_rows_kernel(const GemvParams p) {
     if constexpr (!EARLY) pdl_grid_sync();
     __shared__ float part[kRowThreads / 32][MC];
-    GemvSeg seg = p.seg[0];
-#pragma unroll
-    for (int i = 1; i < kMaxGemvSegs; ++i) {
-        if (i < p.n_seg && static_cast<int64_t>(blockIdx.x) >= p.seg[i].blk0) seg = p.seg[i];
-    }
+    const GemvSeg seg = block_segment(p);
     const int64_t row = static_cast<int64_t>(blockIdx.x) - seg.blk0;
     const uint8_t* wr = seg.w + row * seg.nb1;
     float acc[MC];
@@ -584,8 +584,8 @@ Status launch_gemv(const GemvParams& p, int64_t blocks, int64_t n_jobs, int n_sm
     if constexpr (FUSED && is_quant(W)) {
         // Two rows per warp where that brings a grid of more than one wave into one (the Qwen3 up/gate
         // products: 1,536 blocks in 1.45 waves -> 768 in one); with more blocks (GPT-OSS-20B: 2,880 -> 1,440
-        // in 1.36 waves) the longer warps lost (tg128 -2%). Occupancies are per kernel and device kind,
-        // queried once per process.
+        // in 1.36 waves) the longer warps lost (tg128 -2%). Occupancies are per kernel, queried once per
+        // process on the device it first runs on (a process mixing GPU kinds would size by the first).
         static const int per_sm_1 = gemv_blocks_per_sm(gemv_kernel<W, 1, true, false, 1>);
         static const int per_sm_2 = gemv_blocks_per_sm(gemv_kernel<W, 1, true, false, 2>);
         const int64_t resident_1 = static_cast<int64_t>(per_sm_1) * n_sm;
@@ -625,8 +625,8 @@ Status launch_rows(const GemvParams& p, unsigned int grid, cudaStream_t stream) 
     return launch_kernel("gemv_rows_kernel", kernel, grid, kRowThreads, 0, stream, p);
 }
 
-// gemv_short_kernel over the routed pairs of p (one 4-bit weight w of at most kShortMaxBlocks blocks per
-// row).
+// gemv_short_kernel over the routed pairs of p.
+// REQUIRES: p routed (p.ids), one weight of type w (Q4_0 or MXFP4) with p.nblk <= kShortMaxBlocks.
 Status launch_gemv_short(Type w, const GemvParams& p, int64_t n_jobs, cudaStream_t stream) {
     const int64_t rows_per_block = kGemvWarps * kShortRows;
     const dim3 grid(static_cast<unsigned int>((p.seg[0].n_rows + rows_per_block - 1) / rows_per_block),
@@ -705,9 +705,9 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
         blocks += (o.w->n + kGemvWarps - 1) / kGemvWarps;
     }
     if (blocks == 0) return Status::ok();
-    // Early weight loads only where the grid is resident at once: later blocks start when earlier ones
-    // exit, so theirs would overlap nothing (and a first early build, at 48 registers, cost the output
-    // product of 38k blocks 2% in ncu on an H100).
+    // Early weight loads only where most of the grid is resident from its start: later blocks start when
+    // earlier ones exit, so theirs would overlap nothing (and a first early build, at 48 registers, cost
+    // the output product of 38k blocks 2% in ncu on an H100).
     p.early_weights = route == nullptr && gate == nullptr && blocks <= kEarlyMaxBlocks;
     for (const GemvOut& o : outs) p.early_weights = p.early_weights && o.w->constant;
     p.gate = gate != nullptr ? gate->data : w.data;

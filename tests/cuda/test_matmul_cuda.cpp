@@ -569,14 +569,14 @@ TEST_CASE("cuda MOE_UP_GATE matches the CPU backend (SILU, SWIGLU_OAI with biase
             }
         }
     }
-    // A Qwen3-sized decode product (770 rows, 8 of 16 experts, K = 2048): more blocks than one wave with a
-    // warp per row, one wave with two (on an H100), so quantised weights take two rows per warp; 770 rows
-    // leave the last warps one row and none.
+    // A Qwen3-sized decode product (771 rows, 8 of 16 experts, K = 2048): more blocks than one wave with a
+    // warp per row, one wave with two (on an H100), so quantised weights take two rows per warp; 771 rows
+    // leave the last block's warps two rows, one row and none.
     std::vector<int32_t> all16(16);
     std::iota(all16.begin(), all16.end(), 0);
     for (Type type : {Type::Q8_0, Type::Q4_0, Type::MXFP4}) {
-        check_moe_up_gate(type, MoeShape{16, 770, 2048, 8, all16}, 1, Activation::SILU, false);
-        check_moe_up_gate(type, MoeShape{16, 770, 2048, 8, all16}, 1, Activation::SWIGLU_OAI, true);
+        check_moe_up_gate(type, MoeShape{16, 771, 2048, 8, all16}, 1, Activation::SILU, false);
+        check_moe_up_gate(type, MoeShape{16, 771, 2048, 8, all16}, 1, Activation::SWIGLU_OAI, true);
     }
 }
 

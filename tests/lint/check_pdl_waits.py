@@ -29,11 +29,12 @@ def strip_comments(text: str) -> str:
     return _COMMENTS.sub(lambda m: "" if m.group(0).startswith("/") else '""', text)
 
 
-def matching_paren(code: str, open_at: int) -> int:
+def matching(code: str, open_at: int, opening: str = "(", closing: str = ")") -> int:
+    """Index of the bracket closing the one at open_at (the last index if it never closes)."""
     depth = 0
     for i in range(open_at, len(code)):
-        depth += code[i] == "("
-        depth -= code[i] == ")"
+        depth += code[i] == opening
+        depth -= code[i] == closing
         if depth == 0:
             return i
     return len(code) - 1
@@ -55,7 +56,7 @@ def offences(path: pathlib.Path) -> list[str]:
             if ident is None:
                 return found + [f"{path}: unparsable __global__"]
             paren = ident.end() - 1
-            i = matching_paren(code, paren)
+            i = matching(code, paren)
             if ident.group(1) != "__launch_bounds__":
                 name = ident.group(1)
                 break
@@ -64,7 +65,8 @@ def offences(path: pathlib.Path) -> list[str]:
         brace, semi = rest.find("{"), rest.find(";")
         if brace < 0 or (0 <= semi < brace):
             continue  # a declaration
-        body = rest[brace + 1:].lstrip()
+        end = matching(rest, brace, "{", "}")
+        body = rest[brace + 1:end].lstrip()  # this kernel's body only
         line = code.count("\n", 0, m.start()) + 1
         if body.startswith(_EARLY_FIRST):
             if _EARLY_LATER not in body[len(_EARLY_FIRST):]:
