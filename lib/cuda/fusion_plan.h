@@ -96,8 +96,6 @@ bool mul_mat_takes_dequant_gemm(const Tensor& node);
 bool mul_mat_takes_row_kernel(const Tensor& node);
 // True when MUL_MAT_ID `node` passes its checks and takes the GEMV path (one job per routed pair).
 bool mul_mat_id_takes_gemv(const Tensor& node);
-// True when MOE_UP_GATE `node` passes its checks and takes the GEMV path.
-bool moe_up_gate_takes_gemv(const Tensor& node);
 // True when MUL_MAT_ID `next`, launched right after the expert product `built` (MOE_UP_GATE or
 // MUL_MAT_ID), may take the route (pairs grouped by expert) that `built` leaves in the scratch block:
 // both pass their checks and are grouped on the tensor cores with the same ids, pairs and expert

@@ -270,6 +270,17 @@ StatusOr<mm::MoeArgs> parse_moe_up_gate(const Tensor& dst) {
     return a;
 }
 
+// An expert product (MOE_UP_GATE or MUL_MAT_ID) as its kernels take it; an error for any other op.
+StatusOr<mm::MoeArgs> parse_expert_product(const Tensor& node) {
+    return node.op == Op::MOE_UP_GATE ? parse_moe_up_gate(node) : parse_mul_mat_id(node);
+}
+
+// Whether the expert product `node` passes its checks, has work and takes the GEMV path.
+bool expert_product_takes_gemv(const Tensor& node) {
+    const StatusOr<mm::MoeArgs> a = parse_expert_product(node);
+    return a.is_ok() && a->n_tokens > 0 && a->w.n > 0 && mm::moe_takes_gemv(*a);
+}
+
 Status check_scratch(const char* op, size_t need, const OpContext& ctx) {
     if (need > 0 && (ctx.scratch == nullptr || ctx.scratch_size < need)) {
         return invalid_argument(std::string(op) + ": needs " + std::to_string(need) + " bytes of scratch, OpContext has " +
@@ -288,12 +299,9 @@ size_t matmul_scratch_bytes(const Tensor& node) {
             const StatusOr<DenseOp> d = parse_mul_mat(node);
             return d.is_ok() ? dense_scratch(*d) : 0;
         }
-        case Op::MUL_MAT_ID: {
-            const StatusOr<mm::MoeArgs> a = parse_mul_mat_id(node);
-            return a.is_ok() ? mm::moe_scratch(*a) : 0;
-        }
+        case Op::MUL_MAT_ID:
         case Op::MOE_UP_GATE: {
-            const StatusOr<mm::MoeArgs> a = parse_moe_up_gate(node);
+            const StatusOr<mm::MoeArgs> a = parse_expert_product(node);
             return a.is_ok() ? mm::moe_scratch(*a) : 0;
         }
         default: return 0;
@@ -561,21 +569,11 @@ const Tensor* gemv_q8_activation(const Tensor& node) {
     }
 }
 
-bool mul_mat_id_takes_gemv(const Tensor& node) {
-    if (node.op != Op::MUL_MAT_ID) return false;
-    const StatusOr<mm::MoeArgs> a = parse_mul_mat_id(node);
-    return a.is_ok() && a->n_tokens > 0 && a->w.n > 0 && mm::moe_takes_gemv(*a);
-}
-
-bool moe_up_gate_takes_gemv(const Tensor& node) {
-    if (node.op != Op::MOE_UP_GATE) return false;
-    const StatusOr<mm::MoeArgs> a = parse_moe_up_gate(node);
-    return a.is_ok() && a->n_tokens > 0 && a->w.n > 0 && mm::moe_takes_gemv(*a);
-}
+bool mul_mat_id_takes_gemv(const Tensor& node) { return node.op == Op::MUL_MAT_ID && expert_product_takes_gemv(node); }
 
 bool expert_route_carries(const Tensor& built, const Tensor& next) {
-    if (next.op != Op::MUL_MAT_ID || (built.op != Op::MOE_UP_GATE && built.op != Op::MUL_MAT_ID)) return false;
-    const StatusOr<mm::MoeArgs> b = built.op == Op::MOE_UP_GATE ? parse_moe_up_gate(built) : parse_mul_mat_id(built);
+    if (next.op != Op::MUL_MAT_ID) return false;
+    const StatusOr<mm::MoeArgs> b = parse_expert_product(built);
     const StatusOr<mm::MoeArgs> n = parse_mul_mat_id(next);
     if (!b.is_ok() || !n.is_ok() || !mm::moe_routes_match(*b, *n)) return false;
     // The ids the route was built from are still the ids `next` reads: `built` wrote none of their bytes.
@@ -583,8 +581,8 @@ bool expert_route_carries(const Tensor& built, const Tensor& next) {
 }
 
 bool span_cut_after(const Tensor& node) {
-    if (node.op == Op::MOE_UP_GATE) return moe_up_gate_takes_gemv(node);
-    if (node.op == Op::MUL_MAT_ID) return !mul_mat_id_takes_gemv(node);
+    if (node.op == Op::MOE_UP_GATE) return expert_product_takes_gemv(node);
+    if (node.op == Op::MUL_MAT_ID) return !expert_product_takes_gemv(node);
     return false;
 }
 

@@ -370,6 +370,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 constexpr int kShortLanes = 8;
 constexpr int kShortRows = 32 / kShortLanes;
 constexpr int kShortMaxBlocks = 4 * kShortLanes;
+// Weight types of the short-row kernel. Not Q8_0: with its 34-byte blocks the kernel stages 7 vectors per
+// lane (50 registers) and its down product of K = 768 ran slower than the warp-per-row kernel (11.1 vs
+// 10.2 us per Qwen3 layer; Q4_0: 8.4 vs 9.3, H100 ncu).
+constexpr bool short_row_type(Type t) { return t == Type::Q4_0 || t == Type::MXFP4; }
 
 template <Type W, int kBpl>
 __global__ void __launch_bounds__(kGemvThreads) gemv_short_kernel(const GemvParams p) {
@@ -581,6 +585,7 @@ int gemv_blocks_per_sm(Kernel kernel) {
 template <Type W, int MC, bool FUSED>
 Status launch_gemv(const GemvParams& p, int64_t blocks, int64_t n_jobs, int n_sm, cudaStream_t stream) {
     static_assert(!FUSED || MC == 1, "MOE_UP_GATE reads one activation row per routed pair");
+    const dim3 grid(static_cast<unsigned int>(blocks), static_cast<unsigned int>(n_jobs));
     if constexpr (FUSED && is_quant(W)) {
         // Two rows per warp where that brings a grid of more than one wave into one (the Qwen3 up/gate
         // products: 1,536 blocks in 1.45 waves -> 768 in one); with more blocks (GPT-OSS-20B: 2,880 -> 1,440
@@ -592,20 +597,16 @@ Status launch_gemv(const GemvParams& p, int64_t blocks, int64_t n_jobs, int n_sm
         const int64_t resident_2 = static_cast<int64_t>(per_sm_2) * n_sm;
         const int64_t blocks_2 = (p.seg[0].n_rows + 2 * kGemvWarps - 1) / (2 * kGemvWarps);
         if (blocks * n_jobs > resident_1 && blocks_2 * n_jobs <= resident_2) {
-            const dim3 grid(static_cast<unsigned int>(blocks_2), static_cast<unsigned int>(n_jobs));
-            return launch_kernel("gemv_kernel", gemv_kernel<W, 1, true, false, 2>, grid, kGemvThreads, 0, stream, p);
+            const dim3 grid_2(static_cast<unsigned int>(blocks_2), static_cast<unsigned int>(n_jobs));
+            return launch_kernel("gemv_kernel", gemv_kernel<W, 1, true, false, 2>, grid_2, kGemvThreads, 0, stream, p);
         }
     }
-    if constexpr (FUSED) {
-        const dim3 grid(static_cast<unsigned int>(blocks), static_cast<unsigned int>(n_jobs));
-        return launch_kernel("gemv_kernel", gemv_kernel<W, 1, true, false, 1>, grid, kGemvThreads, 0, stream, p);
-    } else {
-        const dim3 grid(static_cast<unsigned int>(blocks), static_cast<unsigned int>(n_jobs));
+    if constexpr (!FUSED) {
         if (p.early_weights) {
             return launch_kernel("gemv_kernel", gemv_kernel<W, MC, false, true, 1>, grid, kGemvThreads, 0, stream, p);
         }
-        return launch_kernel("gemv_kernel", gemv_kernel<W, MC, false, false, 1>, grid, kGemvThreads, 0, stream, p);
     }
+    return launch_kernel("gemv_kernel", gemv_kernel<W, MC, FUSED, false, 1>, grid, kGemvThreads, 0, stream, p);
 }
 
 // gemv_rows_kernel over `grid` rows of p, with the router's selection where p.rt.counter is set.
@@ -634,7 +635,7 @@ Status launch_gemv_short(Type w, const GemvParams& p, int64_t n_jobs, cudaStream
     const int bpl = (p.nblk + kShortLanes - 1) / kShortLanes;
     return with_weight_type(w, [&](auto wt) -> Status {
         constexpr Type W = decltype(wt)::value;
-        if constexpr (W != Type::Q4_0 && W != Type::MXFP4) {
+        if constexpr (!short_row_type(W)) {
             return internal_error("cuda gemv: short rows take 4-bit weights");
         } else {
             auto kernel = gemv_short_kernel<W, 4>;
@@ -782,10 +783,7 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
             blk += (p.seg[i].n_rows + kGemvWarps - 1) / kGemvWarps;
         }
     }
-    // 4-bit weights only: with Q8_0's 34-byte blocks the short kernel stages 7 vectors per lane (50
-    // registers) and its down product of K = 768 ran slower than the warp-per-row kernel (11.1 vs 10.2 us
-    // per Qwen3 layer; Q4_0: 8.4 vs 9.3, H100 ncu).
-    if (route != nullptr && !fused && (w.type == Type::Q4_0 || w.type == Type::MXFP4) && p.nblk <= kShortMaxBlocks) {
+    if (route != nullptr && !fused && short_row_type(w.type) && p.nblk <= kShortMaxBlocks) {
         return launch_gemv_short(w.type, p, n_jobs, stream);
     }
     return with_weight_type(w.type, [&](auto wt) -> Status {
