@@ -76,10 +76,10 @@ public:
     StatusOr<std::unique_ptr<Buffer>> alloc_pinned_host_buffer(size_t size);
     Status compute(std::span<Tensor* const> nodes) override;
     Status synchronize() override;
-    // At each expert block (span_cut_after: after the up/gate GEMV when decoding, after the down product
-    // in prefills), where the fusion plan joins nothing across, so the device starts on the first layers
-    // while the host prepares the rest.
-    bool cut_after(const Tensor& node) const override { return span_cut_after(node); }
+    // At the expert blocks of layers 0, 1, 3, 7, ... (step_cut_after: after the up/gate GEMV when decoding,
+    // after the down product in prefills), where the fusion plan joins nothing across, so the device starts
+    // on the first layers while the host prepares the rest.
+    bool cut_after(const Tensor& node) const override { return step_cut_after(node); }
 
     // Queues a copy of n bytes from host memory to device memory of this backend on the compute stream
     // (not behind uploads on the copy stream): after every compute queued before the call, before
@@ -126,6 +126,8 @@ public:
     };
     const FusionStats& fusion_stats() const { return fusion_stats_; }
     const GraphStats& graph_stats() const { return graphs_->stats(); }
+    // Whether the graph runner merges volatile nodes into the chunks around them (GraphRunner::Merge; tests).
+    void set_graph_merge(GraphRunner::Merge m) { graphs_->set_merge(m); }
 
     cudaStream_t compute_stream() const { return compute_stream_; }
     cudaStream_t copy_stream() const { return copy_stream_; }

@@ -105,6 +105,11 @@ bool expert_route_carries(const Tensor& built, const Tensor& next);
 // expert block's up/gate GEMV (decode), or after its down product on the tensor cores (prefill: not
 // between up/gate and down, whose route it takes). No fused launch or Q8 hand-off crosses these nodes.
 bool span_cut_after(const Tensor& node);
+// Where the CUDA backend cuts a step (CudaBackend::cut_after): at the span_cut_after nodes of layers 0, 1,
+// 3, 7, 15, ... Each cut ends a graph launch, across which kernels do not overlap (graph_runner.h), so the
+// spans double in length: the host prepares each while the device computes the one before (half as long,
+// but the host's share of a layer is a fraction of the device's), with ~log2(layers) cuts per step.
+bool step_cut_after(const Tensor& node);
 // Whether the parts of a kAttnPrep item (as matched: norms, ropes, copies) may run a warp per (head,
 // token) row over several blocks, with no barrier between one row's reads and another row's writes:
 // every output (norm, rope and copy rows) is disjoint from every other tensor the launch reads or

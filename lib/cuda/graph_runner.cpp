@@ -157,10 +157,20 @@ Status GraphRunner::run(std::span<Tensor* const> nodes, std::span<const uint64_t
     plan.last.resize(n);
     for (size_t i = 0; i < n; ++i) plan.last[i] = sig_.node_hash(i);
 
+    bool merge = merge_ == Merge::kAlways;
+    if (merge_ == Merge::kWhenDeviceBusy) {
+        const cudaError_t q = cudaStreamQuery(stream_);
+        merge = q == cudaErrorNotReady;
+        if (q != cudaSuccess && q != cudaErrorNotReady) (void)cudaGetLastError();  // reported at synchronize
+    }
+    stats_.merged_spans += merge;
+    // Merged: chunks of equal lengths (no short one at the end), each at most kMaxChunk.
+    const size_t n_chunks = (n + kMaxChunk - 1) / kMaxChunk;
+    const size_t longest = merge && n_chunks > 0 ? (n + n_chunks - 1) / n_chunks : kMaxChunk;
     for (size_t a = 0; a < n;) {
-        const uint8_t vol = plan.volatile_[a];
+        const uint8_t vol = merge ? 0 : plan.volatile_[a];
         size_t b = a + 1;
-        while (b < n && plan.volatile_[b] == vol && b - a < kMaxChunk) ++b;
+        while (b < n && (merge || plan.volatile_[b] == vol) && b - a < longest) ++b;
         const bool use_graph = b - a >= (vol ? kMinVolatileGraph : kMinGraph);
         const uint64_t key = hash_combine(hash_combine(identity, a), b);
         if (!use_graph || !run_chunk(key, a, b, state, sig_.words(a, b))) MOE_RETURN_IF_ERROR(eager(a, b));

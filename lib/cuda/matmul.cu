@@ -586,6 +586,11 @@ bool span_cut_after(const Tensor& node) {
     return false;
 }
 
+bool step_cut_after(const Tensor& node) {
+    const int layer = node.layer;
+    return layer >= 0 && ((layer + 1) & layer) == 0 && span_cut_after(node);
+}
+
 bool mul_mat_takes_row_kernel(const Tensor& node) {
     if (node.op != Op::MUL_MAT) return false;
     const StatusOr<DenseOp> d = parse_mul_mat(node);

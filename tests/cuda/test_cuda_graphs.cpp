@@ -71,7 +71,13 @@ void check_graph_matches_eager(Device& dev, const moe::Graph& g, Upload&& upload
 
 TEST_CASE("CUDA graphs match eager launches while n_kv, the cache row and the arena change", "[gpu]") {
     MOE_GPU_OR_SKIP();
+    // The changing nodes (cache writes, attention) launched eagerly between graphs of the others, and
+    // merged into one graph captured and updated every run (as while the device is busy).
+    using Merge = moe::cuda::GraphRunner::Merge;
+    const Merge merge = GENERATE(Merge::kNever, Merge::kAlways);
+    INFO((merge == Merge::kAlways ? "merged" : "split"));
     Device dev;
+    dev.be().set_graph_merge(merge);
     auto rng = fresh_rng(101);
     constexpr int64_t K = 256, N = 192, D = 64, H = 4, Hkv = 2, T = 3, kCtx = 1024;
     // Weights: an RMS norm vector and a Q8_0 matrix (GEMV path at T = 3).
@@ -153,6 +159,12 @@ TEST_CASE("CUDA graphs match eager launches while n_kv, the cache row and the ar
     CHECK(s.instantiations > before.instantiations);
     CHECK(s.updates > before.updates);  // arguments changed in place
     CHECK(s.failures == before.failures);
+    if (merge == Merge::kAlways) {
+        CHECK(s.merged_spans > before.merged_spans);
+        CHECK(s.eager_nodes == before.eager_nodes);  // every node in a graph
+    } else {
+        CHECK(s.merged_spans == before.merged_spans);
+    }
 }
 
 TEST_CASE("CUDA graphs cut long spans into chunks and replay them bitwise", "[gpu]") {
@@ -165,7 +177,7 @@ TEST_CASE("CUDA graphs cut long spans into chunks and replay them bitwise", "[gp
     moe::Graph g;
     Tensor* x = g.input(Type::F32, {n}, "x");
     Tensor* y = x;
-    for (int i = 0; i < 150; ++i) y = (i % 3 == 2) ? g.mul(y, b) : g.add(y, b);  // > 2 chunks of 64
+    for (int i = 0; i < 300; ++i) y = (i % 3 == 2) ? g.mul(y, b) : g.add(y, b);  // > 2 chunks of 128
     g.set_output(y);
     const moe::AllocPlan plan = moe::plan_allocation(g);
     moe::bind_allocation(g, plan, dev.alloc(plan.arena_size));

@@ -157,6 +157,7 @@ struct PlanCounts {
     int q8_in = 0, q8_out = 0;
     int route_reuse = 0;  // down products that take their up/gate product's expert route
     int cuts = 0;
+    int step_cuts = 0;  // where the backend cuts a step (step_cut_after)
     std::string layer0;  // the item sequence of the first layer, for the failure message
 };
 
@@ -212,9 +213,14 @@ PlanCounts plan_model(const moe::HParams& hp, Type dense, Type experts, int n_to
             last_cut = static_cast<int>(k);
             ++c.cuts;
         }
+        for (int p = 0; p < it.n_part; ++p) c.step_cuts += moe::cuda::step_cut_after(*it.part[static_cast<size_t>(p)]);
     }
     // Decode cuts after each up/gate GEMV, prefills after each down product: one cut per layer.
     CHECK(c.cuts == hp.n_layer);
+    // The backend cuts at those of layers 0, 1, 3, 7, ...: floor(log2(layers)) + 1 of them.
+    int doublings = 0;
+    for (int l = 1; l <= hp.n_layer; l *= 2) ++doublings;
+    CHECK(c.step_cuts == doublings);
     // Every node is launched exactly once.
     int parts = 0;
     for (const moe::cuda::LaunchItem& it : plan.items) parts += it.n_part;
