@@ -335,20 +335,53 @@ Status validate_batch(const moe_context& ctx, const int32_t* tokens, const int32
     return Status::ok();
 }
 
-// Evaluates one ubatch; logits_dst receives the logits `mode` asks for (nullptr for NONE).
+bool splits_layers(const std::vector<uint8_t>& split_layers) {
+    return std::find(split_layers.begin(), split_layers.end(), 1) != split_layers.end();
+}
+
+// Builds the graph of a ubatch of n_tokens at n_past.
+std::unique_ptr<moe_context::Step> build_step(const moe_context& ctx, int n_tokens, int n_past, LogitsMode mode,
+                                              const std::vector<uint8_t>& split_layers) {
+    auto step = std::make_unique<moe_context::Step>();
+    step->n_tokens = n_tokens;
+    step->n_past = n_past;
+    step->mode = mode;
+    step->ub = build_model_graph(step->graph, ctx.model->hparams, ctx.weights, ctx.kv, n_tokens, n_past, mode,
+                                 split_layers);
+    return step;
+}
+
+// Evaluates one ubatch; logits_dst receives the logits `mode` asks for (nullptr for NONE). With
+// build_ahead, the host builds and plans a one-token step right after this one while the device computes
+// this one (~0.15-0.45 ms per token of host work, during which the device used to sit idle, on the H100
+// machine's host: docs/PERF.md session 13); the next call uses it if it asks for exactly that.
 Status decode_ubatch(moe_context& ctx, const int32_t* tokens, int n_tokens, int n_past, LogitsMode mode,
-                     float* logits_dst) {
+                     float* logits_dst, bool build_ahead) {
     MOE_ASSIGN_OR_RETURN(const sched::ExpertSplitPlan split, ctx.sched->plan_expert_split(n_tokens));
-    Graph g;
-    UbatchGraph ub =
-        build_model_graph(g, ctx.model->hparams, ctx.weights, ctx.kv, n_tokens, n_past, mode, split.layers);
+    std::unique_ptr<moe_context::Step> step = std::move(ctx.ahead);
+    if (step == nullptr || step->n_tokens != n_tokens || step->n_past != n_past || step->mode != mode ||
+        splits_layers(split.layers)) {
+        step = build_step(ctx, n_tokens, n_past, mode, split.layers);
+    }
+    const UbatchGraph& ub = step->ub;
     std::vector<int32_t> positions(static_cast<size_t>(n_tokens));
     for (int i = 0; i < n_tokens; ++i) positions[static_cast<size_t>(i)] = n_past + i;
     std::vector<sched::HostInput> inputs = {{ub.tokens, tokens}, {ub.positions, positions.data()}};
     if (ub.expert_groups != nullptr) inputs.push_back({ub.expert_groups, split.groups.data()});
     std::vector<sched::HostOutput> outputs;
     if (ub.logits != nullptr) outputs.push_back({ub.logits, logits_dst});
-    return ctx.sched->run(g, n_tokens, inputs, outputs);
+    const int next_past = n_past + n_tokens;
+    const auto while_waiting = [&] {
+        ctx.retired.reset();
+        if (!build_ahead || next_past >= ctx.params.n_ctx) return;
+        ctx.ahead = build_step(ctx, 1, next_past, LogitsMode::LAST, {});
+        Tensor* ahead_inputs[] = {ctx.ahead->ub.tokens, ctx.ahead->ub.positions};
+        ctx.sched->prepare(ctx.ahead->graph, ahead_inputs);
+    };
+    const Status s = ctx.sched->run(step->graph, n_tokens, inputs, outputs, while_waiting);
+    if (!s.is_ok()) ctx.ahead.reset();
+    ctx.retired = std::move(step);  // freed while the device computes the next step
+    return s;
 }
 
 }  // namespace
@@ -411,10 +444,11 @@ Status decode(moe_context& ctx, const int32_t* tokens, const int32_t* positions,
         const bool last = done + n == n_tokens;
         if (logits_all || last) {
             float* dst = ctx.logits_data() + static_cast<size_t>(logits_all ? done : 0) * static_cast<size_t>(n_vocab);
+            // Built ahead: the step a generation loop asks for next (one token, its logits).
             status = decode_ubatch(ctx, tokens + done, n, ctx.n_past, logits_all ? LogitsMode::ALL : LogitsMode::LAST,
-                                   dst);
+                                   dst, last && ctx.device != nullptr);
         } else {
-            status = decode_ubatch(ctx, tokens + done, n, ctx.n_past, LogitsMode::NONE, nullptr);
+            status = decode_ubatch(ctx, tokens + done, n, ctx.n_past, LogitsMode::NONE, nullptr, false);
         }
         if (!status.is_ok()) {
             // The sequence ends where it was before this call; cache rows past it are never read.

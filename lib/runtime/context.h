@@ -33,6 +33,18 @@ struct moe_context {
 
     std::unique_ptr<moe::sched::Scheduler> sched;
 
+    // Decode steps built one ahead (context.cpp): while the device computes a step, the host builds and
+    // plans the graph of a one-token step right after it, and frees the step before.
+    struct Step {
+        moe::Graph graph;
+        moe::UbatchGraph ub;
+        int n_tokens = 0;
+        int n_past = 0;
+        moe::LogitsMode mode = moe::LogitsMode::NONE;
+    };
+    std::unique_ptr<Step> ahead;    // the next step as guessed; used only if the call matches it
+    std::unique_ptr<Step> retired;  // the last step's graph, freed during the next one
+
     // The last decode's logits: page-locked with a device (a download into pageable memory is staged by
     // the driver and returns only once done; for one decode token's ~0.6-0.8 MB that is tens of us).
     std::unique_ptr<moe::Buffer> logits;

@@ -65,6 +65,7 @@ struct Scheduler::RunState {
     bool host_waits = false;
     uint64_t host_fence = 0;
     std::vector<uint8_t> eager;  // per node (see CachedPlan::eager)
+    const CachedPlan* cached = nullptr;  // the plan came from the cache (its counts go to the stats at run)
     // Expert split, measured for learn_split_costs().
     double split_host_seconds = 0.0;
     double split_wait_seconds = 0.0;
@@ -167,6 +168,7 @@ Status Scheduler::set_policy(const Policy& policy) {
     }
     policy_ = policy;
     plans_.clear();  // sides depend on the policy
+    prepared_.reset();
     last_selected_.clear();
     split_trials_.clear();
     return Status::ok();
@@ -691,28 +693,33 @@ uint64_t graph_signature(const Graph& graph, size_t n_inputs) {
 
 // Sides for every node and arena offsets: from the cache, or decided now (nodes in order, so each
 // node's operands are placed before it) and cached.
-Status Scheduler::plan(Graph& graph, std::span<const HostInput> inputs, RunState& rs, std::vector<Side>& sides) {
+bool Scheduler::apply_cached_plan(Graph& graph, std::span<const HostInput> inputs, RunState& rs,
+                                  std::vector<Side>& sides) {
     const std::vector<Tensor*>& nodes = graph.nodes();
     for (const HostInput& in : inputs) rs.produced[in.tensor] = Side::HOST;
     const uint64_t key = graph_signature(graph, inputs.size());
-    if (auto it = plans_.find(key); it != plans_.end() && it->second.sides.size() == nodes.size()) {
-        const CachedPlan& c = it->second;
-        sides = c.sides;
-        rs.eager = c.eager;
-        rs.plan.arena_size = c.arena_size;
-        for (size_t i = 0; i < nodes.size(); ++i) {
-            if (nodes[i]->view_src == nullptr) rs.produced[nodes[i]] = sides[i];
-            if (c.node_offset[i] >= 0) rs.plan.offsets[nodes[i]] = static_cast<size_t>(c.node_offset[i]);
-        }
-        for (size_t i = 0; i < inputs.size(); ++i) {
-            if (c.input_offset[i] >= 0) rs.plan.offsets[inputs[i].tensor] = static_cast<size_t>(c.input_offset[i]);
-        }
-        for (int k = 0; k < kOffloadOps; ++k) {
-            stats_.n_offloaded[static_cast<size_t>(k)] += c.offloaded[static_cast<size_t>(k)];
-            stats_.n_kept_host[static_cast<size_t>(k)] += c.kept_host[static_cast<size_t>(k)];
-        }
-        return Status::ok();
+    const auto it = plans_.find(key);
+    if (it == plans_.end() || it->second.sides.size() != nodes.size()) return false;
+    const CachedPlan& c = it->second;
+    sides = c.sides;
+    rs.eager = c.eager;
+    rs.plan.arena_size = c.arena_size;
+    rs.produced.reserve(rs.produced.size() + nodes.size());
+    rs.plan.offsets.reserve(nodes.size() + inputs.size());
+    for (size_t i = 0; i < nodes.size(); ++i) {
+        if (nodes[i]->view_src == nullptr) rs.produced[nodes[i]] = sides[i];
+        if (c.node_offset[i] >= 0) rs.plan.offsets[nodes[i]] = static_cast<size_t>(c.node_offset[i]);
     }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        if (c.input_offset[i] >= 0) rs.plan.offsets[inputs[i].tensor] = static_cast<size_t>(c.input_offset[i]);
+    }
+    rs.cached = &c;
+    return true;
+}
+
+Status Scheduler::plan(Graph& graph, std::span<const HostInput> inputs, RunState& rs, std::vector<Side>& sides) {
+    const std::vector<Tensor*>& nodes = graph.nodes();
+    if (apply_cached_plan(graph, inputs, rs, sides)) return Status::ok();
 
     const auto offloaded_before = stats_.n_offloaded;
     const auto kept_before = stats_.n_kept_host;
@@ -748,18 +755,12 @@ Status Scheduler::plan(Graph& graph, std::span<const HostInput> inputs, RunState
         c.kept_host[static_cast<size_t>(k)] = stats_.n_kept_host[static_cast<size_t>(k)] - kept_before[static_cast<size_t>(k)];
     }
     // Cache only plans that the indices describe completely (no planned leaf other than the inputs).
-    if (found == rs.plan.offsets.size()) plans_[key] = std::move(c);
+    if (found == rs.plan.offsets.size()) plans_[graph_signature(graph, inputs.size())] = std::move(c);
     return Status::ok();
 }
 
-Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inputs, std::span<const HostOutput> outputs) {
-    const Clock::time_point t_start = Clock::now();
-    RunState rs;
-    allocated_in_run_ = false;
-    const std::vector<Tensor*>& nodes = graph.nodes();
-
-    // Expert ids stay alive to the end of the ubatch, so the activation counts can read them then.
-    for (const Tensor* n : nodes) {
+void Scheduler::keep_expert_ids(const Graph& graph, RunState& rs) {
+    for (const Tensor* n : graph.nodes()) {
         if (const Tensor* ids = expert_ids_of(*n)) {
             Tensor* st = const_cast<Tensor*>(storage_of(ids));
             if (std::find(rs.moe_ids.begin(), rs.moe_ids.end(), st) == rs.moe_ids.end()) {
@@ -768,12 +769,69 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
             }
         }
     }
+}
 
+bool Scheduler::arenas_hold(size_t size) const {
+    for (int s = 0; s < kSides; ++s) {
+        if (s == static_cast<int>(Side::DEVICE) && device_ == nullptr) continue;
+        if (!arena_[s] || arena_[s]->size() < size) return false;
+    }
+    return true;
+}
+
+void Scheduler::prepare(Graph& graph, std::span<Tensor* const> input_tensors) {
+    prepared_.reset();
+    retired_.reset();
+    if (profiling_) return;
+    auto p = std::make_unique<Prepared>();
+    p->graph = &graph;
+    p->inputs.assign(input_tensors.begin(), input_tensors.end());
+    p->rs = std::make_unique<RunState>();
+    std::vector<HostInput> inputs;
+    for (Tensor* t : input_tensors) inputs.push_back({t, nullptr});
+    keep_expert_ids(graph, *p->rs);
+    // The arenas may be in use by the device: a plan that would grow them waits for its run().
+    if (!apply_cached_plan(graph, inputs, *p->rs, p->sides) || !arenas_hold(p->rs->plan.arena_size)) return;
+    for (int s = 0; s < kSides; ++s) p->rs->base[s] = arena_[s] ? static_cast<uint8_t*>(arena_[s]->data()) : nullptr;
+    bind(graph, *p->rs);
+    prepared_ = std::move(p);
+}
+
+Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inputs, std::span<const HostOutput> outputs,
+                      const std::function<void()>& while_waiting) {
+    const Clock::time_point t_start = Clock::now();
+    allocated_in_run_ = false;
+    const std::vector<Tensor*>& nodes = graph.nodes();
+
+    // The plan prepare() made for this very graph and inputs, or one made now.
+    std::unique_ptr<Prepared> ahead = std::move(prepared_);
+    bool planned = ahead != nullptr && ahead->graph == &graph && ahead->inputs.size() == inputs.size();
+    for (size_t i = 0; planned && i < inputs.size(); ++i) planned = ahead->inputs[i] == inputs[i].tensor;
+    std::unique_ptr<RunState> owned = planned ? std::move(ahead->rs) : std::make_unique<RunState>();
+    RunState& rs = *owned;
     std::vector<Side> sides;
-    MOE_RETURN_IF_ERROR(plan(graph, inputs, rs, sides));
+    if (planned) {
+        sides = std::move(ahead->sides);
+        ++stats_.n_planned_ahead;
+    } else {
+        keep_expert_ids(graph, rs);
+        MOE_RETURN_IF_ERROR(plan(graph, inputs, rs, sides));
+    }
+    ahead.reset();
+    if (rs.cached != nullptr) {
+        for (int k = 0; k < kOffloadOps; ++k) {
+            stats_.n_offloaded[static_cast<size_t>(k)] += rs.cached->offloaded[static_cast<size_t>(k)];
+            stats_.n_kept_host[static_cast<size_t>(k)] += rs.cached->kept_host[static_cast<size_t>(k)];
+        }
+    }
     MOE_RETURN_IF_ERROR(ensure_arenas(rs.plan.arena_size));
-    for (int s = 0; s < kSides; ++s) rs.base[s] = arena_[s] ? static_cast<uint8_t*>(arena_[s]->data()) : nullptr;
-    bind(graph, rs);
+    bool rebind = !planned;
+    for (int s = 0; s < kSides; ++s) {
+        uint8_t* base = arena_[s] ? static_cast<uint8_t*>(arena_[s]->data()) : nullptr;
+        rebind = rebind || base != rs.base[s];
+        rs.base[s] = base;
+    }
+    if (rebind) bind(graph, rs);
     for (const HostInput& in : inputs) std::memcpy(in.tensor->data, in.data, in.tensor->n_bytes());
 
     Status status = [&]() -> Status {
@@ -835,6 +893,8 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
                 on_host.push_back(&out);
             }
         }
+        retired_.reset();  // the last ubatch's state, freed while the device computes this one
+        if (while_waiting) while_waiting();
         MOE_RETURN_IF_ERROR(count_experts(id_sources, n_tokens));  // ends with the ubatch's synchronisation
         for (const HostOutput* out : on_host) std::memcpy(out->data, out->tensor->data, out->tensor->n_bytes());
         return Status::ok();
@@ -855,6 +915,7 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
     }
     ++stats_.n_ubatches;
     stats_.seconds_total += seconds_since(t_start);
+    retired_ = std::move(owned);
     return status;
 }
 

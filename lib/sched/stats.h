@@ -24,6 +24,8 @@ struct Stats {
     uint64_t n_split_layers = 0;     // expert blocks computed in two parts (host and device at once)
     uint64_t n_split_host_experts = 0;  // experts those blocks left to the host, summed
     uint64_t n_split_trials = 0;        // ubatches timed as samples of the automatic split's trials
+    uint64_t n_planned_ahead = 0;       // ubatches that ran a plan prepare() made while the device computed
+                                        // the one before (internal: not in moe_sched_stats)
     uint64_t n_ops_host = 0;
     uint64_t n_ops_device = 0;
     double seconds_total = 0.0;

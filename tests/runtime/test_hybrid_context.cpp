@@ -15,6 +15,7 @@
 
 #include "common/tiny_model.h"
 #include "moeinfer/moeinfer.h"
+#include "runtime/context.h"
 
 namespace {
 
@@ -561,4 +562,55 @@ TEST_CASE("expert split: the host and device parts add up to the cpu path", "[sc
             }
         }
     }
+}
+
+TEST_CASE("decode steps built ahead give bitwise the logits of steps built on the call", "[sched]") {
+    // While the device computes a step, the host builds and plans the one-token step after it
+    // (runtime/context.cpp); a call asking for anything else builds its own. Pass 1 decodes one token
+    // at a time (each step after the first was built ahead), pass 2 the same tokens asking for all rows'
+    // logits, a step never built ahead; a rewind and a prompt in between must not take the stale step.
+    std::mt19937 rng(static_cast<uint32_t>(std::random_device{}()));
+    const Model m("qwen3moe", "moe_build_ahead", rng(), model_options());
+    const int32_t n_vocab = m.info().n_vocab;
+    Ctx c(m, MOE_DEVICE_EMULATED, nullptr, nullptr);
+    const std::vector<int32_t> prompt = random_tokens(rng, 5, n_vocab);
+    const std::vector<int32_t> gen = random_tokens(rng, 8, n_vocab);
+    const auto logits_row = [&] {
+        const float* l = nullptr;
+        int32_t rows = 0, nv = 0;
+        REQUIRE(moe_get_logits(c.ctx, &l, &rows, &nv) == MOE_STATUS_OK);
+        return std::vector<float>(l + static_cast<size_t>(rows - 1) * nv, l + static_cast<size_t>(rows) * nv);
+    };
+    const auto run_pass = [&](int32_t logits_all) {
+        REQUIRE(moe_kv_clear(c.ctx) == MOE_STATUS_OK);
+        REQUIRE(moe_decode(c.ctx, prompt.data(), nullptr, static_cast<int32_t>(prompt.size()), 0) == MOE_STATUS_OK);
+        std::vector<std::vector<float>> out;
+        for (int32_t t : gen) {
+            INFO(moe_last_error());
+            REQUIRE(moe_decode(c.ctx, &t, nullptr, 1, logits_all) == MOE_STATUS_OK);
+            out.push_back(logits_row());
+        }
+        return out;
+    };
+    const moe::sched::Stats& st = c.ctx->sched->stats();
+    const uint64_t before = st.n_planned_ahead;
+    const auto ahead = run_pass(0);
+    const uint64_t planned = st.n_planned_ahead - before;
+    const auto fresh = run_pass(1);
+    // Every step after the prompt was built ahead; the first could not be planned ahead (plans come from
+    // the cache of graph shapes, and no one-token step had run yet).
+    CHECK(planned == gen.size() - 1);
+    CHECK(st.n_planned_ahead - before == planned);
+    for (size_t i = 0; i < gen.size(); ++i) {
+        INFO("step " << i);
+        CHECK(ahead[i] == fresh[i]);
+    }
+    // A rewind to an earlier position while a step is built ahead for the end: the call's own step.
+    const int32_t pos = 2;
+    REQUIRE(moe_decode(c.ctx, gen.data(), &pos, 1, 0) == MOE_STATUS_OK);
+    const auto rewound = logits_row();
+    REQUIRE(moe_kv_clear(c.ctx) == MOE_STATUS_OK);
+    REQUIRE(moe_decode(c.ctx, prompt.data(), nullptr, 2, 0) == MOE_STATUS_OK);
+    REQUIRE(moe_decode(c.ctx, gen.data(), nullptr, 1, 1) == MOE_STATUS_OK);
+    CHECK(logits_row() == rewound);
 }
