@@ -1,8 +1,15 @@
 #include "core/graph.h"
 
+#include <atomic>
 #include <vector>
 
 namespace moe {
+
+Graph::Graph() {
+    static std::atomic<uint64_t> next{1};
+    serial_ = next.fetch_add(1, std::memory_order_relaxed);
+}
+
 namespace {
 
 std::vector<int64_t> dims(std::initializer_list<int64_t> ne) { return std::vector<int64_t>(ne); }

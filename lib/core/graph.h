@@ -3,6 +3,7 @@
 // tensor data, no kernels).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -13,7 +14,7 @@ namespace moe {
 
 class Graph {
 public:
-    Graph() = default;
+    Graph();
     Graph(const Graph&) = delete;
     Graph& operator=(const Graph&) = delete;
 
@@ -50,6 +51,8 @@ public:
     // Marks the graph's result(s); nodes are computed in the order they were built.
     void set_output(Tensor* t) { t->is_output = true; outputs_.push_back(t); }
 
+    // Different for every Graph the process makes (an address may be reused once a graph is freed).
+    uint64_t serial() const { return serial_; }
     const std::vector<Tensor*>& nodes() const { return nodes_; }  // every non-leaf tensor, in order
     const std::vector<Tensor*>& outputs() const { return outputs_; }
     // Tensors tagged with `layer` from now on (for stats and placement).
@@ -60,6 +63,7 @@ public:
 private:
     Tensor* new_node(Op op, Type type, std::initializer_list<int64_t> ne, std::initializer_list<Tensor*> srcs);
 
+    uint64_t serial_;
     StableArena<Tensor> arena_;  // stable addresses
     std::vector<Tensor*> nodes_;
     std::vector<Tensor*> outputs_;

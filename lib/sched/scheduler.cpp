@@ -784,7 +784,7 @@ void Scheduler::prepare(Graph& graph, std::span<Tensor* const> input_tensors) {
     retired_.reset();
     if (profiling_) return;
     auto p = std::make_unique<Prepared>();
-    p->graph = &graph;
+    p->graph = graph.serial();
     p->inputs.assign(input_tensors.begin(), input_tensors.end());
     p->rs = std::make_unique<RunState>();
     std::vector<HostInput> inputs;
@@ -805,7 +805,7 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
 
     // The plan prepare() made for this very graph and inputs, or one made now.
     std::unique_ptr<Prepared> ahead = std::move(prepared_);
-    bool planned = ahead != nullptr && ahead->graph == &graph && ahead->inputs.size() == inputs.size();
+    bool planned = ahead != nullptr && ahead->graph == graph.serial() && ahead->inputs.size() == inputs.size();
     for (size_t i = 0; planned && i < inputs.size(); ++i) planned = ahead->inputs[i] == inputs[i].tensor;
     std::unique_ptr<RunState> owned = planned ? std::move(ahead->rs) : std::make_unique<RunState>();
     RunState& rs = *owned;

@@ -143,7 +143,7 @@ private:
     };
     // A graph planned ahead (prepare()).
     struct Prepared {
-        const Graph* graph = nullptr;
+        uint64_t graph = 0;  // Graph::serial()
         std::vector<Tensor*> inputs;
         std::unique_ptr<RunState> rs;
         std::vector<Side> sides;
