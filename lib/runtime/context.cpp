@@ -335,10 +335,6 @@ Status validate_batch(const moe_context& ctx, const int32_t* tokens, const int32
     return Status::ok();
 }
 
-bool splits_layers(const std::vector<uint8_t>& split_layers) {
-    return std::find(split_layers.begin(), split_layers.end(), 1) != split_layers.end();
-}
-
 // Builds the graph of a ubatch of n_tokens at n_past.
 std::unique_ptr<moe_context::Step> build_step(const moe_context& ctx, int n_tokens, int n_past, LogitsMode mode,
                                               const std::vector<uint8_t>& split_layers) {
@@ -360,7 +356,7 @@ Status decode_ubatch(moe_context& ctx, const int32_t* tokens, int n_tokens, int 
     MOE_ASSIGN_OR_RETURN(const sched::ExpertSplitPlan split, ctx.sched->plan_expert_split(n_tokens));
     std::unique_ptr<moe_context::Step> step = std::move(ctx.ahead);
     if (step == nullptr || step->n_tokens != n_tokens || step->n_past != n_past || step->mode != mode ||
-        splits_layers(split.layers)) {
+        split.n_layers != 0) {
         step = build_step(ctx, n_tokens, n_past, mode, split.layers);
     }
     const UbatchGraph& ub = step->ub;

@@ -693,11 +693,10 @@ uint64_t graph_signature(const Graph& graph, size_t n_inputs) {
 
 // Sides for every node and arena offsets: from the cache, or decided now (nodes in order, so each
 // node's operands are placed before it) and cached.
-bool Scheduler::apply_cached_plan(Graph& graph, std::span<const HostInput> inputs, RunState& rs,
+bool Scheduler::apply_cached_plan(Graph& graph, std::span<const HostInput> inputs, uint64_t key, RunState& rs,
                                   std::vector<Side>& sides) {
     const std::vector<Tensor*>& nodes = graph.nodes();
     for (const HostInput& in : inputs) rs.produced[in.tensor] = Side::HOST;
-    const uint64_t key = graph_signature(graph, inputs.size());
     const auto it = plans_.find(key);
     if (it == plans_.end() || it->second.sides.size() != nodes.size()) return false;
     const CachedPlan& c = it->second;
@@ -719,7 +718,8 @@ bool Scheduler::apply_cached_plan(Graph& graph, std::span<const HostInput> input
 
 Status Scheduler::plan(Graph& graph, std::span<const HostInput> inputs, RunState& rs, std::vector<Side>& sides) {
     const std::vector<Tensor*>& nodes = graph.nodes();
-    if (apply_cached_plan(graph, inputs, rs, sides)) return Status::ok();
+    const uint64_t key = graph_signature(graph, inputs.size());
+    if (apply_cached_plan(graph, inputs, key, rs, sides)) return Status::ok();
 
     const auto offloaded_before = stats_.n_offloaded;
     const auto kept_before = stats_.n_kept_host;
@@ -755,7 +755,7 @@ Status Scheduler::plan(Graph& graph, std::span<const HostInput> inputs, RunState
         c.kept_host[static_cast<size_t>(k)] = stats_.n_kept_host[static_cast<size_t>(k)] - kept_before[static_cast<size_t>(k)];
     }
     // Cache only plans that the indices describe completely (no planned leaf other than the inputs).
-    if (found == rs.plan.offsets.size()) plans_[graph_signature(graph, inputs.size())] = std::move(c);
+    if (found == rs.plan.offsets.size()) plans_[key] = std::move(c);
     return Status::ok();
 }
 
@@ -781,7 +781,6 @@ bool Scheduler::arenas_hold(size_t size) const {
 
 void Scheduler::prepare(Graph& graph, std::span<Tensor* const> input_tensors) {
     prepared_.reset();
-    retired_.reset();
     if (profiling_) return;
     auto p = std::make_unique<Prepared>();
     p->graph = graph.serial();
@@ -791,7 +790,10 @@ void Scheduler::prepare(Graph& graph, std::span<Tensor* const> input_tensors) {
     for (Tensor* t : input_tensors) inputs.push_back({t, nullptr});
     keep_expert_ids(graph, *p->rs);
     // The arenas may be in use by the device: a plan that would grow them waits for its run().
-    if (!apply_cached_plan(graph, inputs, *p->rs, p->sides) || !arenas_hold(p->rs->plan.arena_size)) return;
+    if (!apply_cached_plan(graph, inputs, graph_signature(graph, inputs.size()), *p->rs, p->sides) ||
+        !arenas_hold(p->rs->plan.arena_size)) {
+        return;
+    }
     for (int s = 0; s < kSides; ++s) p->rs->base[s] = arena_[s] ? static_cast<uint8_t*>(arena_[s]->data()) : nullptr;
     bind(graph, *p->rs);
     prepared_ = std::move(p);
