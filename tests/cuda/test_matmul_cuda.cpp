@@ -19,6 +19,8 @@
 
 #if MOEINFER_HAS_CUDA
 
+// For the event listener that releases the shared GPU state when the run ends.
+#define CATCH_CONFIG_EXTERNAL_INTERFACES
 #include <catch2/catch.hpp>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -74,14 +76,28 @@ DevMem dev_alloc(size_t bytes) {
     return DevMem(p);
 }
 
-// One stream, cuBLAS handle, error word and grow-only scratch for all test cases. Never destroyed:
-// the CUDA runtime may already be gone when static destructors run.
+// One stream, cuBLAS handle, error word and grow-only scratch for all test cases. Released when the
+// test run ends (GpuEnvRelease below), not by a static destructor: the CUDA runtime may already be gone
+// when those run, and compute-sanitizer's leak check would report a handle never released.
 class GpuEnv {
 public:
     static GpuEnv& get() {
-        static GpuEnv* env = new GpuEnv();
-        return *env;
+        if (instance() == nullptr) instance() = new GpuEnv();
+        return *instance();
     }
+    static void release() {
+        delete instance();
+        instance() = nullptr;
+    }
+    ~GpuEnv() {
+        if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+        scratch_.reset();
+        if (cublas_ != nullptr) cublasDestroy(cublas_);
+        if (flags_host_ != nullptr) cudaFreeHost(flags_host_);
+        if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    }
+    GpuEnv(const GpuEnv&) = delete;
+    GpuEnv& operator=(const GpuEnv&) = delete;
 
     moe::cuda::OpContext ctx(size_t scratch_bytes) {
         if (scratch_bytes > scratch_size_) {
@@ -121,6 +137,10 @@ private:
         CUDA_REQUIRE(cudaHostGetDevicePointer(&dev, flags, 0));
         flags_dev_ = static_cast<unsigned int*>(dev);
     }
+    static GpuEnv*& instance() {
+        static GpuEnv* env = nullptr;
+        return env;
+    }
     cudaStream_t stream_ = nullptr;
     cublasHandle_t cublas_ = nullptr;
     unsigned int* flags_host_ = nullptr;
@@ -128,6 +148,12 @@ private:
     DevMem scratch_;
     size_t scratch_size_ = 0;
 };
+
+struct GpuEnvRelease : Catch::TestEventListenerBase {
+    using TestEventListenerBase::TestEventListenerBase;
+    void testRunEnded(const Catch::TestRunStats&) override { GpuEnv::release(); }
+};
+CATCH_REGISTER_LISTENER(GpuEnvRelease)
 
 // ---- host data ----
 

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# compute-sanitizer over the [gpu] test suite on the GPU machine, one test case at a time, from binaries
+# packed by scripts/make_devcarry.sh:
+#   scripts/device_sanitize.sh CARRY_DIR OUT_DIR TOOL [SECONDS_PER_CASE] [TAGS]
+# TOOL is a compute-sanitizer tool (memcheck, racecheck, synccheck, initcheck). Each case runs under
+# it with a time limit (default 120 s: the sanitizers slow kernels 10-100x, and a few cases loop over
+# many shapes); a case that hits the limit is reported as such, not as clean. Per-case logs go to
+# OUT_DIR/TOOL-logs.tar.gz, a summary line per case to stdout and OUT_DIR/TOOL.txt. CASES=REGEX runs
+# only the cases whose names match.
+set -uo pipefail
+carry=$1; out=$2; tool=$3; limit=${4:-120}; tags=${5:-[gpu]}
+export LD_LIBRARY_PATH="$carry/lib:${LD_LIBRARY_PATH:-}"
+mkdir -p "$out/$tool"
+summary="$out/$tool.txt"
+: > "$summary"
+extra=()
+case "$tool" in
+  # Every CUDA call's status is checked by the code under test, and some tests provoke failures on
+  # purpose (allocations larger than the device): API errors are not memory errors here.
+  memcheck) extra=(--leak-check full --report-api-errors no) ;;
+  racecheck) extra=(--racecheck-report all) ;;
+esac
+mapfile -t cases < <("$carry/moeinfer_tests" "$tags" --list-test-names-only 2>/dev/null | sed '/^$/d' | grep -v 'perf' |
+                     grep -E "${CASES:-.}")
+n_clean=0; n_err=0; n_timeout=0
+for i in "${!cases[@]}"; do
+  name=${cases[$i]}
+  log="$out/$tool/case$i.log"
+  t0=$(date +%s)
+  # Catch2 takes a test name as a filter; escape its wildcard and tag characters.
+  filter=$(printf '%s' "$name" | sed 's/[][*\\,]/\\&/g')
+  timeout "$limit" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 86 \
+      "$carry/moeinfer_tests" "$filter" > "$log" 2>&1
+  rc=$?
+  dt=$(( $(date +%s) - t0 ))
+  errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+ error' "$log" | tail -1 | grep -Eo '[0-9]+' || true)
+  if [ "$rc" = 124 ]; then state="TIMEOUT"; n_timeout=$((n_timeout + 1))
+  elif [ "$rc" = 0 ] && [ "${errors:-0}" = 0 ]; then state="clean"; n_clean=$((n_clean + 1))
+  else state="ERRORS(rc=$rc, ${errors:-?} reported)"; n_err=$((n_err + 1))
+  fi
+  printf '%-9s %4ss  %s\n' "$state" "$dt" "$name" | tee -a "$summary"
+done
+echo "$tool: ${#cases[@]} cases, $n_clean clean, $n_err with errors, $n_timeout past ${limit}s" | tee -a "$summary"
+# The device tool brings back a few files only: the per-case logs travel as one archive.
+tar -czf "$out/$tool-logs.tar.gz" -C "$out" "$tool" && rm -rf "${out:?}/$tool"
