@@ -300,13 +300,18 @@ MOE_API const char* moe_offload_op_name(int32_t op);
  * negative or non-numeric threshold); `policy` is unchanged then. */
 MOE_API moe_status moe_sched_policy_parse_offload(moe_sched_policy* policy, const char* spec);
 
+/* The largest thread count the library accepts (moe_context_params.n_threads,
+ * moe_bandwidth_params.n_threads); a larger one is INVALID_ARGUMENT naming the field. */
+#define MOE_MAX_THREADS 4096
+
 typedef struct moe_context_params {
     uint32_t struct_size;
     /* KV cache capacity in tokens. Default: 4096. */
     int32_t n_ctx;
     /* Tokens per graph evaluation (micro-batch); moe_decode splits longer inputs. Default: 512. */
     int32_t n_ubatch;
-    /* CPU threads. Default: 0 (all available cores). */
+    /* CPU threads, 0..MOE_MAX_THREADS (0: all available cores; more than the cores is allowed, but
+     * no more run than oneTBB may use). Default: 0. */
     int32_t n_threads;
     /* A moe_device. MOE_DEVICE_CUDA needs a build with CUDA (UNIMPLEMENTED otherwise) and a GPU
      * (FAILED_PRECONDITION otherwise). Default: MOE_DEVICE_CPU. */
@@ -515,7 +520,7 @@ typedef struct moe_bandwidth_params {
      * last-level cache, so that caches do not inflate the figure; smaller explicit values (at least
      * 4096) are allowed, e.g. for quick tests, but then caches may. Default: 0. */
     uint64_t host_bytes;
-    /* CPU threads reading the host buffer. 0 = all available cores. Default: 0. */
+    /* CPU threads reading the host buffer, 0..MOE_MAX_THREADS (0 = all available cores). Default: 0. */
     int32_t n_threads;
     /* Timed runs per figure, after one untimed warm-up; the median is reported. 1..1000. Default: 5. */
     int32_t repetitions;

@@ -29,9 +29,9 @@ moe::Status check_params(const moe_bandwidth_params& p) {
         return invalid_argument("params->host_bytes must be 0 (automatic) or in [4096, 2^40] (got " +
                                 std::to_string(p.host_bytes) + ")");
     }
-    if (p.n_threads < 0 || p.n_threads > 4096) {
-        return invalid_argument("params->n_threads must be in [0, 4096] (0 = all cores; got " +
-                                std::to_string(p.n_threads) + ")");
+    if (p.n_threads < 0 || p.n_threads > MOE_MAX_THREADS) {
+        return invalid_argument("params->n_threads must be in [0, " + std::to_string(MOE_MAX_THREADS) +
+                                "] (0 = all cores; got " + std::to_string(p.n_threads) + ")");
     }
     if (p.repetitions < 1 || p.repetitions > 1000) {
         return invalid_argument("params->repetitions must be in [1, 1000] (got " + std::to_string(p.repetitions) + ")");

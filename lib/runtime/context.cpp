@@ -22,7 +22,10 @@ size_t aligned(size_t n) { return (n + kWeightAlign - 1) & ~(kWeightAlign - 1); 
 Status check_params(const moe_context_params& p) {
     if (p.n_ctx <= 0) return invalid_argument("n_ctx must be > 0 (got " + std::to_string(p.n_ctx) + ")");
     if (p.n_ubatch <= 0) return invalid_argument("n_ubatch must be > 0 (got " + std::to_string(p.n_ubatch) + ")");
-    if (p.n_threads < 0) return invalid_argument("n_threads must be >= 0 (got " + std::to_string(p.n_threads) + ")");
+    if (p.n_threads < 0 || p.n_threads > MOE_MAX_THREADS) {
+        return invalid_argument("n_threads must be in [0, " + std::to_string(MOE_MAX_THREADS) +
+                                "] (0 = all cores; got " + std::to_string(p.n_threads) + ")");
+    }
     if (p.device != MOE_DEVICE_CPU && p.device != MOE_DEVICE_CUDA && p.device != MOE_DEVICE_EMULATED) {
         return invalid_argument("device must be MOE_DEVICE_CPU, MOE_DEVICE_CUDA or MOE_DEVICE_EMULATED (got " +
                                 std::to_string(p.device) + ")");

@@ -128,6 +128,24 @@ static void test_params_and_create(moe_model* model) {
     moe_context_params_init(&p);
     p.n_threads = -3;
     EXPECT_ERROR(moe_context_create(model, &p, &ctx), MOE_STATUS_INVALID_ARGUMENT, "n_threads");
+    /* Above MOE_MAX_THREADS is refused at creation (2^24 and more used to be accepted, then crash or hang
+     * oneTBB at the first decode); MOE_MAX_THREADS itself works, though this machine has fewer cores. */
+    p.device = MOE_DEVICE_CPU;
+    p.n_threads = MOE_MAX_THREADS + 1;
+    EXPECT_ERROR(moe_context_create(model, &p, &ctx), MOE_STATUS_INVALID_ARGUMENT, "n_threads");
+    p.n_threads = 1 << 24;
+    EXPECT_ERROR(moe_context_create(model, &p, &ctx), MOE_STATUS_INVALID_ARGUMENT, "n_threads");
+    p.n_threads = INT32_MAX;
+    EXPECT_ERROR(moe_context_create(model, &p, &ctx), MOE_STATUS_INVALID_ARGUMENT, "n_threads");
+    {
+        moe_context* most = NULL;
+        p.n_threads = MOE_MAX_THREADS;
+        p.n_ctx = 16;
+        EXPECT_STATUS(moe_context_create(model, &p, &most), MOE_STATUS_OK);
+        random_tokens(tokens, 4, vocab_of(model));
+        if (most != NULL) EXPECT_STATUS(moe_decode(most, tokens, NULL, 4, 0), MOE_STATUS_OK);
+        moe_context_free(most);
+    }
     moe_context_params_init(&p);
     EXPECT(p.device == MOE_DEVICE_CPU);
     p.device = 7;
