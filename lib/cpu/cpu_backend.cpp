@@ -97,7 +97,7 @@ Status check_host_addressable(const Tensor& node) {
 Status CpuBackend::compute(std::span<Tensor* const> nodes) {
     for (const Tensor* node : nodes) MOE_RETURN_IF_ERROR(check_host_addressable(*node));
     Status status;
-    arena_.execute([&] {
+    arena_.arena().execute([&] {
         for (Tensor* node : nodes) {
             status = compute_node(*node);
             if (!status.is_ok()) {

@@ -1,12 +1,11 @@
 // The CPU backend: host buffers and oneTBB-parallel kernels, run inside a task arena of the
-// requested thread count.
+// requested thread count (leased from the process-wide pool, core/task_arenas.h).
 #pragma once
 
 #include <memory>
 
-#include <tbb/task_arena.h>
-
 #include "core/backend.h"
+#include "core/task_arenas.h"
 #include "cpu/cpu_ops.h"
 
 namespace moe::cpu {
@@ -46,7 +45,7 @@ private:
     Status compute_node(Tensor& node);
 
     int n_threads_;
-    tbb::task_arena arena_;
+    TaskArenaLease arena_;
     Scratch scratch_;
 };
 

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/task_arenas.h"
+
 namespace moe::cpu {
 namespace {
 
@@ -58,7 +60,8 @@ StatusOr<HostReadBandwidth> measure_host_read(const BandwidthOptions& o) {
     if (!buf) return resource_exhausted("cannot allocate " + std::to_string(bytes) + " bytes for the host read buffer");
     uint64_t* data = buf.get();
 
-    tbb::task_arena arena(n_threads);
+    TaskArenaLease lease(n_threads);
+    tbb::task_arena& arena = lease.arena();
     arena.execute([&] {
         tbb::parallel_for(
             tbb::blocked_range<size_t>(0, n, 4096),

@@ -3,9 +3,9 @@
 // mapping does at a few GB/s.
 #pragma once
 
-#include <tbb/task_arena.h>
-
 #include <cstddef>
+
+#include "core/task_arenas.h"
 
 namespace moe {
 
@@ -21,7 +21,7 @@ public:
 
 private:
     bool single_thread_;
-    tbb::task_arena arena_;  // initialised lazily by TBB, on the first large copy
+    TaskArenaLease arena_;  // initialised lazily by TBB, on the first large copy
 };
 
 }  // namespace moe
