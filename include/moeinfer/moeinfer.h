@@ -84,33 +84,82 @@ MOE_API const char* moe_version(void);
  * Element types and quantisation formats
  * ------------------------------------------------------------------------------------------- */
 
-/* Numbers equal the ggml/GGUF type ids, so GGUF files map onto them directly. */
+/* Numbers equal the ggml/GGUF type ids, so GGUF files map onto them directly. Every type the GGUF
+ * specification defines is listed: a model file holding any of them loads and is described (names,
+ * sizes); what this build can do with each one says moe_type_capabilities. Ids missing here (4, 5,
+ * 31-33, 36-38) were removed from ggml and are refused when a file uses them. */
 typedef enum moe_type {
     MOE_TYPE_F32 = 0,
     MOE_TYPE_F16 = 1,
     MOE_TYPE_Q4_0 = 2,   /* blocks of 32: fp16 scale d, 16 bytes of nibbles; x = (q - 8) * d */
+    MOE_TYPE_Q4_1 = 3,   /* blocks of 32: fp16 scale d and min m, nibbles; x = q * d + m */
+    MOE_TYPE_Q5_0 = 6,   /* blocks of 32: fp16 scale d, 5-bit q; x = (q - 16) * d */
+    MOE_TYPE_Q5_1 = 7,   /* blocks of 32: fp16 scale d and min m, 5-bit q; x = q * d + m */
     MOE_TYPE_Q8_0 = 8,   /* blocks of 32: fp16 scale d, 32 int8; x = q * d */
+    MOE_TYPE_Q8_1 = 9,
+    MOE_TYPE_Q2_K = 10,  /* blocks of 256 in 16 groups: 4-bit group scales and mins, 2-bit q */
+    MOE_TYPE_Q3_K = 11,  /* blocks of 256 in 16 groups: 6-bit group scales, 3-bit q */
+    MOE_TYPE_Q4_K = 12,  /* blocks of 256 in 8 groups: 6-bit group scales and mins, 4-bit q */
+    MOE_TYPE_Q5_K = 13,  /* blocks of 256 in 8 groups: 6-bit group scales and mins, 5-bit q */
+    MOE_TYPE_Q6_K = 14,  /* blocks of 256 in 16 groups: int8 group scales, 6-bit q */
+    MOE_TYPE_Q8_K = 15,  /* blocks of 256: float scale, 256 int8, 16 int16 sums (an activation type) */
+    MOE_TYPE_IQ2_XXS = 16,
+    MOE_TYPE_IQ2_XS = 17,
+    MOE_TYPE_IQ3_XXS = 18,
+    MOE_TYPE_IQ1_S = 19,
+    MOE_TYPE_IQ4_NL = 20, /* blocks of 32: fp16 scale d, nibbles indexing a non-linear grid of 16 values */
+    MOE_TYPE_IQ3_S = 21,
+    MOE_TYPE_IQ2_S = 22,
+    MOE_TYPE_IQ4_XS = 23, /* blocks of 256 in 8 groups: 6-bit group scales, IQ4_NL's grid */
+    MOE_TYPE_I8 = 24,
+    MOE_TYPE_I16 = 25,
+    MOE_TYPE_I32 = 26,
+    MOE_TYPE_I64 = 27,
+    MOE_TYPE_F64 = 28,
+    MOE_TYPE_IQ1_M = 29,
     MOE_TYPE_BF16 = 30,
-    MOE_TYPE_MXFP4 = 39  /* blocks of 32: e8m0 scale byte, 16 bytes of e2m1 nibbles */
+    MOE_TYPE_TQ1_0 = 34,
+    MOE_TYPE_TQ2_0 = 35,
+    MOE_TYPE_MXFP4 = 39, /* blocks of 32: e8m0 scale byte, 16 bytes of e2m1 nibbles */
+    MOE_TYPE_NVFP4 = 40,
+    MOE_TYPE_Q1_0 = 41
 } moe_type;
 
-/* Name of a type ("f32", "q8_0", "mxfp4", ...), or NULL when the type is unknown. Static. */
+/* Name of a type as ggml spells it ("f32", "q8_0", "q4_K", "iq2_xxs", ...), or NULL when the id is not a
+ * GGUF type. Static. */
 MOE_API const char* moe_type_name(int32_t type);
+
+/* What this build can do with a type: moe_type_capabilities sets these bits. */
+#define MOE_TYPE_CAN_QUANTIZE 1u   /* moe_quantize converts float32 to it */
+#define MOE_TYPE_CAN_DEQUANTIZE 2u /* moe_dequantize converts it to float32 */
+
+/* The MOE_TYPE_CAN_* bits of a type (0 for a type this build can only describe: its tensors load and
+ * are listed, but a context whose weights use it fails to create, naming the tensor and the type).
+ * Being convertible does not mean a backend computes with the type: moe_context_create says, naming
+ * the first weight no backend supports. MOE_STATUS_UNIMPLEMENTED for an id that is not a GGUF type. */
+MOE_API moe_status moe_type_capabilities(int32_t type, uint32_t* out_flags);
 
 /* Looks a type up by name (case-insensitive). MOE_STATUS_NOT_FOUND for unknown names. */
 MOE_API moe_status moe_type_from_name(const char* name, int32_t* out_type);
 
-/* Elements per block (1 for F32/F16/BF16, 32 for the quantised types) and bytes per block. */
+/* Elements per block (1 for F32/F16/BF16 and the integer types, 32 or 256 for the quantised types) and
+ * bytes per block. */
 MOE_API moe_status moe_type_block_info(int32_t type, int64_t* out_block_size, int64_t* out_block_bytes);
 
 /* Bytes taken by `n` elements of `type`. n must be a multiple of the type's block size. */
 MOE_API moe_status moe_type_row_bytes(int32_t type, int64_t n, uint64_t* out_bytes);
 
-/* Converts n float32 values to `type` (bit-exact with ggml's reference quantisers).
- * n must be a multiple of the block size; dst_size must be at least moe_type_row_bytes(type, n). */
+/* Converts n float32 values to `type`: bit-exact with ggml's reference quantisers (and gguf-py's) for
+ * F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and MXFP4, ggml's reference scheme for Q8_K; for the other
+ * K-quants and IQ4_NL / IQ4_XS a simple
+ * rounding scheme of ours (each value within a stated bound of the input, not ggml's error-minimising
+ * search), meant for synthetic files and tests. n must be a multiple of the block size; dst_size must
+ * be at least moe_type_row_bytes(type, n). MOE_STATUS_UNIMPLEMENTED for a type without
+ * MOE_TYPE_CAN_QUANTIZE. */
 MOE_API moe_status moe_quantize(int32_t type, const float* src, int64_t n, void* dst, uint64_t dst_size);
 
-/* Converts n elements of `type` (src_size bytes available) to float32. */
+/* Converts n elements of `type` (src_size bytes available) to float32, bit-exact with ggml's dequantisers.
+ * MOE_STATUS_UNIMPLEMENTED for a type without MOE_TYPE_CAN_DEQUANTIZE. */
 MOE_API moe_status moe_dequantize(int32_t type, const void* src, uint64_t src_size, int64_t n, float* dst);
 
 /* ---------------------------------------------------------------------------------------------

@@ -26,18 +26,6 @@ constexpr uint64_t kMinKvBytes = 8 + 1 + 4 + 1;
 // Fewest bytes a tensor info can take: name length, a one-byte name, n_dims (0), type, offset.
 constexpr uint64_t kMinTensorInfoBytes = 8 + 1 + 4 + 4 + 8;
 
-// ggml's names for its type ids, so an unsupported-type error says what the file holds.
-// Ids that ggml removed (4, 5, 31-33, 36-38) are nullptr.
-const char* ggml_type_name(uint32_t id) {
-    static constexpr const char* kNames[] = {
-        "f32",     "f16",    "q4_0",    "q4_1",   nullptr,  nullptr, "q5_0",   "q5_1",   "q8_0",   "q8_1",
-        "q2_K",    "q3_K",   "q4_K",    "q5_K",   "q6_K",   "q8_K",  "iq2_xxs", "iq2_xs", "iq3_xxs", "iq1_s",
-        "iq4_nl",  "iq3_s",  "iq2_s",   "iq4_xs", "i8",     "i16",   "i32",    "i64",    "f64",    "iq1_m",
-        "bf16",    nullptr,  nullptr,   nullptr,  "tq1_0",  "tq2_0", nullptr,  nullptr,  nullptr,  "mxfp4",
-    };
-    return id < std::size(kNames) ? kNames[id] : nullptr;
-}
-
 // A name or key as it appears in a message: quoted, non-printable bytes escaped, long ones cut.
 std::string quoted(std::string_view s) {
     constexpr size_t kMaxShown = 96;
@@ -208,10 +196,11 @@ Status place_tensor(uint64_t i, uint32_t type_id, uint64_t alignment, uint64_t d
                     GgufTensorInfo& t) {
     const bool fits_int32 = type_id <= static_cast<uint32_t>(std::numeric_limits<int32_t>::max());
     const TypeTraits* tt = fits_int32 ? type_traits(static_cast<int32_t>(type_id)) : nullptr;
+    // Every GGUF type is known (sizes and names), runnable or not: backends refuse what they cannot
+    // compute when a context is created. An unknown id is a type removed from ggml or one newer than us.
     if (tt == nullptr) {
-        const char* ggml_name = ggml_type_name(type_id);
-        return unimplemented(tensor_field(i, t.name, "type") + ": unsupported type id " + str(type_id) + " (" +
-                             (ggml_name ? ggml_name : "not a ggml type known to this build") + ")");
+        return unimplemented(tensor_field(i, t.name, "type") + ": unsupported type id " + str(type_id) +
+                             " (not a GGUF type known to this build)");
     }
     t.type = tt->type;
     if (t.ne[0] % tt->block_size != 0) {

@@ -1,14 +1,19 @@
 // Element types and quantisation formats: the type-traits table, fp16/bf16/e8m0 conversions and the
-// scalar reference quantisers.
+// scalar reference converters of F16, BF16, Q8_0, Q4_0 and MXFP4. The other formats' converters live in
+// one file per family (quant_legacy.cpp, quant_k.cpp, quant_iq4.cpp); the table here points at them.
 //
-// The quantisers are bit-exact with ggml's reference C code (quantize_row_*_ref in ggml-quants.c) and
+// The quantisers here are bit-exact with ggml's reference C code (quantize_row_*_ref in ggml-quants.c) and
 // with the numpy quantisers of the `gguf` Python package: same float operations in the same order, the
 // same tie-breaking, the same treatment of zero blocks. One known divergence, where we follow ggml: a
 // Q4_0 block of zeros whose first element is -0.0 gets d = -0 (fp16 0x8000) from ggml, +0 from numpy.
 // This file is the portable reference; SIMD kernels in lib/cpu are tested against it.
 #include "core/types.h"
 
+#include "core/quant_blocks.h"
+#include "core/quant_rows.h"
+
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <climits>
 #include <cmath>
@@ -18,32 +23,10 @@
 namespace moe {
 namespace {
 
-// ---- float <-> int with defined results ----
-
-// float -> int32 by truncation. In range this is the C cast; NaN and out-of-range values give INT32_MIN,
-// the "integer indefinite" value of x86's cvttss2si. ggml's reference quantisers convert with a plain
-// C cast, which is undefined for such values; they only reach them on non-finite input, and on x86
-// (where llama.cpp and numpy produce GGUF files) they get INT32_MIN. Making it explicit keeps our
-// results defined and equal to theirs.
-int32_t trunc_to_i32(float x) {
-    if (!(x >= -2147483648.0f && x < 2147483648.0f)) return INT32_MIN;
-    return static_cast<int32_t>(x);
-}
-
-// The C conversion `(int8_t)f` / `(uint8_t)f` as compiled for x86: truncate to int32, keep the low byte.
+// The C conversion `(int8_t)f` / `(uint8_t)f` as compiled for x86: truncate to int32 (trunc_to_i32 in
+// quant_rows.h), keep the low byte.
 int8_t trunc_to_i8(float x) { return static_cast<int8_t>(trunc_to_i32(x)); }
 uint8_t trunc_to_u8(float x) { return static_cast<uint8_t>(trunc_to_i32(x)); }
-
-// x * y rounded to float before anything is added to it. With FP contraction across statements
-// (-ffp-contract=fast: GCC in GNU modes, clang when asked, icx by default) and an FMA unit, the
-// compiler may fuse `x * id + 8.5f` into one rounding, which changes Q4_0 bytes; the volatile store
-// forces the reference's two roundings. The other quantisers need no barrier: Q8_0 rounds a single
-// product, and MXFP4's `k * scale - x` has an exact product (small integer times a power of two).
-// Nothing here may be built with -ffast-math.
-float mul_rounded(float x, float y) {
-    volatile float p = x * y;
-    return p;
-}
 
 // ---- plain float types ----
 
@@ -206,16 +189,45 @@ void mxfp4_to_float(const void* src, float* dst, int64_t n) {
 
 // ---- the table ----
 
-// In type-id order. Names are ggml's (ggml_type_name), so GGUF tools and users see the same words.
-// I32 (token ids, positions, expert ids) is here so tensors of it have sizes; it has no float conversion.
+// Every GGUF type, in type-id order. Names are ggml's (ggml_type_name), so GGUF tools and users see the
+// same words; sizes are ggml's (and gguf-py's GGML_QUANT_SIZES, but for Q8_1: ggml's block_q8_1 holds two
+// fp16, 36 bytes, where gguf-py still has the 40 of its old float fields). Types without converters are described only:
+// their files load and are listed, and contexts refuse them (no backend supports them).
 constexpr TypeTraits kTraits[] = {
     {Type::F32, "f32", 1, 4, f32_to_float, f32_from_float},
     {Type::F16, "f16", 1, 2, f16_to_float, f16_from_float},
     {Type::Q4_0, "q4_0", kQK, sizeof(BlockQ4_0), q4_0_to_float, q4_0_from_float},
+    {Type::Q4_1, "q4_1", kQK, sizeof(BlockQ4_1), q4_1_to_float, q4_1_from_float},
+    {Type::Q5_0, "q5_0", kQK, sizeof(BlockQ5_0), q5_0_to_float, q5_0_from_float},
+    {Type::Q5_1, "q5_1", kQK, sizeof(BlockQ5_1), q5_1_to_float, q5_1_from_float},
     {Type::Q8_0, "q8_0", kQK, sizeof(BlockQ8_0), q8_0_to_float, q8_0_from_float},
-    {Type::I32, "i32", 1, 4, nullptr, nullptr},
+    {Type::Q8_1, "q8_1", 32, 36, nullptr, nullptr},
+    {Type::Q2_K, "q2_K", kQK_K, sizeof(BlockQ2_K), q2_k_to_float, q2_k_from_float},
+    {Type::Q3_K, "q3_K", kQK_K, sizeof(BlockQ3_K), q3_k_to_float, q3_k_from_float},
+    {Type::Q4_K, "q4_K", kQK_K, sizeof(BlockQ4_K), q4_k_to_float, q4_k_from_float},
+    {Type::Q5_K, "q5_K", kQK_K, sizeof(BlockQ5_K), q5_k_to_float, q5_k_from_float},
+    {Type::Q6_K, "q6_K", kQK_K, sizeof(BlockQ6_K), q6_k_to_float, q6_k_from_float},
+    {Type::Q8_K, "q8_K", kQK_K, sizeof(BlockQ8_K), q8_k_to_float, q8_k_from_float},
+    {Type::IQ2_XXS, "iq2_xxs", 256, 66, nullptr, nullptr},
+    {Type::IQ2_XS, "iq2_xs", 256, 74, nullptr, nullptr},
+    {Type::IQ3_XXS, "iq3_xxs", 256, 98, nullptr, nullptr},
+    {Type::IQ1_S, "iq1_s", 256, 50, nullptr, nullptr},
+    {Type::IQ4_NL, "iq4_nl", kQK, sizeof(BlockIQ4_NL), iq4_nl_to_float, iq4_nl_from_float},
+    {Type::IQ3_S, "iq3_s", 256, 110, nullptr, nullptr},
+    {Type::IQ2_S, "iq2_s", 256, 82, nullptr, nullptr},
+    {Type::IQ4_XS, "iq4_xs", kQK_K, sizeof(BlockIQ4_XS), iq4_xs_to_float, iq4_xs_from_float},
+    {Type::I8, "i8", 1, 1, nullptr, nullptr},
+    {Type::I16, "i16", 1, 2, nullptr, nullptr},
+    {Type::I32, "i32", 1, 4, nullptr, nullptr},  // token ids, positions, expert ids: integers, no float conversion
+    {Type::I64, "i64", 1, 8, nullptr, nullptr},
+    {Type::F64, "f64", 1, 8, nullptr, nullptr},
+    {Type::IQ1_M, "iq1_m", 256, 56, nullptr, nullptr},
     {Type::BF16, "bf16", 1, 2, bf16_to_float, bf16_from_float},
+    {Type::TQ1_0, "tq1_0", 256, 54, nullptr, nullptr},
+    {Type::TQ2_0, "tq2_0", 256, 66, nullptr, nullptr},
     {Type::MXFP4, "mxfp4", kQK, sizeof(BlockMXFP4), mxfp4_to_float, mxfp4_from_float},
+    {Type::NVFP4, "nvfp4", 64, 36, nullptr, nullptr},
+    {Type::Q1_0, "q1_0", 128, 18, nullptr, nullptr},
 };
 
 char ascii_lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
@@ -228,7 +240,8 @@ const TypeTraits* type_traits_by_name(std::string_view name) {
     for (const TypeTraits& t : kTraits) {
         const std::string_view tn = t.name;
         if (tn.size() == name.size() &&
-            std::equal(tn.begin(), tn.end(), name.begin(), [](char a, char b) { return a == ascii_lower(b); })) {
+            std::equal(tn.begin(), tn.end(), name.begin(),
+                       [](char a, char b) { return ascii_lower(a) == ascii_lower(b); })) {
             return &t;
         }
     }
@@ -236,10 +249,14 @@ const TypeTraits* type_traits_by_name(std::string_view name) {
 }
 
 const TypeTraits* type_traits(int32_t type_id) {
-    for (const TypeTraits& t : kTraits) {
-        if (static_cast<int32_t>(t.type) == type_id) return &t;
-    }
-    return nullptr;
+    // Ids run from 0 to the last entry's with a few gaps: a direct index, built once.
+    constexpr int32_t kIds = static_cast<int32_t>(kTraits[std::size(kTraits) - 1].type) + 1;
+    static const auto index = [] {
+        std::array<const TypeTraits*, kIds> a{};
+        for (const TypeTraits& t : kTraits) a[static_cast<size_t>(t.type)] = &t;
+        return a;
+    }();
+    return type_id >= 0 && type_id < kIds ? index[static_cast<size_t>(type_id)] : nullptr;
 }
 
 const TypeTraits& traits(Type type) {

@@ -18,17 +18,47 @@
 
 namespace moe {
 
+// Every type the GGUF specification defines (ids are ggml's). The traits table knows the name and block
+// size of each; only some have float conversions (TypeTraits::to_float / from_float), and only those the
+// backends' supports_op accepts have kernels. I32 also serves internally (token ids, positions, expert ids).
 enum class Type : int32_t {
     F32 = MOE_TYPE_F32,
     F16 = MOE_TYPE_F16,
     Q4_0 = MOE_TYPE_Q4_0,
+    Q4_1 = MOE_TYPE_Q4_1,
+    Q5_0 = MOE_TYPE_Q5_0,
+    Q5_1 = MOE_TYPE_Q5_1,
     Q8_0 = MOE_TYPE_Q8_0,
+    Q8_1 = MOE_TYPE_Q8_1,
+    Q2_K = MOE_TYPE_Q2_K,
+    Q3_K = MOE_TYPE_Q3_K,
+    Q4_K = MOE_TYPE_Q4_K,
+    Q5_K = MOE_TYPE_Q5_K,
+    Q6_K = MOE_TYPE_Q6_K,
+    Q8_K = MOE_TYPE_Q8_K,
+    IQ2_XXS = MOE_TYPE_IQ2_XXS,
+    IQ2_XS = MOE_TYPE_IQ2_XS,
+    IQ3_XXS = MOE_TYPE_IQ3_XXS,
+    IQ1_S = MOE_TYPE_IQ1_S,
+    IQ4_NL = MOE_TYPE_IQ4_NL,
+    IQ3_S = MOE_TYPE_IQ3_S,
+    IQ2_S = MOE_TYPE_IQ2_S,
+    IQ4_XS = MOE_TYPE_IQ4_XS,
+    I8 = MOE_TYPE_I8,
+    I16 = MOE_TYPE_I16,
+    I32 = MOE_TYPE_I32,
+    I64 = MOE_TYPE_I64,
+    F64 = MOE_TYPE_F64,
+    IQ1_M = MOE_TYPE_IQ1_M,
     BF16 = MOE_TYPE_BF16,
+    TQ1_0 = MOE_TYPE_TQ1_0,
+    TQ2_0 = MOE_TYPE_TQ2_0,
     MXFP4 = MOE_TYPE_MXFP4,
-    I32 = 26,  // ggml's id; internal only (token ids, positions, expert ids), never a weight type
+    NVFP4 = MOE_TYPE_NVFP4,
+    Q1_0 = MOE_TYPE_Q1_0,
 };
 
-constexpr int kQK = 32;  // elements per block of every quantised type we support
+constexpr int kQK = 32;  // elements per block of Q4_0, Q8_0, MXFP4 and the other 32-element formats
 
 struct BlockQ8_0 {
     uint16_t d;  // fp16 bits
@@ -56,20 +86,21 @@ using QuantizeRowFn = void (*)(const float* src, void* dst, int64_t n);
 
 struct TypeTraits {
     Type type;
-    const char* name;
+    const char* name;  // ggml's (ggml_type_name): "q8_0", "q4_K", "iq2_xxs"
     int64_t block_size;   // elements per block
     int64_t block_bytes;  // bytes per block
-    DequantizeRowFn to_float;  // nullptr for I32, which holds integers, not a float format
-    QuantizeRowFn from_float;  // the reference (bit-exact with ggml) quantiser; nullptr for I32
+    // nullptr where this build has no conversion: the integer types and the formats it can only describe.
+    DequantizeRowFn to_float;  // bit-exact with ggml's dequantize_row_*
+    QuantizeRowFn from_float;  // bit-exact with ggml's reference quantiser where gguf-py has one (see types.cpp)
 };
 
-// nullptr for type ids we do not support.
+// nullptr for ids that are not GGUF types.
 const TypeTraits* type_traits(int32_t type_id);
-// By name ("q8_0", "MXFP4", ...), ignoring ASCII case; nullptr for unknown names.
+// By name ("q8_0", "MXFP4", "Q4_K", ...), ignoring ASCII case; nullptr for unknown names.
 const TypeTraits* type_traits_by_name(std::string_view name);
-// Every type in the table (the moe_type weight types and the internal I32), in type-id order.
+// Every GGUF type, in type-id order.
 std::span<const TypeTraits> all_type_traits();
-// REQUIRES: `type` is a supported type.
+// REQUIRES: `type` is a GGUF type (every enumerator is).
 const TypeTraits& traits(Type type);
 
 inline const char* type_name(Type t) { return traits(t).name; }

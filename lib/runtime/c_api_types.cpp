@@ -8,25 +8,18 @@
 namespace moe {
 namespace {
 
-// The C API speaks only the moe_type enum: the traits table also holds internal types (I32) that
-// callers never see. nullptr for anything else.
-const TypeTraits* public_type(int32_t type) {
-    switch (type) {
-        case MOE_TYPE_F32:
-        case MOE_TYPE_F16:
-        case MOE_TYPE_Q4_0:
-        case MOE_TYPE_Q8_0:
-        case MOE_TYPE_BF16:
-        case MOE_TYPE_MXFP4: return type_traits(type);
-        default: return nullptr;
-    }
-}
-
-// The traits of `type`, or the UNIMPLEMENTED status that names the id.
+// The traits of `type`, or the UNIMPLEMENTED status that names the id. Every GGUF type is a moe_type.
 StatusOr<const TypeTraits*> find_type(int32_t type) {
-    const TypeTraits* t = public_type(type);
+    const TypeTraits* t = type_traits(type);
     if (t == nullptr) return unimplemented("unknown tensor type id " + std::to_string(type));
     return t;
+}
+
+// UNIMPLEMENTED naming the type when it has no conversion in the direction `fn` (nullptr) goes.
+template <typename Fn>
+Status check_conversion(const TypeTraits& t, Fn fn, const char* what) {
+    if (fn != nullptr) return Status::ok();
+    return unimplemented(std::string("type ") + t.name + ": this build cannot " + what + " it");
 }
 
 // Checks (type, n) and that `size_given` bytes hold the row; returns the traits. `what` names the
@@ -49,7 +42,7 @@ extern "C" {
 // No MOE_API_BEGIN/END here: it returns a pointer, not a status, cannot throw, and NULL is the
 // documented answer for unknown ids (like moe_status_string).
 MOE_API const char* moe_type_name(int32_t type) {
-    const moe::TypeTraits* t = moe::public_type(type);
+    const moe::TypeTraits* t = moe::type_traits(type);
     return t != nullptr ? t->name : nullptr;
 }
 
@@ -58,9 +51,19 @@ MOE_API moe_status moe_type_from_name(const char* name, int32_t* out_type) {
     MOE_CHECK_ARG(name != nullptr, "name: must not be NULL");
     MOE_CHECK_ARG(out_type != nullptr, "out_type: must not be NULL");
     const moe::TypeTraits* t = moe::type_traits_by_name(name);
-    if (t != nullptr && moe::public_type(static_cast<int32_t>(t->type)) == nullptr) t = nullptr;
     if (t == nullptr) return moe::api_return(moe::not_found(std::string("name: unknown type name '") + name + "'"));
     *out_type = static_cast<int32_t>(t->type);
+    return moe::api_return(moe::Status::ok());
+    MOE_API_END
+}
+
+MOE_API moe_status moe_type_capabilities(int32_t type, uint32_t* out_flags) {
+    MOE_API_BEGIN
+    auto t = moe::find_type(type);
+    if (!t.is_ok()) return moe::api_return(t.status());
+    MOE_CHECK_ARG(out_flags != nullptr, "out_flags: must not be NULL");
+    *out_flags = ((*t)->from_float != nullptr ? MOE_TYPE_CAN_QUANTIZE : 0u) |
+                 ((*t)->to_float != nullptr ? MOE_TYPE_CAN_DEQUANTIZE : 0u);
     return moe::api_return(moe::Status::ok());
     MOE_API_END
 }
@@ -93,6 +96,7 @@ MOE_API moe_status moe_quantize(int32_t type, const float* src, int64_t n, void*
     MOE_API_BEGIN
     auto t = moe::check_row(type, n, dst_size, "dst_size");
     if (!t.is_ok()) return moe::api_return(t.status());
+    if (auto s = moe::check_conversion(**t, (*t)->from_float, "quantize to"); !s.is_ok()) return moe::api_return(s);
     MOE_CHECK_ARG(src != nullptr, "src: must not be NULL");
     MOE_CHECK_ARG(dst != nullptr, "dst: must not be NULL");
     (*t)->from_float(src, dst, n);
@@ -104,6 +108,7 @@ MOE_API moe_status moe_dequantize(int32_t type, const void* src, uint64_t src_si
     MOE_API_BEGIN
     auto t = moe::check_row(type, n, src_size, "src_size");
     if (!t.is_ok()) return moe::api_return(t.status());
+    if (auto s = moe::check_conversion(**t, (*t)->to_float, "dequantize"); !s.is_ok()) return moe::api_return(s);
     MOE_CHECK_ARG(src != nullptr, "src: must not be NULL");
     MOE_CHECK_ARG(dst != nullptr, "dst: must not be NULL");
     (*t)->to_float(src, dst, n);

@@ -142,13 +142,20 @@ void check_value(const GgufValue& want, const GgufValue& got, const std::string&
 
 // ---- random tensors ----
 
-// Block sizes and bytes per block, from the GGUF/ggml block layouts (independent of types.cpp).
+// Block sizes and bytes per block of every GGUF type, runnable or not: gguf-py's GGML_QUANT_SIZES
+// (independent of types.cpp), except Q8_1: 36 bytes as ggml's block_q8_1 (gguf-py's 40 is out of date).
 struct TypeRef {
     int32_t id;
     int64_t block;
     int64_t bytes;
 };
-constexpr TypeRef kTypes[] = {{0, 1, 4}, {1, 1, 2}, {2, 32, 18}, {8, 32, 34}, {30, 1, 2}, {39, 32, 17}};
+constexpr TypeRef kTypes[] = {
+    {0, 1, 4},      {1, 1, 2},      {2, 32, 18},    {3, 32, 20},    {6, 32, 22},    {7, 32, 24},    {8, 32, 34},
+    {9, 32, 36},    {10, 256, 84},  {11, 256, 110}, {12, 256, 144}, {13, 256, 176}, {14, 256, 210}, {15, 256, 292},
+    {16, 256, 66},  {17, 256, 74},  {18, 256, 98},  {19, 256, 50},  {20, 32, 18},   {21, 256, 110}, {22, 256, 82},
+    {23, 256, 136}, {24, 1, 1},     {25, 1, 2},     {26, 1, 4},     {27, 1, 8},     {28, 1, 8},     {29, 256, 56},
+    {30, 1, 2},     {34, 256, 54},  {35, 256, 66},  {39, 32, 17},   {40, 64, 36},   {41, 128, 18},
+};
 
 struct TensorSpec {
     std::string name;
@@ -197,12 +204,12 @@ Model random_model(uint64_t seed, uint32_t version) {
     for (int k = 0; k < n_tensors; ++k) {
         TensorSpec t;
         t.name = "blk." + std::to_string(k) + ".w" + random_string(r, 6);
-        t.type = kTypes[r.range(0, 5)];
+        t.type = kTypes[r.range(0, static_cast<int64_t>(std::size(kTypes)) - 1)];
         t.n_dims = static_cast<int>(r.range(0, 4));
         for (int64_t& d : t.ne) d = 1;
         for (int d = 0; d < t.n_dims; ++d) t.ne[d] = r.range(1, 5);
         if (t.n_dims > 0) t.ne[0] *= t.type.block;
-        if (t.n_dims == 0 && t.type.block != 1) t.type = kTypes[0];  // a scalar cannot hold a block of 32
+        if (t.n_dims == 0 && t.type.block != 1) t.type = kTypes[0];  // a scalar cannot hold a block
         if (t.n_dims > 1 && r.range(0, 9) == 0) t.ne[t.n_dims - 1] = 0;  // an empty tensor
         t.n_bytes = static_cast<uint64_t>(t.ne[0] / t.type.block * t.type.bytes * t.ne[1] * t.ne[2] * t.ne[3]);
         t.data.resize(t.n_bytes);

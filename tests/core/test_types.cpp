@@ -101,13 +101,13 @@ TEST_CASE("type traits table is consistent", "[types]") {
         bool quantized;
     };
     // Ids are ggml's (ggml.h enum ggml_type); sizes from the block layouts in types.h.
+    // The formats with converters in types.cpp; every other GGUF type is checked in test_quant_formats.cpp.
     const Expect expected[] = {
         {Type::F32, 0, "f32", 1, 4, false},     {Type::F16, 1, "f16", 1, 2, false},
         {Type::Q4_0, 2, "q4_0", 32, 18, true},  {Type::Q8_0, 8, "q8_0", 32, 34, true},
         {Type::I32, 26, "i32", 1, 4, false},    {Type::BF16, 30, "bf16", 1, 2, false},
         {Type::MXFP4, 39, "mxfp4", 32, 17, true},
     };
-    REQUIRE(moe::all_type_traits().size() == std::size(expected));
     for (const Expect& e : expected) {
         INFO(e.name);
         const moe::TypeTraits* t = moe::type_traits(e.id);
@@ -128,8 +128,9 @@ TEST_CASE("type traits table is consistent", "[types]") {
         for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
         CHECK(moe::type_traits_by_name(upper) == t);
     }
-    for (int32_t unknown : {-1, 3, 6, 7, 17, 24, 25, 27, 31, 40, 1000}) CHECK(moe::type_traits(unknown) == nullptr);
-    CHECK(moe::type_traits_by_name("q4_k") == nullptr);
+    // ids ggml removed (4, 5, 31-33, 36-38) and ids past the last GGUF type
+    for (int32_t unknown : {-1, 4, 5, 31, 32, 33, 36, 37, 38, 42, 1000}) CHECK(moe::type_traits(unknown) == nullptr);
+    CHECK(moe::type_traits_by_name("q4_2") == nullptr);
     CHECK(moe::type_traits_by_name("") == nullptr);
     CHECK(moe::type_traits_by_name("q8_0 ") == nullptr);
 }
@@ -145,10 +146,10 @@ TEST_CASE("checked_row_bytes validates type and element count", "[types]") {
     REQUIRE(r.is_ok());
     CHECK(*r == 6);
 
-    r = moe::checked_row_bytes(17, 32);
+    r = moe::checked_row_bytes(37, 32);
     REQUIRE_FALSE(r.is_ok());
     CHECK(r.status().code() == MOE_STATUS_UNIMPLEMENTED);
-    CHECK(r.status().message() == "unknown tensor type id 17");
+    CHECK(r.status().message() == "unknown tensor type id 37");
 
     r = moe::checked_row_bytes(MOE_TYPE_F32, -1);
     REQUIRE_FALSE(r.is_ok());
@@ -520,8 +521,11 @@ TEST_CASE("quantisation round trips stay within the format's error bounds", "[ty
 TEST_CASE("C API: element types", "[types]") {
     CHECK(std::string(moe_type_name(MOE_TYPE_MXFP4)) == "mxfp4");
     CHECK(std::string(moe_type_name(MOE_TYPE_Q4_0)) == "q4_0");
-    CHECK(moe_type_name(17) == nullptr);
-    CHECK(moe_type_name(26) == nullptr);  // I32 is internal: not a moe_type
+    CHECK(std::string(moe_type_name(MOE_TYPE_Q4_K)) == "q4_K");
+    CHECK(std::string(moe_type_name(MOE_TYPE_IQ2_XS)) == "iq2_xs");  // named, though not convertible
+    CHECK(std::string(moe_type_name(MOE_TYPE_I32)) == "i32");
+    CHECK(moe_type_name(4) == nullptr);  // removed from ggml
+    CHECK(moe_type_name(42) == nullptr);
 
     int32_t id = -1;
     CHECK(moe_type_from_name("Q8_0", &id) == MOE_STATUS_OK);
@@ -529,10 +533,11 @@ TEST_CASE("C API: element types", "[types]") {
     CHECK(moe_type_from_name("bf16", &id) == MOE_STATUS_OK);
     CHECK(id == MOE_TYPE_BF16);
     id = -1;
-    CHECK(moe_type_from_name("q4_k", &id) == MOE_STATUS_NOT_FOUND);
+    CHECK(moe_type_from_name("q4_2", &id) == MOE_STATUS_NOT_FOUND);
     CHECK(id == -1);  // outputs are written only on success
-    CHECK_THAT(std::string(moe_last_error()), Catch::Contains("q4_k"));
-    CHECK(moe_type_from_name("i32", &id) == MOE_STATUS_NOT_FOUND);
+    CHECK_THAT(std::string(moe_last_error()), Catch::Contains("q4_2"));
+    CHECK(moe_type_from_name("q4_k", &id) == MOE_STATUS_OK);  // ggml spells it q4_K; case is ignored
+    CHECK(id == MOE_TYPE_Q4_K);
     CHECK(moe_type_from_name(nullptr, &id) == MOE_STATUS_INVALID_ARGUMENT);
     CHECK_THAT(std::string(moe_last_error()), Catch::Contains("name"));
     CHECK(moe_type_from_name("f32", nullptr) == MOE_STATUS_INVALID_ARGUMENT);
@@ -543,8 +548,8 @@ TEST_CASE("C API: element types", "[types]") {
     CHECK(bs == 32);
     CHECK(bb == 18);
     CHECK(std::string(moe_last_error()).empty());
-    CHECK(moe_type_block_info(17, &bs, &bb) == MOE_STATUS_UNIMPLEMENTED);
-    CHECK(std::string(moe_last_error()) == "unknown tensor type id 17");
+    CHECK(moe_type_block_info(37, &bs, &bb) == MOE_STATUS_UNIMPLEMENTED);
+    CHECK(std::string(moe_last_error()) == "unknown tensor type id 37");
     CHECK(moe_type_block_info(MOE_TYPE_F32, nullptr, &bb) == MOE_STATUS_INVALID_ARGUMENT);
 
     uint64_t bytes = 0;
@@ -552,18 +557,16 @@ TEST_CASE("C API: element types", "[types]") {
     CHECK(bytes == 34);
     CHECK(moe_type_row_bytes(MOE_TYPE_MXFP4, 48, &bytes) == MOE_STATUS_INVALID_ARGUMENT);
     CHECK(moe_type_row_bytes(MOE_TYPE_F16, -2, &bytes) == MOE_STATUS_INVALID_ARGUMENT);
-    CHECK(moe_type_row_bytes(17, 32, &bytes) == MOE_STATUS_UNIMPLEMENTED);
-    CHECK(moe_type_row_bytes(26, 32, &bytes) == MOE_STATUS_UNIMPLEMENTED);
-    CHECK(moe_type_block_info(26, &bs, &bb) == MOE_STATUS_UNIMPLEMENTED);
+    CHECK(moe_type_row_bytes(37, 32, &bytes) == MOE_STATUS_UNIMPLEMENTED);
     CHECK(moe_type_row_bytes(MOE_TYPE_F16, 2, nullptr) == MOE_STATUS_INVALID_ARGUMENT);
 
     const uint32_t seed = fresh_seed();
     INFO("seed " << seed);
     std::mt19937 rng(seed);
-    const auto x = random_blocks(rng, 4, -2, 2);
+    const auto x = random_blocks(rng, 16, -2, 2);  // whole blocks of every format (256 elements: K-quants)
     for (const moe::TypeTraits& t : moe::all_type_traits()) {
         INFO(t.name);
-        if (t.type == Type::I32) continue;  // not reachable through the C API (checked above)
+        if (t.to_float == nullptr) continue;  // described only (test_quant_formats.cpp checks the refusal)
         const auto type = static_cast<int32_t>(t.type);
         const auto n = static_cast<int64_t>(x.size());
         std::vector<uint8_t> direct(moe::row_bytes(t.type, n));
@@ -594,8 +597,8 @@ TEST_CASE("C API: element types", "[types]") {
     CHECK(moe_quantize(MOE_TYPE_Q8_0, x.data(), 31, dst.data(), dst.size()) == MOE_STATUS_INVALID_ARGUMENT);
     CHECK(moe_quantize(MOE_TYPE_Q8_0, x.data(), 32, dst.data(), 10) == MOE_STATUS_INVALID_ARGUMENT);
     CHECK(std::string(moe_last_error()) == "dst_size: 10 bytes given, 34 needed");
-    CHECK(moe_quantize(17, x.data(), 32, dst.data(), dst.size()) == MOE_STATUS_UNIMPLEMENTED);
-    CHECK(moe_dequantize(17, dst.data(), dst.size(), 32, nullptr) == MOE_STATUS_UNIMPLEMENTED);
-    CHECK(moe_quantize(26, x.data(), 32, dst.data(), dst.size()) == MOE_STATUS_UNIMPLEMENTED);
-    CHECK(std::string(moe_last_error()) == "unknown tensor type id 26");
+    CHECK(moe_quantize(37, x.data(), 32, dst.data(), dst.size()) == MOE_STATUS_UNIMPLEMENTED);
+    CHECK(moe_dequantize(37, dst.data(), dst.size(), 32, nullptr) == MOE_STATUS_UNIMPLEMENTED);
+    CHECK(moe_quantize(MOE_TYPE_I32, x.data(), 8, dst.data(), dst.size()) == MOE_STATUS_UNIMPLEMENTED);
+    CHECK(std::string(moe_last_error()) == "type i32: this build cannot quantize to it");
 }

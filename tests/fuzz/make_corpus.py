@@ -16,7 +16,7 @@ import numpy as np
 
 # GGUF metadata value types.
 U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
-# ggml tensor type ids and (block size, bytes per block) of the ones the reader supports.
+# ggml tensor type ids and (block size, bytes per block) of the ones the valid seeds use.
 T_F32, T_F16, T_Q4_0, T_Q8_0, T_BF16, T_MXFP4 = 0, 1, 2, 8, 30, 39
 BLOCKS = {T_F32: (1, 4), T_F16: (1, 2), T_Q4_0: (32, 18), T_Q8_0: (32, 34), T_BF16: (1, 2), T_MXFP4: (32, 17)}
 
@@ -187,8 +187,9 @@ def cases():
     good = gguf([ARCH], [("w", [8], T_F32, None), ("v", [8, 2], T_F32, None)])
     cut = len(header(2, 1) + ARCH + tinfo("w", [8], T_F32, 0)) + 8 + 1 + 4 + 8 + 3  # inside v's ne[1]
     add("truncated_tensor_infos.gguf", "DATA_CORRUPT", "tensor_infos[1].ne[1] ('v'): file truncated", good[:cut])
-    add("unsupported_type_q4_K.gguf", "UNIMPLEMENTED", "tensor_infos[0].type ('w'): unsupported type id 12 (q4_K)",
-        gguf([ARCH], [("w", [256], 12, 0)], data_len=256))
+    add("removed_type_4.gguf", "UNIMPLEMENTED",
+        "tensor_infos[0].type ('w'): unsupported type id 4 (not a GGUF type known to this build)",
+        gguf([ARCH], [("w", [256], 4, 0)], data_len=256))
     add("unknown_type_1000.gguf", "UNIMPLEMENTED", "unsupported type id 1000",
         gguf([ARCH], [("w", [256], 1000, 0)], data_len=256))
     add("unknown_type_negative.gguf", "UNIMPLEMENTED", "unsupported type id 4294967295",
@@ -209,6 +210,12 @@ def cases():
     add("overlap_contained.gguf", "DATA_CORRUPT", "overlaps tensor_infos[0] 'big'",
         gguf([ARCH], [("big", [64], T_F32, 0), ("small", [8], T_F32, 96), ("after", [8], T_F32, 256)],
              data_len=288))
+    # Every GGUF type is read, runnable or not (IQ2_XXS: 256 elements in 66 bytes); a row that is not
+    # whole blocks of its type is corrupt whatever the type.
+    add("type_iq2_xxs.gguf", "OK", "", gguf([ARCH], [("w", [256, 2], 16, 0)], data_len=2 * 66))
+    add("q4_K_ne0_not_block_multiple.gguf", "DATA_CORRUPT",
+        "tensor_infos[0].ne[0] ('w'): 128 is not a multiple of the q4_K block size 256",
+        gguf([ARCH], [("w", [128, 2], 12, 0)], data_len=288))
     return c
 
 

@@ -18,13 +18,32 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: E402
 from gguf.quants import dequantize as ref_dequantize  # noqa: E402
 from gguf.quants import quantize as ref_quantize  # noqa: E402
 
+# Types gguf-py quantises: our quantisers must give its bytes.
 TYPES = {
     "f16": GGMLQuantizationType.F16,
     "bf16": GGMLQuantizationType.BF16,
     "q8_0": GGMLQuantizationType.Q8_0,
     "q4_0": GGMLQuantizationType.Q4_0,
+    "q4_1": GGMLQuantizationType.Q4_1,
+    "q5_0": GGMLQuantizationType.Q5_0,
+    "q5_1": GGMLQuantizationType.Q5_1,
     "mxfp4": GGMLQuantizationType.MXFP4,
 }
+# Types gguf-py only dequantises (our quantisers for them are our own; tests/core/test_quant_formats.cpp
+# bounds their error). Dequantisation must match gguf-py for these and for TYPES.
+DEQUANT_ONLY = {
+    "q2_K": GGMLQuantizationType.Q2_K,
+    "q3_K": GGMLQuantizationType.Q3_K,
+    "q4_K": GGMLQuantizationType.Q4_K,
+    "q5_K": GGMLQuantizationType.Q5_K,
+    "q6_K": GGMLQuantizationType.Q6_K,
+    "iq4_nl": GGMLQuantizationType.IQ4_NL,
+    "iq4_xs": GGMLQuantizationType.IQ4_XS,
+}
+DEQUANT_TYPES = {**TYPES, **DEQUANT_ONLY}
+# Byte offsets of the fp16 scales (and mins) inside each block.
+FP16_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q2_K": (80, 82),
+               "q3_K": (108,), "q4_K": (0, 2), "q5_K": (0, 2), "q6_K": (208,), "iq4_nl": (0,), "iq4_xs": (0,)}
 BLOCKED = ("q8_0", "q4_0", "mxfp4")
 SIZES = (32, 96, 4096, 32 * 1001)
 SCALES = (1e-6, 1e-2, 1.0, 1e3)  # 1e-6 drives the fp16 block scales of q8_0 / q4_0 into subnormals
@@ -86,6 +105,16 @@ def tie_values(type_name: str, rng: np.random.Generator, n: int) -> np.ndarray:
         elif type_name == "q4_0":  # d = max / -8 = -+s; x * (1/d) + 8.5 lands on integers
             x = (rng.integers(-8, 7, (blocks, 32)) + 0.5).astype(np.float32) * s
             x[:, 0] = 8 * s[:, 0] * sign[:, 0]
+        elif type_name == "q5_0":  # d = max / -16 = -+s; x * (1/d) + 16.5 lands on integers
+            x = (rng.integers(-16, 15, (blocks, 32)) + 0.5).astype(np.float32) * s
+            x[:, 0] = 16 * s[:, 0] * sign[:, 0]
+        elif type_name in ("q4_1", "q5_1"):  # min = -(L+1) s, max = L s: d = s; (x - min) / d + 0.5 integers
+            top = 15 if type_name == "q4_1" else 31
+            s = np.minimum(s, np.float32(2**10))  # the fp16 min -(L+1) s stays finite
+            lo = -np.float32((top + 1) // 2) * s
+            x = lo + (rng.integers(0, top, (blocks, 32)) + 0.5).astype(np.float32) * s
+            x[:, 0] = lo[:, 0]
+            x[:, 1] = lo[:, 0] + top * s[:, 0]
         else:                      # mxfp4: amax = 1.5 * 2^L gives d = 2^(L-3); midpoints of e2m1 levels
             mids = np.array([0.5, 1.5, 2.5, 3.5, 5, 7, 10], dtype=np.float32)
             x = mids[rng.integers(0, mids.size, (blocks, 32))] * (s / 8) * sign
@@ -105,18 +134,25 @@ def finite_halves(h: np.ndarray, exp_mask: int) -> None:
 
 def random_stored_bytes(type_name: str, rng: np.random.Generator, n: int) -> np.ndarray:
     """Random stored data of n elements whose scales and values are all finite."""
-    block_size, block_bytes = GGML_QUANT_SIZES[TYPES[type_name]]
+    block_size, block_bytes = GGML_QUANT_SIZES[DEQUANT_TYPES[type_name]]
     raw = rng.integers(0, 256, n // block_size * block_bytes, dtype=np.uint8)
     blocks = raw.reshape(-1, block_bytes)
     if type_name in ("f16", "bf16"):
         finite_halves(raw.view(np.uint16), 0x7C00 if type_name == "f16" else 0x7F80)
-    elif type_name in ("q8_0", "q4_0"):  # fp16 scale in the first two bytes
-        d = blocks[:, :2].copy().view(np.uint16)
-        finite_halves(d, 0x7C00)
-        blocks[:, :2] = d.view(np.uint8)
-    else:  # mxfp4: e8m0 scales up to 2^122, so that 12 * scale stays finite
+    elif type_name == "mxfp4":  # e8m0 scales up to 2^122, so that 12 * scale stays finite
         blocks[:, 0] %= 251
+    else:
+        for off in FP16_FIELDS[type_name]:
+            d = blocks[:, off:off + 2].copy().view(np.uint16)
+            finite_halves(d, 0x7C00)
+            blocks[:, off:off + 2] = d.view(np.uint8)
     return raw
+
+
+def block_sizes(type_name: str) -> tuple[int, ...]:
+    """SIZES in whole blocks of the type (the K-quants take 256 elements a block)."""
+    block = GGML_QUANT_SIZES[DEQUANT_TYPES[type_name]][0]
+    return SIZES if block <= 32 else (256, 768, 4096, 256 * 101)
 
 
 @pytest.mark.parametrize("type_name", TYPES)
@@ -138,7 +174,7 @@ def test_quantize_ties_match_gguf(type_name, rng):
                      moeinfer.type_info(type_name)[1])
 
 
-@pytest.mark.parametrize("type_name", ("f16", "bf16", "q8_0", "q4_0"))
+@pytest.mark.parametrize("type_name", ("f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))
 def test_quantize_extreme_magnitudes_match_gguf(type_name, rng):
     # Beyond fp16's range (f16 saturates to inf, the fp16 scales of q8_0 / q4_0 overflow) and tiny blocks
     # (zero scales); f16 / bf16 also get float32 subnormals.
@@ -172,12 +208,13 @@ def test_quantize_rows_like_gguf(type_name, rng):
     assert_same_bits(ours, ref, f"quantize {type_name} rows", moeinfer.type_info(type_name)[1])
 
 
-@pytest.mark.parametrize("type_name", TYPES)
-@pytest.mark.parametrize("n", SIZES)
-def test_dequantize_matches_gguf(type_name, n, rng):
+@pytest.mark.parametrize("type_name", DEQUANT_TYPES)
+@pytest.mark.parametrize("size_index", range(len(SIZES)))
+def test_dequantize_matches_gguf(type_name, size_index, rng):
+    n = block_sizes(type_name)[size_index]
     raw = random_stored_bytes(type_name, rng, n)
     ours = moeinfer.dequantize(type_name, raw, n)
-    ref = np.asarray(ref_dequantize(raw, TYPES[type_name]), dtype=np.float32).ravel()
+    ref = np.asarray(ref_dequantize(raw, DEQUANT_TYPES[type_name]), dtype=np.float32).ravel()
     assert ours.dtype == np.float32 and ours.shape == (n,)
     assert np.all(np.isfinite(ref))
     assert_same_bits(ours, ref, f"dequantize {type_name} n={n}", 4)
@@ -185,8 +222,31 @@ def test_dequantize_matches_gguf(type_name, n, rng):
     assert_same_bits(moeinfer.dequantize(type_name, raw), ref, f"dequantize {type_name} default n", 4)
 
 
-# Largest |dequantize(quantize(x)) - x| as a fraction of the block's largest |x|.
-ROUND_TRIP_BOUND = {"q8_0": 0.6 / 127, "q4_0": 1.01 / 8, "mxfp4": 0.5}
+# Zero, -0, the smallest subnormal, the smallest normal, the largest finite of both signs: fp16 scale bits.
+EXTREME_HALVES = np.array([0x0000, 0x8000, 0x0001, 0x8001, 0x0400, 0x7BFF, 0xFBFF], dtype=np.uint16)
+
+
+@pytest.mark.parametrize("type_name", FP16_FIELDS)
+def test_dequantize_extreme_scales_match_gguf(type_name, rng):
+    # Every block's scales (and mins) set to extreme values, each field drawn on its own.
+    n = block_sizes(type_name)[2]
+    raw = random_stored_bytes(type_name, rng, n)
+    blocks = raw.reshape(n // GGML_QUANT_SIZES[DEQUANT_TYPES[type_name]][0], -1)
+    for off in FP16_FIELDS[type_name]:
+        h = EXTREME_HALVES[rng.integers(0, EXTREME_HALVES.size, blocks.shape[0])]
+        blocks[:, off:off + 2] = h.view(np.uint8).reshape(-1, 2)
+    ours = moeinfer.dequantize(type_name, raw, n)
+    ref = np.asarray(ref_dequantize(raw, DEQUANT_TYPES[type_name]), dtype=np.float32).ravel()
+    assert np.all(np.isfinite(ref))
+    assert_same_bits(ours, ref, f"dequantize {type_name} extreme scales", 4)
+
+
+# Largest |dequantize(quantize(x)) - x| as a fraction of the block's largest |x|: half a step (a whole
+# one where the sign of the extreme leaves the other side a level short); the asymmetric types span
+# max - min <= 2 amax.
+ROUND_TRIP_BOUND = {"q8_0": 0.6 / 127, "q4_0": 1.01 / 8, "q5_0": 1.01 / 16, "q4_1": 1.01 / 15, "q5_1": 1.01 / 31,
+                    "mxfp4": 0.5}
+SYMMETRIC = ("f16", "bf16", "q8_0", "q4_0", "q5_0", "mxfp4")  # zero stays exactly zero
 
 
 @pytest.mark.parametrize("type_name", TYPES)
@@ -204,17 +264,23 @@ def test_round_trip(type_name, scale, rng):
         amax = np.abs(x).reshape(-1, 32).max(axis=1, keepdims=True)
         err = np.abs(y - x).reshape(-1, 32)
         assert np.all(err <= amax * ROUND_TRIP_BOUND[type_name] + 1e-30), float((err / np.maximum(amax, 1e-30)).max())
-    assert np.all(y[x == 0] == 0)
-    # Quantising what dequantisation gave back reproduces the same bytes.
-    assert_same_bits(moeinfer.quantize(type_name, y), q, f"requantize {type_name}", moeinfer.type_info(type_name)[1])
+    if type_name in SYMMETRIC:
+        assert np.all(y[x == 0] == 0)
+        # Quantising what dequantisation gave back reproduces the same bytes.
+        assert_same_bits(moeinfer.quantize(type_name, y), q, f"requantize {type_name}",
+                         moeinfer.type_info(type_name)[1])
 
 
-@pytest.mark.parametrize("type_name", ("f32", *TYPES))
-def test_type_info_matches_gguf(type_name):
-    gtype = GGMLQuantizationType[type_name.upper()]
-    assert moeinfer.type_info(type_name) == GGML_QUANT_SIZES[gtype]
-    assert moeinfer.type_info(type_name.upper()) == GGML_QUANT_SIZES[gtype]  # names are case-insensitive
-    block_size, block_bytes = GGML_QUANT_SIZES[gtype]
+@pytest.mark.parametrize("gtype", list(GGMLQuantizationType), ids=lambda t: t.name)
+def test_type_info_matches_gguf(gtype):
+    # Every GGUF type, runnable or not, is known by name with gguf-py's sizes.
+    type_name = gtype.name.lower()
+    sizes = GGML_QUANT_SIZES[gtype]
+    if gtype == GGMLQuantizationType.Q8_1:  # ggml's block_q8_1 is 2 fp16 + 32 int8; gguf-py still says 40
+        sizes = (32, 36)
+    assert moeinfer.type_info(type_name) == sizes
+    assert moeinfer.type_info(gtype.name) == sizes  # names are case-insensitive
+    block_size, block_bytes = sizes
     assert moeinfer.row_bytes(type_name, 64 * block_size) == 64 * block_bytes
 
 
