@@ -31,6 +31,19 @@ std::string role_of(const char* name) {
     return name;
 }
 
+// The type as listed: ggml's name, marked '*' when this build has no conversion for it (a context on the
+// model then fails to create; the footnote says so).
+std::string type_label(int32_t type, bool& any_marked) {
+    const char* name = moe_type_name(type);
+    if (name == nullptr) return "type" + std::to_string(type);
+    uint32_t caps = 0;
+    if (moe_type_capabilities(type, &caps) != MOE_STATUS_OK || (caps & MOE_TYPE_CAN_DEQUANTIZE) == 0) {
+        any_marked = true;
+        return std::string(name) + "*";
+    }
+    return name;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,6 +101,7 @@ int main(int argc, char** argv) {
         std::string shape;
     };
     std::map<std::string, Group> groups;
+    bool any_marked = false;
     for (int32_t i = 0; i < info.n_tensors; ++i) {
         moe_tensor_info t;
         moe_tensor_info_init(&t);
@@ -95,18 +109,30 @@ int main(int argc, char** argv) {
         std::string shape = "[";
         for (int d = 0; d < t.n_dims; ++d) shape += (d ? ", " : "") + std::to_string(t.ne[d]);
         shape += "]";
-        const char* tname = moe_type_name(t.type);
-        if (list_all) std::printf("  %-40s %-6s %-22s %12llu\n", t.name, tname, shape.c_str(), (unsigned long long)t.n_bytes);
+        const std::string tname = type_label(t.type, any_marked);
+        if (list_all) {
+            std::printf("  %-40s %-10s %-22s %12llu\n", t.name, tname.c_str(), shape.c_str(),
+                        (unsigned long long)t.n_bytes);
+        }
         Group& g = groups[role_of(t.name)];
+        // Layers may mix types (Q4_K_M files keep some layers' tensors in Q6_K): show every one, in order.
+        if (g.count == 0) {
+            g.type = tname;
+        } else if (("," + g.type + ",").find("," + tname + ",") == std::string::npos) {
+            g.type += "," + tname;
+        }
         ++g.count;
         g.bytes += t.n_bytes;
-        g.type = tname ? tname : "?";
         g.shape = shape;
     }
-    std::printf("\n  %-28s %5s  %-6s %-22s %14s\n", "tensor (per layer)", "count", "type", "shape", "bytes");
+    std::printf("\n  %-28s %5s  %-10s %-22s %14s\n", "tensor (per layer)", "count", "type", "shape", "bytes");
     for (const auto& [role, g] : groups) {
-        std::printf("  %-28s %5d  %-6s %-22s %14llu\n", role.c_str(), g.count, g.type.c_str(), g.shape.c_str(),
+        std::printf("  %-28s %5d  %-10s %-22s %14llu\n", role.c_str(), g.count, g.type.c_str(), g.shape.c_str(),
                     (unsigned long long)g.bytes);
+    }
+    if (any_marked) {
+        std::printf("\n  * no conversion for this type in this build: the file is described, but a context on it\n"
+                    "    fails to create\n");
     }
     moe_model_free(model);
     return 0;

@@ -82,12 +82,15 @@ void bind_types(py::module_& m) {
 
 Quantises along the last axis, as GGUF stores rows: an array of shape (..., n) gives a uint8
 array of shape (..., row_bytes(type, n)); n must be a multiple of the type's block size.
-Other float dtypes are converted to float32 first. Bit-exact with ggml's reference quantisers.)");
+Other float dtypes are converted to float32 first. Bit-exact with ggml's reference quantisers for
+f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q8_K and mxfp4; the other K-quants and iq4_nl / iq4_xs use a
+simple rounding scheme of ours. NotImplementedError for a type this build only describes (iq2_xxs, ...).)");
     m.def("dequantize", &dequantize, "type"_a, "data"_a, "n"_a = py::none(),
           R"(Converts stored elements of `type` to a 1-D float32 array of n values.
 
 `data` is any C-contiguous buffer holding the blocks (uint8 array, bytes, ...); its bytes are
-used as they are. n defaults to all the elements those bytes hold.)");
+used as they are. n defaults to all the elements those bytes hold. NotImplementedError for a type
+this build only describes.)");
     m.def("type_info", &type_info, "type"_a,
           "(block_size, block_bytes) of a type: elements per block and bytes per block.");
     m.def(
