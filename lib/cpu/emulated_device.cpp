@@ -9,23 +9,54 @@
 
 #include "core/allocator.h"
 #include "core/backend_registry.h"
+#include "core/device_memory.h"
 #include "cpu/emulated_streams.h"
 
 namespace moe::cpu {
 namespace {
 
-// Host memory that claims to be device memory.
+// The emulated card's size: MOEINFER_EMULATED_VRAM bytes if set (to test budgets), else 64 GiB. Every
+// emulated device of the process allocates from it, as contexts on one GPU share its memory.
+size_t emulated_vram() {
+    if (const char* v = std::getenv("MOEINFER_EMULATED_VRAM")) {
+        char* end = nullptr;
+        const unsigned long long n = std::strtoull(v, &end, 10);
+        if (end != v && *end == '\0') return static_cast<size_t>(n);
+    }
+    return size_t{64} << 30;
+}
+
+DeviceMemoryMeter& emulated_meter() { return DeviceMemoryMeter::of("emulated"); }
+
+// The card's size less what the emulated devices hold (the test limit of the meter aside).
+size_t emulated_free() {
+    const size_t total = emulated_vram(), live = emulated_meter().live_bytes();
+    return total > live ? total - live : 0;
+}
+
+// Host memory that claims to be device memory, counted against the emulated card's size.
 class EmulatedDeviceBuffer final : public Buffer {
 public:
     static StatusOr<std::unique_ptr<Buffer>> allocate(Backend* backend, size_t size) {
+        const size_t free = emulated_free();
+        if (size > free) {
+            emulated_meter().note_refused();
+            return device_exhausted("emulated device", size, emulated_meter().free_bytes(free));
+        }
+        MOE_RETURN_IF_ERROR(emulated_meter().acquire(size, free, "emulated device"));
         const size_t rounded = (std::max<size_t>(size, 1) + 63) & ~size_t{63};
         void* p = std::aligned_alloc(64, rounded);
         if (p == nullptr) {
-            return resource_exhausted("emulated device: cannot allocate " + std::to_string(size) + " bytes");
+            emulated_meter().release(size);
+            emulated_meter().note_refused();
+            return device_exhausted("emulated device", size, emulated_meter().free_bytes(emulated_free()));
         }
         return std::unique_ptr<Buffer>(new EmulatedDeviceBuffer(backend, p, size));
     }
-    ~EmulatedDeviceBuffer() override { std::free(data_); }
+    ~EmulatedDeviceBuffer() override {
+        std::free(data_);
+        emulated_meter().release(size_);
+    }
     void* data() override { return data_; }
     size_t size() const override { return size_; }
     bool is_host() const override { return false; }
@@ -35,16 +66,6 @@ private:
     void* data_;
     size_t size_;
 };
-
-// Free "device memory": MOEINFER_EMULATED_VRAM bytes if set (to test budgets), else 64 GiB.
-size_t emulated_vram() {
-    if (const char* v = std::getenv("MOEINFER_EMULATED_VRAM")) {
-        char* end = nullptr;
-        const unsigned long long n = std::strtoull(v, &end, 10);
-        if (end != v && *end == '\0') return static_cast<size_t>(n);
-    }
-    return size_t{64} << 30;
-}
 
 // Bytes per second of MOEINFER_EMULATED_PCIE_GBPS (GB/s), or 0 when unset or not a positive number.
 double emulated_link_rate() {
@@ -108,7 +129,7 @@ StatusOr<std::unique_ptr<Buffer>> EmulatedDeviceBackend::alloc_host_buffer(size_
     return HostBuffer::allocate(this, size);
 }
 
-size_t EmulatedDeviceBackend::free_memory() const { return emulated_vram(); }
+size_t EmulatedDeviceBackend::free_memory() const { return emulated_meter().free_bytes(emulated_free()); }
 
 Status EmulatedDeviceBackend::check_own_memory(const Tensor& node) const {
     auto own = [this](const Tensor* t) {

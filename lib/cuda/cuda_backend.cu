@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/backend_registry.h"
+#include "core/device_memory.h"
 #include "cuda/bandwidth.cuh"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_common.cuh"
@@ -19,6 +20,45 @@ namespace {
 // H100 was 9% faster for Q30-16 and unchanged for G20 (docs/PERF.md, session 5); an explicit early
 // trigger had been 3% slower.
 constexpr bool kPdlByDefault = true;
+
+// cuBLAS's workspace: 32 MiB is what cuBLAS itself reserves on Hopper.
+constexpr size_t kCublasWorkspace = size_t{32} << 20;
+
+DeviceMemoryMeter& cuda_meter() { return DeviceMemoryMeter::of("cuda"); }
+
+// Free memory of the current device as the driver reports it; 0 when it cannot say.
+size_t current_device_free() {
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return free;
+}
+
+// cudaMalloc of n bytes (at least 1) on the current device, counted by the "cuda" meter, whose test
+// hook may refuse it: RESOURCE_EXHAUSTED naming the bytes asked and free when the device (or the hook)
+// cannot give them; *p is nullptr then.
+Status metered_malloc(void** p, size_t n) {
+    *p = nullptr;
+    const size_t bytes = std::max<size_t>(n, 1);
+    MOE_RETURN_IF_ERROR(cuda_meter().acquire(bytes, current_device_free(), "cuda"));
+    const cudaError_t err = cudaMalloc(p, bytes);
+    if (err == cudaSuccess) return Status::ok();
+    (void)cudaGetLastError();
+    *p = nullptr;
+    cuda_meter().release(bytes);
+    if (err != cudaErrorMemoryAllocation) return cuda_status(err, ("cudaMalloc of " + std::to_string(bytes) + " bytes").c_str());
+    cuda_meter().note_refused();
+    return device_exhausted("cuda", bytes, cuda_meter().free_bytes(current_device_free()));
+}
+
+// Frees what metered_malloc(p, n) gave; nullptr is a no-op.
+void metered_free(void* p, size_t n) {
+    if (p == nullptr) return;
+    cudaFree(p);
+    cuda_meter().release(std::max<size_t>(n, 1));
+}
 }  // namespace
 
 int device_count() {
@@ -33,15 +73,11 @@ int device_count() {
 StatusOr<std::unique_ptr<Buffer>> DeviceBuffer::allocate(Backend* backend, int device, size_t size) {
     MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     void* p = nullptr;
-    const cudaError_t err = cudaMalloc(&p, std::max<size_t>(size, 1));
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        return cuda_status(err, ("cudaMalloc of " + std::to_string(size) + " bytes").c_str());
-    }
+    MOE_RETURN_IF_ERROR(metered_malloc(&p, size));
     return std::unique_ptr<Buffer>(new DeviceBuffer(backend, p, size));
 }
 
-DeviceBuffer::~DeviceBuffer() { cudaFree(data_); }
+DeviceBuffer::~DeviceBuffer() { metered_free(data_, size_); }
 
 StatusOr<std::unique_ptr<Buffer>> PinnedHostBuffer::allocate(Backend* backend, size_t size) {
     void* p = nullptr;
@@ -72,9 +108,8 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device) {
     MOE_CUBLAS_RETURN_IF_ERROR(cublasCreate(&b->cublas_));
     MOE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(b->cublas_, b->compute_stream_));
     // A workspace of our own (after cublasSetStream, which resets it): cuBLAS would otherwise allocate
-    // one per captured graph. 32 MiB is what cuBLAS itself reserves on Hopper.
-    constexpr size_t kCublasWorkspace = size_t{32} << 20;
-    MOE_CUDA_RETURN_IF_ERROR(cudaMalloc(&b->cublas_workspace_, kCublasWorkspace));
+    // one per captured graph.
+    MOE_RETURN_IF_ERROR(metered_malloc(&b->cublas_workspace_, kCublasWorkspace).with_context("allocating cuBLAS's workspace"));
     MOE_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(b->cublas_, b->cublas_workspace_, kCublasWorkspace));
     // The error word is mapped host memory, so that synchronize() reads it without a copy.
     void* flags = nullptr;
@@ -85,7 +120,8 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device) {
     MOE_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&flags_dev, flags, 0));
     b->error_flags_dev_ = static_cast<unsigned int*>(flags_dev);
     // The attention's counters, then the router GEMV's (OpContext::router_counter).
-    MOE_CUDA_RETURN_IF_ERROR(cudaMalloc(&b->attn_counters_, sizeof(unsigned int) * (kAttnCounters + 1)));
+    MOE_RETURN_IF_ERROR(metered_malloc(reinterpret_cast<void**>(&b->attn_counters_), sizeof(unsigned int) * (kAttnCounters + 1))
+                            .with_context("allocating the attention's counters"));
     MOE_CUDA_RETURN_IF_ERROR(cudaMemset(b->attn_counters_, 0, sizeof(unsigned int) * (kAttnCounters + 1)));
     CudaBackend* self = b.get();
     b->graphs_ = std::make_unique<GraphRunner>(b->compute_stream_, [self](size_t i) { return self->launch_item(i); });
@@ -111,10 +147,10 @@ CudaBackend::~CudaBackend() {
     if (copy_stream_) cudaStreamSynchronize(copy_stream_);
     graphs_.reset();
     if (cublas_) cublasDestroy(cublas_);
-    if (cublas_workspace_) cudaFree(cublas_workspace_);
-    if (scratch_) cudaFree(scratch_);
-    if (gather_) cudaFree(gather_);
-    if (attn_counters_) cudaFree(attn_counters_);
+    metered_free(cublas_workspace_, kCublasWorkspace);
+    metered_free(scratch_, scratch_size_);
+    metered_free(gather_, gather_size_);
+    metered_free(attn_counters_, sizeof(unsigned int) * (kAttnCounters + 1));
     if (error_flags_) cudaFreeHost(error_flags_);
     if (copy_mark_) cudaEventDestroy(copy_mark_);
     for (cudaEvent_t e : fences_) {
@@ -191,17 +227,10 @@ StatusOr<std::unique_ptr<Buffer>> CudaBackend::alloc_pinned_host_buffer(size_t s
 // stream is drained before it is freed; blocks grow only on the first large shapes, not per step.
 Status CudaBackend::regrow(void*& block, size_t& size, size_t bytes, const char* what) {
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_stream_));
-    if (block != nullptr) {
-        MOE_CUDA_RETURN_IF_ERROR(cudaFree(block));
-        block = nullptr;
-        size = 0;
-    }
-    const cudaError_t err = cudaMalloc(&block, bytes);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        block = nullptr;
-        return cuda_status(err, ("cudaMalloc of " + std::to_string(bytes) + " bytes of " + what).c_str());
-    }
+    metered_free(block, size);
+    block = nullptr;
+    size = 0;
+    MOE_RETURN_IF_ERROR(metered_malloc(&block, bytes).with_context(std::string("growing the ") + what));
     size = bytes;
     return Status::ok();
 }
@@ -397,12 +426,11 @@ Status CudaBackend::gather_to_host(void* dst_host, std::span<const DeviceRegion>
 }
 
 size_t CudaBackend::free_memory() const {
-    size_t free = 0, total = 0;
-    if (cudaSetDevice(device_) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    if (cudaSetDevice(device_) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0;
     }
-    return free;
+    return cuda_meter().free_bytes(current_device_free());
 }
 
 StatusOr<uint64_t> CudaBackend::mark_compute() {

@@ -13,7 +13,7 @@
 
 namespace moe::cuda {
 
-// Device memory (cudaMalloc).
+// Device memory (cudaMalloc), counted by DeviceMemoryMeter::of("cuda") (core/device_memory.h).
 class DeviceBuffer final : public Buffer {
 public:
     static StatusOr<std::unique_ptr<Buffer>> allocate(Backend* backend, int device, size_t size);

@@ -116,12 +116,11 @@ Side attention_side(const moe_context& ctx, int il) {
     return ctx.sched->weight_copies(ctx.weights.layers[static_cast<size_t>(il)].wq)->home;
 }
 
-Status allocate_kv_cache(moe_context& ctx) {
-    const HParams& hp = ctx.model->hparams;
-    const Tensor proto = kv_prototype(ctx);
-    const size_t per_tensor = proto.n_bytes();
+// The KV cache's buffers, for the attention of each layer on `attention_sides[il]`.
+Status allocate_kv_buffers(moe_context& ctx, const std::vector<Side>& attention_sides) {
+    const size_t per_tensor = kv_prototype(ctx).n_bytes();
     size_t count[sched::kSides] = {};
-    for (int il = 0; il < hp.n_layer; ++il) count[static_cast<int>(attention_side(ctx, il))] += 2;
+    for (Side side : attention_sides) count[static_cast<int>(side)] += 2;
     for (int s = 0; s < sched::kSides; ++s) {
         if (count[s] == 0) continue;
         Backend& be = s == static_cast<int>(Side::DEVICE) ? *ctx.device : *ctx.host;
@@ -129,11 +128,21 @@ Status allocate_kv_cache(moe_context& ctx) {
         if (!b.is_ok()) return b.status().with_context("allocating the KV cache");
         ctx.kv_buffer[s] = std::move(b).value();
     }
+    return Status::ok();
+}
+
+// The KV tensors over the buffers of allocate_kv_buffers.
+// REQUIRES: the weights are registered with the scheduler, on the sides the buffers were sized for.
+void bind_kv_cache(moe_context& ctx) {
+    const HParams& hp = ctx.model->hparams;
+    const Tensor proto = kv_prototype(ctx);
+    const size_t per_tensor = proto.n_bytes();
     size_t used[sched::kSides] = {};
     ctx.kv.n_ctx = ctx.params.n_ctx;
     for (int il = 0; il < hp.n_layer; ++il) {
         const int s = static_cast<int>(attention_side(ctx, il));
         for (int kv = 0; kv < 2; ++kv) {
+            MOE_ASSERT(ctx.kv_buffer[s] && (used[s] + 1) * per_tensor <= ctx.kv_buffer[s]->size());
             Tensor& t = ctx.kv_tensors.emplace_back(proto);
             t.data = static_cast<uint8_t*>(ctx.kv_buffer[s]->data()) + used[s]++ * per_tensor;
             t.buffer = ctx.kv_buffer[s].get();
@@ -141,10 +150,10 @@ Status allocate_kv_cache(moe_context& ctx) {
             (kv == 0 ? ctx.kv.k : ctx.kv.v).push_back(&t);
         }
     }
-    return Status::ok();
 }
 
-// Reports progress over the bytes copied into pinned and device memory; 0 from the callback cancels.
+// Reports progress over the bytes registered in place and uploaded to the device; 0 from the callback
+// cancels.
 class CopyProgress {
 public:
     CopyProgress(const moe_context_params& p, uint64_t total) : p_(p), total_(std::max<uint64_t>(total, 1)) {}
@@ -165,9 +174,10 @@ private:
 };
 
 // Where each weight lives: all on the host for CPU contexts, else per the placement parameters (with
-// a default VRAM budget of what the device has free, less what the context will also need there).
+// a default VRAM budget of what the device has free, less what the context will also need there,
+// and at most `cap`: a retry after the device refused what an earlier placement asked for).
 StatusOr<std::vector<Side>> decide_sides(const moe_context& ctx, const std::vector<Tensor*>& ws,
-                                         const sched::Policy& policy) {
+                                         const sched::Policy& policy, uint64_t cap) {
     if (!ctx.device) return std::vector<Side>(ws.size(), Side::HOST);
     const HParams& hp = ctx.model->hparams;
     sched::PlacementParams pp;
@@ -194,13 +204,23 @@ StatusOr<std::vector<Side>> decide_sides(const moe_context& ctx, const std::vect
         const uint64_t arena = estimate_arena_bytes(ctx, false);
         const uint64_t need = kv + arena + kVramReserve;
         const uint64_t free = ctx.device->free_memory();
-        uint64_t budget = free > need ? free - need : 0;
+        uint64_t budget = free > need ? free - need : 0, spill = 0;
         if (total > budget) {
-            uint64_t spill = static_cast<uint64_t>(sched::auto_upload_slots(policy)) * largest_expert;
+            spill = static_cast<uint64_t>(sched::auto_upload_slots(policy)) * largest_expert;
             if (policy.expert_split != 0) spill += std::max<uint64_t>(estimate_arena_bytes(ctx, true), arena) - arena;
             budget = budget > spill ? budget - spill : 0;
         }
-        pp.vram_budget = budget;
+        pp.vram_budget = std::min(budget, cap);
+        if (cap == UINT64_MAX) {
+            StatusOr<std::vector<Side>> sides = sched::place_weights(desc, pp);
+            if (sides.is_ok()) return sides;
+            return sides.status().with_context(
+                "default VRAM budget: " + std::to_string(free) + " bytes free on the " + ctx.device->name() +
+                " device, less " + std::to_string(kv) + " for the KV cache (n_ctx " + std::to_string(ctx.params.n_ctx) +
+                "), " + std::to_string(arena) + " for activations (n_ubatch " + std::to_string(ctx.params.n_ubatch) +
+                "), " + std::to_string(spill) + " for offload slots and the expert split, and a reserve of " +
+                std::to_string(kVramReserve));
+        }
     }
     return sched::place_weights(desc, pp);
 }
@@ -226,6 +246,81 @@ std::vector<bool> duplicated_biases(const moe_context& ctx, const std::vector<Te
     return dup;
 }
 
+// Bytes of device memory the weights take on `sides`: the device-side ones and the duplicates.
+uint64_t device_weight_bytes(const moe_context& ctx, const std::vector<Tensor*>& ws, const std::vector<Side>& sides) {
+    const std::vector<bool> dup = duplicated_biases(ctx, ws, sides);
+    uint64_t n = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+        if (sides[i] == Side::DEVICE || dup[i]) n += aligned(ws[i]->n_bytes());
+    }
+    return n;
+}
+
+// The side of each layer's attention (that of its wq) with the weights on `sides`.
+std::vector<Side> attention_sides(const moe_context& ctx, const std::vector<Tensor*>& ws, const std::vector<Side>& sides) {
+    std::unordered_map<const Tensor*, Side> side_of;
+    for (size_t i = 0; i < ws.size(); ++i) side_of[ws[i]] = sides[i];
+    std::vector<Side> out;
+    for (const LayerWeights& l : ctx.weights.layers) {
+        const auto it = side_of.find(l.wq);
+        MOE_ASSERT(it != side_of.end());
+        out.push_back(it->second);
+    }
+    return out;
+}
+
+// The weights' device buffer and the KV cache for the weights on `sides`; on failure none is kept.
+Status allocate_context_memory(moe_context& ctx, const std::vector<Tensor*>& ws, const std::vector<Side>& sides) {
+    Status s;
+    if (const uint64_t n = device_weight_bytes(ctx, ws, sides); n > 0) {
+        StatusOr<std::unique_ptr<Buffer>> b = ctx.device->alloc_buffer(n);
+        if (b.is_ok()) ctx.device_weights = std::move(b).value();
+        s = b.status().with_context("allocating device memory for the weights");
+    }
+    if (s.is_ok()) s = allocate_kv_buffers(ctx, attention_sides(ctx, ws, sides));
+    if (!s.is_ok()) {
+        ctx.device_weights.reset();
+        for (auto& b : ctx.kv_buffer) b.reset();
+    }
+    return s;
+}
+
+// Places the weights and allocates the context's memory for them and the KV cache, before anything
+// is copied. Under the default budget, when the device refuses what a placement asks for (its free
+// memory shrank meanwhile, or is less usable than it reports), the placement is redone with a budget
+// of that placement's device bytes less the shortfall (at least one byte, so at least one more expert
+// tensor moves to host RAM), until it fits or no expert tensor is left to move: RESOURCE_EXHAUSTED
+// with the last refusal then. An explicit vram_budget is not second-guessed: its refusal names it.
+StatusOr<std::vector<Side>> place_and_allocate(moe_context& ctx, const std::vector<Tensor*>& ws,
+                                               const sched::Policy& policy) {
+    uint64_t cap = UINT64_MAX;
+    Status refused;
+    for (;;) {
+        StatusOr<std::vector<Side>> sides = decide_sides(ctx, ws, policy, cap);
+        if (!sides.is_ok()) {
+            if (refused.is_ok()) return sides.status();
+            return Status(refused.code(), refused.message() + "; no expert tensor is left to move to host RAM (" +
+                                              sides.status().message() + ")");
+        }
+        MOE_RETURN_IF_ERROR(check_weight_types(ctx, *sides, ws));
+        const Status s = allocate_context_memory(ctx, ws, *sides);
+        if (s.is_ok()) return sides;
+        if (s.code() != MOE_STATUS_RESOURCE_EXHAUSTED || !ctx.device) return s;
+        if (ctx.params.vram_budget > 0) {
+            return s.with_context("vram_budget of " + std::to_string(ctx.params.vram_budget) +
+                                  " bytes does not fit the device (0 sizes it from the free memory)");
+        }
+        refused = s;
+        // What the attempt needed on the device against what is free now that it is released.
+        uint64_t placed = 0, needed = device_weight_bytes(ctx, ws, *sides);
+        for (size_t i = 0; i < ws.size(); ++i) placed += (*sides)[i] == Side::DEVICE ? aligned(ws[i]->n_bytes()) : 0;
+        for (Side side : attention_sides(ctx, ws, *sides)) needed += side == Side::DEVICE ? 2 * kv_prototype(ctx).n_bytes() : 0;
+        const uint64_t free = ctx.device->free_memory();
+        const uint64_t shortfall = needed > free ? needed - free : 1;
+        cap = placed > shortfall ? placed - shortfall : 0;
+    }
+}
+
 // Places the weights (device contexts), copies them to their sides and registers them with the scheduler.
 Status place_weights(moe_context& ctx, const sched::Policy& policy) {
     const HParams& hp = ctx.model->hparams;
@@ -233,8 +328,7 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
     for (Tensor& t : ctx.weight_tensors) {
         if (t.is_weight) ws.push_back(&t);
     }
-    MOE_ASSIGN_OR_RETURN(const std::vector<Side> sides, decide_sides(ctx, ws, policy));
-    MOE_RETURN_IF_ERROR(check_weight_types(ctx, sides, ws));
+    MOE_ASSIGN_OR_RETURN(const std::vector<Side> sides, place_and_allocate(ctx, ws, policy));
 
     const std::vector<bool> dup = duplicated_biases(ctx, ws, sides);
 
@@ -249,11 +343,7 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
             if (ctx.device) pinned_bytes += n;
         }
     }
-    if (device_bytes > 0) {
-        StatusOr<std::unique_ptr<Buffer>> b = ctx.device->alloc_buffer(device_bytes);
-        if (!b.is_ok()) return b.status().with_context("allocating device memory for the weights");
-        ctx.device_weights = std::move(b).value();
-    }
+    MOE_ASSERT(device_bytes == (ctx.device_weights ? ctx.device_weights->size() : 0));  // by place_and_allocate
     if (pinned_bytes > 0) {
         StatusOr<std::unique_ptr<Buffer>> b = ctx.device->alloc_host_buffer(pinned_bytes);
         if (!b.is_ok()) return b.status().with_context("allocating pinned host memory for the weights");
@@ -303,7 +393,7 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
     }
     if (ctx.device) MOE_RETURN_IF_ERROR(ctx.device->synchronize().with_context("uploading the weights"));
 
-    MOE_RETURN_IF_ERROR(allocate_kv_cache(ctx));
+    bind_kv_cache(ctx);
     return ctx.sched->set_policy(policy);
 }
 
