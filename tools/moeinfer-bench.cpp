@@ -31,7 +31,7 @@ void print_help(const std::vector<bench::Option>& options) {
     std::printf(
         "usage: moeinfer-bench [options] MODEL.gguf\n"
         "       moeinfer-bench [options] --synthetic ARCH[:key=value...]\n"
-        "       moeinfer-bench --bandwidth [--device cpu|cuda] [-t N] [-r N] [-o FMT]\n"
+        "       moeinfer-bench --bandwidth [--device auto|cpu|cuda] [-t N] [-r N] [-o FMT]\n"
         "\n"
         "Measures prompt processing (PP, prefill) and token generation (TG, decode) speed.\n"
         "Without -p/-n/-d/-r it runs a sweep over the context, as llama-sweep-bench does; with any of them\n"
@@ -195,8 +195,7 @@ std::optional<Failure> run(Config& cfg) {
     cp.n_threads = cfg.n_threads > 0 ? cfg.n_threads : available_cores();
     cp.device = cfg.device;
     const std::string overrides = bench::join(cfg.tensor_overrides, ",");
-    const bool device_context = cfg.device != MOE_DEVICE_CPU;
-    if (device_context) {
+    if (cfg.device != MOE_DEVICE_CPU) {  // a CPU context (auto without a GPU too) ignores these
         cp.tensor_overrides = overrides.c_str();
         cp.n_cpu_moe = cfg.n_cpu_moe;
         cp.n_gpu_layers = cfg.n_gpu_layers;
@@ -209,17 +208,31 @@ std::optional<Failure> run(Config& cfg) {
     }
     moe_context* raw_ctx = nullptr;
     const moe_status ctx_status = moe_context_create(model.get(), &cp, &raw_ctx);
-    if (live && device_context) std::fprintf(stderr, "\r\033[K");
+    if (live && cfg.device != MOE_DEVICE_CPU) std::fprintf(stderr, "\r\033[K");
     if (ctx_status != MOE_STATUS_OK) {
         return bench::library_error("cannot create a context (n_ctx " + std::to_string(cp.n_ctx) + ", n_ubatch " +
                                     std::to_string(cp.n_ubatch) + ")");
     }
     const ContextPtr ctx(raw_ctx);
+    int32_t device = MOE_DEVICE_CPU;
+    if (moe_context_get_device(ctx.get(), &device) != MOE_STATUS_OK) return bench::library_error("moe_context_get_device");
+    const bool device_context = device != MOE_DEVICE_CPU;
+    if (!device_context) {
+        // Only --device auto gets here with these flags (finish_config refuses them with --device cpu): a
+        // benchmark of the placement asked for must not quietly measure a CPU run instead.
+        for (const std::string& f : bench::device_only_flags()) {
+            if (cfg.given.count(f) > 0) {
+                return bench::usage_error(f + " applies to a device context, and --device auto found no CUDA device "
+                                              "(none in this build, or no GPU): give --device cuda, or emulated "
+                                              "to try the flags in host memory");
+            }
+        }
+    }
 
     bench::RunInfo run;
     if (auto f = describe_model(model.get(), info, run)) return f;
     run.model_path = cfg.model_path;
-    run.backend = backend_name(cfg.device);
+    run.backend = backend_name(device);
     run.n_threads = cp.n_threads;
     run.n_ctx = cp.n_ctx;
     run.n_ubatch = cp.n_ubatch;

@@ -452,6 +452,13 @@ public:
     // Empties the KV cache; the next decode starts a new sequence at position 0.
     void kv_clear() { check(moe_kv_clear(get())); }
 
+    // The moe_device the context computes on (MOE_DEVICE_AUTO resolved to CPU or CUDA).
+    int32_t device() const {
+        int32_t d = MOE_DEVICE_CPU;
+        check(moe_context_get_device(get(), &d));
+        return d;
+    }
+
     // Turns per-op timing on or off (it synchronises after every op) and resets the counters.
     void set_profiling(bool enabled) { check(moe_context_set_profiling(get(), enabled ? 1 : 0)); }
 

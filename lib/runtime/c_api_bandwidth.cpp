@@ -9,6 +9,7 @@
 #include "moeinfer/moeinfer.h"
 #include "runtime/c_api_guard.h"
 #include "runtime/c_api_structs.h"
+#include "runtime/device.h"
 
 namespace {
 
@@ -18,8 +19,8 @@ constexpr uint64_t kDefaultHostReadBytes = uint64_t{2} << 30;
 
 moe::Status check_params(const moe_bandwidth_params& p) {
     using moe::invalid_argument;
-    if (p.device != MOE_DEVICE_CPU && p.device != MOE_DEVICE_CUDA) {
-        return invalid_argument("params->device must be MOE_DEVICE_CPU or MOE_DEVICE_CUDA (got " +
+    if (p.device != MOE_DEVICE_CPU && p.device != MOE_DEVICE_CUDA && p.device != MOE_DEVICE_AUTO) {
+        return invalid_argument("params->device must be MOE_DEVICE_CPU, MOE_DEVICE_CUDA or MOE_DEVICE_AUTO (got " +
                                 std::to_string(p.device) + ")");
     }
     if (p.bytes < kMinBytes || p.bytes > kMaxBytes) {
@@ -54,7 +55,7 @@ moe::Status measure(const moe_bandwidth_params& p, moe_bandwidth_result& r) {
     MOE_RETURN_IF_ERROR(check_params(p));
     // Availability first, so that a missing GPU fails before seconds of host reads.
     const moe::BackendFactory* device = nullptr;
-    if (p.device == MOE_DEVICE_CUDA) {
+    if (moe::resolve_device(p.device) == MOE_DEVICE_CUDA) {
         MOE_ASSIGN_OR_RETURN(device, probe_factory("cuda", true));
     }
     MOE_ASSIGN_OR_RETURN(const moe::BackendFactory* cpu, probe_factory("cpu", false));

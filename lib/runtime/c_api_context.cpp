@@ -17,7 +17,7 @@ MOE_API void moe_context_params_init(moe_context_params* params) {
     params->n_ctx = 4096;
     params->n_ubatch = 512;
     params->n_threads = 0;
-    params->device = MOE_DEVICE_CPU;
+    params->device = MOE_DEVICE_AUTO;
     params->tensor_overrides = nullptr;
     params->n_cpu_moe = 0;
     params->n_gpu_layers = -1;
@@ -67,6 +67,15 @@ MOE_API moe_status moe_get_logits(const moe_context* ctx, const float** out_logi
     *out_logits = ctx->logits_data();
     if (out_n_rows) *out_n_rows = ctx->logits_rows;
     if (out_n_vocab) *out_n_vocab = ctx->model->hparams.n_vocab;
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+MOE_API moe_status moe_context_get_device(const moe_context* ctx, int32_t* out_device) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
+    MOE_CHECK_ARG(out_device != nullptr, "out_device is NULL");
+    *out_device = ctx->params.device;  // resolved by create_context: never MOE_DEVICE_AUTO
     return MOE_STATUS_OK;
     MOE_API_END
 }

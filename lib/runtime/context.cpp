@@ -5,6 +5,7 @@
 
 #include "core/allocator.h"
 #include "core/backend_registry.h"
+#include "runtime/device.h"
 #include "runtime/parallel_copy.h"
 #include "runtime/policy_convert.h"
 #include "sched/placement.h"
@@ -26,9 +27,11 @@ Status check_params(const moe_context_params& p) {
         return invalid_argument("n_threads must be in [0, " + std::to_string(MOE_MAX_THREADS) +
                                 "] (0 = all cores; got " + std::to_string(p.n_threads) + ")");
     }
-    if (p.device != MOE_DEVICE_CPU && p.device != MOE_DEVICE_CUDA && p.device != MOE_DEVICE_EMULATED) {
-        return invalid_argument("device must be MOE_DEVICE_CPU, MOE_DEVICE_CUDA or MOE_DEVICE_EMULATED (got " +
-                                std::to_string(p.device) + ")");
+    if (p.device != MOE_DEVICE_CPU && p.device != MOE_DEVICE_CUDA && p.device != MOE_DEVICE_EMULATED &&
+        p.device != MOE_DEVICE_AUTO) {
+        return invalid_argument(
+            "device must be MOE_DEVICE_CPU, MOE_DEVICE_CUDA, MOE_DEVICE_EMULATED or MOE_DEVICE_AUTO (got " +
+            std::to_string(p.device) + ")");
     }
     if (p.n_cpu_moe < 0) return invalid_argument("n_cpu_moe must be >= 0 (got " + std::to_string(p.n_cpu_moe) + ")");
     if (p.n_gpu_layers < -1) {
@@ -487,15 +490,17 @@ StatusOr<std::unique_ptr<moe_context>> create_context(moe_model* model, const mo
     ctx->params.tensor_overrides = nullptr;  // borrowed during the call only
     ctx->params.policy = nullptr;
     ctx->params.progress = nullptr;
+    ctx->params.device = resolve_device(params.device);  // the rest of the context sees CPU, CUDA or EMULATED
     MOE_ASSIGN_OR_RETURN(ctx->host, create_backend("cpu", params.n_threads));
-    if (params.device == MOE_DEVICE_CUDA) {
+    if (ctx->params.device == MOE_DEVICE_CUDA) {
         MOE_ASSIGN_OR_RETURN(ctx->device, create_backend("cuda", params.n_threads));
     }
-    if (params.device == MOE_DEVICE_EMULATED) {
+    if (ctx->params.device == MOE_DEVICE_EMULATED) {
         MOE_ASSIGN_OR_RETURN(ctx->device, create_backend("emulated", params.n_threads));
     }
     MOE_RETURN_IF_ERROR(bind_model_weights(*ctx));
     moe_context_params during = params;  // the borrowed fields are valid during creation
+    during.device = ctx->params.device;
     std::swap(ctx->params, during);
     const Status placed = place_weights(*ctx, policy);
     std::swap(ctx->params, during);

@@ -147,7 +147,7 @@ static void test_params_and_create(moe_model* model) {
         moe_context_free(most);
     }
     moe_context_params_init(&p);
-    EXPECT(p.device == MOE_DEVICE_CPU);
+    EXPECT(p.device == MOE_DEVICE_AUTO);
     p.device = 7;
     EXPECT_ERROR(moe_context_create(model, &p, &ctx), MOE_STATUS_INVALID_ARGUMENT, "device");
     p.device = MOE_DEVICE_CUDA;
@@ -208,6 +208,7 @@ static void test_decode_and_logits(moe_model* model, const char* arch) {
     p.n_ctx = 32;
     p.n_ubatch = 5; /* N_PROMPT tokens take three ubatches */
     p.n_threads = 2;
+    p.device = MOE_DEVICE_CPU; /* the 1e-5 bounds below are the CPU backend's */
     EXPECT_STATUS(moe_context_create(model, &p, &ctx), MOE_STATUS_OK);
     if (ctx == NULL) return;
     random_tokens(tokens, N_PROMPT, n_vocab);
@@ -333,6 +334,7 @@ static void test_profiling(moe_model* model) {
     moe_context_params_init(&p);
     p.n_ctx = 32;
     p.n_ubatch = 4;
+    p.device = MOE_DEVICE_CPU; /* every profiled op must run on the "cpu" backend */
     EXPECT_STATUS(moe_context_create(model, &p, &ctx), MOE_STATUS_OK);
     if (ctx == NULL) return;
     random_tokens(tokens, N_PROMPT, info.n_vocab);
@@ -380,6 +382,58 @@ static void test_profiling(moe_model* model) {
     EXPECT_STATUS(moe_context_get_profile(ctx, NULL, 0, &n), MOE_STATUS_OK);
     EXPECT(n == 0);
     moe_context_free(ctx);
+}
+
+/* The device a context was created for, through moe_context_get_device: explicit devices as given,
+ * MOE_DEVICE_AUTO (the default) resolved to CUDA exactly when a CUDA context can be created here. */
+static void test_device_auto(moe_model* model) {
+    moe_context_params p;
+    moe_context* ctx = NULL;
+    moe_context* gpu = NULL;
+    int32_t device = -1, want = MOE_DEVICE_CPU;
+    int32_t tokens[4];
+
+    moe_context_params_init(&p);
+    p.n_ctx = 16;
+    p.device = MOE_DEVICE_CUDA;
+    if (moe_context_create(model, &p, &gpu) == MOE_STATUS_OK) want = MOE_DEVICE_CUDA;
+    moe_context_free(gpu);
+
+    p.device = MOE_DEVICE_AUTO;
+    EXPECT_STATUS(moe_context_create(model, &p, &ctx), MOE_STATUS_OK);
+    if (ctx == NULL) return;
+    EXPECT_STATUS(moe_context_get_device(ctx, &device), MOE_STATUS_OK);
+    EXPECT(device == want);
+    random_tokens(tokens, 4, vocab_of(model));
+    EXPECT_STATUS(moe_decode(ctx, tokens, NULL, 4, 0), MOE_STATUS_OK);
+    EXPECT_ERROR(moe_context_get_device(NULL, &device), MOE_STATUS_INVALID_ARGUMENT, "ctx");
+    EXPECT_ERROR(moe_context_get_device(ctx, NULL), MOE_STATUS_INVALID_ARGUMENT, "out_device");
+    moe_context_free(ctx);
+
+    /* NULL params are the defaults: auto as well. */
+    ctx = NULL;
+    EXPECT_STATUS(moe_context_create(model, NULL, &ctx), MOE_STATUS_OK);
+    device = -1;
+    if (ctx != NULL) EXPECT_STATUS(moe_context_get_device(ctx, &device), MOE_STATUS_OK);
+    EXPECT(device == want);
+    moe_context_free(ctx);
+
+    /* Explicit devices are kept. */
+    p.device = MOE_DEVICE_CPU;
+    ctx = NULL;
+    EXPECT_STATUS(moe_context_create(model, &p, &ctx), MOE_STATUS_OK);
+    device = -1;
+    if (ctx != NULL) EXPECT_STATUS(moe_context_get_device(ctx, &device), MOE_STATUS_OK);
+    EXPECT(device == MOE_DEVICE_CPU);
+    moe_context_free(ctx);
+    p.device = MOE_DEVICE_EMULATED;
+    ctx = NULL;
+    EXPECT_STATUS(moe_context_create(model, &p, &ctx), MOE_STATUS_OK);
+    device = -1;
+    if (ctx != NULL) EXPECT_STATUS(moe_context_get_device(ctx, &device), MOE_STATUS_OK);
+    EXPECT(device == MOE_DEVICE_EMULATED);
+    moe_context_free(ctx);
+    printf("test_c_context: MOE_DEVICE_AUTO chose %s\n", want == MOE_DEVICE_CUDA ? "CUDA" : "CPU");
 }
 
 /* Callers built before the expert split pass the older, shorter policy and stats structs: the fields
@@ -446,6 +500,7 @@ int main(void) {
         test_decode_and_logits(model, archs[a]);
         test_decode_errors(model);
         test_profiling(model);
+        test_device_auto(model);
         test_older_struct_sizes(model);
         moe_model_free(model);
     }

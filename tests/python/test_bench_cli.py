@@ -303,7 +303,7 @@ def test_emulated_text_prints_scheduler_summary(cache_dir):
 
 
 def test_cpu_text_has_no_scheduler_summary(cache_dir):
-    out = run(*tiny(), "-p", "8", "-n", "0", "-r", "1", cache=cache_dir).stdout
+    out = run(*tiny(), "--device", "cpu", "-p", "8", "-n", "0", "-r", "1", cache=cache_dir).stdout
     assert "scheduler:" not in out
 
 
@@ -402,6 +402,43 @@ def test_placement_flags_reach_the_context(cache_dir):
         assert r["expert_split"] == expected
 
 
+def test_ik_llama_spellings_reach_the_context(cache_dir):
+    """-op is --offload-policy; -ooae / -no-ooae are --expert-copy active / full (ik_llama.cpp's flags)."""
+    base = [*emulated("-o", "json"), "-p", "4", "-n", "0", "-r", "1"]
+    spec = "mul_mat=off,mul_mat_id=7"
+    short = json.loads(run(*base, "-op", spec, cache=cache_dir).stdout)[0]
+    long = json.loads(run(*base, "--offload-policy", spec, cache=cache_dir).stdout)[0]
+    assert short["offload_policy"] == long["offload_policy"]
+    assert short["offload_policy"].startswith("mul_mat=off,mul_mat_id=7,")
+    assert json.loads(run(*base, "-ooae", cache=cache_dir).stdout)[0]["expert_copy"] == "active"
+    assert json.loads(run(*base, "-no-ooae", cache=cache_dir).stdout)[0]["expert_copy"] == "full"
+    assert json.loads(run(*base, "--offload-only-active-experts", cache=cache_dir).stdout)[0]["expert_copy"] == "active"
+
+
+def test_device_defaults_to_auto(cache_dir):
+    """No --device: the GPU when there is one (backend CUDA), else the CPU. -ot then places the experts on a
+    GPU machine, and on a CPU-only one is refused with exit 2 rather than measuring a CPU run."""
+    base = [*tiny(), "-o", "json", "-p", "4", "-n", "0", "-r", "1"]
+    plain = json.loads(run(*base, cache=cache_dir).stdout)[0]
+    assert plain["backend"] in ("CPU", "CUDA")
+    explicit_cpu = json.loads(run(*base, "--device", "cpu", cache=cache_dir).stdout)[0]
+    assert explicit_cpu["backend"] == "CPU"
+    proc = run(*base, "-ot", "exps=CPU", cache=cache_dir, check=False)
+    if plain["backend"] == "CUDA":
+        assert proc.returncode == 0, proc.stderr
+        r = json.loads(proc.stdout)[0]
+        assert r["backend"] == "CUDA" and r["tensor_overrides"] == "exps=CPU" and r["weights_host_bytes"] > 0
+    else:
+        assert proc.returncode == 2 and proc.stdout == ""
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("moeinfer-bench: --override-tensor applies to a device context")
+        assert "--device auto found no CUDA device" in lines[0]
+    # --bandwidth resolves auto the same way: copies measured exactly when the context was a CUDA one.
+    bw = json.loads(run("--bandwidth", "--bandwidth-mib", "16", "-t", "2", "-r", "1", "-o", "json").stdout)
+    assert {r["device"] for r in bw} == {plain["backend"]}
+    assert ("h2d_pinned" in {r["test"] for r in bw}) == (plain["backend"] == "CUDA")
+
+
 def test_bad_override_regex_is_a_library_error(cache_dir):
     proc = run(*tiny(), "--device", "emulated", "-ot", "([=CPU", "-p", "4", "-n", "0", cache=cache_dir, check=False)
     assert proc.returncode == 1 and proc.stdout == ""
@@ -474,11 +511,14 @@ def test_help_documents_every_flag():
                  "--verbose", "--progress", "--seed", "--no-warmup", "--help", "-ub", "-p", "-n", "-r", "-t", "-o",
                  "-b", "--batch-size", "--device", "-ngl", "--n-gpu-layers", "-ot", "--override-tensor",
                  "--n-cpu-moe", "--vram-budget", "--offload-policy", "--expert-copy", "--no-bias-dup",
-                 "--offload-budget", "--expert-counts", "--bandwidth", "--bandwidth-mib"]:
+                 "--offload-budget", "--expert-counts", "--bandwidth", "--bandwidth-mib", "-op", "-ooae",
+                 "--offload-only-active-experts", "-no-ooae", "--no-offload-only-active-experts"]:
         assert re.search(rf"(^|[\s,]){re.escape(flag)}[\s,]", text, re.M), f"--help does not document {flag}"
     flat = " ".join(text.split())  # help lines are wrapped
     for default in ["(default: 512)", "(default: 32)", "(default: 3)", "(default: text)", "(default: all cores)"]:
         assert default in flat
+    device_help = re.search(r"--device auto\|cpu\|cuda\|emulated(.*?)\n  -", text, re.S)
+    assert device_help and "(default: auto)" in " ".join(device_help.group(1).split())
     assert proc.stderr == ""
 
 
@@ -505,8 +545,14 @@ def test_help_documents_every_flag():
     (["x.gguf", "-c", "16", "-p", "32"], "ctx-size"),
     (["x.gguf", "-p", "0", "-n", "0"], "nothing to run"),
     (["x.gguf", "--verbose=1"], "takes no value"),
-    (["x.gguf", "--device", "tpu"], "cpu, cuda or emulated"),
-    (["x.gguf", "-ot", "exps=CPU"], "applies to --device cuda or emulated"),
+    (["x.gguf", "--device", "tpu"], "auto, cpu, cuda or emulated"),
+    (["x.gguf", "--device", "cpu", "-ot", "exps=CPU"], "applies to --device cuda or emulated"),
+    (["x.gguf", "--device", "cpu", "-ooae"], "--offload-only-active-experts applies to --device"),
+    (["x.gguf", "-ooae", "--expert-copy", "full"], "give one of --expert-copy, -ooae and -no-ooae"),
+    (["x.gguf", "-ooae", "-no-ooae"], "give one of --expert-copy, -ooae and -no-ooae"),
+    (["x.gguf", "-op", "27,0,29,0"], "ik_llama.cpp's op-number pairs"),
+    (["x.gguf", "-op", "-1,0"], "name the ops instead"),
+    (["x.gguf", "-op", "bogus=3"], "bogus"),
     (["x.gguf", "--device", "cpu", "--n-cpu-moe", "2"], "--n-cpu-moe applies to --device"),
     (["x.gguf", "--device", "emulated", "-ot", "exps"], "REGEX=BACKEND"),
     (["x.gguf", "--device", "emulated", "-ngl", "-2"], "out of range"),

@@ -56,14 +56,14 @@ def _compare(gpu: np.ndarray, cpu: np.ndarray) -> None:
 def test_cuda_prompt_matches_cpu(model, rng, n_prompt):
     tokens = rng.integers(0, model.info.n_vocab, size=n_prompt, dtype=np.int32)
     gpu = _cuda_context(model, n_ctx=128, n_ubatch=32)
-    cpu = moeinfer.Context(model, n_ctx=128, n_ubatch=32)
+    cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=32)
     _compare(gpu.decode(tokens, logits_all=True), cpu.decode(tokens, logits_all=True))
 
 
 def test_cuda_generation_matches_cpu(model, rng):
     """A prompt, then token-by-token decoding at growing depth (KV cache on the GPU)."""
     gpu = _cuda_context(model, n_ctx=128)
-    cpu = moeinfer.Context(model, n_ctx=128)
+    cpu = moeinfer.Context(model, device="cpu", n_ctx=128)
     prompt = rng.integers(0, model.info.n_vocab, size=24, dtype=np.int32)
     _compare(gpu.decode(prompt), cpu.decode(prompt))
     for _ in range(12):
@@ -78,3 +78,24 @@ def test_cuda_rejects_bad_tokens_without_touching_state(model):
     with pytest.raises(ValueError):
         gpu.decode(np.array([model.info.n_vocab], dtype=np.int32))
     assert gpu.n_past == 3
+
+
+def test_default_device_is_auto(tiny_qwen):
+    """device="auto" (the default) is "cuda" exactly when a device="cuda" context can be created here."""
+    model = moeinfer.Model(str(tiny_qwen))
+    try:
+        moeinfer.Context(model, n_ctx=16, device="cuda")
+        want = "cuda"
+    except NotImplementedError:  # no CUDA backend in this build
+        want = "cpu"
+    except RuntimeError as e:  # no GPU on this machine
+        assert "no cuda device" in str(e).lower()
+        want = "cpu"
+    ctx = moeinfer.Context(model, n_ctx=16)
+    assert ctx.device == want and f"device={want}" in repr(ctx)
+    assert moeinfer.Context(model, n_ctx=16, device="auto").device == want
+    assert ctx.decode([1, 2, 3]).shape == (1, model.info.n_vocab)
+    assert moeinfer.Context(model, n_ctx=16, device="cpu").device == "cpu"
+    assert moeinfer.Context(model, n_ctx=16, device="emulated").device == "emulated"
+    with pytest.raises(ValueError, match="'auto', 'cpu', 'cuda' or 'emulated'"):
+        moeinfer.Context(model, device="gpu")

@@ -200,13 +200,13 @@ def test_logits_match_reference(arch, w, tmp_path, rng):
     ref = load_reference(path)
     tokens = prompt(rng, model.info.n_vocab, prompt_length(model.info))
 
-    got = moeinfer.Context(model, n_ctx=64).decode(tokens, logits_all=True)
+    got = moeinfer.Context(model, device="cpu", n_ctx=64).decode(tokens, logits_all=True)
     want, margins = reference(ref, tokens)
     err = check_close(got, want, margins, w, f"{arch} {w.id}")
     print(f"{arch} {w.id}: max relative error {err:.2e} (bound {w.tol:g})")
 
     # Only the last row without logits_all, and the same values.
-    last = moeinfer.Context(model, n_ctx=64).decode(tokens)
+    last = moeinfer.Context(model, device="cpu", n_ctx=64).decode(tokens)
     assert last.shape == (1, model.info.n_vocab)
     np.testing.assert_allclose(last[0], got[-1], rtol=0, atol=UBATCH_TOL * np.abs(got).max())
 
@@ -225,7 +225,7 @@ def test_models_from_the_independent_writer(arch, tmp_path, rng):
     make_tiny.make(arch, path, seed=int(rng.integers(1 << 62)))
     model, ref = moeinfer.Model(path), load_reference(path)
     tokens = prompt(rng, model.info.n_vocab, prompt_length(model.info))
-    got = moeinfer.Context(model, n_ctx=64, n_ubatch=7).decode(tokens, logits_all=True)
+    got = moeinfer.Context(model, device="cpu", n_ctx=64, n_ubatch=7).decode(tokens, logits_all=True)
     want, margins = reference(ref, tokens)
     err = check_close(got, want, margins, MAKE_TINY_F32, f"{arch} (make_tiny)")
     print(f"{arch} make_tiny f32: max relative error {err:.2e}")
@@ -247,21 +247,21 @@ def test_models_from_the_independent_writer(arch, tmp_path, rng):
 def test_ubatch_splits_and_token_by_token_agree(arch, w, tmp_path, rng):
     model = moeinfer.Model(write_model(tmp_path / "m.gguf", arch, w, rng))
     tokens = prompt(rng, model.info.n_vocab, prompt_length(model.info))
-    whole = moeinfer.Context(model, n_ctx=64).decode(tokens, logits_all=True)
+    whole = moeinfer.Context(model, device="cpu", n_ctx=64).decode(tokens, logits_all=True)
     atol = UBATCH_TOL * np.abs(whole).max()
     for n_ubatch in (3, 7):
-        ctx = moeinfer.Context(model, n_ctx=64, n_ubatch=n_ubatch)
+        ctx = moeinfer.Context(model, device="cpu", n_ctx=64, n_ubatch=n_ubatch)
         split = ctx.decode(tokens, logits_all=True)
         assert ctx.n_past == len(tokens)
         np.testing.assert_allclose(split, whole, rtol=0, atol=atol, err_msg=f"n_ubatch={n_ubatch}")
         # Without logits_all the last ubatch still yields the last token's row.
-        np.testing.assert_allclose(moeinfer.Context(model, n_ctx=64, n_ubatch=n_ubatch).decode(tokens)[0],
+        np.testing.assert_allclose(moeinfer.Context(model, device="cpu", n_ctx=64, n_ubatch=n_ubatch).decode(tokens)[0],
                                    whole[-1], rtol=0, atol=atol)
-    ctx = moeinfer.Context(model, n_ctx=64)
+    ctx = moeinfer.Context(model, device="cpu", n_ctx=64)
     one_by_one = np.concatenate([ctx.decode(tokens[i:i + 1], logits_all=True) for i in range(len(tokens))])
     np.testing.assert_allclose(one_by_one, whole, rtol=0, atol=atol, err_msg="token by token")
     # Uneven chunks continuing through the cache, as a chat would.
-    ctx = moeinfer.Context(model, n_ctx=64, n_ubatch=4)
+    ctx = moeinfer.Context(model, device="cpu", n_ctx=64, n_ubatch=4)
     cuts = [0, 5, 6, 17, len(tokens)]
     chunks = [ctx.decode(tokens[a:b], logits_all=True) for a, b in zip(cuts, cuts[1:])]
     np.testing.assert_allclose(np.concatenate(chunks), whole, rtol=0, atol=atol, err_msg="chunks")
@@ -272,7 +272,7 @@ def test_incremental_decode_matches_reference(f32_model, rng):
     model, ref = f32_model
     n = prompt_length(model.info)
     tokens = prompt(rng, model.info.n_vocab, n + 6)
-    ctx = moeinfer.Context(model, n_ctx=64, n_ubatch=5)
+    ctx = moeinfer.Context(model, device="cpu", n_ctx=64, n_ubatch=5)
     cache = F16KVCache(ref.hparams.n_layer)
     got = [ctx.decode(tokens[:n], logits_all=True)]
     want, margins = reference(ref, tokens[:n], cache=cache)
@@ -295,7 +295,7 @@ def test_gpt_oss_sliding_window_and_sinks(tmp_path, rng):
     tokens = prompt(rng, model.info.n_vocab, 3 * window + 7)
 
     # Through the cache in pieces that straddle window boundaries.
-    ctx = moeinfer.Context(model, n_ctx=64, n_ubatch=window - 1)
+    ctx = moeinfer.Context(model, device="cpu", n_ctx=64, n_ubatch=window - 1)
     cuts = [0, window + 1, 2 * window + 3, len(tokens)]
     got = np.concatenate([ctx.decode(tokens[a:b], logits_all=True) for a, b in zip(cuts, cuts[1:])])
     want, margins = reference(ref, tokens)
@@ -329,13 +329,13 @@ def test_rewind_matches_fresh_run(f32_model, rng):
     b = prompt(rng, model.info.n_vocab, 6)
     p = int(rng.integers(1, n - 1))
 
-    ctx = moeinfer.Context(model, n_ctx=64, n_ubatch=8)
+    ctx = moeinfer.Context(model, device="cpu", n_ctx=64, n_ubatch=8)
     ctx.decode(a)
     assert ctx.n_past == n
     rewound = ctx.decode(b, positions=np.arange(p, p + len(b), dtype=np.int32), logits_all=True)
     assert ctx.n_past == p + len(b)
 
-    fresh_ctx = moeinfer.Context(model, n_ctx=64, n_ubatch=8)
+    fresh_ctx = moeinfer.Context(model, device="cpu", n_ctx=64, n_ubatch=8)
     fresh_ctx.decode(a[:p])
     fresh = fresh_ctx.decode(b, logits_all=True)
     np.testing.assert_allclose(rewound, fresh, rtol=0, atol=UBATCH_TOL * np.abs(fresh).max())
@@ -346,7 +346,7 @@ def test_rewind_matches_fresh_run(f32_model, rng):
 
     # Rewinding to 0 is a new sequence; continuing after a rewind extends the rewound one.
     again = ctx.decode(a, positions=np.arange(n, dtype=np.int32), logits_all=True)
-    np.testing.assert_allclose(again, moeinfer.Context(model, n_ctx=64).decode(a, logits_all=True),
+    np.testing.assert_allclose(again, moeinfer.Context(model, device="cpu", n_ctx=64).decode(a, logits_all=True),
                                rtol=0, atol=UBATCH_TOL * np.abs(again).max())
     assert ctx.n_past == n
 
@@ -354,7 +354,7 @@ def test_rewind_matches_fresh_run(f32_model, rng):
 def test_kv_clear_starts_a_new_sequence(f32_model, rng):
     model, _ = f32_model
     tokens = prompt(rng, model.info.n_vocab, 9)
-    ctx = moeinfer.Context(model, n_ctx=32)
+    ctx = moeinfer.Context(model, device="cpu", n_ctx=32)
     first = ctx.decode(tokens, logits_all=True)
     ctx.decode(prompt(rng, model.info.n_vocab, 5))
     ctx.kv_clear()
@@ -369,7 +369,7 @@ def test_context_keeps_its_model_alive(tmp_path, rng):
     path = write_model(tmp_path / "m.gguf", "qwen3moe", F32, rng)
     model = moeinfer.Model(path)
     n_vocab = model.info.n_vocab
-    ctx = moeinfer.Context(model, n_ctx=16)
+    ctx = moeinfer.Context(model, device="cpu", n_ctx=16)
     assert ctx.model is model and (ctx.n_ctx, ctx.n_ubatch, ctx.n_vocab) == (16, 512, n_vocab)
     expected = ctx.decode([1, 2, 3])
     del model
@@ -383,11 +383,11 @@ def test_context_keeps_its_model_alive(tmp_path, rng):
 def test_contexts_sharing_a_model_in_threads(tmp_path, rng):
     model = moeinfer.Model(write_model(tmp_path / "m.gguf", "gpt-oss", QUANTISED[2], rng))
     prompts = [prompt(rng, model.info.n_vocab, 20) for _ in range(3)]
-    serial = [moeinfer.Context(model, n_ctx=32).decode(p, logits_all=True) for p in prompts]
+    serial = [moeinfer.Context(model, device="cpu", n_ctx=32).decode(p, logits_all=True) for p in prompts]
     results: list = [None] * len(prompts)
 
     def run(i):
-        ctx = moeinfer.Context(model, n_ctx=32, n_ubatch=4)
+        ctx = moeinfer.Context(model, device="cpu", n_ctx=32, n_ubatch=4)
         for _ in range(3):
             ctx.kv_clear()
             results[i] = ctx.decode(prompts[i], logits_all=True)
@@ -404,7 +404,7 @@ def test_contexts_sharing_a_model_in_threads(tmp_path, rng):
 def test_profiling_counts_ops(f32_model, rng):
     model, _ = f32_model
     n_layer = model.info.n_layer
-    ctx = moeinfer.Context(model, n_ctx=32, n_ubatch=4)
+    ctx = moeinfer.Context(model, device="cpu", n_ctx=32, n_ubatch=4)
     ctx.decode(prompt(rng, model.info.n_vocab, 3))
     assert ctx.profile() == []                       # off by default
     ctx.set_profiling(True)
@@ -425,9 +425,9 @@ def test_profiling_counts_ops(f32_model, rng):
 def test_decode_errors_leave_the_context_unchanged(f32_model, rng):
     model, _ = f32_model
     n_vocab = model.info.n_vocab
-    ctx = moeinfer.Context(model, n_ctx=16, n_ubatch=4)
+    ctx = moeinfer.Context(model, device="cpu", n_ctx=16, n_ubatch=4)
     tokens = prompt(rng, n_vocab, 10)
-    expected_next = moeinfer.Context(model, n_ctx=16).decode(np.concatenate([tokens, [7]]))
+    expected_next = moeinfer.Context(model, device="cpu", n_ctx=16).decode(np.concatenate([tokens, [7]]))
     ctx.decode(tokens)
 
     bad = [

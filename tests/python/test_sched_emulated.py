@@ -199,7 +199,7 @@ def test_logits_match_cpu(model, rng, placement, expert_copy, bias_dup):
     # ubatch of 3 and the single-token decodes stay on the host.
     policy = moeinfer.Policy(expert_copy=expert_copy, bias_dup=bias_dup, expert_split=0).parse_offload("all=5")
     emu = emulated(model, policy, n_ubatch=8, **placement)
-    cpu = moeinfer.Context(model, n_ctx=128, n_ubatch=8)
+    cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=8)
     prompt = rng.integers(0, model.info.n_vocab, size=19, dtype=np.int32)
     assert_logits_close(emu.decode(prompt, logits_all=True), cpu.decode(prompt, logits_all=True))
     for _ in range(3):
@@ -223,7 +223,7 @@ def test_logits_match_cpu_with_dense_weights_on_host(model, rng, expert_copy):
     """n_gpu_layers=1: layer 0 and the embeddings / head in host RAM, so mul_mat offloads as well."""
     policy = moeinfer.Policy(expert_copy=expert_copy, expert_split=0).parse_offload("all=5")
     emu = emulated(model, policy, n_ubatch=8, n_gpu_layers=1)
-    cpu = moeinfer.Context(model, n_ctx=128, n_ubatch=8)
+    cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=8)
     prompt = rng.integers(0, model.info.n_vocab, size=19, dtype=np.int32)
     assert_logits_close(emu.decode(prompt, logits_all=True), cpu.decode(prompt, logits_all=True))
     tok = rng.integers(0, model.info.n_vocab, size=1, dtype=np.int32)
@@ -236,7 +236,7 @@ def test_logits_match_cpu_with_dense_weights_on_host(model, rng, expert_copy):
 
 def test_expert_counts_match_cpu_and_sum_to_tokens_times_top_k(model, rng):
     emu = emulated(model, moeinfer.Policy(offload="all=1"), n_ubatch=8, tensor_overrides="exps=CPU")
-    cpu = moeinfer.Context(model, n_ctx=128, n_ubatch=8)
+    cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=8)
     first = rng.integers(0, model.info.n_vocab, size=3, dtype=np.int32)
     for ctx in (emu, cpu):
         ctx.decode(first)
@@ -332,7 +332,7 @@ def test_expert_split_matches_cpu_and_uploads_only_the_device_experts(model, rng
     n_layer, n_expert = model.info.n_layer, model.info.n_expert
     policy = moeinfer.Policy(expert_copy=expert_copy, expert_split=2).parse_offload("all=3")
     emu = emulated(model, policy, n_ubatch=4, tensor_overrides="exps=CPU")
-    cpu = moeinfer.Context(model, n_ctx=128, n_ubatch=4)
+    cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=4)
     sizes = [4, 2, 4, 4, 1]
     for n in sizes:
         tokens = rng.integers(0, model.info.n_vocab, size=n, dtype=np.int32)
@@ -352,7 +352,7 @@ def test_expert_split_matches_cpu_and_uploads_only_the_device_experts(model, rng
 
 def test_expert_split_auto_and_off(model, rng):
     """Automatic splits (whatever count the measured costs pick) still add up to the CPU path; 0 never splits."""
-    cpu = moeinfer.Context(model, n_ctx=128, n_ubatch=8)
+    cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=8)
     auto = emulated(model, moeinfer.Policy(expert_split=-1).parse_offload("all=3"), n_ubatch=8,
                     tensor_overrides="exps=CPU")
     off = emulated(model, moeinfer.Policy(expert_split=0).parse_offload("all=3"), n_ubatch=8,

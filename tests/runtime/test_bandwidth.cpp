@@ -196,6 +196,25 @@ TEST_CASE("moe_measure_bandwidth for CUDA fails cleanly without a GPU", "[runtim
     CHECK(r.host_read == 0.0);  // nothing was written
 }
 
+TEST_CASE("moe_measure_bandwidth with MOE_DEVICE_AUTO measures the copies exactly when a GPU is there",
+          "[runtime][bandwidth]") {
+    moe_bandwidth_params p = small_params();
+    p.device = MOE_DEVICE_AUTO;
+    p.bytes = 4 * kMiB;
+    moe_bandwidth_result r;
+    moe_bandwidth_result_init(&r);
+    INFO(moe_last_error());
+    REQUIRE(moe_measure_bandwidth(&p, &r) == MOE_STATUS_OK);
+    CHECK(finite_positive(r.host_read));
+    if (has_gpu()) {
+        CHECK(r.bytes == 4 * kMiB);
+        CHECK(finite_positive(r.h2d_pinned));
+    } else {
+        CHECK(r.bytes == 0);  // a CPU measurement: no copies
+        CHECK(r.h2d_pinned == 0.0);
+    }
+}
+
 TEST_CASE("moe_measure_bandwidth times host<->device copies", "[gpu]") {
     if (!has_gpu()) {
         WARN("skipped: no CUDA device");

@@ -104,6 +104,7 @@ TEST_CASE("cuda contexts match the cpu path", "[gpu]") {
             moe_context_params_init(&p);
             p.n_ctx = 256;
             p.n_ubatch = 32;
+            p.device = MOE_DEVICE_CPU;  // the reference (the default, auto, would pick the GPU here)
             Ctx cpu, gpu;
             REQUIRE(moe_context_create(model, &p, &cpu.ctx) == MOE_STATUS_OK);
             p.device = MOE_DEVICE_CUDA;
@@ -157,6 +158,7 @@ TEST_CASE("hybrid cuda contexts match the cpu path", "[gpu]") {
         moe_context_params_init(&p);
         p.n_ctx = 256;
         p.n_ubatch = 32;
+        p.device = MOE_DEVICE_CPU;  // the reference (the default, auto, would pick the GPU here)
         Ctx cpu;
         REQUIRE(moe_context_create(model, &p, &cpu.ctx) == MOE_STATUS_OK);
         std::vector<std::vector<float>> want;

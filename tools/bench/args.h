@@ -4,6 +4,7 @@
 #define MOEINFER_TOOLS_BENCH_ARGS_H
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -37,7 +38,7 @@ struct Config {
     int32_t n_ubatch = 512;
     int32_t n_batch = 0;    // tokens per moe_decode call of a prefill; 0 = the whole prefill in one call
     int32_t n_threads = 0;  // 0 = all cores
-    int32_t device = MOE_DEVICE_CPU;
+    int32_t device = MOE_DEVICE_AUTO;
 
     // Placement and scheduling (device contexts only).
     std::vector<std::string> tensor_overrides;  // -ot entries, joined with ',' for the library
@@ -76,9 +77,17 @@ constexpr int32_t kSweepCtx = 4096;
 
 // Flags that configure a device context's placement or scheduling: an error with --device cpu.
 inline const std::vector<std::string>& device_only_flags() {
-    static const std::vector<std::string> flags = {"--n-gpu-layers", "--override-tensor", "--n-cpu-moe",
-                                                   "--offload-policy", "--expert-copy",     "--no-bias-dup",
-                                                   "--vram-budget",    "--offload-budget"};
+    static const std::vector<std::string> flags = {"--n-gpu-layers",
+                                                   "--override-tensor",
+                                                   "--n-cpu-moe",
+                                                   "--cpu-moe",
+                                                   "--offload-policy",
+                                                   "--expert-copy",
+                                                   "--offload-only-active-experts",
+                                                   "--no-offload-only-active-experts",
+                                                   "--no-bias-dup",
+                                                   "--vram-budget",
+                                                   "--offload-budget"};
     return flags;
 }
 
@@ -86,6 +95,50 @@ inline std::string join(const std::vector<std::string>& items, const char* separ
     std::string out;
     for (size_t i = 0; i < items.size(); ++i) out += (i ? separator : "") + items[i];
     return out;
+}
+
+// ik_llama.cpp's -op form: integers only, "op,on_off[,op,on_off...]" with ggml op numbers.
+inline bool is_numeric_offload_spec(const std::string& spec) {
+    if (spec.empty()) return false;
+    for (const char ch : spec) {
+        if (!std::isdigit(static_cast<unsigned char>(ch)) && ch != ',' && ch != '-') return false;
+    }
+    return true;
+}
+
+// The op numbers are positions in ik_llama.cpp's ggml_op enum, which grew between its versions
+// (GGML_OP_MUL_MAT_ID was 27 in May 2025 and is 28 at commit 8337e4c, where 27 is GGML_OP_MUL_MAT), so a
+// number cannot be mapped to an op without knowing the version it was written for.
+inline std::string numeric_offload_spec_error(const std::string& spec) {
+    return "'" + spec + "' looks like ik_llama.cpp's op-number pairs, whose numbers changed between its "
+           "versions; name the ops instead: mul_mat, mul_mat_id, moe_up_gate or all, =off, =on or =N "
+           "(e.g. -op mul_mat_id=off,moe_up_gate=off for ik's -op 27,0,29,0 of May 2025; docs/LLAMA_FLAGS.md)";
+}
+
+// Flags a llama.cpp or ik_llama.cpp user types that have no counterpart here: each is refused with the
+// reason, rather than as an unknown option (docs/LLAMA_FLAGS.md maps every such flag).
+struct NotTaken {
+    const char* short_name;
+    const char* long_name;
+    const char* reason;
+};
+
+inline const std::vector<NotTaken>& not_taken_flags() {
+    static const std::vector<NotTaken> flags = {
+        {"-fa", "--flash-attn", "not needed: attention is always flash-style (fused, K*Q never materialised)"},
+        {"-fmoe", "--fused-moe",
+         "not needed: the expert up and gate products and the activation are always one fused op (MOE_UP_GATE)"},
+        {"-mla", "--mla-use",
+         "not supported: MLA is DeepSeek's attention; moeinfer runs qwen3moe and gpt-oss models, which have none"},
+        {"-amb", "--attention-max-batch",
+         "not needed: it caps ik_llama.cpp's K*Q buffer; moeinfer's flash-style attention never builds one"},
+        {"-rtr", "--run-time-repack",
+         "not needed: the CPU kernels read the GGUF block layouts directly, so there is nothing to repack (and "
+         "ik_llama.cpp's repacked experts can no longer be offloaded)"},
+        {"-ctk", "--cache-type-k", "not supported: the KV cache is F16; quantised K/V caches are not implemented"},
+        {"-ctv", "--cache-type-v", "not supported: the KV cache is F16; quantised K/V caches are not implemented"},
+    };
+    return flags;
 }
 
 inline std::vector<Option> make_options(Config& c) {
@@ -111,7 +164,8 @@ inline std::vector<Option> make_options(Config& c) {
     auto size_flag = [](uint64_t& field) -> OptionHandler {
         return [&field](const std::string& v) { return parse_size(v, field); };
     };
-    return {
+    const std::string not_taken = "llama.cpp / ik_llama.cpp flags that moeinfer-bench refuses, and why";
+    std::vector<Option> options = {
         {"-m", "--model", "PATH", "GGUF model file (or give PATH as the only positional argument)", "", model,
          [&c](const std::string& v) -> std::optional<std::string> {
              if (v.empty()) return "needs a file path";
@@ -144,28 +198,39 @@ inline std::vector<Option> make_options(Config& c) {
          "splits each call into ubatches of --ubatch-size. As in llama.cpp, the ubatch is at most the batch",
          "the whole prefill in one call", ctx, int_flag(c.n_batch, 1, INT32_MAX)},
         {"-t", "--threads", "N", "CPU threads", "all cores", ctx, int_flag(c.n_threads, 1, 4096)},
-        {"", "--device", "cpu|cuda|emulated",
-         "cpu: every op on the CPU. cuda: GPU 0 plus the CPU, weights placed by the flags below (by default all "
-         "on the GPU if they fit, else the experts spill to host RAM) and ops scheduled by the offload policy. "
-         "emulated: like cuda with a host-memory backend playing the GPU (for testing placement and scheduling "
-         "without a GPU; slower than cpu)",
-         "cpu", ctx,
+        {"", "--device", "auto|cpu|cuda|emulated",
+         "auto: cuda when this build has CUDA and a GPU is present, else cpu (the backend column says which), "
+         "as a CUDA build of llama.cpp does. cpu: every op on the CPU. cuda: GPU 0 plus the CPU, weights "
+         "placed by the flags below (by default all on the GPU if they fit, else the experts spill to host "
+         "RAM) and ops scheduled by the offload policy. emulated: like cuda with a host-memory backend playing "
+         "the GPU (for testing placement and scheduling without a GPU; slower than cpu)",
+         "auto", ctx,
          [&c](const std::string& v) -> std::optional<std::string> {
-             if (v == "cpu") {
+             if (v == "auto") {
+                 c.device = MOE_DEVICE_AUTO;
+             } else if (v == "cpu") {
                  c.device = MOE_DEVICE_CPU;
              } else if (v == "cuda") {
                  c.device = MOE_DEVICE_CUDA;
              } else if (v == "emulated") {
                  c.device = MOE_DEVICE_EMULATED;
              } else {
-                 return "expected cpu, cuda or emulated, got '" + v + "'";
+                 return "expected auto, cpu, cuda or emulated, got '" + v + "'";
              }
              return std::nullopt;
          }},
         {"-ngl", "--n-gpu-layers", "N",
          "the weights of the last N layers go to the device, the others stay in host RAM; the output head goes "
-         "to the device when N > the layer count; -1: all",
-         "-1", sched, int_flag(c.n_gpu_layers, -1, INT32_MAX)},
+         "to the device when N > the layer count; -1, all or auto: all (the experts still spill to host RAM when "
+         "the weights do not fit, see --vram-budget)",
+         "-1", sched,
+         [&c](const std::string& v) -> std::optional<std::string> {
+             if (v == "all" || v == "auto") {
+                 c.n_gpu_layers = -1;
+                 return std::nullopt;
+             }
+             return parse_int32(v, -1, INT32_MAX, c.n_gpu_layers);
+         }},
         {"-ot", "--override-tensor", "REGEX=BACKEND",
          "place the tensors whose GGUF name matches REGEX (searched, ECMAScript syntax) in host RAM (CPU) or "
          "device memory (GPU, CUDA0, DEVICE), e.g. -ot exps=CPU; repeatable and comma-separated, first match "
@@ -176,20 +241,29 @@ inline std::vector<Option> make_options(Config& c) {
              c.tensor_overrides.push_back(v);
              return std::nullopt;
          }},
-        {"", "--n-cpu-moe", "N", "keep the expert tensors (weights and biases) of layers 0 .. N-1 in host RAM", "0",
-         sched, int_flag(c.n_cpu_moe, 0, INT32_MAX)},
+        {"-ncmoe", "--n-cpu-moe", "N",
+         "keep the expert tensors (weights and biases) of layers 0 .. N-1 in host RAM (the first N, as llama.cpp; "
+         "ik_llama.cpp's llama-server and sweep-bench keep the last N)",
+         "0", sched, int_flag(c.n_cpu_moe, 0, INT32_MAX)},
+        {"-cmoe", "--cpu-moe", "", "keep every expert tensor in host RAM: the same as -ot exps=CPU", "", sched,
+         [&c](const std::string&) -> std::optional<std::string> {
+             c.tensor_overrides.push_back("exps=CPU");
+             return std::nullopt;
+         }},
         {"", "--vram-budget", "SIZE",
          "device memory for weights (e.g. 20GiB, 8G, 512MiB; K/M/G are powers of 1000, KiB/MiB/GiB of 1024); "
          "expert tensors move to host RAM, largest first, until the rest fits; 0: the free memory minus the KV "
          "cache, activations, offload slots and 1 GiB",
          "0", sched, size_flag(c.vram_budget)},
-        {"", "--offload-policy", "SPEC",
+        {"-op", "--offload-policy", "SPEC",
          "which ops with weights in host RAM run on the device, from which ubatch size: op=N|on|off[,...] with "
          "op = mul_mat, mul_mat_id, moe_up_gate or all; N: offload from ubatches of N tokens; on: from the "
          "default threshold (32 for mul_mat, 32 * n_expert / n_expert_used for the expert ops); off: never "
-         "offload (compute on the CPU); repeatable, applied in order (e.g. --offload-policy all=off,mul_mat_id=512)",
+         "offload (compute on the CPU); repeatable, applied in order (e.g. --offload-policy all=off,mul_mat_id=512). "
+         "ik_llama.cpp's numeric pairs (-op 27,0) are refused: its op numbers differ between its versions",
          "all=on", sched,
          [&c](const std::string& v) -> std::optional<std::string> {
+             if (is_numeric_offload_spec(v)) return numeric_offload_spec_error(v);
              moe_sched_policy p = c.policy;
              if (moe_sched_policy_parse_offload(&p, v.c_str()) != MOE_STATUS_OK) {
                  const char* detail = moe_last_error();
@@ -214,6 +288,20 @@ inline std::vector<Option> make_options(Config& c) {
              } else {
                  return "expected full, active or prefetch, got '" + v + "'";
              }
+             return std::nullopt;
+         }},
+        {"-ooae", "--offload-only-active-experts", "",
+         "ik_llama.cpp's spelling of --expert-copy active: offloaded expert ops upload only the experts the router "
+         "selected",
+         "", sched,
+         [&c](const std::string&) -> std::optional<std::string> {
+             c.policy.expert_copy = MOE_EXPERT_COPY_ACTIVE_ONLY;
+             return std::nullopt;
+         }},
+        {"-no-ooae", "--no-offload-only-active-experts", "",
+         "ik_llama.cpp's spelling of --expert-copy full (our default; ik_llama.cpp's is -ooae)", "", sched,
+         [&c](const std::string&) -> std::optional<std::string> {
+             c.policy.expert_copy = MOE_EXPERT_COPY_FULL;
              return std::nullopt;
          }},
         {"", "--no-bias-dup", "",
@@ -312,6 +400,13 @@ inline std::vector<Option> make_options(Config& c) {
          }},
         {"-h", "--help", "", "show this help and exit", "", out, switch_flag(c.help, true)},
     };
+    for (const NotTaken& n : not_taken_flags()) {
+        options.push_back({n.short_name, n.long_name, "", n.reason, "", not_taken,
+                           [n](const std::string&) -> std::optional<std::string> {
+                               return std::string(n.reason) + " (docs/LLAMA_FLAGS.md)";
+                           }});
+    }
+    return options;
 }
 
 // Settings that depend on several flags: the mode, the model source, defaults derived from others,
@@ -354,6 +449,13 @@ inline std::optional<std::string> finish_config(Config& c) {
         for (const std::string& f : device_only_flags()) {
             if (given(f.c_str())) return f + " applies to --device cuda or emulated (a CPU context places nothing)";
         }
+    }
+    {
+        int expert_copy_flags = 0;
+        for (const char* f : {"--expert-copy", "--offload-only-active-experts", "--no-offload-only-active-experts"}) {
+            expert_copy_flags += given(f) ? 1 : 0;
+        }
+        if (expert_copy_flags > 1) return "give one of --expert-copy, -ooae and -no-ooae (they set the same thing)";
     }
     // As llama.cpp: a ubatch never exceeds the batch.
     if (c.n_batch > 0 && c.n_batch < c.n_ubatch) c.n_ubatch = c.n_batch;

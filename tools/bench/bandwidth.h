@@ -104,7 +104,7 @@ inline std::optional<Failure> run_bandwidth(const Config& cfg) {
     moe_bandwidth_result r;
     moe_bandwidth_result_init(&r);
     if (moe_measure_bandwidth(&p, &r) != MOE_STATUS_OK) return library_error("bandwidth measurement failed");
-    const bool device = cfg.device == MOE_DEVICE_CUDA;
+    const bool device = r.bytes > 0;  // copies measured: --device cuda, or auto with a GPU
     print_bandwidth(stdout, cfg.output, device ? "CUDA" : "CPU", r, bandwidth_rows(r, device));
     std::fflush(stdout);
     return std::nullopt;

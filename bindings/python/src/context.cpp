@@ -63,10 +63,18 @@ Int32Array as_int32_vector(const py::object& obj, const char* what) {
 }
 
 int32_t device_from_name(const std::string& device) {
+    if (device == "auto") return MOE_DEVICE_AUTO;
     if (device == "cpu") return MOE_DEVICE_CPU;
     if (device == "cuda") return MOE_DEVICE_CUDA;
     if (device == "emulated") return MOE_DEVICE_EMULATED;
-    throw py::value_error("Context: device must be 'cpu', 'cuda' or 'emulated', got '" + device + "'");
+    throw py::value_error("Context: device must be 'auto', 'cpu', 'cuda' or 'emulated', got '" + device + "'");
+}
+
+// The name of a context's resolved device (never "auto").
+std::string device_name(int32_t device) {
+    if (device == MOE_DEVICE_CUDA) return "cuda";
+    if (device == MOE_DEVICE_EMULATED) return "emulated";
+    return "cpu";
 }
 
 // tensor_overrides as the C API's one string: None, "re=BACKEND[,...]" or a list of such entries.
@@ -114,10 +122,12 @@ std::unique_ptr<PyContext> create(const py::object& model_obj, int32_t n_ctx, in
         status = moe_context_create(model.get(), &params, &raw);
     }
     moeinfer::check(status);
+    moeinfer::Context ctx(raw);
     params.tensor_overrides = nullptr;
     params.policy = nullptr;
+    params.device = ctx.device();
     return std::unique_ptr<PyContext>(
-        new PyContext{model_obj, moeinfer::Context(raw), params, device, n_vocab, {}});
+        new PyContext{model_obj, std::move(ctx), params, device_name(params.device), n_vocab, {}});
 }
 
 py::array_t<float> decode(PyContext& self, const py::object& tokens_obj, const py::object& positions_obj,
@@ -249,15 +259,18 @@ void bind_context(py::module_& m) {
 
 The context keeps its Model alive. Use a context from one thread at a time (concurrent calls wait
 for each other); several contexts may share a model.)")
-        .def(py::init(&create), "model"_a, "n_ctx"_a = 4096, "n_ubatch"_a = 512, "n_threads"_a = 0, "device"_a = "cpu",
+        .def(py::init(&create), "model"_a, "n_ctx"_a = 4096, "n_ubatch"_a = 512, "n_threads"_a = 0, "device"_a = "auto",
              py::kw_only(), "tensor_overrides"_a = py::none(), "n_cpu_moe"_a = 0, "n_gpu_layers"_a = -1,
              "vram_budget"_a = 0, "policy"_a = py::none(),
              R"(Creates a context on `model`.
 
 n_ctx: KV cache capacity in tokens. n_ubatch: tokens per graph evaluation (longer inputs are
-split). n_threads: CPU threads, 0 for all cores. device: "cpu"; "cuda" for GPU 0 plus the CPU
-(NotImplementedError without CUDA in this build, RuntimeError without a GPU); "emulated" for the
-same hybrid scheduling with a host-memory backend playing the GPU (testing; slower than "cpu").
+split). n_threads: CPU threads, 0 for all cores. device: "auto" (the default) is "cuda" when this
+build has CUDA and a GPU is present, else "cpu" (the `device` property tells which); "cpu";
+"cuda" for GPU 0 plus the CPU (NotImplementedError without CUDA in this build, RuntimeError
+without a GPU); "emulated" for the same hybrid scheduling with a host-memory backend playing the
+GPU (testing; slower than "cpu"). The placement arguments below apply to device contexts only: a
+context that "auto" made a CPU context ignores them, as "cpu" does.
 
 Placement of the weights (device contexts), first match wins:
 tensor_overrides: llama.cpp's -ot rules, "regex=BACKEND" or a list of them (e.g. "exps=CPU";
@@ -313,7 +326,8 @@ or a full context; n_past is unchanged after a failure.)")
             [](PyContext& self) { return locked(self, [](moeinfer::Context& c) { return c.policy(); }); },
             "The policy in use (a new moeinfer.Policy), with the default thresholds resolved to numbers.")
         .def_property_readonly(
-            "device", [](const PyContext& self) { return self.device; }, "\"cpu\", \"cuda\" or \"emulated\".")
+            "device", [](const PyContext& self) { return self.device; },
+            "\"cpu\", \"cuda\" or \"emulated\": where the context computes (\"auto\" resolved).")
         .def("tensor_location", &tensor_location, "name"_a,
              "Where the weight tensor `name` lives: (\"host\" or \"device\", duplicated), duplicated being True "
              "when a copy is also kept on the other side (bias duplication). KeyError for an unknown name.")
