@@ -34,7 +34,7 @@ for g in $groups; do
     extra=(); [ "$g" = hybrid_tg ] && extra=(-ot exps=CPU)
     for k in $(seq 1 "${ROUNDS:-2}"); do
       # A B in odd rounds, B A in even ones: the first run of a pair has read up to 6% slower on some
-      # machines (session 12, call 10: the same build 640-665 t/s first, 705-716 second).
+      # machines (PERF.md, 2026-11-26: the same build 640-665 t/s first, 705-716 second).
       sides="A B"; [ $((k % 2)) -eq 0 ] && sides="B A"
       for side in $sides; do
         if [ "$g" = pp ]; then

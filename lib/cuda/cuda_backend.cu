@@ -17,7 +17,7 @@ namespace moe::cuda {
 
 namespace {
 // PDL without MOEINFER_CUDA_PDL set. On: with the implicit trigger of launch.cuh, all-GPU tg128 on the
-// H100 was 9% faster for Q30-16 and unchanged for G20 (docs/PERF.md, session 5); an explicit early
+// H100 was 9% faster for Q30-16 and unchanged for G20 (docs/PERF.md, 2026-11-23); an explicit early
 // trigger had been 3% slower.
 constexpr bool kPdlByDefault = true;
 

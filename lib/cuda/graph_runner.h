@@ -17,8 +17,8 @@
 // still busy with earlier work (all-GPU decoding, after a step's first span), volatile nodes join the
 // chunks around them and those are captured and updated every step: programmatic dependent launch
 // (launch.cuh) overlaps consecutive kernels inside a graph, but not across two graph launches or a graph
-// and an eager launch, and the host's extra capture work runs in the device's shadow. (H100, session 13:
-// merged, all-GPU tg128 +3-5%; always merged, hybrid tg128 -4..-10%.)
+// and an eager launch, and the host's extra capture work runs in the device's shadow. (H100, PERF.md
+// 2026-11-26: merged, all-GPU tg128 +3-5%; always merged, hybrid tg128 -4..-10%.)
 //
 // Anything that goes wrong with a graph (capture, instantiation, launch) sends the chunk to the eager
 // path, which reports node errors exactly as without graphs. Not thread-safe (one per backend, which

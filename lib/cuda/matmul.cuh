@@ -184,7 +184,7 @@ Status mma_gemm(const WeightArg& w, const WeightArg* gate, const void* xb, int64
 constexpr int64_t kCublasMinCols = 256;
 // Up to kMaxDenseGroup products of one activation (prefill q, k, v) in one call: one BF16 copy of the
 // activations, then each product's dequantisation and GEMM; ws share a type and K, dsts[i] is ws[i]'s
-// result. (One dequantisation launch for all three weights was slower than three: session 10.)
+// result. (One dequantisation launch for all three weights was slower than three: PERF.md, 2026-11-25.)
 constexpr int kMaxDenseGroup = 3;
 bool gemm_dense_dequantises(Type w, int64_t m);
 size_t gemm_dense_scratch(std::span<const WeightArg> ws, const Tensor& x);

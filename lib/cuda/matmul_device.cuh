@@ -280,9 +280,9 @@ __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t 
 // decode_half's 16 values as 8 packed BF16 pairs: the same values, rounded to BF16 (RN), bit for bit,
 // except that NaNs (inf / NaN scales only) may carry another payload and Q8_0's and Q4_0's zeros are
 // +0 under a negative scale. Q8_0 and Q4_0 take the byte-permute + FMA conversion above (byte_scaled;
-// Q8_0's signed bytes biased by 128 first; the session-9 A/B is in PERF.md). MXFP4 computes in BF16
+// Q8_0's signed bytes biased by 128 first; the A/B is in PERF.md, 2026-11-25). MXFP4 computes in BF16
 // (fma.bf16x2, two values per instruction instead of F32 products and conversions: its expert GEMMs
-// +5-9% in the session-6 A/B, where the same change for Q4_0 gained nothing):
+// +5-9% in PERF.md's 2026-11-23 A/B, where the same change for Q4_0 gained nothing):
 // the doubled e2m1 values k (0, 1, 2, 3, 4, 6, 8, 12, signed) are built as BF16 bit patterns by byte
 // permutes (nibble 8, "-0", gives +0 like mxfp4_lut4), and the scale 2^(e - 128) is a BF16 exactly
 // (e8m0_half's low 16 bits are 0). k * scale is (1 or 1.5) * 2^n with n >= -128: exact in F32 and in

@@ -15,7 +15,7 @@
 //     of the weights is ever written;
 //   - ldmatrix feeds the MMAs; rows padded by 8 BF16 so the ldmatrix reads are free of bank conflicts;
 //     warps whose columns all lie past the tile's last column skip their MMAs (warp-uniform); the
-//     others run every fragment's MMAs (session 10: per-fragment branches cost more issue slots,
+//     others run every fragment's MMAs (per-fragment branches cost more issue slots,
 //     with their warp syncs, than the tensor-core work they saved).
 // Chosen by a same-call A/B of compiled variants (PERF.md, 2026-11-23): 2-block steps, unguarded
 // copies and the BF16 decode of MXFP4 together gave all-GPU pp512 ~+10% (Q30 Q8_0) and ~+20% (G20
@@ -106,7 +106,7 @@ struct MmaShape {
     // Raw 16-byte chunks per row and step: those that cover KB blocks at any alignment (A16: at a
     // 4-byte aligned start, at most 12 bytes past a chunk's), and one more where rows of 4 kCR words
     // would put the decode's reads of 8 rows on 4 banks (strides 0 or 16 mod 32 words). 16-byte copies:
-    // a third of the copy instructions of 4-byte words (session 9). A16 saves Q8_0 a chunk (5, not 6),
+    // a third of the copy instructions of 4-byte words (PERF.md, 2026-11-25). A16 saves Q8_0 a chunk (5, not 6),
     // which lets 3 CTAs of 64 columns share an SM, and Q4_0 two (3, not 5).
     static_assert(!C::A16 || (C::KB * kBB) % 4 == 0, "A16: steps of whole words");
     static constexpr int kCRmin = C::A16 ? (C::KB * kBB + 12 + 15) / 16 : (C::KB * kBB + 30) / 16;
@@ -126,9 +126,9 @@ struct MmaShape {
 // CTAs per SM the register budget is set for (the accumulators grow with BN), at most what fits in
 // shared memory. Float weights decode from more words per row and would spill under these budgets:
 // no minimum for them. Threads that decode two half blocks per step (2-block steps): 3 CTAs (80
-// registers) up to 64 columns (session 9: the kernel stalls on short dependency chains, and more warps
-// hide them; the fused kernels fit 80 registers since their MMA loop lost its per-fragment branches,
-// session 10), 2 CTAs (128 registers) at 128 columns.
+// registers) up to 64 columns (the kernel stalls on short dependency chains, and more warps hide them;
+// the fused kernels fit 80 registers since their MMA loop has no per-fragment branches), 2 CTAs (128
+// registers) at 128 columns.
 template <Type W, typename C, bool FUSED>
 constexpr int mma_min_ctas() {
     const bool two_halves = MmaShape<W, C>::kDq > 1;
@@ -490,8 +490,8 @@ bool rows_aligned16(const MmaParams& p) {
 
 // F32 rows -> packed BF16 rows: a thread converts kPer values of a row in each of its rows (blockIdx.y,
 // then gridDim.y apart). VEC4: rows and K 16-byte aligned, one float4 load per thread and row. (The
-// kernel of one value pair per thread with 64-bit index divisions took 7 us per 512 x 2048 rows: H100,
-// session 10.)
+// kernel of one value pair per thread with 64-bit index divisions took 7 us per 512 x 2048 rows on the
+// H100: PERF.md, 2026-11-25.)
 template <bool VEC4>
 __global__ void to_bf16_kernel(const RowsF32 x, int64_t rows, int64_t k, uint32_t* dst) {
     pdl_grid_sync();

@@ -438,7 +438,7 @@ __global__ void __launch_bounds__(kPrepRowWarps * 32) attn_prep_rows_kernel(cons
 // Prefills (more than kMaxPrepTokens tokens): a block per token computes the token's cos / sin pairs
 // once into shared memory, then a warp per row of the token's heads in every stream. Where each row
 // computed its own (the rows kernel), the double-precision sincos of every (head, token) row took
-// most of a Qwen3 layer's 25 us at 512 tokens (H100, session 10). Same conditions as the rows kernel
+// most of a Qwen3 layer's 25 us at 512 tokens (H100, PERF.md 2026-11-25). Same conditions as the rows kernel
 // (outputs apart); bitwise its results.
 constexpr int kPrepTokenWarps = 8;
 

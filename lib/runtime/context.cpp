@@ -446,7 +446,7 @@ std::unique_ptr<moe_context::Step> build_step(const moe_context& ctx, int n_toke
 // Evaluates one ubatch; logits_dst receives the logits `mode` asks for (nullptr for NONE). With
 // build_ahead, the host builds and plans a one-token step right after this one while the device computes
 // this one (~0.15-0.45 ms per token of host work, during which the device used to sit idle, on the H100
-// machine's host: docs/PERF.md session 13); the next call uses it if it asks for exactly that.
+// machine's host: docs/PERF.md, 2026-11-26); the next call uses it if it asks for exactly that.
 Status decode_ubatch(moe_context& ctx, const int32_t* tokens, int n_tokens, int n_past, LogitsMode mode,
                      float* logits_dst, bool build_ahead) {
     MOE_ASSIGN_OR_RETURN(const sched::ExpertSplitPlan split, ctx.sched->plan_expert_split(n_tokens));
