@@ -269,9 +269,13 @@ typedef enum moe_device {
     MOE_DEVICE_CUDA = 1,     /* CUDA device 0 plus the CPU: weights placed by the placement fields below
                               * (default: all on the GPU if they fit, else experts spill to host RAM)
                               * and ops scheduled per moe_sched_policy */
-    MOE_DEVICE_EMULATED = 2  /* like MOE_DEVICE_CUDA, with a host-memory backend playing the device: its
+    MOE_DEVICE_EMULATED = 2, /* like MOE_DEVICE_CUDA, with a host-memory backend playing the device: its
                               * own buffers and explicit copies, computing with the CPU kernels. For
                               * testing placement and scheduling without a GPU; slower than CPU. */
+    MOE_DEVICE_AUTO = 3      /* MOE_DEVICE_CUDA when this build has the CUDA backend and a CUDA device is
+                              * present, else MOE_DEVICE_CPU (as a CUDA build of llama.cpp uses the GPU
+                              * when there is one). Resolved when the context is created:
+                              * moe_context_get_device says which one was chosen. */
 } moe_device;
 
 /* ---------------------------------------------------------------------------------------------
@@ -363,10 +367,12 @@ typedef struct moe_context_params {
      * no more run than oneTBB may use). Default: 0. */
     int32_t n_threads;
     /* A moe_device. MOE_DEVICE_CUDA needs a build with CUDA (UNIMPLEMENTED otherwise) and a GPU
-     * (FAILED_PRECONDITION otherwise). Default: MOE_DEVICE_CPU. */
+     * (FAILED_PRECONDITION otherwise); MOE_DEVICE_AUTO picks CUDA when both are there, else the CPU
+     * (moe_context_get_device tells which). Default: MOE_DEVICE_AUTO. */
     int32_t device;
 
-    /* Placement of the weights (device contexts only). Applied in this order, first match wins:
+    /* Placement of the weights (device contexts only; a context that MOE_DEVICE_AUTO made a CPU context
+     * ignores these fields, as an explicit MOE_DEVICE_CPU does). Applied in this order, first match wins:
      * 1. tensor_overrides: llama.cpp's -ot syntax, "regex=BACKEND[,regex=BACKEND...]" searched in the
      *    GGUF tensor names (e.g. "exps=CPU", "ffn_(up|gate|down)_exps\.weight=CPU"); BACKEND is CPU
      *    (host RAM) or GPU / CUDA0 / DEVICE (device memory), case-insensitive. Bad regex or unknown
@@ -437,6 +443,10 @@ MOE_API moe_status moe_context_set_policy(moe_context* ctx, const moe_sched_poli
 
 /* The context's policy with defaults resolved (min_batch -1 replaced by the threshold in use). */
 MOE_API moe_status moe_context_get_policy(const moe_context* ctx, moe_sched_policy* out_policy);
+
+/* The device the context computes on: MOE_DEVICE_CPU, MOE_DEVICE_CUDA or MOE_DEVICE_EMULATED, never
+ * MOE_DEVICE_AUTO (that is resolved by moe_context_create). */
+MOE_API moe_status moe_context_get_device(const moe_context* ctx, int32_t* out_device);
 
 /* Where a weight lives. */
 typedef enum moe_location { MOE_LOCATION_HOST = 0, MOE_LOCATION_DEVICE = 1 } moe_location;
@@ -566,7 +576,9 @@ MOE_API moe_status moe_synth_write(const char* path, const moe_synth_params* par
 typedef struct moe_bandwidth_params {
     uint32_t struct_size;
     /* A moe_device. MOE_DEVICE_CPU measures host_read only; MOE_DEVICE_CUDA measures host_read and
-     * the four copies between host memory and CUDA device 0. Default: MOE_DEVICE_CPU. */
+     * the four copies between host memory and CUDA device 0; MOE_DEVICE_AUTO is MOE_DEVICE_CUDA where
+     * a CUDA device is present, else MOE_DEVICE_CPU (result.bytes > 0 tells that the copies were
+     * measured). Default: MOE_DEVICE_CPU. */
     int32_t device;
     /* Bytes per host<->device copy (each of the device, pinned and pageable buffers has this size).
      * At least 4096. Default: 1 GiB (1073741824). */
