@@ -8,3 +8,5 @@ option(MOEINFER_BUILD_TESTS "Build the tests" ON)
 option(MOEINFER_BUILD_TOOLS "Build the command-line tools (moeinfer-bench, moeinfer-synth)" ON)
 option(MOEINFER_BUILD_FUZZERS "Build libFuzzer targets (needs clang)" OFF)
 option(MOEINFER_WERROR "Treat warnings as errors" OFF)
+set(MOEINFER_SANITIZE "" CACHE STRING
+    "Sanitizers for every target, as -fsanitize= takes them (e.g. address,undefined); empty: none")
