@@ -387,7 +387,9 @@ typedef struct moe_context_params {
     int32_t n_cpu_moe;      /* Default: 0 */
     int32_t n_gpu_layers;   /* Default: -1 (all) */
     /* Bytes of device memory for weights. 0: the device's free memory minus the KV cache, activations,
-     * offload slots and a 1 GiB reserve. Default: 0. */
+     * offload slots and a 1 GiB reserve; if the device then refuses the memory that placement asks for,
+     * more expert tensors move to host RAM until it fits. An explicit budget the device refuses is
+     * RESOURCE_EXHAUSTED naming it. Default: 0. */
     uint64_t vram_budget;
     /* Scheduling policy; NULL for moe_sched_policy_init's defaults. Borrowed during the call. */
     const moe_sched_policy* policy;
@@ -402,7 +404,9 @@ MOE_API void moe_context_params_init(moe_context_params* params);
 
 /* Creates a context. `params` may be NULL for defaults. The model must outlive the context.
  * Errors: INVALID_ARGUMENT (bad params), DATA_CORRUPT / NOT_FOUND (a tensor the architecture needs is
- * missing or has the wrong shape; the message names it), RESOURCE_EXHAUSTED (KV cache allocation). */
+ * missing or has the wrong shape; the message names it), RESOURCE_EXHAUSTED (device or host memory for
+ * the weights or the KV cache; the message says what was allocated, the bytes asked and, for device
+ * memory, the bytes free). Nothing is leaked on failure; the model and other contexts are unaffected. */
 MOE_API moe_status moe_context_create(moe_model* model, const moe_context_params* params, moe_context** out_ctx);
 
 /* Frees a context. NULL is a no-op. */
@@ -415,7 +419,9 @@ MOE_API void moe_context_free(moe_context* ctx);
  * Errors: INVALID_ARGUMENT (NULL tokens, n_tokens <= 0, bad positions), OUT_OF_RANGE (a token id
  * outside [0, n_vocab) or the KV cache would overflow n_ctx; nothing is evaluated then). If evaluation
  * fails part-way (e.g. out of memory), the sequence ends where this call started: n_past is the
- * first position of the call, and no logits are available. */
+ * first position of the call, and no logits are available. RESOURCE_EXHAUSTED when the device cannot
+ * hold the activations (or upload slots) of a ubatch larger than any before; the message says what
+ * was allocated, the bytes asked and free. The context stays usable: smaller ubatches still run. */
 MOE_API moe_status moe_decode(moe_context* ctx, const int32_t* tokens, const int32_t* positions, int32_t n_tokens,
                               int32_t logits_all);
 
