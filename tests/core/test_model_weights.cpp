@@ -142,7 +142,8 @@ TEST_CASE("bind_weights names a tensor with the wrong shape or type", "[models]"
 
 namespace {
 
-// A GGUF file with the given architecture keys and a token_embd tensor, for read_hparams.
+// A GGUF file with the given architecture keys, a token_embd tensor and a norm of each of the two
+// layers (block_count must match the layers present), for read_hparams.
 std::string write_meta_file(const std::string& arch, bool with_expert_count, int64_t embd_rows) {
     const std::string path = std::string(MOE_TEST_TMP_DIR) + "/hparams_" + arch + ".gguf";
     GgufWriter w;
@@ -158,9 +159,12 @@ std::string write_meta_file(const std::string& arch, bool with_expert_count, int
     w.add_uint32(a + "context_length", 4096);
     w.add_uint32(a + "attention.sliding_window", 8);
     w.add_tensor("token_embd.weight", Type::F32, {embd_rows, 100});
+    w.add_tensor("blk.0.attn_norm.weight", Type::F32, {64});
+    w.add_tensor("blk.1.attn_norm.weight", Type::F32, {64});
     REQUIRE(w.begin(path).is_ok());
     std::vector<float> zeros(static_cast<size_t>(embd_rows * 100), 0.5f);
     REQUIRE(w.append(zeros.data(), zeros.size() * sizeof(float)).is_ok());
+    for (int il = 0; il < 2; ++il) REQUIRE(w.append(zeros.data(), 64 * sizeof(float)).is_ok());
     REQUIRE(w.finish().is_ok());
     return path;
 }

@@ -1,35 +1,141 @@
 #include "core/models/hparams.h"
 
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <regex>
+#include <string_view>
+#include <vector>
 
 namespace moe {
 namespace {
 
-// Reads "<arch>.<suffix>" as a positive int, naming the key on failure.
-Status read_positive(const GgufFile& f, const std::string& key, int* out) {
-    StatusOr<int64_t> v = f.get_int(key);
-    if (!v.is_ok()) {
-        if (v.status().code() == MOE_STATUS_NOT_FOUND) return data_corrupt("missing metadata key '" + key + "'");
-        return v.status();
-    }
-    if (*v <= 0 || *v > (int64_t{1} << 30)) {
-        return data_corrupt("metadata '" + key + "': value " + std::to_string(*v) + " is out of range");
-    }
-    *out = static_cast<int>(*v);
+// Largest value of any count: every count fits in an int and a product of two in an int64.
+constexpr int64_t kMaxCount = int64_t{1} << 30;
+
+std::string show(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.9g", v);
+    return buf;
+}
+
+// DATA_CORRUPT naming the key and its value, e.g. "metadata 'qwen3moe.rope.freq_base' = -1: must be > 0".
+Status bad_value(const std::string& key, const std::string& value, const std::string& why) {
+    return data_corrupt("metadata '" + key + "' = " + value + ": " + why);
+}
+
+Status missing(const std::string& key) { return data_corrupt("missing metadata key '" + key + "'"); }
+
+// Reads `key` as a count in [1, kMaxCount]. An absent key is DATA_CORRUPT when required; otherwise
+// *out keeps its value.
+Status read_count(const GgufFile& f, const std::string& key, bool required, int* out) {
+    if (f.find(key) == nullptr) return required ? missing(key) : Status::ok();
+    MOE_ASSIGN_OR_RETURN(const int64_t v, f.get_int(key));
+    if (v <= 0 || v > kMaxCount) return bad_value(key, std::to_string(v), "must be in [1, 2^30]");
+    *out = static_cast<int>(v);
     return Status::ok();
 }
 
-// Optional float: keeps *out when the key is absent.
-Status read_optional_float(const GgufFile& f, const std::string& key, float* out) {
-    StatusOr<double> v = f.get_float(key);
-    if (!v.is_ok()) return v.status().code() == MOE_STATUS_NOT_FOUND ? Status::ok() : v.status();
-    *out = static_cast<float>(*v);
-    return Status::ok();
-}
-
-Status read_optional_int(const GgufFile& f, const std::string& key, int* out) {
+// Reads `key` as a finite float (after narrowing to float) no less than `min` (greater than `min`
+// when `min_exclusive`). An absent key keeps *out: these keys have llama.cpp's defaults.
+Status read_real(const GgufFile& f, const std::string& key, double min, bool min_exclusive, float* out) {
     if (f.find(key) == nullptr) return Status::ok();
-    return read_positive(f, key, out);
+    MOE_ASSIGN_OR_RETURN(const double v, f.get_float(key));
+    const float narrowed = static_cast<float>(v);
+    const std::string range = (min_exclusive ? "must be finite and > " : "must be finite and >= ") + show(min);
+    if (!std::isfinite(narrowed)) return bad_value(key, show(v), range + (std::isfinite(v) ? " (as a float32)" : ""));
+    if (min_exclusive ? !(narrowed > min) : !(narrowed >= min)) return bad_value(key, show(v), range);
+    *out = narrowed;
+    return Status::ok();
+}
+
+// The layer of a "blk.<N>.<name>" tensor, -1 for a tensor outside the layers, INT64_MAX for a number
+// that does not fit.
+int64_t layer_of(const std::string& tensor) {
+    static constexpr std::string_view kPrefix = "blk.";
+    if (tensor.compare(0, kPrefix.size(), kPrefix) != 0) return -1;
+    const char* first = tensor.data() + kPrefix.size();
+    const char* last = tensor.data() + tensor.size();
+    int64_t n = 0;
+    const auto [end, ec] = std::from_chars(first, last, n);
+    if (end == first || end == last || *end != '.') return -1;
+    return ec == std::errc() ? n : INT64_MAX;
+}
+
+// block_count must say exactly which layers the file holds: a layer beyond it would be ignored
+// silently, a layer missing would fail only when a context binds the weights.
+Status check_layers(const GgufFile& f, const std::string& key, int n_layer) {
+    // n_tensors tensors cannot cover n_tensors + 1 layers: a block_count near 2^30 needs no 2^30 flags.
+    std::vector<bool> seen(std::min(static_cast<size_t>(n_layer), f.tensors().size() + 1), false);
+    for (const GgufTensorInfo& t : f.tensors()) {
+        const int64_t il = layer_of(t.name);
+        if (il < 0) continue;
+        if (il >= n_layer) {
+            return bad_value(key, std::to_string(n_layer), "the file has tensor '" + t.name + "' of a layer beyond it");
+        }
+        if (static_cast<size_t>(il) < seen.size()) seen[static_cast<size_t>(il)] = true;
+    }
+    for (size_t il = 0; il < seen.size(); ++il) {
+        if (!seen[il]) {
+            return bad_value(key, std::to_string(n_layer),
+                             "the file has no tensors of layer " + std::to_string(il) + " ('blk." + std::to_string(il) +
+                                 ".*')");
+        }
+    }
+    return Status::ok();
+}
+
+// RoPE scaling: YaRN for gpt-oss, which is trained with it (its files may leave the type out);
+// nothing else is implemented, so a file asking for other scaling is refused rather than run unscaled
+// (qwen3moe's YaRN variant, with HF's truncated correction dims, included).
+Status read_rope_scaling(const GgufFile& f, const std::string& a, HParams& hp) {
+    const std::string type_key = a + "rope.scaling.type";
+    const std::string factor_key = a + "rope.scaling.factor";
+    // llama.cpp reads a missing type as linear scaling.
+    std::string type = hp.arch == Arch::GPT_OSS ? "yarn" : "linear";
+    if (f.find(type_key) != nullptr) {
+        MOE_ASSIGN_OR_RETURN(type, f.get_string(type_key));
+    }
+    const bool yarn = type == "yarn" && hp.arch == Arch::GPT_OSS;
+    auto refuse = [&](const std::string& key, const std::string& value) {
+        return unimplemented("metadata '" + key + "' = " + value + ": RoPE scaling '" + type +
+                             "' is not implemented for " + hp.arch_name + " (only YaRN, for gpt-oss)");
+    };
+    if (!yarn && type != "none" && type != "linear") return refuse(type_key, "'" + type + "'");
+    MOE_RETURN_IF_ERROR(read_real(f, factor_key, 1.0, false, &hp.rope_yarn_factor));
+    if (!yarn && hp.rope_yarn_factor != 1.0f) return refuse(factor_key, show(hp.rope_yarn_factor));
+    return read_count(f, a + "rope.scaling.original_context_length", hp.rope_yarn_factor > 1.0f,
+                      &hp.rope_yarn_orig_ctx);
+}
+
+// The head sizes: key_length (n_embd / n_head when absent), value_length and rope.dimension_count,
+// which both architectures keep equal to it.
+Status read_head_dim(const GgufFile& f, const std::string& a, HParams& hp) {
+    const std::string key_length = a + "attention.key_length";
+    if (f.find(key_length) == nullptr) {
+        if (hp.n_embd % hp.n_head != 0) {
+            return data_corrupt("missing metadata key '" + key_length + "', and " + a + "embedding_length (" +
+                                std::to_string(hp.n_embd) + ") is not a multiple of " + a +
+                                "attention.head_count (" + std::to_string(hp.n_head) + ")");
+        }
+        hp.head_dim = hp.n_embd / hp.n_head;
+    }
+    MOE_RETURN_IF_ERROR(read_count(f, key_length, false, &hp.head_dim));
+    if (hp.head_dim % 2 != 0) {
+        return bad_value(key_length, std::to_string(hp.head_dim), "must be even (RoPE rotates pairs)");
+    }
+    for (const char* suffix : {"attention.value_length", "rope.dimension_count"}) {
+        int v = hp.head_dim;
+        MOE_RETURN_IF_ERROR(read_count(f, a + suffix, false, &v));
+        if (v != hp.head_dim) {
+            return bad_value(a + suffix, std::to_string(v),
+                             "differs from the head size " + std::to_string(hp.head_dim) + " (" + key_length +
+                                 "); " + hp.arch_name + " uses one size for keys, values and RoPE");
+        }
+    }
+    return Status::ok();
 }
 
 }  // namespace
@@ -53,37 +159,37 @@ StatusOr<HParams> read_hparams(const GgufFile& f) {
     if (const GgufValue* v = f.find("general.name"); v && v->type == GgufValueType::STRING) hp.name = v->s;
 
     const std::string a = hp.arch_name + ".";
-    MOE_RETURN_IF_ERROR(read_positive(f, a + "block_count", &hp.n_layer));
-    MOE_RETURN_IF_ERROR(read_positive(f, a + "embedding_length", &hp.n_embd));
-    MOE_RETURN_IF_ERROR(read_positive(f, a + "attention.head_count", &hp.n_head));
-    MOE_RETURN_IF_ERROR(read_positive(f, a + "attention.head_count_kv", &hp.n_head_kv));
-    MOE_RETURN_IF_ERROR(read_positive(f, a + "expert_count", &hp.n_expert));
-    MOE_RETURN_IF_ERROR(read_positive(f, a + "expert_used_count", &hp.n_expert_used));
-    MOE_RETURN_IF_ERROR(read_positive(f, a + "expert_feed_forward_length", &hp.n_ff_expert));
-    MOE_RETURN_IF_ERROR(read_positive(f, a + "context_length", &hp.n_ctx_train));
-    hp.head_dim = hp.n_embd / hp.n_head;
-    MOE_RETURN_IF_ERROR(read_optional_int(f, a + "attention.key_length", &hp.head_dim));
-    MOE_RETURN_IF_ERROR(read_optional_float(f, a + "attention.layer_norm_rms_epsilon", &hp.rms_eps));
-    MOE_RETURN_IF_ERROR(read_optional_float(f, a + "rope.freq_base", &hp.rope_freq_base));
-    if (hp.arch == Arch::GPT_OSS) {
-        MOE_RETURN_IF_ERROR(read_positive(f, a + "attention.sliding_window", &hp.sliding_window));
-        MOE_RETURN_IF_ERROR(read_optional_float(f, a + "rope.scaling.factor", &hp.rope_yarn_factor));
-        MOE_RETURN_IF_ERROR(read_optional_int(f, a + "rope.scaling.original_context_length", &hp.rope_yarn_orig_ctx));
-    }
-
+    MOE_RETURN_IF_ERROR(read_count(f, a + "block_count", true, &hp.n_layer));
+    MOE_RETURN_IF_ERROR(read_count(f, a + "embedding_length", true, &hp.n_embd));
+    MOE_RETURN_IF_ERROR(read_count(f, a + "attention.head_count", true, &hp.n_head));
+    MOE_RETURN_IF_ERROR(read_count(f, a + "attention.head_count_kv", true, &hp.n_head_kv));
+    MOE_RETURN_IF_ERROR(read_count(f, a + "expert_count", true, &hp.n_expert));
+    MOE_RETURN_IF_ERROR(read_count(f, a + "expert_used_count", true, &hp.n_expert_used));
+    MOE_RETURN_IF_ERROR(read_count(f, a + "expert_feed_forward_length", true, &hp.n_ff_expert));
+    MOE_RETURN_IF_ERROR(read_count(f, a + "context_length", true, &hp.n_ctx_train));
     if (hp.n_head % hp.n_head_kv != 0) {
-        return data_corrupt(a + "attention.head_count (" + std::to_string(hp.n_head) +
-                            ") is not a multiple of head_count_kv (" + std::to_string(hp.n_head_kv) + ")");
+        return bad_value(a + "attention.head_count_kv", std::to_string(hp.n_head_kv),
+                         "does not divide " + a + "attention.head_count (" + std::to_string(hp.n_head) + ")");
     }
     if (hp.n_expert_used > hp.n_expert) {
-        return data_corrupt(a + "expert_used_count (" + std::to_string(hp.n_expert_used) + ") exceeds expert_count (" +
-                            std::to_string(hp.n_expert) + ")");
+        return bad_value(a + "expert_used_count", std::to_string(hp.n_expert_used),
+                         "exceeds " + a + "expert_count (" + std::to_string(hp.n_expert) + ")");
     }
+    MOE_RETURN_IF_ERROR(read_head_dim(f, a, hp));
+    MOE_RETURN_IF_ERROR(read_real(f, a + "attention.layer_norm_rms_epsilon", 0.0, false, &hp.rms_eps));
+    MOE_RETURN_IF_ERROR(read_real(f, a + "rope.freq_base", 0.0, true, &hp.rope_freq_base));
+    if (hp.arch == Arch::GPT_OSS) {
+        MOE_RETURN_IF_ERROR(read_count(f, a + "attention.sliding_window", true, &hp.sliding_window));
+    }
+    MOE_RETURN_IF_ERROR(read_rope_scaling(f, a, hp));
+    MOE_RETURN_IF_ERROR(check_layers(f, a + "block_count", hp.n_layer));
+
     const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
     if (embd == nullptr) return data_corrupt("missing tensor 'token_embd.weight'");
-    if (embd->n_dims != 2 || embd->ne[0] != hp.n_embd) {
+    if (embd->n_dims != 2 || embd->ne[0] != hp.n_embd || embd->ne[1] > kMaxCount) {
         return data_corrupt("tensor 'token_embd.weight': expected shape [" + std::to_string(hp.n_embd) +
-                            ", n_vocab], got ne[0]=" + std::to_string(embd->ne[0]));
+                            ", n_vocab <= 2^30], got [" + std::to_string(embd->ne[0]) + ", " +
+                            std::to_string(embd->ne[1]) + "]");
     }
     hp.n_vocab = static_cast<int>(embd->ne[1]);
     return hp;
