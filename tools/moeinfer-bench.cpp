@@ -180,7 +180,8 @@ std::optional<Failure> run(Config& cfg) {
     moe_model* raw_model = nullptr;
     const moe_status load_status = moe_model_load(cfg.model_path.c_str(), &mp, &raw_model);
     if (live) std::fprintf(stderr, "\r\033[K");
-    if (load_status != MOE_STATUS_OK) return bench::library_error("cannot load model '" + cfg.model_path + "'");
+    // The library's message names the path.
+    if (load_status != MOE_STATUS_OK) return bench::library_error("cannot load the model");
     const ModelPtr model(raw_model);
 
     moe_model_info info;

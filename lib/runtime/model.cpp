@@ -14,7 +14,7 @@ StatusOr<std::unique_ptr<moe_model>> load_model(const std::string& path, const m
     auto model = std::make_unique<moe_model>();
     model->path = path;
     StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::open(path, params.use_mmap != 0);
-    if (!file.is_ok()) return file.status().with_context(path);
+    if (!file.is_ok()) return file.status();  // GgufFile::open's messages name the path already
     model->file = std::move(file).value();
 
     StatusOr<HParams> hp = read_hparams(*model->file);

@@ -582,14 +582,15 @@ def test_bad_arguments_exit_2_with_one_line(argv, needle):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("moeinfer-bench: "), proc.stderr
     assert needle in lines[0]
+    assert lines[0].count("(see --help)") == 1, lines[0]
 
 
 def test_library_error_exit_1(tmp_path):
     missing = tmp_path / "missing.gguf"
     proc = run(str(missing), "-p", "8", "-n", "0", check=False)
     assert proc.returncode == 1
-    assert str(missing) in proc.stderr and proc.stderr.startswith("moeinfer-bench: ")
+    assert proc.stderr.count(str(missing)) == 1 and proc.stderr.startswith("moeinfer-bench: "), proc.stderr
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf file at all" * 4)
     proc = run(str(bad), "-p", "8", "-n", "0", check=False)
-    assert proc.returncode == 1 and str(bad) in proc.stderr
+    assert proc.returncode == 1 and proc.stderr.count(str(bad)) == 1, proc.stderr

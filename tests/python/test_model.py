@@ -190,8 +190,22 @@ def test_load_progress_and_cancel(tiny_qwen):
 # ------------------------------------------------------------------------------------------------
 
 def test_missing_file_is_file_not_found(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        moeinfer.Model(tmp_path / "does-not-exist.gguf")
+    missing = tmp_path / "does-not-exist.gguf"
+    with pytest.raises(FileNotFoundError) as e:
+        moeinfer.Model(missing)
+    assert str(e.value).count(str(missing)) == 1, str(e.value)
+
+
+def test_path_with_embedded_nul_is_value_error(tiny_qwen, tmp_path):
+    """The C API takes C strings: "model.gguf\0junk" must not quietly open model.gguf."""
+    for path in (str(tiny_qwen) + "\0junk", os.fsencode(tiny_qwen) + b"\0junk", str(tiny_qwen) + "\0"):
+        with pytest.raises(ValueError, match="null byte") as e:
+            moeinfer.Model(path)
+        assert type(e.value) is ValueError
+    out = tmp_path / "out.gguf"
+    with pytest.raises(ValueError, match="null byte"):
+        moeinfer.synth_write(str(out) + "\0junk", "qwen3moe", preset="tiny")
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("keep", (0, 3, 24, 0.5, 0.99))
@@ -210,8 +224,9 @@ def test_wrong_magic_is_data_corrupt(tiny_qwen, tmp_path):
     shutil.copy(tiny_qwen, path)
     with open(path, "r+b") as f:
         f.write(b"GGML")
-    with pytest.raises(moeinfer.DataCorruptError, match=r"(?i)magic"):
+    with pytest.raises(moeinfer.DataCorruptError, match=r"(?i)magic") as e:
         moeinfer.Model(path)
+    assert str(e.value).count(str(path)) == 1, str(e.value)
 
 
 def test_bad_synth_arguments_are_value_errors(tmp_path):

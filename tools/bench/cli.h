@@ -82,7 +82,7 @@ inline std::optional<std::string> parse_command_line(int argc, char** argv, cons
                 break;
             }
         }
-        if (opt == nullptr) return "unknown option '" + name + "' (see --help)";
+        if (opt == nullptr) return "unknown option '" + name + "'";  // main() adds "(see --help)" to every error
         std::string value;
         if (opt->value_name.empty()) {
             if (inline_value) return "option " + opt->long_name + " takes no value";

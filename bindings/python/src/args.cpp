@@ -5,7 +5,12 @@ namespace moeinfer_py {
 
 std::string fspath(const py::handle& path) {
     // The file system's bytes, as open(2) wants them (not every POSIX path is valid UTF-8).
-    return py::module_::import("os").attr("fsencode")(path).cast<std::string>();
+    std::string bytes = py::module_::import("os").attr("fsencode")(path).cast<std::string>();
+    // The C API takes a C string: the bytes after a NUL would be dropped and another file opened.
+    if (bytes.find('\0') != std::string::npos) {
+        throw py::value_error("path contains an embedded null byte: " + py::repr(path).cast<std::string>());
+    }
+    return bytes;
 }
 
 int32_t type_from_name(const std::string& name, const char* what) {

@@ -24,7 +24,8 @@ void bind_context(py::module_& m);
 void bind_synth(py::module_& m);
 void bind_bandwidth(py::module_& m);
 
-// A path argument (str, bytes or os.PathLike) as the file system's bytes (os.fsencode).
+// A path argument (str, bytes or os.PathLike) as the file system's bytes (os.fsencode); ValueError
+// when it contains a NUL byte.
 std::string fspath(const py::handle& path);
 
 // A type name ("q8_0", case-insensitive) -> moe_type; ValueError naming `what` when unknown.
