@@ -13,6 +13,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "common/gguf_edit.h"
@@ -35,9 +36,16 @@ std::string tmp_file(const std::string& name) {
     return std::string(MOE_TEST_TMP_DIR) + "/hparams_" + name + "_" + std::to_string(getpid()) + ".gguf";
 }
 
-// The tiny synthetic model of `arch` (2 layers, head_dim 16 = n_embd / n_head), written once per process.
+// The tiny synthetic model of `arch` (2 layers, head_dim 16 = n_embd / n_head), written once per
+// process and removed at exit.
 const std::string& tiny_file(const std::string& arch) {
-    static std::map<std::string, std::string> files;
+    struct Files : std::map<std::string, std::string> {
+        ~Files() {
+            std::error_code ec;
+            for (const auto& [a, path] : *this) std::filesystem::remove(path, ec);
+        }
+    };
+    static Files files;
     auto it = files.find(arch);
     if (it != files.end()) return it->second;
     moe_synth_params p;
