@@ -623,7 +623,153 @@ MOE_API void moe_bandwidth_result_init(moe_bandwidth_result* result);
  * could not be allocated). */
 MOE_API moe_status moe_measure_bandwidth(const moe_bandwidth_params* params, moe_bandwidth_result* out_result);
 
-#ifdef __cplusplus
+/* ---------------------------------------------------------------------------------------------
+ * Text: the model's own tokenizer (from its tokenizer.ggml.* metadata), detokenization, and
+ * metadata arrays.
+ *
+ * Supported tokenizers: tokenizer.ggml.model "gpt2" (byte-level BPE) with tokenizer.ggml.pre
+ * "default", "llama3" (also "llama-v3", "llama-bpe"), "glm4" (also "chatglm-bpe"), "qwen2" (also
+ * "deepseek-r1-qwen"), "gpt-4o", "deepseek-v3" or "deepseek-llm"; and "llama" (SentencePiece-style,
+ * with byte fallback). A model whose tokenizer is another one fails to load with
+ * MOE_STATUS_UNIMPLEMENTED, the message naming it and listing these; malformed tokenizer metadata
+ * fails the load with MOE_STATUS_DATA_CORRUPT naming the key. A model without tokenizer metadata
+ * loads, and the calls below (but the metadata ones) return MOE_STATUS_FAILED_PRECONDITION.
+ *
+ * Output buffers: *out_n always receives the size the result needs (tokens or bytes). When
+ * `capacity` is smaller, nothing is written and nothing changes (a detokenizer keeps its state): call
+ * again with a buffer of *out_n. Call with capacity 0 (the buffer may then be NULL) to size it.
+ * Text out is bytes, not NUL-terminated (text may contain NUL).
+ *
+ * Invalid UTF-8 in the input text is not an error: each byte that does not start a well-formed
+ * sequence is a character of its own, split as U+FFFD would be, and encoded as its own byte (the
+ * byte-level alphabet, or "<0xXX>" byte fallback), so detokenizing gives the input back. llama.cpp
+ * replaces such bytes with U+FFFD instead.
+ *
+ * Thread safety: the tokenizer is part of the immutable model; any number of threads may call the
+ * functions taking a model at once. A moe_detokenizer is used from one thread at a time.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Token types, numbered as GGUF's tokenizer.ggml.token_type. */
+typedef enum moe_token_type {
+    MOE_TOKEN_TYPE_UNDEFINED = 0,
+    MOE_TOKEN_TYPE_NORMAL = 1,
+    MOE_TOKEN_TYPE_UNKNOWN = 2,
+    MOE_TOKEN_TYPE_CONTROL = 3,      /* "<|im_start|>", BOS, EOS: text only when asked for */
+    MOE_TOKEN_TYPE_USER_DEFINED = 4, /* always matched in text, always rendered */
+    MOE_TOKEN_TYPE_UNUSED = 5,
+    MOE_TOKEN_TYPE_BYTE = 6          /* "<0x0A>": one byte */
+} moe_token_type;
+
+/* Text (text_len bytes; may hold NUL; NULL only with text_len 0) to tokens.
+ * add_special (non-zero): add BOS / EOS where the model asks for them (tokenizer.ggml.add_bos_token,
+ *   add_eos_token; defaults as llama.cpp: on for BOS with "llama" and "llama3", off otherwise).
+ * parse_special (non-zero): text equal to a control token's text ("<|im_start|>") becomes that token;
+ *   with 0 it is tokenized as ordinary text. User-defined tokens are always matched.
+ * Writes up to `capacity` ids into `tokens` (see "Output buffers"); *out_n receives the count. */
+MOE_API moe_status moe_tokenize(const moe_model* model, const char* text, size_t text_len, int32_t add_special,
+                                int32_t parse_special, int32_t* tokens, int64_t capacity, int64_t* out_n);
+
+/* The bytes one token stands for. A normal token gives its text (decoded from the byte-level alphabet,
+ * or with SentencePiece's U+2581 as a space), a byte token its byte, a user-defined token its text;
+ * control, unknown and unused tokens give their text when render_special is non-zero, else nothing.
+ * A piece may be part of a UTF-8 character. MOE_STATUS_OUT_OF_RANGE for a token outside [0, n_tokens). */
+MOE_API moe_status moe_token_to_piece(const moe_model* model, int32_t token, int32_t render_special, char* buf,
+                                      int64_t capacity, int64_t* out_n);
+
+/* Tokens to text: the pieces of all tokens, concatenated, except that a "llama" tokenizer that
+ * prefixes a space (add_space_prefix) drops the first piece's leading space, as SentencePiece decodes.
+ * The same as a fresh moe_detokenizer fed all tokens, then flushed. OUT_OF_RANGE (nothing written)
+ * when a token is outside [0, n_tokens); the message names its position. */
+MOE_API moe_status moe_detokenize(const moe_model* model, const int32_t* tokens, int64_t n_tokens,
+                                  int32_t render_special, char* buf, int64_t capacity, int64_t* out_n);
+
+/* Streaming detokenization, for tokens as they are generated: each feed returns only whole UTF-8
+ * characters and keeps an unfinished one (a character whose bytes are split across tokens) for the
+ * next call. Borrows the model, which must outlive it. Free with moe_detokenizer_free. */
+typedef struct moe_detokenizer moe_detokenizer;
+
+MOE_API moe_status moe_detokenizer_create(const moe_model* model, int32_t render_special, moe_detokenizer** out_detok);
+MOE_API void moe_detokenizer_free(moe_detokenizer* detok);
+
+/* Writes the text of `tokens` up to the last whole character (see "Output buffers": when capacity is
+ * too small nothing is consumed). OUT_OF_RANGE when a token is outside [0, n_tokens). */
+MOE_API moe_status moe_detokenizer_feed(moe_detokenizer* detok, const int32_t* tokens, int64_t n_tokens, char* buf,
+                                        int64_t capacity, int64_t* out_n);
+
+/* Writes the bytes kept back (an unfinished character, as it is: the stream ended inside it) and
+ * starts a new stream. */
+MOE_API moe_status moe_detokenizer_flush(moe_detokenizer* detok, char* buf, int64_t capacity, int64_t* out_n);
+
+/* The vocabulary. Strings are borrowed from the model and valid until moe_model_free. Special ids
+ * are -1 when the model has none. */
+typedef struct moe_vocab_info {
+    uint32_t struct_size;
+    const char* model;        /* tokenizer.ggml.model: "gpt2" or "llama" */
+    const char* pre;          /* tokenizer.ggml.pre ("default" when a gpt2 file has none); "" for "llama" */
+    int32_t n_tokens;
+    int32_t bos;
+    int32_t eos;
+    int32_t eot;              /* end of turn */
+    int32_t eom;              /* end of message */
+    int32_t unk;
+    int32_t pad;
+    int32_t add_bos;          /* what moe_tokenize's add_special adds */
+    int32_t add_eos;
+    int32_t add_space_prefix; /* "llama": a space is put before the text */
+    int32_t n_eog;            /* tokens that end generation (see moe_token_is_eog) */
+} moe_vocab_info;
+
+MOE_API void moe_vocab_info_init(moe_vocab_info* info);
+MOE_API moe_status moe_model_get_vocab_info(const moe_model* model, moe_vocab_info* out_info);
+
+/* A token's text as the vocabulary stores it (byte-level or U+2581-escaped; NUL-terminated),
+ * borrowed from the model. OUT_OF_RANGE for a token outside [0, n_tokens). */
+MOE_API moe_status moe_token_get_text(const moe_model* model, int32_t token, const char** out_text);
+
+/* A token's moe_token_type. OUT_OF_RANGE for a token outside [0, n_tokens). */
+MOE_API moe_status moe_token_get_type(const moe_model* model, int32_t token, int32_t* out_type);
+
+/* *out_is_eog = 1 when the token ends generation: EOS, EOT, EOM, and the tokens whose text ends a
+ * turn in the chat formats ("<|im_end|>", "<|eot_id|>", "<|return|>", "<|call|>", "<|endoftext|>",
+ * "<|end|>", ...), else 0. OUT_OF_RANGE for a token outside [0, n_tokens). */
+MOE_API moe_status moe_token_is_eog(const moe_model* model, int32_t token, int32_t* out_is_eog);
+
+/* Metadata value types, numbered as GGUF's. */
+typedef enum moe_meta_type {
+    MOE_META_UINT8 = 0,
+    MOE_META_INT8 = 1,
+    MOE_META_UINT16 = 2,
+    MOE_META_INT16 = 3,
+    MOE_META_UINT32 = 4,
+    MOE_META_INT32 = 5,
+    MOE_META_FLOAT32 = 6,
+    MOE_META_BOOL = 7,
+    MOE_META_STRING = 8,
+    MOE_META_ARRAY = 9,
+    MOE_META_UINT64 = 10,
+    MOE_META_INT64 = 11,
+    MOE_META_FLOAT64 = 12
+} moe_meta_type;
+
+/* The type of the value at `key` (a moe_meta_type). For an array, *out_elem_type is its elements'
+ * type and *out_n their count; for a scalar they are -1 and 1. out_elem_type and out_n may be NULL.
+ * MOE_STATUS_NOT_FOUND when the key is absent. */
+MOE_API moe_status moe_model_meta_type(const moe_model* model, const char* key, int32_t* out_type,
+                                       int32_t* out_elem_type, int64_t* out_n);
+
+/* The elements of an array of integers (any width, bool) as int64, or of numbers (floats and integers)
+ * as double (see "Output buffers"). NOT_FOUND when the key is absent, INVALID_ARGUMENT when it is not
+ * such an array (nested arrays are not read by these). */
+MOE_API moe_status moe_model_meta_array_int(const moe_model* model, const char* key, int64_t* values,
+                                            int64_t capacity, int64_t* out_n);
+MOE_API moe_status moe_model_meta_array_float(const moe_model* model, const char* key, double* values,
+                                              int64_t capacity, int64_t* out_n);
+
+/* Element `index` of an array of strings: borrowed from the model (NUL-terminated; *out_len, when
+ * out_len is not NULL, gets its length in bytes, which counts any NUL inside). OUT_OF_RANGE for an
+ * index outside [0, n). */
+MOE_API moe_status moe_model_meta_array_string(const moe_model* model, const char* key, int64_t index,
+                                               const char** out_value, uint64_t* out_len);#ifdef __cplusplus
 } /* extern "C" */
 #endif
 

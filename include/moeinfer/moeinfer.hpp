@@ -31,6 +31,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -89,6 +90,22 @@ std::optional<T> optional_if_found(moe_status status, const T& value) {
     if (status == MOE_STATUS_NOT_FOUND) return std::nullopt;
     check(status);
     return value;
+}
+
+// Calls `fn(buf, capacity, &n)` of the C API's size-then-fill convention (the text functions:
+// nothing is written when the buffer is too small) until the result fits, and returns it.
+template <class T, class Fn>
+std::vector<T> sized_call(Fn&& fn) {
+    std::vector<T> out(64);
+    for (;;) {
+        int64_t n = 0;
+        check(fn(out.data(), static_cast<int64_t>(out.size()), &n));
+        if (static_cast<uint64_t>(n) <= out.size()) {
+            out.resize(static_cast<size_t>(n));
+            return out;
+        }
+        out.resize(static_cast<size_t>(n));
+    }
 }
 
 }  // namespace detail
@@ -318,8 +335,101 @@ public:
         return std::string(v != nullptr ? v : "");
     }
 
+    // Metadata arrays. meta_type: std::nullopt when the key is absent.
+    struct MetaType {
+        int32_t type = 0;       // a moe_meta_type
+        int32_t elem_type = -1; // arrays: their elements' moe_meta_type
+        int64_t n = 1;          // arrays: their length
+    };
+    std::optional<MetaType> meta_type(const std::string& key) const {
+        MetaType t;
+        const moe_status status = moe_model_meta_type(get(), key.c_str(), &t.type, &t.elem_type, &t.n);
+        return detail::optional_if_found(status, t);
+    }
+    std::vector<int64_t> meta_array_int(const std::string& key) const {
+        return detail::sized_call<int64_t>(
+            [&](int64_t* v, int64_t cap, int64_t* n) { return moe_model_meta_array_int(get(), key.c_str(), v, cap, n); });
+    }
+    std::vector<double> meta_array_float(const std::string& key) const {
+        return detail::sized_call<double>(
+            [&](double* v, int64_t cap, int64_t* n) { return moe_model_meta_array_float(get(), key.c_str(), v, cap, n); });
+    }
+    std::string meta_array_string(const std::string& key, int64_t index) const {
+        const char* v = nullptr;
+        uint64_t len = 0;
+        check(moe_model_meta_array_string(get(), key.c_str(), index, &v, &len));
+        return std::string(v, static_cast<size_t>(len));
+    }
+
+    // Tokenizer (see the "Text" section of moeinfer.h).
+    std::vector<int32_t> tokenize(std::string_view text, bool add_special = true, bool parse_special = false) const {
+        return detail::sized_call<int32_t>([&](int32_t* t, int64_t cap, int64_t* n) {
+            return moe_tokenize(get(), text.data(), text.size(), add_special, parse_special, t, cap, n);
+        });
+    }
+    std::string token_to_piece(int32_t token, bool render_special = false) const {
+        const std::vector<char> b = detail::sized_call<char>([&](char* buf, int64_t cap, int64_t* n) {
+            return moe_token_to_piece(get(), token, render_special, buf, cap, n);
+        });
+        return std::string(b.begin(), b.end());
+    }
+    std::string detokenize(const std::vector<int32_t>& tokens, bool render_special = false) const {
+        const std::vector<char> b = detail::sized_call<char>([&](char* buf, int64_t cap, int64_t* n) {
+            return moe_detokenize(get(), tokens.data(), static_cast<int64_t>(tokens.size()), render_special, buf, cap, n);
+        });
+        return std::string(b.begin(), b.end());
+    }
+    // Strings in the result are borrowed from this model.
+    moe_vocab_info vocab_info() const {
+        moe_vocab_info info;
+        moe_vocab_info_init(&info);
+        check(moe_model_get_vocab_info(get(), &info));
+        return info;
+    }
+    std::string token_text(int32_t token) const {
+        const char* t = nullptr;
+        check(moe_token_get_text(get(), token, &t));
+        return t;
+    }
+    int32_t token_type(int32_t token) const {
+        int32_t t = 0;
+        check(moe_token_get_type(get(), token, &t));
+        return t;
+    }
+    bool is_eog(int32_t token) const {
+        int32_t e = 0;
+        check(moe_token_is_eog(get(), token, &e));
+        return e != 0;
+    }
+
 private:
     detail::Handle<moe_model, moe_model_free> model_;
+};
+
+// Streaming detokenization: feed() returns whole UTF-8 characters only; flush() the rest. Borrows
+// the Model, which must outlive it.
+class Detokenizer {
+public:
+    explicit Detokenizer(const Model& model, bool render_special = false) {
+        moe_detokenizer* raw = nullptr;
+        check(moe_detokenizer_create(model.get(), render_special, &raw));
+        detok_.reset(raw);
+    }
+    std::string feed(const int32_t* tokens, size_t n) {
+        const std::vector<char> b = detail::sized_call<char>([&](char* buf, int64_t cap, int64_t* out_n) {
+            return moe_detokenizer_feed(detok_.get(), tokens, static_cast<int64_t>(n), buf, cap, out_n);
+        });
+        return std::string(b.begin(), b.end());
+    }
+    std::string feed(const std::vector<int32_t>& tokens) { return feed(tokens.data(), tokens.size()); }
+    std::string flush() {
+        const std::vector<char> b = detail::sized_call<char>(
+            [&](char* buf, int64_t cap, int64_t* out_n) { return moe_detokenizer_flush(detok_.get(), buf, cap, out_n); });
+        return std::string(b.begin(), b.end());
+    }
+
+private:
+    detail::Handle<moe_detokenizer, moe_detokenizer_free> detok_;
 };
 
 /* ---------------------------------------------------------------------------------------------

@@ -21,6 +21,12 @@ StatusOr<std::unique_ptr<moe_model>> load_model(const std::string& path, const m
     if (!hp.is_ok()) return hp.status().with_context(path);
     model->hparams = std::move(hp).value();
 
+    // The tokenizer is built here, once, so that an unsupported or malformed one fails the load
+    // with its key named, and tokenizing needs no lock.
+    StatusOr<std::unique_ptr<text::Vocab>> vocab = text::Vocab::from_gguf(*model->file);
+    if (!vocab.is_ok()) return vocab.status().with_context(path);
+    model->vocab = std::move(vocab).value();
+
     for (const GgufTensorInfo& t : model->file->tensors()) {
         model->n_bytes += t.n_bytes;
         if (is_expert_tensor_name(t.name)) model->n_expert_bytes += t.n_bytes;

@@ -6,6 +6,7 @@
 
 #include "core/gguf.h"
 #include "core/models/hparams.h"
+#include "text/vocab.h"
 
 struct moe_model {
     std::string path;
@@ -13,6 +14,7 @@ struct moe_model {
     moe::HParams hparams;
     uint64_t n_bytes = 0;         // all tensor data
     uint64_t n_expert_bytes = 0;  // expert tensors only
+    std::unique_ptr<moe::text::Vocab> vocab;  // nullptr when the file has no tokenizer
 };
 
 namespace moe {

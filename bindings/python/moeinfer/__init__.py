@@ -12,6 +12,10 @@ The Python face of the moeinfer C library (every call goes through its C API)::
         print(t.name, t.type, t.shape)
     w = model.tensor("token_embd.weight")                 # float32, numpy order
     arch = model.meta("general.architecture")
+    vocab = model.meta("tokenizer.ggml.tokens")           # arrays as lists
+
+    ids = model.tokenize("Hello, world", parse_special=True)  # the model's own tokenizer
+    text = model.detokenize(ids)                          # and back; Detokenizer(model).feed() streams
 
     ctx = moeinfer.Context(model, n_ctx=256)             # KV cache, ubatches; keeps `model` alive
     logits = ctx.decode(np.array([1, 2, 3], np.int32))   # float32 [1, n_vocab]: the last token's
@@ -42,6 +46,7 @@ from ._moeinfer import (
     CancelledError,
     Context,
     DataCorruptError,
+    Detokenizer,
     Model,
     ModelInfo,
     Policy,
@@ -55,11 +60,21 @@ from ._moeinfer import (
     synth_write,
     type_info,
 )
+from ._moeinfer import (  # token types (GGUF's tokenizer.ggml.token_type numbers)
+    TOKEN_BYTE,
+    TOKEN_CONTROL,
+    TOKEN_NORMAL,
+    TOKEN_UNDEFINED,
+    TOKEN_UNKNOWN,
+    TOKEN_UNUSED,
+    TOKEN_USER_DEFINED,
+)
 
 __all__ = [
     "CancelledError",
     "Context",
     "DataCorruptError",
+    "Detokenizer",
     "Model",
     "ModelInfo",
     "Policy",
@@ -72,4 +87,11 @@ __all__ = [
     "row_bytes",
     "synth_write",
     "type_info",
+    "TOKEN_BYTE",
+    "TOKEN_CONTROL",
+    "TOKEN_NORMAL",
+    "TOKEN_UNDEFINED",
+    "TOKEN_UNKNOWN",
+    "TOKEN_UNUSED",
+    "TOKEN_USER_DEFINED",
 ]

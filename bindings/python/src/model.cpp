@@ -86,8 +86,32 @@ py::array tensor(const moeinfer::Model& model, const std::string& name, bool raw
     return out;
 }
 
-// Integers (and bools) -> int, floats -> float, strings -> str; KeyError when absent.
+// A metadata array as a list of int, bool, float or str (strings that are not UTF-8 keep their
+// bytes as surrogate escapes).
+py::list meta_array(const moeinfer::Model& model, const std::string& key, const moeinfer::Model::MetaType& t) {
+    py::list out;
+    if (t.elem_type == MOE_META_STRING) {
+        for (int64_t i = 0; i < t.n; ++i) {
+            const std::string v = model.meta_array_string(key, i);
+            PyObject* s = PyUnicode_DecodeUTF8(v.data(), static_cast<Py_ssize_t>(v.size()), "surrogateescape");
+            if (s == nullptr) throw py::error_already_set();
+            out.append(py::reinterpret_steal<py::str>(s));
+        }
+    } else if (t.elem_type == MOE_META_FLOAT32 || t.elem_type == MOE_META_FLOAT64) {
+        for (double v : model.meta_array_float(key)) out.append(v);
+    } else if (t.elem_type == MOE_META_ARRAY) {
+        throw py::value_error("metadata '" + key + "' is an array of arrays, which Model.meta does not read");
+    } else if (t.elem_type == MOE_META_BOOL) {
+        for (int64_t v : model.meta_array_int(key)) out.append(py::bool_(v != 0));
+    } else {
+        for (int64_t v : model.meta_array_int(key)) out.append(v);
+    }
+    return out;
+}
+
+// Integers (and bools) -> int, floats -> float, strings -> str, arrays -> list; KeyError when absent.
 py::object meta(const moeinfer::Model& model, const std::string& key) {
+    if (const auto t = model.meta_type(key); t && t->type == MOE_META_ARRAY) return meta_array(model, key, *t);
     // The typed getters answer INVALID_ARGUMENT for another type; try them in turn.
     const auto mismatch = [](const moeinfer::Error& e) { return e.status() == MOE_STATUS_INVALID_ARGUMENT; };
     try {
@@ -199,8 +223,8 @@ raw=False: float32 values (dequantised), shape = TensorInfo.shape.
 raw=True: the stored bytes as uint8, shape = TensorInfo.shape with the last dimension in bytes.
 KeyError when there is no such tensor.)")
         .def("meta", &meta, "key"_a,
-             "Metadata value: int (integers, bools), float or str. KeyError when absent; ValueError for "
-             "values of other kinds (arrays).")
+             "Metadata value: int (integers, bools), float, str, or a list of them for an array "
+             "(tokenizer.ggml.tokens, ...). KeyError when absent.")
         .def("__repr__", &model_repr);
 }
 
