@@ -18,8 +18,8 @@
 //   IQ4_NL (32) { d; qs[16] }                      x = d * kIq4nlValues[nibble]
 //   IQ4_XS (256){ d; scales_h (u16); scales_l[4]; qs[128] }  8 groups of 32: x = d*(ls-32) * kIq4nlValues[nibble],
 //                                                  ls 6-bit (low 4 bits in scales_l, high 2 in scales_h)
-// Where the bits of the K-quant scales and values sit is spelled out next to the code that reads them
-// (quant_k.cpp, quant_iq4.cpp).
+// Where the bits of the K-quant scales and values sit is spelled out next to their accessors
+// (quant_k_layout.h).
 #pragma once
 
 #include <cstdint>

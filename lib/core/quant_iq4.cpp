@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/quant_blocks.h"
+#include "core/quant_k_layout.h"
 #include "core/quant_rows.h"
 #include "core/types.h"
 
@@ -73,8 +74,7 @@ void iq4_nl_from_float(const float* src, void* dst, int64_t n) {
     }
 }
 
-// ---- IQ4_XS: 8 groups of 32, group scale d * (ls - 32) with ls 6-bit: low nibble in scales_l[g / 2]
-// (the low half for even g), top 2 bits at bit 2 * g of scales_h ----
+// ---- IQ4_XS: 8 groups of 32, group scale d * (ls - 32) with ls 6-bit (kq::iq4_xs_scale) ----
 
 void iq4_xs_to_float(const void* src, float* dst, int64_t n) {
     MOE_ASSERT(n % kQK_K == 0);
@@ -82,7 +82,7 @@ void iq4_xs_to_float(const void* src, float* dst, int64_t n) {
     for (int64_t b = 0; b < n / kQK_K; ++b) {
         const float d = fp16_to_fp32(x[b].d);
         for (int g = 0; g < kQK_K / kQK; ++g) {
-            const int ls = ((x[b].scales_l[g / 2] >> (4 * (g % 2))) & 0x0F) | ((x[b].scales_h >> (2 * g)) & 3) << 4;
+            const int ls = kq::iq4_xs_scale(x[b], g);
             unpack_group(x[b].qs + kHalf * g, d * static_cast<float>(ls - 32), dst + b * kQK_K + kQK * g);
         }
     }

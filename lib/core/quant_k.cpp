@@ -14,11 +14,18 @@
 #include <cstring>
 
 #include "core/quant_blocks.h"
+#include "core/quant_k_layout.h"
 #include "core/quant_rows.h"
 #include "core/types.h"
 
 namespace moe {
 namespace {
+
+using kq::high_bit;
+using kq::nibble_k;
+using kq::q6_k_value;
+using kq::scale_min_k4;
+using kq::two_bits;
 
 // r rounded away from zero: an integer scale at least as large as the one wanted.
 int round_up_magnitude(float r) { return static_cast<int>(r >= 0 ? std::ceil(r) : std::floor(r)); }
@@ -99,19 +106,6 @@ void quantize_sym(const SymK& k, const float* x, uint16_t& d_bits, int* l, int* 
     }
 }
 
-// Q4_K / Q5_K: 8 six-bit scales and 8 six-bit mins in 12 bytes. Bytes 0-3 hold sc[0..3] and bytes 4-7
-// m[0..3] in their low 6 bits; the top 2 bits of those bytes are the top bits of sc[4..7] / m[4..7],
-// whose low nibbles are bytes 8-11 (sc low, m high).
-void scale_min_k4(const uint8_t* s, int j, int& sc, int& m) {
-    if (j < 4) {
-        sc = s[j] & 63;
-        m = s[j + 4] & 63;
-    } else {
-        sc = (s[j + 4] & 0x0F) | (s[j - 4] >> 6) << 4;
-        m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-    }
-}
-
 void pack_scale_min_k4(const uint8_t sc[8], const uint8_t m[8], uint8_t* s) {
     for (int j = 0; j < 4; ++j) {
         s[j] = static_cast<uint8_t>(sc[j] | (sc[j + 4] >> 4) << 6);
@@ -134,14 +128,6 @@ void k4_block_to_float(const Block& blk, float* y, Value value) {
     }
 }
 
-// Q3_K: 16 six-bit scales (stored as l + 32) in 12 bytes. Scale i: low nibble from byte i % 8 (the low
-// half for i < 8, the high half after), top 2 bits from byte 8 + i % 4 at bit 2 * (i / 4).
-int q3_k_scale(const uint8_t* s, int i) {
-    const int lo = (s[i % 8] >> (4 * (i / 8))) & 0x0F;
-    const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
-    return (lo | hi << 4) - 32;
-}
-
 void pack_q3_k_scales(const int l[16], uint8_t* s) {
     std::memset(s, 0, kKScaleBytes);
     for (int i = 0; i < 16; ++i) {
@@ -151,34 +137,20 @@ void pack_q3_k_scales(const int l[16], uint8_t* s) {
     }
 }
 
-// Q2_K and Q3_K keep 2 bits of element e = 128 * h + 32 * s + l (h < 2, s < 4, l < 32) in byte
-// 32 * h + l of qs, at bit 2 * s.
-int two_bits(const uint8_t* qs, int e) { return (qs[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3; }
+// The writers of the fields whose readers are in core/quant_k_layout.h (same positions).
 void put_two_bits(uint8_t* qs, int e, int v) {
     uint8_t& b = qs[32 * (e / 128) + e % 32];
     b = static_cast<uint8_t>(b | (v & 3) << (2 * (e % 128 / 32)));
 }
 
-// Q4_K and Q5_K keep the low nibble of element e = 64 * c + 32 * a + l in byte 32 * c + l of qs (a = 0:
-// low half, a = 1: high half); Q3_K's and Q5_K's extra bit of element e = 32 * k + l is bit k of byte l.
-int nibble_k(const uint8_t* qs, int e) { return (qs[32 * (e / 64) + e % 32] >> (4 * (e % 64 / 32))) & 0x0F; }
 void put_nibble_k(uint8_t* qs, int e, int v) {
     uint8_t& b = qs[32 * (e / 64) + e % 32];
     b = static_cast<uint8_t>(b | (v & 0x0F) << (4 * (e % 64 / 32)));
 }
-int high_bit(const uint8_t* bits, int e) { return (bits[e % 32] >> (e / 32)) & 1; }
 void put_high_bit(uint8_t* bits, int e, int v) {
     bits[e % 32] = static_cast<uint8_t>(bits[e % 32] | (v & 1) << (e / 32));
 }
 
-// Q6_K keeps element e = 128 * h + 64 * a + m (m < 64) as: low nibble in byte 64 * h + m of ql (a = 0:
-// low half, a = 1: high half); top 2 bits in byte 32 * h + m % 32 of qh, at bit 2 * (e % 128 / 32).
-int q6_k_value(const BlockQ6_K& b, int e) {
-    const int h = e / 128, a = e % 128 / 64, m = e % 64;
-    const int lo = (b.ql[64 * h + m] >> (4 * a)) & 0x0F;
-    const int hi = (b.qh[32 * h + e % 32] >> (2 * (e % 128 / 32))) & 3;
-    return (lo | hi << 4) - 32;
-}
 void put_q6_k_value(BlockQ6_K& b, int e, int q) {
     const int v = q + 32;
     const int h = e / 128, a = e % 128 / 64, m = e % 64;
@@ -230,11 +202,9 @@ void q3_k_to_float(const void* src, float* dst, int64_t n) {
         const float d = fp16_to_fp32(x[b].d);
         float* y = dst + b * kQK_K;
         for (int g = 0; g < 16; ++g) {
-            const float dl = d * static_cast<float>(q3_k_scale(x[b].scales, g));
+            const float dl = d * static_cast<float>(kq::q3_k_scale(x[b].scales, g));
             for (int e = 16 * g; e < 16 * g + 16; ++e) {
-                // a clear hmask bit means the value is 4 lower
-                const int q = two_bits(x[b].qs, e) - (high_bit(x[b].hmask, e) ? 0 : 4);
-                y[e] = dl * static_cast<float>(q);
+                y[e] = dl * static_cast<float>(kq::q3_k_value(x[b], e));
             }
         }
     }

@@ -5,8 +5,10 @@
 // Design choices:
 // - Activations are prepared once per op, in parallel over rows, into scratch memory: quantised to
 //   "Q8A" rows (int8 + float scale per block of 32 + a per-block correction for unsigned weight
-//   bytes, in the element order the weight kind unpacks to; see matmul_kernels.h) for Q8_0 / Q4_0 /
-//   MXFP4 weights, so that the kernels use integer dot products (VNNI vpdpbusd, AVX2 pmaddubsw);
+//   bytes or the block sum, in the element order the weight kind unpacks to; see matmul_kernels.h)
+//   for the 32-element block kinds (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4), and to "Q8K" rows
+//   (int8 + float scale per 256 + int16 sums of 16, as ggml's Q8_K) for the super-block kinds (Q2_K ..
+//   Q6_K, IQ4_XS), so that the kernels use integer dot products (VNNI vpdpbusd, AVX2 pmaddubsw);
 //   copied into zero-padded, 64-byte aligned F32 rows for F32 / F16 / BF16 weights, which are widened
 //   to F32 and multiplied with FMA (no BF16 rounding of activations).
 // - Work is cut into jobs of (expert, block of <= 64 weight rows, block of <= 64 tokens). Rows per
@@ -66,6 +68,16 @@ int weight_kind(Type t) {
         case Type::Q8_0: return mm::kQ8_0;
         case Type::Q4_0: return mm::kQ4_0;
         case Type::MXFP4: return mm::kMXFP4;
+        case Type::Q4_1: return mm::kQ4_1;
+        case Type::Q5_0: return mm::kQ5_0;
+        case Type::Q5_1: return mm::kQ5_1;
+        case Type::IQ4_NL: return mm::kIQ4_NL;
+        case Type::Q2_K: return mm::kQ2_K;
+        case Type::Q3_K: return mm::kQ3_K;
+        case Type::Q4_K: return mm::kQ4_K;
+        case Type::Q5_K: return mm::kQ5_K;
+        case Type::Q6_K: return mm::kQ6_K;
+        case Type::IQ4_XS: return mm::kIQ4_XS;
         default: return -1;
     }
 }
@@ -165,22 +177,25 @@ private:
 
 // ---- activation preparation ----
 
+enum class ActFormat { kF32, kQ8A, kQ8K };
+
 struct ActLayout {
-    bool quantized;
-    WeightKind kind;  // the Q8A rows are prepared for this weight kind (offset, half order)
+    ActFormat format;
+    WeightKind kind;  // Q8A rows are prepared for this weight kind (corr factor)
     size_t stride;    // bytes per prepared row
 };
 
 ActLayout act_layout(int kind, int64_t k) {
     const auto wk = static_cast<WeightKind>(kind);
-    if (mm::is_quantized_kind(wk)) return {true, wk, mm::q8a_row_bytes(k)};
-    return {false, wk, mm::f32a_row_bytes(k)};
+    if (mm::is_superblock_kind(wk)) return {ActFormat::kQ8K, wk, mm::q8k_row_bytes(k)};
+    if (mm::is_quantized_kind(wk)) return {ActFormat::kQ8A, wk, mm::q8a_row_bytes(k)};
+    return {ActFormat::kF32, wk, mm::f32a_row_bytes(k)};
 }
 
 // Two weight kinds can share prepared activations when they want the same bytes.
 bool same_layout(const ActLayout& a, const ActLayout& b) {
-    if (a.quantized != b.quantized) return false;
-    return !a.quantized || mm::q8a_offset(a.kind) == mm::q8a_offset(b.kind);
+    if (a.format != b.format) return false;
+    return a.format != ActFormat::kQ8A || mm::q8a_corr_factor(a.kind) == mm::q8a_corr_factor(b.kind);
 }
 
 // Prepares n rows of k floats; row i is read from src_row(i).
@@ -191,12 +206,15 @@ void prepare_acts(const KernelTable& kt, const ActLayout& layout, int64_t k, int
         for (int64_t i = r.begin(); i < r.end(); ++i) {
             const float* x = src_row(i);
             uint8_t* d = dst + static_cast<size_t>(i) * layout.stride;
-            if (layout.quantized) {
-                kt.quantize_q8a(x, k, layout.kind, d);
-            } else {
-                const size_t bytes = static_cast<size_t>(k) * 4;
-                std::memcpy(d, x, bytes);
-                std::memset(d + bytes, 0, layout.stride - bytes);
+            switch (layout.format) {
+                case ActFormat::kQ8A: kt.quantize_q8a(x, k, layout.kind, d); break;
+                case ActFormat::kQ8K: kt.quantize_q8k(x, k, d); break;
+                case ActFormat::kF32: {
+                    const size_t bytes = static_cast<size_t>(k) * 4;
+                    std::memcpy(d, x, bytes);
+                    std::memset(d + bytes, 0, layout.stride - bytes);
+                    break;
+                }
             }
         }
     });

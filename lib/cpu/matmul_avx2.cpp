@@ -2,9 +2,11 @@
 //
 // Quantised weights: one ymm holds one block of 32 (its activations gathered from the two halves of
 // the interleaved Q8A row, see matmul_kernels.h). pmaddubsw multiplies unsigned by signed bytes and
-// saturates pairs at int16, so the unsigned side must stay small: Q4_0 (nibble = w + 8) and MXFP4
-// (shuffled doubled e2m1 value + 12) are unsigned by construction and their offset is removed by the
-// Q8A row's corr; Q8_0 uses |w| and sign(x, w) (|w| <= 128, so a pair never exceeds 2 * 128 * 127).
+// saturates pairs at int16, so the unsigned side must stay small: Q4_0 (nibble = w + 8), Q5_0 (5-bit
+// value = w + 16) and MXFP4 (shuffled doubled e2m1 value + 12) are unsigned by construction and their
+// offset is removed by the Q8A row's corr; Q4_1 / Q5_1 values are unsigned already, and their min adds
+// m * d_x * sum(x_q) (the row's corr holds the sum); Q8_0 and IQ4_NL use |w| and sign(x, w) (|w| <= 128,
+// so a pair never exceeds 2 * 128 * 127).
 // pmaddwd with ones widens to 8 int32 lanes, which are converted and accumulated in float with the
 // block scale d_w * d_x. A micro-kernel holds 4 weight rows x 2 tokens of accumulators.
 //
@@ -66,29 +68,84 @@ inline __m256i nibbles(__m128i q) {
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
 }
 
+// Q5_0 / Q5_1: byte j = 16 where bit j of the little-endian word at p (the fifth bits) is set, else 0.
+inline __m256i fifth_bits(const uint8_t* p) {
+    uint32_t qh;
+    std::memcpy(&qh, p, 4);
+    // every byte j takes byte j / 8 of qh (each 128-bit lane holds all four), then tests bit j % 8
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201ll);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
 // Weight-block loaders: the block's 32 integer values and its scale. kSigned: values are signed
-// (sign trick); otherwise they are the unsigned w + q8a_offset.
+// (sign trick); otherwise they are the unsigned w + q8a_offset. kMin: the kind has a min (min(p)).
 struct Q8_0W {
     static constexpr size_t kBytes = 34;
     static constexpr bool kSigned = true;
+    static constexpr bool kMin = false;
     static __m256i values(const uint8_t* p) { return loadu256(p + 2); }
     static float scale(const uint8_t* p) { return _cvtsh_ss(load_u16(p)); }
+    static float min(const uint8_t*) { return 0.0f; }
 };
 struct Q4_0W {
     static constexpr size_t kBytes = 18;
     static constexpr bool kSigned = false;
+    static constexpr bool kMin = false;
     static __m256i values(const uint8_t* p) { return nibbles(loadu128(p + 2)); }
     static float scale(const uint8_t* p) { return _cvtsh_ss(load_u16(p)); }
+    static float min(const uint8_t*) { return 0.0f; }
 };
 struct Mxfp4W {
     static constexpr size_t kBytes = 17;
     static constexpr bool kSigned = false;
+    static constexpr bool kMin = false;
     static __m256i values(const uint8_t* p) {
         const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,  //
                                                12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
         return _mm256_shuffle_epi8(table, nibbles(loadu128(p + 1)));
     }
     static float scale(const uint8_t* p) { return kE8m0Half.v[p[0]]; }
+    static float min(const uint8_t*) { return 0.0f; }
+};
+struct Q4_1W {  // { d, m, qs[16] }
+    static constexpr size_t kBytes = 20;
+    static constexpr bool kSigned = false;
+    static constexpr bool kMin = true;
+    static __m256i values(const uint8_t* p) { return nibbles(loadu128(p + 4)); }
+    static float scale(const uint8_t* p) { return _cvtsh_ss(load_u16(p)); }
+    static float min(const uint8_t* p) { return _cvtsh_ss(load_u16(p + 2)); }
+};
+struct Q5_0W {  // { d, qh[4], qs[16] }
+    static constexpr size_t kBytes = 22;
+    static constexpr bool kSigned = false;
+    static constexpr bool kMin = false;
+    static __m256i values(const uint8_t* p) { return _mm256_or_si256(nibbles(loadu128(p + 6)), fifth_bits(p + 2)); }
+    static float scale(const uint8_t* p) { return _cvtsh_ss(load_u16(p)); }
+    static float min(const uint8_t*) { return 0.0f; }
+};
+struct Q5_1W {  // { d, m, qh[4], qs[16] }
+    static constexpr size_t kBytes = 24;
+    static constexpr bool kSigned = false;
+    static constexpr bool kMin = true;
+    static __m256i values(const uint8_t* p) { return _mm256_or_si256(nibbles(loadu128(p + 8)), fifth_bits(p + 4)); }
+    static float scale(const uint8_t* p) { return _cvtsh_ss(load_u16(p)); }
+    static float min(const uint8_t* p) { return _cvtsh_ss(load_u16(p + 2)); }
+};
+struct Iq4nlW {  // { d, qs[16] }: signed grid values by nibble
+    static constexpr size_t kBytes = 18;
+    static constexpr bool kSigned = true;
+    static constexpr bool kMin = false;
+    static __m256i values(const uint8_t* p) {
+        const __m256i table = _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+                                               -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+        return _mm256_shuffle_epi8(table, nibbles(loadu128(p + 2)));
+    }
+    static float scale(const uint8_t* p) { return _cvtsh_ss(load_u16(p)); }
+    static float min(const uint8_t*) { return 0.0f; }
 };
 
 template <class W, int R, int C>
@@ -96,21 +153,26 @@ void micro_q(const uint8_t* w, size_t ws, intptr_t pf, const uint8_t* const* x, 
     const int64_t nb = k / 32;
     const int64_t nbp = q8a_blocks(k);
     __m256 acc[R][C];
+    float acc_min[R][C];  // the min terms (kinds with a min)
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+        for (int c = 0; c < C; ++c) {
+            acc[r][c] = _mm256_setzero_ps();
+            acc_min[r][c] = 0.0f;
+        }
     }
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < nb; ++b) {
         __m256i v[R];
-        float sw[R];
+        float sw[R], mw[R];
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
             const uint8_t* wp = w + r * ws + b * W::kBytes;
             prefetch_ahead(wp, pf);
             v[r] = W::values(wp);
             sw[r] = W::scale(wp);
+            mw[r] = W::min(wp);
         }
 #pragma GCC unroll 4
         for (int c = 0; c < C; ++c) {
@@ -129,15 +191,16 @@ void micro_q(const uint8_t* w, size_t ws, intptr_t pf, const uint8_t* const* x, 
                     d16 = _mm256_maddubs_epi16(v[r], xv);
                 }
                 __m256i d32 = _mm256_madd_epi16(d16, ones);
-                if constexpr (!W::kSigned) d32 = _mm256_add_epi32(d32, bias);
+                if constexpr (!W::kSigned && !W::kMin) d32 = _mm256_add_epi32(d32, bias);
                 acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d32), _mm256_set1_ps(sw[r] * dx), acc[r][c]);
+                if constexpr (W::kMin) acc_min[r][c] += mw[r] * (dx * static_cast<float>(corr));
             }
         }
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-        for (int c = 0; c < C; ++c) out[c][r] = hsum(acc[r][c]);
+        for (int c = 0; c < C; ++c) out[c][r] = hsum(acc[r][c]) + acc_min[r][c];
     }
 }
 
@@ -208,10 +271,6 @@ void micro_f(const uint8_t* w, size_t ws, intptr_t pf, const uint8_t* const* x, 
 
 // ---- tiling of a GemmArgs call into micro-kernels ----
 
-// pf: bytes from a weight row to the row prefetched while it is read (prefetch_offset).
-using MicroFn = void (*)(const uint8_t* w, size_t ws, intptr_t pf, const uint8_t* const* x, float* const* out,
-                        int64_t k);
-
 template <class W, bool kQuant, int R, int C>
 void micro(const uint8_t* w, size_t ws, intptr_t pf, const uint8_t* const* x, float* const* out, int64_t k) {
     if constexpr (kQuant) {
@@ -230,42 +289,9 @@ constexpr MicroFn kMicro[kRowsMax][kColsMax] = {
     {micro<W, Q, 4, 1>, micro<W, Q, 4, 2>},
 };
 
-// Bytes from row r0 of the tile to the row prefetched while rows r0.. are read: whole row groups
-// ahead in this thread's stream of weights (the tile's rows, then the caller's next tile), at least
-// kPrefetchBytes ahead so that short rows still cover the DRAM latency. Addresses are computed as
-// integers: the target may lie outside every array (prefetches never fault).
-constexpr size_t kPrefetchBytes = 4096;
-intptr_t prefetch_offset(const GemmArgs& a, int64_t r0) {
-    const size_t group_bytes = kRowsMax * a.w_stride;
-    const size_t groups = group_bytes >= kPrefetchBytes ? 1 : (kPrefetchBytes + group_bytes - 1) / group_bytes;
-    const int64_t target = r0 + static_cast<int64_t>(groups) * kRowsMax;  // row index in the stream
-    const uintptr_t base = reinterpret_cast<uintptr_t>(a.w);
-    const uintptr_t to =
-        target < a.n_rows || a.next_w == nullptr
-            ? base + static_cast<uintptr_t>(target) * a.w_stride
-            : reinterpret_cast<uintptr_t>(a.next_w) + static_cast<uintptr_t>(target - a.n_rows) * a.w_stride;
-    return static_cast<intptr_t>(to - (base + static_cast<uintptr_t>(r0) * a.w_stride));
-}
-
 template <class W, bool kQuant>
 void gemm(const GemmArgs& a) {
-    for (int64_t r0 = 0; r0 < a.n_rows; r0 += kRowsMax) {
-        const int nr = static_cast<int>(a.n_rows - r0 < kRowsMax ? a.n_rows - r0 : kRowsMax);
-        const uint8_t* w = a.w + r0 * a.w_stride;
-        const intptr_t pf = prefetch_offset(a, r0);
-        for (int64_t c0 = 0; c0 < a.n_cols; c0 += kColsMax) {
-            const int nc = static_cast<int>(a.n_cols - c0 < kColsMax ? a.n_cols - c0 : kColsMax);
-            const uint8_t* x[kColsMax];
-            float* out[kColsMax];
-            for (int c = 0; c < nc; ++c) {
-                const int64_t ac = a.act_idx ? a.act_idx[c0 + c] : c0 + c;
-                const int64_t oc = a.out_idx ? a.out_idx[c0 + c] : c0 + c;
-                x[c] = a.act + ac * a.act_stride;
-                out[c] = a.out + oc * a.out_stride + r0;
-            }
-            kMicro<W, kQuant>[nr - 1][nc - 1](w, a.w_stride, pf, x, out, a.k);
-        }
-    }
+    tile_gemm(a, kMicro<W, kQuant>);
 }
 
 // ---- activation quantisation (bit-identical to the scalar definition in matmul_scalar.cpp) ----
@@ -273,7 +299,7 @@ void gemm(const GemmArgs& a) {
 void quantize_q8a(const float* x, int64_t k, WeightKind kind, uint8_t* dst) {
     const int64_t nb = k / 32;
     const int64_t nbp = q8a_blocks(k);
-    const int32_t offset = q8a_offset(kind);
+    const int32_t factor = q8a_corr_factor(kind);
     auto* qs = reinterpret_cast<int8_t*>(dst);
     auto* d = reinterpret_cast<float*>(dst + nbp * 32);
     auto* corr = reinterpret_cast<int32_t*>(dst + nbp * 36);
@@ -315,7 +341,7 @@ void quantize_q8a(const float* x, int64_t k, WeightKind kind, uint8_t* dst) {
         _mm_store_si128(lo, _mm256_castsi256_si128(ordered));
         _mm_store_si128(hi, _mm256_extracti128_si256(ordered, 1));
         d[b] = amax / 127.0f;
-        corr[b] = -offset * _mm_cvtsi128_si32(s4);
+        corr[b] = factor * _mm_cvtsi128_si32(s4);
     }
     for (int64_t b = nb; b < nbp; ++b) {
         _mm_store_si128(reinterpret_cast<__m128i*>(qs + q8a_half(b, 0)), _mm_setzero_si128());
@@ -330,6 +356,7 @@ void quantize_q8a(const float* x, int64_t k, WeightKind kind, uint8_t* dst) {
 constinit const KernelTable kAvx2Kernels = {
     "avx2",
     quantize_q8a,
+    avx2::quantize_q8k,
     {
         gemm<F32W, false>,
         gemm<F16W, false>,
@@ -337,6 +364,16 @@ constinit const KernelTable kAvx2Kernels = {
         gemm<Q8_0W, true>,
         gemm<Q4_0W, true>,
         gemm<Mxfp4W, true>,
+        gemm<Q4_1W, true>,
+        gemm<Q5_0W, true>,
+        gemm<Q5_1W, true>,
+        gemm<Iq4nlW, true>,
+        avx2::gemm_q2_k,
+        avx2::gemm_q3_k,
+        avx2::gemm_q4_k,
+        avx2::gemm_q5_k,
+        avx2::gemm_q6_k,
+        avx2::gemm_iq4_xs,
     },
 };
 

@@ -1,11 +1,13 @@
 // AVX-512 matrix-product kernels (F/BW/VL/DQ + VNNI; compiled with those flags, chosen at run time).
 //
 // Quantised weights are turned into unsigned bytes (Q8_0: xor 0x80 = w + 128; Q4_0: the raw nibble =
-// w + 8; MXFP4: a 16-entry byte shuffle of the doubled e2m1 values + 12) and multiplied with the
-// signed bytes of the Q8A activation row by vpdpbusd. The offset is removed by starting each block's
-// accumulation at corr = -offset * sum(x) (in one lane of the block; the block's lanes share a scale),
-// so no instruction per product is spent on it. The int32 lanes are converted and accumulated in
-// float with the per-block scale d_w * d_x.
+// w + 8; Q5_0: the 5-bit value = w + 16; MXFP4: a 16-entry byte shuffle of the doubled e2m1 values +
+// 12; IQ4_NL: a shuffle of the grid values + 128) and multiplied with the signed bytes of the Q8A
+// activation row by vpdpbusd. The offset is removed by starting each block's accumulation at
+// corr = -offset * sum(x) (in one lane of the block; the block's lanes share a scale), so no
+// instruction per product is spent on it. The int32 lanes are converted and accumulated in float with
+// the per-block scale d_w * d_x. Q4_1 / Q5_1 values are unsigned already (x = q d + m); their min adds
+// m * d_x * sum(x_q), with the sum from the row's corr.
 //
 // A zmm holds the first 16 values of four blocks (Q4_0 / MXFP4: their low nibbles) and another the
 // last 16 (high nibbles), against the matching halves of the interleaved Q8A row (one 128-bit lane per
@@ -85,9 +87,10 @@ inline __m128 fp16_scales(const uint8_t* p, int n) {
 
 // Quantised weights four blocks at a time: lo = elements 0-15 of blocks 0..3 (one 128-bit lane per
 // block), hi = elements 16-31, as unsigned bytes; scales() = the four block scales. Blocks n..3 (a
-// row's last, partial quad) read nothing and get scale 0.
+// row's last, partial quad) read nothing and get scale 0. kMin: the kind has a min (mins()).
 struct Q8_0Q {
     static constexpr size_t kBytes = 34;
+    static constexpr bool kMin = false;
     template <bool kFull>
     static void values(const uint8_t* p, int n, __m512i& lo, __m512i& hi) {
         lo = _mm512_zextsi128_si512(loadu128(p + 2));
@@ -109,6 +112,7 @@ struct Q8_0Q {
         hi = _mm512_xor_si512(hi, bias);
     }
     static __m128 scales(const uint8_t* p, int n) { return fp16_scales<kBytes>(p, n); }
+    static __m128 mins(const uint8_t*, int) { return _mm_setzero_ps(); }
 };
 
 // Q4_0 and MXFP4: the 16 nibble bytes of four blocks in one zmm, split into low and high nibbles.
@@ -121,29 +125,89 @@ inline __m512i nibble_bytes(const uint8_t* p, int n) {
     return z;
 }
 
+template <size_t kQs, size_t kBytes, bool kFull>
+inline void split_nibbles(const uint8_t* p, int n, __m512i& lo, __m512i& hi) {
+    const __m512i z = nibble_bytes<kQs, kBytes, kFull>(p, n);
+    const __m512i m = _mm512_set1_epi8(0x0F);
+    lo = _mm512_and_si512(z, m);
+    hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m);
+}
+
+// Q5_0 / Q5_1: adds 16 to the values whose fifth bit is set. Bit j of block i's little-endian word
+// qh (at kQh) belongs to element j: its low 16 bits go to lane i of lo, its high 16 bits to lane i of hi.
+template <size_t kQh, size_t kBytes>
+inline void add_fifth_bits(const uint8_t* p, int n, __m512i& lo, __m512i& hi) {
+    uint64_t mlo = 0, mhi = 0;
+    for (int i = 0; i < n; ++i) {
+        uint32_t qh;
+        std::memcpy(&qh, p + i * kBytes + kQh, 4);
+        mlo |= static_cast<uint64_t>(qh & 0xFFFF) << (16 * i);
+        mhi |= static_cast<uint64_t>(qh >> 16) << (16 * i);
+    }
+    const __m512i sixteen = _mm512_set1_epi8(16);
+    lo = _mm512_mask_add_epi8(lo, static_cast<__mmask64>(mlo), lo, sixteen);
+    hi = _mm512_mask_add_epi8(hi, static_cast<__mmask64>(mhi), hi, sixteen);
+}
+
 struct Q4_0Q {
     static constexpr size_t kBytes = 18;
+    static constexpr bool kMin = false;
     template <bool kFull>
     static void values(const uint8_t* p, int n, __m512i& lo, __m512i& hi) {
-        const __m512i z = nibble_bytes<2, kBytes, kFull>(p, n);
-        const __m512i m = _mm512_set1_epi8(0x0F);
-        lo = _mm512_and_si512(z, m);  // the raw nibble is w + 8
-        hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m);
+        split_nibbles<2, kBytes, kFull>(p, n, lo, hi);  // the raw nibble is w + 8
     }
     static __m128 scales(const uint8_t* p, int n) { return fp16_scales<kBytes>(p, n); }
+    static __m128 mins(const uint8_t*, int) { return _mm_setzero_ps(); }
+};
+
+struct Q4_1Q {  // { d, m, qs[16] }
+    static constexpr size_t kBytes = 20;
+    static constexpr bool kMin = true;
+    template <bool kFull>
+    static void values(const uint8_t* p, int n, __m512i& lo, __m512i& hi) {
+        split_nibbles<4, kBytes, kFull>(p, n, lo, hi);
+    }
+    static __m128 scales(const uint8_t* p, int n) { return fp16_scales<kBytes>(p, n); }
+    static __m128 mins(const uint8_t* p, int n) { return fp16_scales<kBytes>(p + 2, n); }
+};
+
+struct Q5_0Q {  // { d, qh[4], qs[16] }
+    static constexpr size_t kBytes = 22;
+    static constexpr bool kMin = false;
+    template <bool kFull>
+    static void values(const uint8_t* p, int n, __m512i& lo, __m512i& hi) {
+        if constexpr (kFull) n = 4;
+        split_nibbles<6, kBytes, kFull>(p, n, lo, hi);
+        add_fifth_bits<2, kBytes>(p, n, lo, hi);  // the 5-bit value is w + 16
+    }
+    static __m128 scales(const uint8_t* p, int n) { return fp16_scales<kBytes>(p, n); }
+    static __m128 mins(const uint8_t*, int) { return _mm_setzero_ps(); }
+};
+
+struct Q5_1Q {  // { d, m, qh[4], qs[16] }
+    static constexpr size_t kBytes = 24;
+    static constexpr bool kMin = true;
+    template <bool kFull>
+    static void values(const uint8_t* p, int n, __m512i& lo, __m512i& hi) {
+        if constexpr (kFull) n = 4;
+        split_nibbles<8, kBytes, kFull>(p, n, lo, hi);
+        add_fifth_bits<4, kBytes>(p, n, lo, hi);
+    }
+    static __m128 scales(const uint8_t* p, int n) { return fp16_scales<kBytes>(p, n); }
+    static __m128 mins(const uint8_t* p, int n) { return fp16_scales<kBytes>(p + 2, n); }
 };
 
 struct Mxfp4Q {
     static constexpr size_t kBytes = 17;
+    static constexpr bool kMin = false;
     template <bool kFull>
     static void values(const uint8_t* p, int n, __m512i& lo, __m512i& hi) {
-        const __m512i z = nibble_bytes<1, kBytes, kFull>(p, n);
-        const __m512i m = _mm512_set1_epi8(0x0F);
+        split_nibbles<1, kBytes, kFull>(p, n, lo, hi);
         // doubled e2m1 value + 12, by nibble
         const __m512i table =
             _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-        lo = _mm512_shuffle_epi8(table, _mm512_and_si512(z, m));
-        hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(z, 4), m));
+        lo = _mm512_shuffle_epi8(table, lo);
+        hi = _mm512_shuffle_epi8(table, hi);
     }
     static __m128 scales(const uint8_t* p, int n) {
         __m128 v = _mm_load_ss(&kE8m0Half.v[p[0]]);
@@ -152,6 +216,24 @@ struct Mxfp4Q {
         if (n > 3) v = _mm_insert_ps(v, _mm_load_ss(&kE8m0Half.v[p[3 * kBytes]]), 0x30);
         return v;
     }
+    static __m128 mins(const uint8_t*, int) { return _mm_setzero_ps(); }
+};
+
+struct Iq4nlQ {  // { d, qs[16] }: grid value + 128 by nibble
+    static constexpr size_t kBytes = 18;
+    static constexpr bool kMin = false;
+    template <bool kFull>
+    static void values(const uint8_t* p, int n, __m512i& lo, __m512i& hi) {
+        split_nibbles<2, kBytes, kFull>(p, n, lo, hi);
+        const __m512i table = _mm512_broadcast_i32x4(_mm_setr_epi8(
+            1, 24, 45, 63, 79, 93, 106, 118, static_cast<char>(129), static_cast<char>(141), static_cast<char>(153),
+            static_cast<char>(166), static_cast<char>(181), static_cast<char>(197), static_cast<char>(217),
+            static_cast<char>(241)));
+        lo = _mm512_shuffle_epi8(table, lo);
+        hi = _mm512_shuffle_epi8(table, hi);
+    }
+    static __m128 scales(const uint8_t* p, int n) { return fp16_scales<kBytes>(p, n); }
+    static __m128 mins(const uint8_t*, int) { return _mm_setzero_ps(); }
 };
 
 // [v0 x 4, v1 x 4, v2 x 4, v3 x 4]: one value per block of a quad, spread over the block's lane.
@@ -161,19 +243,21 @@ inline __m512 spread_quad(__m128 v) {
 }
 
 // One quad step of the quantised micro-kernel: per (row, token) two vpdpbusd (first and second
-// halves) into the same per-block lanes, then one convert, scale and accumulate for four blocks.
+// halves) into the same per-block lanes, then one convert, scale and accumulate for four blocks. Kinds
+// with a min add m * (d_x * sum(x_q)), the sum in one lane per block.
 template <class W, int R, int C, bool kFull>
 inline void q_step(const uint8_t* w, size_t ws, intptr_t pf, const uint8_t* const* x, int64_t nbp, int64_t g, int n,
                    __m512 (&acc)[R][C]) {
     if constexpr (kFull) n = 4;
     __m512i lo[R], hi[R];
-    __m512 s[R];
+    __m512 s[R], m[R];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
         const uint8_t* wp = w + r * ws + 4 * g * W::kBytes;
         prefetch_ahead<(4 * W::kBytes + 63) / 64>(wp, pf);
         W::template values<kFull>(wp, n, lo[r], hi[r]);
         s[r] = spread_quad(W::scales(wp, n));
+        if constexpr (W::kMin) m[r] = spread_quad(W::mins(wp, n));
     }
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) {
@@ -181,11 +265,14 @@ inline void q_step(const uint8_t* w, size_t ws, intptr_t pf, const uint8_t* cons
         const __m512i xhi = _mm512_load_si512(x[c] + 128 * g + 64);
         const __m512 xs = spread_quad(_mm_load_ps(reinterpret_cast<const float*>(x[c] + nbp * 32) + 4 * g));
         const __m128i c4 = _mm_load_si128(reinterpret_cast<const __m128i*>(x[c] + nbp * 36) + g);
-        const __m512i bias = _mm512_maskz_expand_epi32(0x1111, _mm512_zextsi128_si512(c4));
+        const __m512i corr = _mm512_maskz_expand_epi32(0x1111, _mm512_zextsi128_si512(c4));
+        const __m512i bias = W::kMin ? _mm512_setzero_si512() : corr;
+        const __m512 xsum = W::kMin ? _mm512_mul_ps(_mm512_cvtepi32_ps(corr), xs) : _mm512_setzero_ps();
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
             const __m512i d = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(bias, lo[r], xlo), hi[r], xhi);
             acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s[r], xs), acc[r][c]);
+            if constexpr (W::kMin) acc[r][c] = _mm512_fmadd_ps(m[r], xsum, acc[r][c]);
         }
     }
 }
@@ -275,10 +362,6 @@ void micro_f(const uint8_t* w, size_t ws, intptr_t pf, const uint8_t* const* x, 
 
 // ---- tiling of a GemmArgs call into micro-kernels ----
 
-// pf: bytes from a weight row to the row prefetched while it is read (prefetch_offset).
-using MicroFn = void (*)(const uint8_t* w, size_t ws, intptr_t pf, const uint8_t* const* x, float* const* out,
-                        int64_t k);
-
 template <class W, bool kQuant, int R, int C>
 void micro(const uint8_t* w, size_t ws, intptr_t pf, const uint8_t* const* x, float* const* out, int64_t k) {
     if constexpr (kQuant) {
@@ -297,44 +380,9 @@ constexpr MicroFn kMicro[kRowsMax][kColsMax] = {
     {micro<W, Q, 4, 1>, micro<W, Q, 4, 2>, micro<W, Q, 4, 3>, micro<W, Q, 4, 4>},
 };
 
-// Bytes from row r0 of the tile to the row prefetched while rows r0.. are read: whole row groups
-// ahead in this thread's stream of weights (the tile's rows, then the caller's next tile), at least
-// kPrefetchBytes ahead so that short rows still cover the DRAM latency. Addresses are computed as
-// integers: the target may lie outside every array (prefetches never fault).
-constexpr size_t kPrefetchBytes = 4096;
-intptr_t prefetch_offset(const GemmArgs& a, int64_t r0) {
-    const size_t group_bytes = kRowsMax * a.w_stride;
-    const size_t groups = group_bytes >= kPrefetchBytes ? 1 : (kPrefetchBytes + group_bytes - 1) / group_bytes;
-    const int64_t target = r0 + static_cast<int64_t>(groups) * kRowsMax;  // row index in the stream
-    const uintptr_t base = reinterpret_cast<uintptr_t>(a.w);
-    const uintptr_t to =
-        target < a.n_rows || a.next_w == nullptr
-            ? base + static_cast<uintptr_t>(target) * a.w_stride
-            : reinterpret_cast<uintptr_t>(a.next_w) + static_cast<uintptr_t>(target - a.n_rows) * a.w_stride;
-    return static_cast<intptr_t>(to - (base + static_cast<uintptr_t>(r0) * a.w_stride));
-}
-
-// Rows outer, tokens inner: the kRowsMax weight rows of one step stay in L1 while every token of the
-// tile passes over them.
 template <class W, bool kQuant>
 void gemm(const GemmArgs& a) {
-    for (int64_t r0 = 0; r0 < a.n_rows; r0 += kRowsMax) {
-        const int nr = static_cast<int>(a.n_rows - r0 < kRowsMax ? a.n_rows - r0 : kRowsMax);
-        const uint8_t* w = a.w + r0 * a.w_stride;
-        const intptr_t pf = prefetch_offset(a, r0);
-        for (int64_t c0 = 0; c0 < a.n_cols; c0 += kColsMax) {
-            const int nc = static_cast<int>(a.n_cols - c0 < kColsMax ? a.n_cols - c0 : kColsMax);
-            const uint8_t* x[kColsMax];
-            float* out[kColsMax];
-            for (int c = 0; c < nc; ++c) {
-                const int64_t ac = a.act_idx ? a.act_idx[c0 + c] : c0 + c;
-                const int64_t oc = a.out_idx ? a.out_idx[c0 + c] : c0 + c;
-                x[c] = a.act + ac * a.act_stride;
-                out[c] = a.out + oc * a.out_stride + r0;
-            }
-            kMicro<W, kQuant>[nr - 1][nc - 1](w, a.w_stride, pf, x, out, a.k);
-        }
-    }
+    tile_gemm(a, kMicro<W, kQuant>);
 }
 
 // ---- activation quantisation (bit-identical to the scalar definition in matmul_scalar.cpp) ----
@@ -342,7 +390,7 @@ void gemm(const GemmArgs& a) {
 void quantize_q8a(const float* x, int64_t k, WeightKind kind, uint8_t* dst) {
     const int64_t nb = k / 32;
     const int64_t nbp = q8a_blocks(k);
-    const int32_t offset = q8a_offset(kind);
+    const int32_t factor = q8a_corr_factor(kind);
     auto* qs = reinterpret_cast<int8_t*>(dst);
     auto* d = reinterpret_cast<float*>(dst + nbp * 32);
     auto* corr = reinterpret_cast<int32_t*>(dst + nbp * 36);
@@ -367,7 +415,7 @@ void quantize_q8a(const float* x, int64_t k, WeightKind kind, uint8_t* dst) {
         _mm_store_si128(lo, _mm512_cvtsepi32_epi8(q0));
         _mm_store_si128(hi, _mm512_cvtsepi32_epi8(q1));
         d[b] = amax / 127.0f;
-        corr[b] = -offset * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        corr[b] = factor * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     }
     for (int64_t b = nb; b < nbp; ++b) {
         _mm_store_si128(reinterpret_cast<__m128i*>(qs + q8a_half(b, 0)), _mm_setzero_si128());
@@ -382,6 +430,7 @@ void quantize_q8a(const float* x, int64_t k, WeightKind kind, uint8_t* dst) {
 constinit const KernelTable kAvx512Kernels = {
     "avx512_vnni",
     quantize_q8a,
+    avx512::quantize_q8k,
     {
         gemm<F32W, false>,
         gemm<F16W, false>,
@@ -389,6 +438,16 @@ constinit const KernelTable kAvx512Kernels = {
         gemm<Q8_0Q, true>,
         gemm<Q4_0Q, true>,
         gemm<Mxfp4Q, true>,
+        gemm<Q4_1Q, true>,
+        gemm<Q5_0Q, true>,
+        gemm<Q5_1Q, true>,
+        gemm<Iq4nlQ, true>,
+        avx512::gemm_q2_k,
+        avx512::gemm_q3_k,
+        avx512::gemm_q4_k,
+        avx512::gemm_q5_k,
+        avx512::gemm_q6_k,
+        avx512::gemm_iq4_xs,
     },
 };
 

@@ -1,8 +1,10 @@
 // Portable matrix-product kernels: the fallback for CPUs without AVX2, and the definition of the Q8A
-// activation quantiser that the SIMD versions reproduce bit for bit.
+// activation quantiser that the SIMD versions reproduce bit for bit. The super-block kinds (Q2_K ..
+// Q6_K, IQ4_XS) and their Q8K activations are in matmul_q8k_scalar.cpp.
 #include <cmath>
 #include <cstring>
 
+#include "core/quant_blocks.h"
 #include "core/types.h"
 #include "cpu/matmul_kernels.h"
 
@@ -16,7 +18,7 @@ namespace {
 void quantize_q8a(const float* x, int64_t k, WeightKind kind, uint8_t* dst) {
     const int64_t nb = k / 32;
     const int64_t nbp = q8a_blocks(k);
-    const int32_t offset = q8a_offset(kind);
+    const int32_t factor = q8a_corr_factor(kind);
     auto* qs = reinterpret_cast<int8_t*>(dst);
     auto* d = reinterpret_cast<float*>(dst + nbp * 32);
     auto* corr = reinterpret_cast<int32_t*>(dst + nbp * 36);
@@ -48,7 +50,7 @@ void quantize_q8a(const float* x, int64_t k, WeightKind kind, uint8_t* dst) {
         std::memcpy(lo, q, 16);
         std::memcpy(hi, q + 16, 16);
         d[b] = amax / 127.0f;
-        corr[b] = -offset * sum;
+        corr[b] = factor * sum;
     }
     for (int64_t b = nb; b < nbp; ++b) {
         std::memset(qs + q8a_half(b, 0), 0, 16);
@@ -58,36 +60,75 @@ void quantize_q8a(const float* x, int64_t k, WeightKind kind, uint8_t* dst) {
     }
 }
 
-// Signed integer dot product of one weight block with one activation block (its two halves), and the
-// weight scale.
-int32_t block_dot_q8_0(const uint8_t* wb, const int8_t* lo, const int8_t* hi, float* scale) {
-    BlockQ8_0 b;
+// One weight block against one activation block (its two halves): the signed integer dot product of
+// the block's integer values q with the activations, the scale d and, for the kinds x = q d + m, the
+// min m (0 for the others). The block's contribution is dot * d * d_x + m * d_x * sum(x_q).
+struct BlockDot {
+    int32_t dot;
+    float d;
+    float m;
+};
+
+template <typename Block>
+Block load_block(const uint8_t* wb) {
+    Block b;
     std::memcpy(&b, wb, sizeof b);
+    return b;
+}
+
+// Element j < 32 of a nibble-packed block: the low nibble of byte j for j < 16, the high one of j - 16.
+int nibble(const uint8_t* qs, int j) { return j < 16 ? qs[j] & 15 : qs[j - 16] >> 4; }
+
+// The fifth bits of Q5_0 / Q5_1: bit j of the little-endian word qh belongs to element j.
+int fifth_bit(const uint8_t* qh, int j) { return (qh[j / 8] >> (j % 8)) & 1; }
+
+template <typename Value>
+int32_t dot32(const int8_t* lo, const int8_t* hi, Value value) {
     int32_t s = 0;
-    for (int j = 0; j < 16; ++j) s += b.qs[j] * lo[j] + b.qs[j + 16] * hi[j];
-    *scale = fp16_to_fp32(b.d);
+    for (int j = 0; j < 16; ++j) s += value(j) * lo[j] + value(j + 16) * hi[j];
     return s;
 }
 
-int32_t block_dot_q4_0(const uint8_t* wb, const int8_t* lo, const int8_t* hi, float* scale) {
-    BlockQ4_0 b;
-    std::memcpy(&b, wb, sizeof b);
-    int32_t s = 0;
-    for (int j = 0; j < 16; ++j) s += ((b.qs[j] & 15) - 8) * lo[j] + ((b.qs[j] >> 4) - 8) * hi[j];
-    *scale = fp16_to_fp32(b.d);
-    return s;
+BlockDot block_dot_q8_0(const uint8_t* wb, const int8_t* lo, const int8_t* hi) {
+    const auto b = load_block<BlockQ8_0>(wb);
+    return {dot32(lo, hi, [&](int j) { return b.qs[j]; }), fp16_to_fp32(b.d), 0.0f};
 }
 
-int32_t block_dot_mxfp4(const uint8_t* wb, const int8_t* lo, const int8_t* hi, float* scale) {
-    BlockMXFP4 b;
-    std::memcpy(&b, wb, sizeof b);
-    int32_t s = 0;
-    for (int j = 0; j < 16; ++j) s += kMxfp4Values[b.qs[j] & 15] * lo[j] + kMxfp4Values[b.qs[j] >> 4] * hi[j];
-    *scale = e8m0_to_fp32_half(b.e);
-    return s;
+BlockDot block_dot_q4_0(const uint8_t* wb, const int8_t* lo, const int8_t* hi) {
+    const auto b = load_block<BlockQ4_0>(wb);
+    return {dot32(lo, hi, [&](int j) { return nibble(b.qs, j) - 8; }), fp16_to_fp32(b.d), 0.0f};
 }
 
-template <int32_t (*BlockDot)(const uint8_t*, const int8_t*, const int8_t*, float*), size_t kBlockBytes>
+BlockDot block_dot_mxfp4(const uint8_t* wb, const int8_t* lo, const int8_t* hi) {
+    const auto b = load_block<BlockMXFP4>(wb);
+    return {dot32(lo, hi, [&](int j) { return kMxfp4Values[nibble(b.qs, j)]; }), e8m0_to_fp32_half(b.e), 0.0f};
+}
+
+BlockDot block_dot_q4_1(const uint8_t* wb, const int8_t* lo, const int8_t* hi) {
+    const auto b = load_block<BlockQ4_1>(wb);
+    return {dot32(lo, hi, [&](int j) { return nibble(b.qs, j); }), fp16_to_fp32(b.d), fp16_to_fp32(b.m)};
+}
+
+BlockDot block_dot_q5_0(const uint8_t* wb, const int8_t* lo, const int8_t* hi) {
+    const auto b = load_block<BlockQ5_0>(wb);
+    return {dot32(lo, hi, [&](int j) { return (nibble(b.qs, j) | fifth_bit(b.qh, j) << 4) - 16; }),
+            fp16_to_fp32(b.d), 0.0f};
+}
+
+BlockDot block_dot_q5_1(const uint8_t* wb, const int8_t* lo, const int8_t* hi) {
+    const auto b = load_block<BlockQ5_1>(wb);
+    return {dot32(lo, hi, [&](int j) { return nibble(b.qs, j) | fifth_bit(b.qh, j) << 4; }), fp16_to_fp32(b.d),
+            fp16_to_fp32(b.m)};
+}
+
+BlockDot block_dot_iq4_nl(const uint8_t* wb, const int8_t* lo, const int8_t* hi) {
+    const auto b = load_block<BlockIQ4_NL>(wb);
+    return {dot32(lo, hi, [&](int j) { return kIq4nlValues[nibble(b.qs, j)]; }), fp16_to_fp32(b.d), 0.0f};
+}
+
+// kMin: the kind has a min, whose term takes the block sum of the activations (corr, see
+// q8a_corr_factor).
+template <BlockDot (*Dot)(const uint8_t*, const int8_t*, const int8_t*), size_t kBlockBytes, bool kMin>
 void gemm_quant(const GemmArgs& a) {
     const int64_t nb = a.k / 32;
     const int64_t nbp = q8a_blocks(a.k);
@@ -95,14 +136,15 @@ void gemm_quant(const GemmArgs& a) {
         const uint8_t* row = a.act + (a.act_idx ? a.act_idx[c] : c) * a.act_stride;
         const auto* qs = reinterpret_cast<const int8_t*>(row);
         const auto* xd = reinterpret_cast<const float*>(row + nbp * 32);
+        const auto* xsum = reinterpret_cast<const int32_t*>(row + nbp * 36);
         float* out = a.out + (a.out_idx ? a.out_idx[c] : c) * a.out_stride;
         for (int64_t r = 0; r < a.n_rows; ++r) {
             const uint8_t* w = a.w + r * a.w_stride;
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; ++b) {
-                float ws;
-                const int32_t dot = BlockDot(w + b * kBlockBytes, qs + q8a_half(b, 0), qs + q8a_half(b, 1), &ws);
-                acc += static_cast<float>(dot) * (ws * xd[b]);
+                const BlockDot bd = Dot(w + b * kBlockBytes, qs + q8a_half(b, 0), qs + q8a_half(b, 1));
+                acc += static_cast<float>(bd.dot) * (bd.d * xd[b]);
+                if constexpr (kMin) acc += bd.m * (xd[b] * static_cast<float>(xsum[b]));
             }
             out[r] = acc;
         }
@@ -144,13 +186,24 @@ void gemm_float(const GemmArgs& a) {
 const KernelTable kScalarKernels = {
     "scalar",
     quantize_q8a,
+    scalar::quantize_q8k,
     {
         gemm_float<load_f32>,
         gemm_float<load_f16>,
         gemm_float<load_bf16>,
-        gemm_quant<block_dot_q8_0, sizeof(BlockQ8_0)>,
-        gemm_quant<block_dot_q4_0, sizeof(BlockQ4_0)>,
-        gemm_quant<block_dot_mxfp4, sizeof(BlockMXFP4)>,
+        gemm_quant<block_dot_q8_0, sizeof(BlockQ8_0), false>,
+        gemm_quant<block_dot_q4_0, sizeof(BlockQ4_0), false>,
+        gemm_quant<block_dot_mxfp4, sizeof(BlockMXFP4), false>,
+        gemm_quant<block_dot_q4_1, sizeof(BlockQ4_1), true>,
+        gemm_quant<block_dot_q5_0, sizeof(BlockQ5_0), false>,
+        gemm_quant<block_dot_q5_1, sizeof(BlockQ5_1), true>,
+        gemm_quant<block_dot_iq4_nl, sizeof(BlockIQ4_NL), false>,
+        scalar::gemm_q2_k,
+        scalar::gemm_q3_k,
+        scalar::gemm_q4_k,
+        scalar::gemm_q5_k,
+        scalar::gemm_q6_k,
+        scalar::gemm_iq4_xs,
     },
 };
 

@@ -5,9 +5,10 @@
 // Tolerances, per output element of weight row w and activation row x:
 // - F32 / F16 / BF16 weights: the kernels multiply exact weights by exact F32 activations, so only
 //   float summation errs: 1e-5 * sum|w||x|.
-// - Q8_0 / Q4_0 / MXFP4: activations are quantised to int8 per block of 32 with scale d = amax / 127,
-//   so each x_j moves by at most d / 2: the bound is sum over blocks of (sum |w_j|) * d_b / 2, plus
-//   the float summation term above.
+// - The 32-element block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4): activations are
+//   quantised to int8 per block of 32 with scale d = amax / 127, so each x_j moves by at most d / 2:
+//   the bound is sum over blocks of (sum |w_j|) * d_b / 2, plus the float summation term above.
+// - The super-block types (Q2_K .. Q6_K, IQ4_XS): the same with blocks of 256 (Q8K activations).
 // - Different kernel families agree within the float summation term alone (their integer block dots
 //   are exact, and the quantised activations are bit-identical, which is tested directly).
 #include <catch2/catch.hpp>
@@ -62,7 +63,22 @@ public:
     IsaScope& operator=(const IsaScope&) = delete;
 };
 
-const Type kAllTypes[] = {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q4_0, Type::MXFP4};
+const Type kAllTypes[] = {Type::F32,  Type::F16,  Type::BF16, Type::Q8_0,   Type::Q4_0, Type::MXFP4,
+                          Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::IQ4_NL, Type::Q2_K, Type::Q3_K,
+                          Type::Q4_K, Type::Q5_K, Type::Q6_K, Type::IQ4_XS};
+
+// Elements per block of the activation quantisation a weight type's kernels use (0: none).
+int64_t act_block(Type t) {
+    if (!moe::is_quantized(t)) return 0;
+    return moe::traits(t).block_size == 256 ? 256 : 32;
+}
+
+// A row length for `type` near k: k itself for types with blocks of 32 (or none), whole super-blocks
+// (at least one) for the others.
+int64_t row_len(Type type, int64_t k) {
+    if (moe::traits(type).block_size != 256) return k;
+    return std::max<int64_t>(256, k / 256 * 256);
+}
 
 // ---- data ----
 
@@ -98,9 +114,41 @@ HostTensor make_tensor(Type type, std::initializer_list<int64_t> shape) {
     return h;
 }
 
-// Weights of `type` from random floats through the reference quantiser, then a few extra edge cases
-// the quantiser never produces but files may hold: Q8_0 values of -128, MXFP4 scales at the ends of
-// the e8m0 range.
+// The fp16 scale fields (byte offsets) of the types whose other bytes randomize_fields overwrites.
+struct ScaleFields {
+    Type type;
+    int offsets[2];  // -1: none
+};
+constexpr ScaleFields kScaleFields[] = {
+    {Type::Q4_1, {0, 2}}, {Type::Q5_0, {0, -1}},  {Type::Q5_1, {0, 2}}, {Type::IQ4_NL, {0, -1}},
+    {Type::Q2_K, {80, 82}}, {Type::Q3_K, {108, -1}}, {Type::Q4_K, {0, 2}}, {Type::Q5_K, {0, 2}},
+    {Type::Q6_K, {208, -1}}, {Type::IQ4_XS, {0, -1}},
+};
+
+// Our quantisers never produce some bit patterns real files hold (6-bit scales with their top bits
+// set, Q6_K scales of -128, Q3_K values of -4 under every scale, ...): in one block of 8, every byte
+// but the fp16 scales (kept finite) is replaced by a random one.
+void randomize_fields(Type type, std::vector<uint8_t>& bytes) {
+    const ScaleFields* f = nullptr;
+    for (const ScaleFields& s : kScaleFields) {
+        if (s.type == type) f = &s;
+    }
+    if (f == nullptr) return;
+    const auto size = static_cast<size_t>(moe::traits(type).block_bytes);
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::uniform_int_distribution<int> pick(0, 7);
+    for (size_t b = 0; b + size <= bytes.size(); b += size) {
+        if (pick(rng()) != 0) continue;
+        for (size_t i = 0; i < size; ++i) {
+            const int field = static_cast<int>(i) & ~1;  // the fp16 field byte i is part of
+            if (field != f->offsets[0] && field != f->offsets[1]) bytes[b + i] = static_cast<uint8_t>(byte(rng()));
+        }
+    }
+}
+
+// Weights of `type` from random floats through the reference quantiser, then extra edge cases the
+// quantiser never produces but files may hold: Q8_0 values of -128, MXFP4 scales at the ends of the
+// e8m0 range, random bytes in the other fields of the newer types (randomize_fields).
 HostTensor random_weights(Type type, int64_t k, int64_t n, int64_t e = 1) {
     HostTensor h = make_tensor(type, {k, n, e});
     const std::vector<float> f = random_floats(k * n * e);
@@ -120,6 +168,7 @@ HostTensor random_weights(Type type, int64_t k, int64_t n, int64_t e = 1) {
             if (pick(rng()) < 2) b[i].e = extremes[pick(rng()) % 5];
         }
     }
+    randomize_fields(type, h.bytes);
     return h;
 }
 
@@ -172,12 +221,12 @@ Ref ref_dot(Type type, const std::vector<float>& w, const float* x) {
         dot += static_cast<double>(w[i]) * x[i];
         mag += std::fabs(static_cast<double>(w[i]) * x[i]);
     }
-    if (moe::is_quantized(type)) {
-        for (int64_t b = 0; b < k / 32; ++b) {
+    if (const int64_t bs = act_block(type); bs > 0) {
+        for (int64_t b = 0; b < k / bs; ++b) {
             double wsum = 0.0, amax = 0.0;
-            for (int j = 0; j < 32; ++j) {
-                wsum += std::fabs(static_cast<double>(w[b * 32 + j]));
-                amax = std::max(amax, std::fabs(static_cast<double>(x[b * 32 + j])));
+            for (int64_t j = 0; j < bs; ++j) {
+                wsum += std::fabs(static_cast<double>(w[b * bs + j]));
+                amax = std::max(amax, std::fabs(static_cast<double>(x[b * bs + j])));
             }
             qerr += wsum * amax / 127.0 * 0.5 * (1.0 + 1e-4);
         }
@@ -262,12 +311,14 @@ void run_mul_mat_case(Type type, MatShape s, const std::vector<Isa>& isas) {
 TEST_CASE("matmul: supported weight types", "[matmul]") {
     for (Type t : kAllTypes) CHECK(cpu::supports_matmul_type(t));
     CHECK_FALSE(cpu::supports_matmul_type(Type::I32));
+    CHECK_FALSE(cpu::supports_matmul_type(Type::Q8_K));  // an activation type
+    CHECK_FALSE(cpu::supports_matmul_type(Type::IQ2_XXS));
 }
 
 TEST_CASE("matmul: Q8A activation rows are bit-identical on every ISA", "[matmul]") {
     namespace mm = moe::cpu::mm;
     const std::vector<Isa> isas = available_isas();
-    for (mm::WeightKind kind : {mm::kQ8_0, mm::kQ4_0, mm::kMXFP4}) {
+    for (mm::WeightKind kind : {mm::kQ8_0, mm::kQ4_0, mm::kMXFP4, mm::kQ4_1, mm::kQ5_0, mm::kQ5_1, mm::kIQ4_NL}) {
         for (int64_t k : {32, 64, 96, 160, 2880}) {
             std::vector<float> x = random_floats(k);
             if (k >= 96) {
@@ -314,7 +365,59 @@ TEST_CASE("matmul: Q8A activation rows are bit-identical on every ISA", "[matmul
                     CHECK(std::fabs(x[b * 32 + j] - q(j) * d[b]) <= d[b] * 0.5001f);
                     sum += q(j);
                 }
-                CHECK(corr[b] == -mm::q8a_offset(kind) * sum);
+                CHECK(corr[b] == mm::q8a_corr_factor(kind) * sum);
+            }
+        }
+    }
+}
+
+TEST_CASE("matmul: Q8K activation rows are bit-identical on every ISA", "[matmul]") {
+    namespace mm = moe::cpu::mm;
+    const std::vector<Isa> isas = available_isas();
+    for (int64_t k : {256, 512, 768, 2048}) {
+        std::vector<float> x = random_floats(k);
+        if (k >= 768) {
+            std::fill_n(x.begin() + 256, 256, 0.0f);  // amax = 0
+            x[600] = std::numeric_limits<float>::infinity();
+            if (k > 768) x[1000] = std::numeric_limits<float>::quiet_NaN();
+        }
+        const size_t bytes = mm::q8k_row_bytes(k);
+        const int64_t nb = k / 256;
+        std::vector<std::vector<uint8_t>> rows;
+        for (const Isa& isa : isas) {
+            std::vector<uint8_t> row(bytes, 0xAB);
+            isa.table->quantize_q8k(x.data(), k, row.data());
+            rows.push_back(row);
+        }
+        for (size_t i = 1; i < rows.size(); ++i) {
+            INFO("K=" << k << " " << isas[i].name << " vs scalar");
+            CHECK(std::equal(rows[i].begin(), rows[i].begin() + nb * 292, rows[0].begin()));
+        }
+        // The scalar row is a correct quantisation: |x - q d| <= d / 2 with d = amax / 127 over 256
+        // values, and bsums are the sums of 16.
+        const auto* qs = reinterpret_cast<const int8_t*>(rows[0].data());
+        const auto* d = reinterpret_cast<const float*>(rows[0].data() + nb * 256);
+        const auto* bsums = reinterpret_cast<const int16_t*>(rows[0].data() + nb * 260);
+        INFO("K=" << k);
+        for (int64_t b = 0; b < nb; ++b) {
+            bool finite = true;
+            float amax = 0.0f;
+            for (int j = 0; j < 256; ++j) {
+                finite = finite && std::isfinite(x[b * 256 + j]);
+                amax = std::max(amax, std::fabs(x[b * 256 + j]));
+            }
+            if (!finite) {
+                CHECK(std::isnan(d[b]));
+                continue;
+            }
+            CHECK(d[b] == amax / 127.0f);
+            for (int g = 0; g < 16; ++g) {
+                int32_t sum = 0;
+                for (int j = 16 * g; j < 16 * g + 16; ++j) {
+                    CHECK(std::fabs(x[b * 256 + j] - qs[b * 256 + j] * d[b]) <= d[b] * 0.5001f);
+                    sum += qs[b * 256 + j];
+                }
+                CHECK(bsums[b * 16 + g] == sum);
             }
         }
     }
@@ -325,7 +428,7 @@ TEST_CASE("matmul: MUL_MAT matches the float64 reference for every type, ISA and
     const MatShape shapes[] = {{32, 5, 1},   {32, 77, 130}, {96, 5, 33},   {64, 77, 2},    {160, 5, 3},
                                {2880, 77, 1}, {2880, 5, 7},  {2880, 77, 33}, {2880, 5, 130}};
     for (Type type : kAllTypes) {
-        for (const MatShape& s : shapes) run_mul_mat_case(type, s, isas);
+        for (const MatShape& s : shapes) run_mul_mat_case(type, {row_len(type, s.k), s.n, s.m}, isas);
     }
     // Float weights have no block size: odd row lengths exercise the kernels' tails.
     const MatShape odd[] = {{1, 5, 3}, {19, 77, 7}, {45, 5, 130}, {100, 6, 2}};
@@ -425,10 +528,10 @@ TEST_CASE("matmul: MUL_MAT_ID matches the reference (B = 1 and B = n_used, idle 
     const std::vector<Isa> isas = available_isas();
     for (Type type : kAllTypes) {
         for (bool per_slot : {false, true}) {
-            run_mul_mat_id_case(type, 64, 77, 1, per_slot, isas);
-            run_mul_mat_id_case(type, 96, 5, 3, per_slot, isas);
-            run_mul_mat_id_case(type, 2880, 5, 7, per_slot, isas);
-            run_mul_mat_id_case(type, 32, 77, 130, per_slot, isas);
+            run_mul_mat_id_case(type, row_len(type, 64), 77, 1, per_slot, isas);
+            run_mul_mat_id_case(type, row_len(type, 96), 5, 3, per_slot, isas);
+            run_mul_mat_id_case(type, row_len(type, 2880), 5, 7, per_slot, isas);
+            run_mul_mat_id_case(type, row_len(type, 32), 77, 130, per_slot, isas);
         }
     }
     // More threads than this machine has cores change the job plan (smaller row blocks).
@@ -509,14 +612,18 @@ void run_up_gate_case(Type up_type, Type gate_type, Activation act, bool biases,
 TEST_CASE("matmul: MOE_UP_GATE matches the reference (SILU, SWIGLU_OAI, biases)", "[matmul]") {
     const std::vector<Isa> isas = available_isas();
     for (Type type : kAllTypes) {
-        run_up_gate_case(type, type, Activation::SILU, false, 64, 77, 1, isas);
-        run_up_gate_case(type, type, Activation::SWIGLU_OAI, true, 96, 5, 7, isas);
-        run_up_gate_case(type, type, Activation::SILU, true, 2880, 5, 3, isas);
-        run_up_gate_case(type, type, Activation::SWIGLU_OAI, false, 32, 77, 33, isas);
+        run_up_gate_case(type, type, Activation::SILU, false, row_len(type, 64), 77, 1, isas);
+        run_up_gate_case(type, type, Activation::SWIGLU_OAI, true, row_len(type, 96), 5, 7, isas);
+        run_up_gate_case(type, type, Activation::SILU, true, row_len(type, 2880), 5, 3, isas);
+        run_up_gate_case(type, type, Activation::SWIGLU_OAI, false, row_len(type, 32), 77, 33, isas);
     }
-    // Up and gate of different types need differently prepared activations.
+    // Up and gate of different types need differently prepared activations (or share them: Q4_K and
+    // Q6_K both take Q8K rows; Q4_0 and Q5_0 differ in their Q8A correction, Q4_1 takes block sums).
     run_up_gate_case(Type::Q8_0, Type::MXFP4, Activation::SWIGLU_OAI, true, 64, 9, 5, isas);
     run_up_gate_case(Type::BF16, Type::Q4_0, Activation::SILU, false, 64, 9, 5, isas);
+    run_up_gate_case(Type::Q4_K, Type::Q6_K, Activation::SILU, false, 512, 9, 5, isas);
+    run_up_gate_case(Type::Q4_1, Type::Q4_0, Activation::SILU, true, 256, 9, 5, isas);
+    run_up_gate_case(Type::Q5_0, Type::IQ4_XS, Activation::SWIGLU_OAI, false, 256, 9, 5, isas);
 }
 
 TEST_CASE("matmul: bad expert ids are INVALID_ARGUMENT and leave dst alone", "[matmul]") {

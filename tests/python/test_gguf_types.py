@@ -1,10 +1,12 @@
-"""Model files holding GGUF types beyond the ones our backends compute (K-quants, IQ2_XXS, ...).
+"""Model files holding GGUF types beyond Q8_0 / Q4_0 / MXFP4 (K-quants, IQ2_XXS, ...).
 
 A tiny synthetic model is rewritten by gguf-py (an independent writer) with one weight in another type;
 the file must load, list that tensor with ggml's type name and GGUF's byte size (moeinfer-info marks the
-types this build cannot convert), give back its dequantised values bit-exact with gguf-py where we can
-convert it, and be refused at context creation with the tensor's name and type (no backend has kernels
-for these types yet).
+types this build cannot convert), and give back its dequantised values bit-exact with gguf-py where we can
+convert it. A CPU context computes with the types the CPU kernels have (Q4_K here: its logits are checked
+against the numpy reference in test_forward_reference.py); a type no backend computes (IQ2_XXS, TQ1_0), and
+on a CUDA machine a device="cuda" context with any type the CUDA kernels lack, is refused at context creation
+with the tensor's name and type.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def random_raw(rng: np.random.Generator, qtype: GGMLQuantizationType, n_elements
 @pytest.mark.parametrize("qtype, convertible", [(GGMLQuantizationType.Q4_K, True),
                                                 (GGMLQuantizationType.IQ2_XXS, False),
                                                 (GGMLQuantizationType.TQ1_0, False)])
-def test_model_with_other_type_loads_lists_and_is_refused(base_model, tmp_path, rng, qtype, convertible):
+def test_model_with_other_type_loads_lists_and_computes_or_is_refused(base_model, tmp_path, rng, qtype, convertible):
     base = moeinfer.Model(str(base_model))
     orig = next(t for t in base.tensors if t.name == TARGET)
     n = int(np.prod(orig.shape))
@@ -101,6 +103,20 @@ def test_model_with_other_type_loads_lists_and_is_refused(base_model, tmp_path, 
         with pytest.raises(NotImplementedError, match=t.type):
             model.tensor(TARGET)
 
+    if convertible:
+        # The CPU kernels compute it: random bytes give large but finite logits.
+        logits = moeinfer.Context(model, n_ctx=64, device="cpu").decode(np.arange(5, dtype=np.int32))
+        assert logits.shape == (1, model.info.n_vocab) and np.all(np.isfinite(logits))
+        if moeinfer.has_cuda:  # the CUDA kernels do not (yet): refused, naming the tensor and the type
+            try:
+                moeinfer.Context(model, n_ctx=64, device="cuda")
+            except NotImplementedError as err:
+                assert TARGET in str(err) and t.type in str(err), str(err)
+            except RuntimeError as err:  # FAILED_PRECONDITION: a CUDA build on a machine without a GPU
+                assert "no cuda device" in str(err).lower(), str(err)
+            else:
+                pytest.fail(f"a device='cuda' context computed {t.type}, which the CUDA kernels lack")
+        return
     with pytest.raises(NotImplementedError) as err:
         moeinfer.Context(model, n_ctx=64, device="cpu")
     msg = str(err.value)
