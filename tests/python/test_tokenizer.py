@@ -31,6 +31,8 @@ CODE = ["def f(x):\n    return x ** 2\n", "int main() { return 0; }", "a+=b*c/d;
         "<div class=\"a\">b</div>", "path/to/file.txt", "x = [1, 2, 3]\r\n", "foo_bar-baz.qux()"]
 DIGITS = ["0", "12", "123", "1234", "1234567890", "٣٤٥", "１２３", "3.14159", "1,000,000", "²³", "Ⅷ", "২০২৪"]
 CJK = ["日本語のテキスト", "中文测试", "한국어 텍스트", "カタカナ", "ひらがな", "漢字かな交じり文", "繁體中文"]
+# Letters of both gpt-4o classes (Lm, Lo, marks) next to capitals: where [U]*[W]+ must give characters back.
+MIXED = ["中A ", "漢字ΣΊΣΥΦΟΣ.", "カナI'LL", "ｶﾅABC!", "\u02b0AB", "A\u0301B\u0301 ", "ǅǄx", "ǈA'S", "字ǅ'd"]
 
 
 def assigned_chars() -> np.ndarray:
@@ -46,7 +48,7 @@ def random_text(rng: np.random.Generator, first_kind: int = 0) -> str:
     random characters of all scripts)."""
     parts = []
     for _ in range(int(rng.integers(1, 12))):
-        kind = int(rng.integers(first_kind, 9))
+        kind = int(rng.integers(first_kind, 10))
         if kind == 0:
             parts.append("".join(chr(int(c)) for c in rng.choice(_ASSIGNED, int(rng.integers(1, 8)))))
         elif kind == 1:
@@ -63,13 +65,15 @@ def random_text(rng: np.random.Generator, first_kind: int = 0) -> str:
             parts.append(str(rng.choice(CJK)))
         elif kind == 7:
             parts.append(str(rng.choice(tf.SPECIAL + tf.USER_DEFINED)))
+        elif kind == 8:
+            parts.append(str(rng.choice(MIXED)))
         else:
             parts.append(str(rng.choice(["\x00", "a\x00b", "'", "''s", "\u0301", "\ufeff", "\U0001d400"])))
     return "".join(parts)
 
 
 def strings_to_check(rng: np.random.Generator, n: int) -> list[str]:
-    fixed = WS + EMOJI + WORDS + CODE + DIGITS + CJK + ["", " ", "a", "<|im_start|>user\nhi<|im_end|>"]
+    fixed = WS + EMOJI + WORDS + CODE + DIGITS + CJK + MIXED + ["", " ", "a", "<|im_start|>user\nhi<|im_end|>"]
     return fixed + [random_text(rng) for _ in range(n)]
 
 
