@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "bench/args.h"
 #include "bench/bandwidth.h"
 #include "bench/cli.h"
+#include "bench/load_report.h"
 #include "bench/output.h"
 #include "bench/runner.h"
 #include "bench/synthetic.h"
@@ -70,7 +72,7 @@ struct ContextDeleter {
 using ModelPtr = std::unique_ptr<moe_model, ModelDeleter>;
 using ContextPtr = std::unique_ptr<moe_context, ContextDeleter>;
 
-// user_data: what is loading ("model", "weights into device and pinned memory").
+// user_data: what is loading ("model", "weights (locking host pages, uploading)").
 int on_load_progress(float fraction, void* what) {
     std::fprintf(stderr, "\r\033[Kmoeinfer-bench: loading %s: %3d%%", static_cast<const char*>(what),
                  static_cast<int>(fraction * 100.0f));
@@ -178,7 +180,10 @@ std::optional<Failure> run(Config& cfg) {
         mp.progress_user_data = const_cast<char*>("model");
     }
     moe_model* raw_model = nullptr;
+    bench::LoadTimes load_times;
+    const auto load_start = std::chrono::steady_clock::now();
     const moe_status load_status = moe_model_load(cfg.model_path.c_str(), &mp, &raw_model);
+    load_times.model_s = bench::seconds_since(load_start);
     if (live) std::fprintf(stderr, "\r\033[K");
     // The library's message names the path.
     if (load_status != MOE_STATUS_OK) return bench::library_error("cannot load the model");
@@ -204,17 +209,25 @@ std::optional<Failure> run(Config& cfg) {
         cp.policy = &cfg.policy;
         if (live) {
             cp.progress = &on_load_progress;
-            cp.progress_user_data = const_cast<char*>("weights into device and pinned memory");
+            cp.progress_user_data = const_cast<char*>("weights (locking host pages, uploading)");
         }
     }
     moe_context* raw_ctx = nullptr;
+    const auto create_start = std::chrono::steady_clock::now();
     const moe_status ctx_status = moe_context_create(model.get(), &cp, &raw_ctx);
+    load_times.context_s = bench::seconds_since(create_start);
     if (live && cfg.device != MOE_DEVICE_CPU) std::fprintf(stderr, "\r\033[K");
     if (ctx_status != MOE_STATUS_OK) {
         return bench::library_error("cannot create a context (n_ctx " + std::to_string(cp.n_ctx) + ", n_ubatch " +
                                     std::to_string(cp.n_ubatch) + ")");
     }
     const ContextPtr ctx(raw_ctx);
+    if (cfg.verbose) {
+        moe_sched_stats stats{};
+        stats.struct_size = sizeof stats;
+        if (moe_context_get_stats(ctx.get(), &stats) != MOE_STATUS_OK) return bench::library_error("moe_context_get_stats");
+        bench::print_load_report(load_times, info.n_bytes, stats);
+    }
     int32_t device = MOE_DEVICE_CPU;
     if (moe_context_get_device(ctx.get(), &device) != MOE_STATUS_OK) return bench::library_error("moe_context_get_device");
     const bool device_context = device != MOE_DEVICE_CPU;

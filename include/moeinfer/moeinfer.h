@@ -182,7 +182,9 @@ typedef struct moe_model_params {
     uint32_t struct_size;
     /* Map the file's tensor data with mmap (non-zero) or read it into memory (0). Default: 1. */
     int32_t use_mmap;
-    /* Optional load progress (may be NULL). Default: NULL. */
+    /* Optional load progress (may be NULL): with use_mmap = 0 the fraction of the file read; a mapped
+     * file reports 0 and 1 only, as mapping reads nothing (its pages are read when a context locks or
+     * uploads them: moe_context_params.progress). Default: NULL. */
     moe_progress_fn progress;
     /* Passed to `progress` unchanged. Borrowed. Default: NULL. */
     void* progress_user_data;
@@ -382,7 +384,10 @@ typedef struct moe_context_params {
      *    rest stay in host RAM; the output head goes to the device when n_gpu_layers > n_layer; -1: all.
      * 4. vram_budget: if what is left for the device exceeds it, expert tensors move to host RAM
      *    (largest first, from the first layer) until it fits; still too large -> RESOURCE_EXHAUSTED.
-     * Host-resident weights that may be uploaded are copied into pinned memory. */
+     * Host-resident weights are used in place, from the model's mapped file (or its bytes read in with
+     * use_mmap = 0), not copied: the model needs its file's size in RAM. So that uploads from them run at
+     * full speed, the pages they cover are page-locked in place (cudaHostRegister) where the device
+     * allows it, else they stay pageable (moe_sched_stats.weights_host_pinned_bytes says which). */
     const char* tensor_overrides;
     int32_t n_cpu_moe;      /* Default: 0 */
     int32_t n_gpu_layers;   /* Default: -1 (all) */
@@ -393,9 +398,11 @@ typedef struct moe_context_params {
     uint64_t vram_budget;
     /* Scheduling policy; NULL for moe_sched_policy_init's defaults. Borrowed during the call. */
     const moe_sched_policy* policy;
-    /* Optional progress of the weight copies into device and pinned memory (may be NULL); as every
-     * moe_progress_fn: return non-zero to continue, 0 to cancel (MOE_STATUS_CANCELLED, nothing leaked).
-     * Default: NULL. */
+    /* Optional progress of creation's long work (may be NULL): the fraction of bytes done of
+     * page-locking the host-resident weights (which reads them from disk when the file is not in the
+     * page cache) and then of uploading the device-resident ones; nothing is reported for CPU
+     * contexts, which use the weights in place. As every moe_progress_fn: return non-zero to continue,
+     * 0 to cancel (MOE_STATUS_CANCELLED, nothing leaked). Default: NULL. */
     moe_progress_fn progress;
     void* progress_user_data;  /* passed to `progress` unchanged. Default: NULL */
 } moe_context_params;
@@ -493,6 +500,11 @@ typedef struct moe_sched_stats {
     /* Ubatches timed as samples of MOE_EXPERT_SPLIT_AUTO's trials (with and without the split, the
      * first ubatches of each size): while this grows, the split is still being decided. */
     uint64_t n_split_trials;
+    /* Of the host-resident weights of a device context, the bytes page-locked in place (registered
+     * with the device) so that their uploads run at full speed; the rest are pageable, where the
+     * device would not lock them, and their uploads are staged (slower, same results). Tensor bytes
+     * without padding; 0 for CPU contexts. */
+    uint64_t weights_host_pinned_bytes;
 } moe_sched_stats;
 
 MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats* out_stats);

@@ -492,10 +492,20 @@ struct TensorLocation {
 // copyable. The Model must outlive the Context. Use it from one thread at a time.
 class Context {
 public:
-    static Context create(Model& model, const moe_context_params& params = context_params()) {
+    // `progress`, when set, replaces params.progress / progress_user_data.
+    static Context create(Model& model, const moe_context_params& params = context_params(),
+                          const ProgressFn& progress = {}) {
+        moe_context_params p = params;
+        detail::ProgressBridge bridge(progress);
+        if (progress) {
+            p.progress = bridge.callback();
+            p.progress_user_data = bridge.user_data();
+        }
         moe_context* raw = nullptr;
-        check(moe_context_create(model.get(), &params, &raw));
-        return Context(raw);
+        const moe_status status = moe_context_create(model.get(), &p, &raw);
+        Context ctx(raw);  // owns the handle even if finish() throws
+        bridge.finish(status);
+        return ctx;
     }
 
     // Takes ownership of a handle from moe_context_create (may be NULL).

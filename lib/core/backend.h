@@ -89,6 +89,20 @@ public:
 
     // Host memory this backend copies from and to fastest (pinned for CUDA); is_host() buffers.
     virtual StatusOr<std::unique_ptr<Buffer>> alloc_host_buffer(size_t size) = 0;
+    // Page-locks host memory the caller owns, in place, so that uploads from it are as fast as from
+    // alloc_host_buffer memory (a model's weights used from the file mapping instead of a copy):
+    // a host buffer over [p, p + n) that unlocks the range when destroyed (the memory stays the
+    // caller's). read_only: the range is mapped read-only (and is only ever read). Registrations are
+    // shared per process: the same range registered by two contexts is locked once. An error leaves the
+    // range as it was, usable as pageable memory (upload() stages such copies). REQUIRES: p and n are
+    // page-aligned (host_registry.h: page_align); the buffer is destroyed before this backend and
+    // before the memory is unmapped. Default: UNIMPLEMENTED (backends that copy as fast from any memory).
+    virtual StatusOr<std::unique_ptr<Buffer>> register_host(void* p, size_t n, bool read_only) {
+        (void)p;
+        (void)n;
+        (void)read_only;
+        return unimplemented(std::string(name()) + " backend: register_host");
+    }
     // Device memory free now, in bytes; 0 for host backends (no device memory to budget).
     virtual size_t free_memory() const { return 0; }
 
@@ -99,7 +113,9 @@ public:
     // run ahead of compute. Compute waits for it only once order_after_uploads() is called (so an
     // upload for later work does not hold up the compute and copies queued before that work). The
     // caller guarantees that nothing queued after fence `after` reads or writes dst. src_host must
-    // stay valid and unchanged until synchronize(). Host backends copy at once.
+    // stay valid and unchanged until synchronize(). Host backends copy at once. src_host may be
+    // pageable (not from alloc_host_buffer or register_host): a device then stages the copy, which is
+    // slower and may block until the copy stream reaches it (CUDA's driver does so for cudaMemcpyAsync).
     virtual Status upload(void* dst, const void* src_host, size_t n, uint64_t after) {
         (void)after;
         return copy_to_device(dst, src_host, n);

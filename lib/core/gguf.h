@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -65,8 +66,10 @@ struct GgufTensorInfo {
 // Where the parsed bytes come from: a mapped file, a read-into-memory file, or a caller's buffer.
 class GgufFile {
 public:
-    // Opens and validates `path`. use_mmap=false reads the whole file into memory instead.
-    static StatusOr<std::unique_ptr<GgufFile>> open(const std::string& path, bool use_mmap = true);
+    // Opens and validates `path`. use_mmap=false reads the whole file into memory instead, calling
+    // progress(fraction read) between chunks; an error from it stops the read and is returned.
+    static StatusOr<std::unique_ptr<GgufFile>> open(const std::string& path, bool use_mmap = true,
+                                                    const std::function<Status(double)>& progress = {});
     // Parses a caller-owned buffer (borrowed; must outlive the GgufFile). Used by tests and the fuzzer.
     static StatusOr<std::unique_ptr<GgufFile>> from_memory(const void* data, size_t size);
 
@@ -78,6 +81,8 @@ public:
     uint64_t alignment() const { return alignment_; }
     uint64_t data_offset() const { return data_offset_; }  // absolute offset of the data section
     uint64_t file_size() const { return size_; }
+    // Whether the bytes are the file mapped read-only (open with use_mmap), not memory of our own.
+    bool is_mapped() const { return mapping_ != nullptr; }
 
     const std::vector<GgufKV>& metadata() const { return kvs_; }
     const GgufValue* find(std::string_view key) const;  // nullptr when absent

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -28,11 +29,16 @@ private:
     int fd_;
 };
 
-// Reads exactly `size` bytes from the start of the file, retrying short reads and EINTR.
-Status read_all(int fd, const std::string& path, uint8_t* dst, uint64_t size) {
+// Reads exactly `size` bytes from the start of the file, retrying short reads and EINTR; progress
+// (if any) between chunks of kReadChunk bytes.
+Status read_all(int fd, const std::string& path, uint8_t* dst, uint64_t size,
+                const std::function<Status(double)>& progress) {
+    constexpr uint64_t kReadChunk = uint64_t{64} << 20;
     uint64_t done = 0;
     while (done < size) {
-        const ssize_t n = ::pread(fd, dst + done, static_cast<size_t>(size - done), static_cast<off_t>(done));
+        if (progress) MOE_RETURN_IF_ERROR(progress(static_cast<double>(done) / static_cast<double>(size)));
+        const uint64_t want = std::min(size - done, kReadChunk);
+        const ssize_t n = ::pread(fd, dst + done, static_cast<size_t>(want), static_cast<off_t>(done));
         if (n < 0) {
             if (errno == EINTR) continue;
             return io_error(path + ": read failed at offset " + std::to_string(done) + ": " + errno_text(errno));
@@ -48,7 +54,8 @@ Status read_all(int fd, const std::string& path, uint8_t* dst, uint64_t size) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path, bool use_mmap) {
+StatusOr<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path, bool use_mmap,
+                                                   const std::function<Status(double)>& progress) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         const int err = errno;
@@ -75,7 +82,7 @@ StatusOr<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path, bool
                 return resource_exhausted(path + ": cannot allocate " + std::to_string(f->size_) +
                                           " bytes to read the file");
             }
-            MOE_RETURN_IF_ERROR(read_all(fd, path, f->owned_.data(), f->size_));
+            MOE_RETURN_IF_ERROR(read_all(fd, path, f->owned_.data(), f->size_, progress));
             f->base_ = f->owned_.data();
         }
     }

@@ -10,6 +10,7 @@
 #include "core/allocator.h"
 #include "core/backend_registry.h"
 #include "core/device_memory.h"
+#include "core/host_registry.h"
 #include "cpu/emulated_streams.h"
 
 namespace moe::cpu {
@@ -129,6 +130,24 @@ StatusOr<std::unique_ptr<Buffer>> EmulatedDeviceBackend::alloc_host_buffer(size_
     return HostBuffer::allocate(this, size);
 }
 
+StatusOr<std::unique_ptr<Buffer>> EmulatedDeviceBackend::register_host(void* p, size_t n, bool read_only) {
+    (void)read_only;  // the pages are only read either way
+    const size_t page = host_page_size();
+    if (p == nullptr || n == 0 || reinterpret_cast<uintptr_t>(p) % page != 0 || n % page != 0) {
+        return invalid_argument("emulated device: register_host of " + std::to_string(n) +
+                                " bytes: the range must be non-empty and page-aligned");
+    }
+    // Locking faults every page in (and so counts it in the process's resident set), as pinning does.
+    const auto lock = [page](void* q, size_t m) {
+        const volatile uint8_t* bytes = static_cast<const uint8_t*>(q);
+        uint8_t sink = 0;
+        for (size_t off = 0; off < m; off += page) sink ^= bytes[off];
+        (void)sink;
+        return Status::ok();
+    };
+    return HostRegistry::of("emulated").acquire(this, p, n, lock, [](void*, size_t) {});
+}
+
 size_t EmulatedDeviceBackend::free_memory() const { return emulated_meter().free_bytes(emulated_free()); }
 
 Status EmulatedDeviceBackend::check_own_memory(const Tensor& node) const {
@@ -205,6 +224,8 @@ Status EmulatedDeviceBackend::upload(void* dst, const void* src_host, size_t n, 
     }
     if (after > streams_->last_fence()) return invalid_argument("upload: fence " + std::to_string(after) + " was never marked");
     streams_->upload([dst, src_host, n, rate] { timed_copy(dst, src_host, n, rate); }, after);
+    // Pageable memory: the copy is staged while the caller waits, as CUDA's driver stages it.
+    if (!HostRegistry::of("emulated").contains(src_host, n)) streams_->wait_uploads();
     return Status::ok();
 }
 

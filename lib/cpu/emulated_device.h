@@ -9,6 +9,9 @@
 // upload waits for its fence, compute queued after an upload waits for it). A scheduler that reads
 // or reuses memory before the copy or compute it depends on has finished then gets wrong logits.
 //
+// Host memory registered with it (register_host) is page-locked as far as the uploads know; uploads from
+// other host memory are pageable and behave like CUDA's: they return only once the bytes are copied.
+//
 // With MOEINFER_EMULATED_PCIE_GBPS=<GB/s> (read at creation) weight uploads take as long as they would
 // over a link of that bandwidth (the copy sleeps for the rest), so that the expert split's cost model,
 // which times an upload, sees a device worth splitting for.
@@ -33,6 +36,11 @@ public:
     bool supports_op(const Tensor& node) const override { return kernels_.supports_op(node); }
     StatusOr<std::unique_ptr<Buffer>> alloc_buffer(size_t size) override;
     StatusOr<std::unique_ptr<Buffer>> alloc_host_buffer(size_t size) override;
+    // Like cudaHostRegister: faults the pages in, and counts the range in the process's "emulated"
+    // HostRegistry (whose test hook refuses registrations). Uploads from memory outside registered
+    // ranges are pageable: with the asynchronous streams they block until copied, as CUDA's staged
+    // copies do.
+    StatusOr<std::unique_ptr<Buffer>> register_host(void* p, size_t n, bool read_only) override;
     size_t free_memory() const override;
     Status compute(std::span<Tensor* const> nodes) override;
     Status copy_to_device(void* dst, const void* src_host, size_t n) override;

@@ -101,6 +101,12 @@ void AsyncStreams::upload(std::function<void()> copy, uint64_t after) {
     });
 }
 
+void AsyncStreams::wait_uploads() {
+    std::unique_lock<std::mutex> l(mu_);
+    const uint64_t queued = copy_.queued;
+    cv_.wait(l, [&] { return copy_.done >= queued; });
+}
+
 Status AsyncStreams::take_error() {
     Status e = error_;
     error_ = Status::ok();

@@ -30,6 +30,8 @@ public:
     uint64_t mark();
     // Queues an upload on the copy stream that starts once fence `after` has completed.
     void upload(std::function<void()> copy, uint64_t after);
+    // Waits until every upload queued so far has been copied (not for compute queued after them).
+    void wait_uploads();
     // Waits for fence f (0: returns at once); the first error of any task since the last report.
     Status wait_fence(uint64_t f);
     // Waits until both streams are idle; the first error of any task since the last report.

@@ -6,6 +6,7 @@
 
 #include "core/backend_registry.h"
 #include "core/device_memory.h"
+#include "core/host_registry.h"
 #include "cuda/bandwidth.cuh"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_common.cuh"
@@ -221,6 +222,28 @@ StatusOr<std::unique_ptr<Buffer>> CudaBackend::alloc_buffer(size_t size) {
 
 StatusOr<std::unique_ptr<Buffer>> CudaBackend::alloc_pinned_host_buffer(size_t size) {
     return PinnedHostBuffer::allocate(this, size);
+}
+
+StatusOr<std::unique_ptr<Buffer>> CudaBackend::register_host(void* p, size_t n, bool read_only) {
+    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    unsigned int flags = cudaHostRegisterPortable;
+    if (read_only) {
+        // Without the flag the driver would pin the pages for writing, which a PROT_READ mapping refuses.
+        int supported = 0;
+        MOE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&supported, cudaDevAttrHostRegisterReadOnlySupported, device_));
+        if (supported == 0) return unimplemented("cuda: this device cannot register read-only host memory");
+        flags |= cudaHostRegisterReadOnly;
+    }
+    const auto lock = [flags](void* q, size_t m) -> Status {
+        const cudaError_t err = cudaHostRegister(q, m, flags);
+        if (err == cudaSuccess) return Status::ok();
+        (void)cudaGetLastError();
+        return cuda_status(err, ("cudaHostRegister of " + std::to_string(m) + " bytes").c_str());
+    };
+    const auto unlock = [](void* q, size_t) {
+        if (cudaHostUnregister(q) != cudaSuccess) (void)cudaGetLastError();
+    };
+    return HostRegistry::of("cuda").acquire(this, p, n, lock, unlock);
 }
 
 // Replaces `block` by one of `bytes`. Kernels queued earlier may still use the old block, so the compute

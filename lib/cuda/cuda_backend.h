@@ -94,6 +94,10 @@ public:
     Status gather_to_host(void* dst_host, std::span<const DeviceRegion> regions) override;
 
     StatusOr<std::unique_ptr<Buffer>> alloc_host_buffer(size_t size) override { return alloc_pinned_host_buffer(size); }
+    // cudaHostRegister (portable; read-only for a read-only mapping, where the device supports it:
+    // UNIMPLEMENTED otherwise), counted in the process's "cuda" HostRegistry so that contexts share a
+    // range; cudaHostUnregister when its last holder lets go.
+    StatusOr<std::unique_ptr<Buffer>> register_host(void* p, size_t n, bool read_only) override;
     size_t free_memory() const override;
     StatusOr<uint64_t> mark_compute() override;
     Status upload(void* dst_dev, const void* src_host, size_t n, uint64_t after) override;

@@ -93,7 +93,8 @@ static_assert(offsetof(moe_sched_stats, seconds_device_submit) == 192);
 static_assert(offsetof(moe_sched_stats, n_split_layers) == 200);
 static_assert(offsetof(moe_sched_stats, n_split_host_experts) == 208);
 static_assert(offsetof(moe_sched_stats, n_split_trials) == 216);
-static_assert(sizeof(moe_sched_stats) == 224);
+static_assert(offsetof(moe_sched_stats, weights_host_pinned_bytes) == 224);
+static_assert(sizeof(moe_sched_stats) == 232);
 
 static_assert(offsetof(moe_op_profile, op) == 0);
 static_assert(offsetof(moe_op_profile, backend) == 8);

@@ -112,6 +112,7 @@ MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats
     c.n_split_trials = s.n_split_trials;
     c.weights_host_bytes = ctx->weights_host_bytes;
     c.weights_device_bytes = ctx->weights_device_bytes;
+    c.weights_host_pinned_bytes = ctx->weights_host_locked_bytes;
     c.n_layer = ctx->model->hparams.n_layer;
     c.n_expert = ctx->model->hparams.n_expert;
     moe::write_sized(c, out_stats);

@@ -6,7 +6,7 @@
 #include "core/allocator.h"
 #include "core/backend_registry.h"
 #include "runtime/device.h"
-#include "runtime/parallel_copy.h"
+#include "runtime/host_weights.h"
 #include "runtime/policy_convert.h"
 #include "sched/placement.h"
 
@@ -335,45 +335,42 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
 
     const std::vector<bool> dup = duplicated_biases(ctx, ws, sides);
 
-    // Buffers: device memory for device-side weights and duplicates; pinned memory for host-side
-    // weights that may be uploaded (every host-side weight of a device context).
-    uint64_t device_bytes = 0, pinned_bytes = 0, host_bytes = 0;
+    // Device memory for device-side weights and duplicates. Host-side weights of a device context may
+    // be uploaded: they are used in place, page-locked where the device can lock them (host_weights.h).
+    uint64_t device_bytes = 0, host_bytes = 0;
+    std::vector<HostRange> uploadable;
     for (size_t i = 0; i < ws.size(); ++i) {
         const size_t n = aligned(ws[i]->n_bytes());
         if (sides[i] == Side::DEVICE || dup[i]) device_bytes += n;
         if (sides[i] == Side::HOST) {
             host_bytes += n;
-            if (ctx.device) pinned_bytes += n;
+            if (ctx.device) uploadable.push_back({ws[i]->data, ws[i]->n_bytes()});
         }
     }
     MOE_ASSERT(device_bytes == (ctx.device_weights ? ctx.device_weights->size() : 0));  // by place_and_allocate
-    if (pinned_bytes > 0) {
-        StatusOr<std::unique_ptr<Buffer>> b = ctx.device->alloc_host_buffer(pinned_bytes);
-        if (!b.is_ok()) return b.status().with_context("allocating pinned host memory for the weights");
-        ctx.pinned_weights = std::move(b).value();
-    }
     ctx.weights_device_bytes = device_bytes;
     ctx.weights_host_bytes = host_bytes;
 
+    // Progress: the pages registration locks (it faults them in: from disk when the file is cold), then
+    // the bytes uploaded.
+    CopyProgress progress(ctx.params, HostWeights::run_bytes(uploadable) + device_bytes);
+    if (!uploadable.empty()) {
+        MOE_ASSIGN_OR_RETURN(ctx.host_weights,
+                             HostWeights::register_ranges(*ctx.device, uploadable, ctx.model->file->is_mapped(),
+                                                          [&](uint64_t n) { return progress.advance(n); }));
+        ctx.weights_host_locked_bytes = ctx.host_weights.locked_bytes();
+    }
+
     ctx.sched = std::make_unique<sched::Scheduler>(*ctx.host, ctx.device.get(), hp.n_layer, hp.n_expert, hp.n_expert_used);
-    CopyProgress progress(ctx.params, device_bytes + pinned_bytes);
-    ParallelCopier copier(ctx.params.n_threads);
-    size_t device_off = 0, pinned_off = 0;
+    size_t device_off = 0;
     for (size_t i = 0; i < ws.size(); ++i) {
         Tensor& t = *ws[i];
         const size_t n = t.n_bytes();
         sched::WeightCopies c;
         c.home = sides[i];
-        c.host = t.data;  // the file mapping
+        c.host = t.data;  // the model's bytes, in place
         c.duplicate = dup[i];
-        if (sides[i] == Side::HOST && ctx.pinned_weights) {
-            auto* dst = static_cast<uint8_t*>(ctx.pinned_weights->data()) + pinned_off;
-            copier.copy(dst, t.data, n);
-            c.host = dst;
-            c.host_buffer = ctx.pinned_weights.get();
-            pinned_off += aligned(n);
-            MOE_RETURN_IF_ERROR(progress.advance(aligned(n)));
-        }
+        if (sides[i] == Side::HOST && ctx.device) c.host_buffer = ctx.host_weights.buffer_of(t.data, n);
         if (sides[i] == Side::DEVICE || dup[i]) {
             auto* dst = static_cast<uint8_t*>(ctx.device_weights->data()) + device_off;
             MOE_RETURN_IF_ERROR(ctx.device->copy_to_device(dst, c.host, n));
@@ -389,7 +386,6 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
                 c.host = nullptr;  // the mapping is not a copy ops may use (no duplication)
             }
         } else {
-            t.data = c.host;
             t.buffer = c.host_buffer;
         }
         ctx.sched->add_weight(&t, c);

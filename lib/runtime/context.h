@@ -9,6 +9,7 @@
 
 #include "core/backend.h"
 #include "core/models/model_graph.h"
+#include "runtime/host_weights.h"
 #include "runtime/model.h"
 #include "sched/scheduler.h"
 
@@ -21,10 +22,12 @@ struct moe_context {
     std::deque<moe::Tensor> weight_tensors;  // leaves over the weights' home copies
     std::unordered_map<std::string, moe::Tensor*> weight_by_name;
     std::unique_ptr<moe::Buffer> device_weights;  // weights placed on (or duplicated to) the device
-    std::unique_ptr<moe::Buffer> pinned_weights;  // host-resident weights that may be uploaded
+    // Host-resident weights of a device context, page-locked in place (destroyed before the backends).
+    moe::HostWeights host_weights;
     moe::ModelWeights weights;
     uint64_t weights_host_bytes = 0;
     uint64_t weights_device_bytes = 0;
+    uint64_t weights_host_locked_bytes = 0;  // of weights_host_bytes, page-locked (before padding)
 
     std::unique_ptr<moe::Buffer> kv_buffer[moe::sched::kSides];
     std::deque<moe::Tensor> kv_tensors;

@@ -13,7 +13,9 @@ StatusOr<std::unique_ptr<moe_model>> load_model(const std::string& path, const m
 
     auto model = std::make_unique<moe_model>();
     model->path = path;
-    StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::open(path, params.use_mmap != 0);
+    // Reading the file in (use_mmap = 0) is the long part; parsing the header after it is quick.
+    StatusOr<std::unique_ptr<GgufFile>> file =
+        GgufFile::open(path, params.use_mmap != 0, [&](double f) { return report(static_cast<float>(f)); });
     if (!file.is_ok()) return file.status();  // GgufFile::open's messages name the path already
     model->file = std::move(file).value();
 

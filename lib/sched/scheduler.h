@@ -33,7 +33,9 @@ namespace moe::sched {
 
 // The copies of one weight. The weight tensor's own data/buffer are the copy on its home side.
 struct WeightCopies {
-    void* host = nullptr;  // host RAM (pinned when it may be uploaded, else the file mapping)
+    void* host = nullptr;  // host RAM: the model's bytes in place (the file mapping, or the file read in)
+    // The page-locked registration holding `host` (Backend::register_host), or nullptr where it is
+    // pageable: uploads from pageable memory are staged by the device backend (slower, same bytes).
     Buffer* host_buffer = nullptr;
     void* device = nullptr;  // device memory
     Buffer* device_buffer = nullptr;

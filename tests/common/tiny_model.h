@@ -53,6 +53,7 @@ public:
     TinyModel& operator=(const TinyModel&) = delete;
 
     moe_model* get() const { return model_; }
+    const std::string& path() const { return path_; }
     const moe_model_info& info() const { return info_; }
 
     // Bytes of the named tensor in the file.

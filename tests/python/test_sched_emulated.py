@@ -33,7 +33,7 @@ STATS_KEYS = {"n_ubatches", "n_splits", "bytes_weights_full", "bytes_weights_exp
               "bytes_activations", "n_weight_copies", "n_activation_copies", "n_id_readbacks", "n_offloaded",
               "n_kept_host", "n_ops_host", "n_ops_device", "seconds_total", "seconds_host_compute", "seconds_wait",
               "weights_host_bytes", "weights_device_bytes", "n_layer", "n_expert", "seconds_device_submit",
-              "n_split_layers", "n_split_host_experts", "n_split_trials"}
+              "n_split_layers", "n_split_host_experts", "n_split_trials", "weights_host_pinned_bytes"}
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -380,12 +380,12 @@ def test_stats_fields_and_types(model, rng):
     assert s["n_ops_host"] > 0 and s["n_ops_device"] > 0
     assert s["seconds_total"] > 0
     assert 0 <= s["seconds_host_compute"] <= s["seconds_total"] and 0 <= s["seconds_wait"] <= s["seconds_total"]
-    placement = (s["weights_host_bytes"], s["weights_device_bytes"])
+    placement = (s["weights_host_bytes"], s["weights_device_bytes"], s["weights_host_pinned_bytes"])
     ctx.reset_stats()
     s = ctx.stats()
-    assert (s["weights_host_bytes"], s["weights_device_bytes"]) == placement  # placement figures stay
+    assert (s["weights_host_bytes"], s["weights_device_bytes"], s["weights_host_pinned_bytes"]) == placement
     assert all(s[k] == 0 for k in STATS_KEYS - {"weights_host_bytes", "weights_device_bytes", "n_layer", "n_expert",
-                                                "n_offloaded", "n_kept_host"})
+                                                "n_offloaded", "n_kept_host", "weights_host_pinned_bytes"})
     assert not any(s["n_offloaded"].values()) and not any(s["n_kept_host"].values())
 
 

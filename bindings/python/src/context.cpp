@@ -95,7 +95,7 @@ std::string overrides_string(const py::object& overrides) {
 std::unique_ptr<PyContext> create(const py::object& model_obj, int32_t n_ctx, int32_t n_ubatch, int32_t n_threads,
                                   const std::string& device, const py::object& tensor_overrides, int32_t n_cpu_moe,
                                   int32_t n_gpu_layers, uint64_t vram_budget,
-                                  const std::optional<moe_sched_policy>& policy) {
+                                  const std::optional<moe_sched_policy>& policy, const py::object& progress) {
     const int32_t device_id = device_from_name(device);
     if (!py::isinstance<moeinfer::Model>(model_obj)) {
         throw py::type_error("Context: model must be a moeinfer.Model, got " +
@@ -115,14 +115,15 @@ std::unique_ptr<PyContext> create(const py::object& model_obj, int32_t n_ctx, in
     params.vram_budget = vram_budget;
     params.policy = policy ? &*policy : nullptr;
     const int32_t n_vocab = model.info().n_vocab;
-    moe_context* raw = nullptr;
-    moe_status status = MOE_STATUS_OK;
+    const moeinfer::ProgressFn fn = progress_fn(progress);
+    std::optional<moeinfer::Context> created;
     {
-        py::gil_scoped_release release;  // allocating the KV cache of a large n_ctx takes a while
-        status = moe_context_create(model.get(), &params, &raw);
+        // Locking the weights' pages (read from disk when the file is cold), uploads and the KV cache
+        // take a while.
+        py::gil_scoped_release release;
+        created.emplace(moeinfer::Context::create(model, params, fn));
     }
-    moeinfer::check(status);
-    moeinfer::Context ctx(raw);
+    moeinfer::Context ctx = std::move(*created);
     params.tensor_overrides = nullptr;
     params.policy = nullptr;
     params.device = ctx.device();
@@ -220,6 +221,7 @@ py::dict stats(PyContext& self) {
     d["n_split_trials"] = s.n_split_trials;
     d["weights_host_bytes"] = s.weights_host_bytes;
     d["weights_device_bytes"] = s.weights_device_bytes;
+    d["weights_host_pinned_bytes"] = s.weights_host_pinned_bytes;
     d["n_layer"] = s.n_layer;
     d["n_expert"] = s.n_expert;
     return d;
@@ -261,7 +263,7 @@ The context keeps its Model alive. Use a context from one thread at a time (conc
 for each other); several contexts may share a model.)")
         .def(py::init(&create), "model"_a, "n_ctx"_a = 4096, "n_ubatch"_a = 512, "n_threads"_a = 0, "device"_a = "auto",
              py::kw_only(), "tensor_overrides"_a = py::none(), "n_cpu_moe"_a = 0, "n_gpu_layers"_a = -1,
-             "vram_budget"_a = 0, "policy"_a = py::none(),
+             "vram_budget"_a = 0, "policy"_a = py::none(), "progress"_a = py::none(),
              R"(Creates a context on `model`.
 
 n_ctx: KV cache capacity in tokens. n_ubatch: tokens per graph evaluation (longer inputs are
@@ -278,6 +280,12 @@ BACKEND is CPU for host RAM, GPU / CUDA0 / DEVICE for device memory). n_cpu_moe:
 tensors of layers 0 .. n_cpu_moe-1 stay in host RAM. n_gpu_layers: the last n_gpu_layers layers
 go to the device (-1: all). vram_budget: bytes of device memory for weights (0: what is free);
 expert tensors move to host RAM until the rest fits. policy: a moeinfer.Policy (None: defaults).
+Host-resident weights are used in place from the model's file, page-locked where the device allows
+(stats()["weights_host_pinned_bytes"]), not copied.
+
+progress, when given, is called with the fraction done of creation's long work (locking the
+host-resident weights' pages, which reads them from disk when the file is cold, then uploading the
+device-resident ones); returning False cancels (CancelledError). The GIL is released meanwhile.
 
 Raises ValueError for bad values (a bad regex or backend names its entry), MemoryError when the
 KV cache or the weights cannot be allocated or do not fit the budget.)")
@@ -341,7 +349,8 @@ n_activation_copies, n_id_readbacks, n_offloaded and n_kept_host (dicts by op na
 weights computed on the device / on the host), n_ops_host, n_ops_device, seconds_total,
 seconds_host_compute, seconds_wait, seconds_device_submit, n_split_layers, n_split_host_experts and
 n_split_trials (expert split), weights_host_bytes and weights_device_bytes (placement),
-n_layer and n_expert.)")
+weights_host_pinned_bytes (of the host-resident weights of a device context, the bytes page-locked
+in place for fast uploads; the rest are pageable), n_layer and n_expert.)")
         .def("expert_counts", &expert_counts,
              "Tokens that selected each expert since creation or reset_stats(): a new uint64 array "
              "[n_layer, n_expert].")
