@@ -781,7 +781,95 @@ MOE_API moe_status moe_model_meta_array_float(const moe_model* model, const char
  * out_len is not NULL, gets its length in bytes, which counts any NUL inside). OUT_OF_RANGE for an
  * index outside [0, n). */
 MOE_API moe_status moe_model_meta_array_string(const moe_model* model, const char* key, int64_t index,
-                                               const char** out_value, uint64_t* out_len);#ifdef __cplusplus
+                                               const char** out_value, uint64_t* out_len);/* ---------------------------------------------------------------------------------------------
+ * Chat templates: a conversation to the prompt text the model was trained on.
+ *
+ *     moe_chat_message msgs[2] = {{"system", "Be brief.", NULL}, {"user", "Hi!", NULL}};
+ *     int64_t n = 0;
+ *     moe_chat_apply_template(model, NULL, msgs, 2, 1, NULL, NULL, 0, &n);     (size it)
+ *     char* prompt = malloc(n);
+ *     moe_chat_apply_template(model, NULL, msgs, 2, 1, NULL, prompt, n, &n);
+ *     moe_tokenize(model, prompt, n, 0, 1, ...);                   (parse_special: the markers are tokens)
+ *
+ * Built-in renderers, one per template family of the architectures moeinfer runs; each gives, byte for
+ * byte, what jinja2 renders from the family's real template (as Hugging Face's apply_chat_template
+ * runs it) for plain system / user / assistant messages:
+ *   "chatml"       <|im_start|>role\ncontent<|im_end|>\n ... (templates with no reasoning markup and
+ *                  no default system prompt of their own)
+ *   "qwen3"        Qwen3: ChatML, reasoning of assistant turns after the last user message kept in
+ *                  <think>\n...\n</think>\n\n, earlier turns stripped of it; enable_thinking 0 writes the
+ *                  empty block <think>\n\n</think>\n\n after the generation prompt
+ *   "gpt-oss"      OpenAI harmony: the system message (model identity, knowledge cutoff, current date,
+ *                  reasoning effort, channels), a first system/developer message as developer
+ *                  instructions, final-channel turns; both published revisions of the template
+ *   "deepseek-v3", "deepseek-r1"   <｜User｜> / <｜Assistant｜> turns after BOS and the system prompt;
+ *                  R1 keeps only the text after </think> of earlier turns and opens <think>\n
+ *   "glm4.5"       [gMASK]<sop><|system|>/<|user|>/<|assistant|> with <think></think> blocks;
+ *                  enable_thinking 0 appends /nothink to user turns
+ * The family is detected from the template text (its markers: <|im_start|>; <|start|> with <|channel|>;
+ * <｜Assistant｜>; [gMASK]<sop>) unless moe_chat_params.template_name names one. A template none of
+ * them matches is MOE_STATUS_UNIMPLEMENTED, the message listing the families and how to choose one.
+ * Tools, tool calls and tool results are not rendered by the built-in renderers (a "tool" role is
+ * INVALID_ARGUMENT): the Python package renders any template, tools included, with jinja2
+ * (moeinfer.chat_template.render, Model.apply_chat_template).
+ *
+ * Output follows the "Output buffers" rule of the Text section (*out_n always gets the size needed;
+ * nothing is written when capacity is smaller). The text is UTF-8, not NUL-terminated.
+ * Thread safety: no shared state; any number of threads may call these at once.
+ * ------------------------------------------------------------------------------------------- */
+
+/* One message. Strings are NUL-terminated UTF-8, borrowed during the call. */
+typedef struct moe_chat_message {
+    const char* role;      /* "system", "user", "assistant" ("developer" as the first gpt-oss message) */
+    const char* content;   /* may be "", not NULL */
+    /* The assistant's reasoning, as Hugging Face's reasoning_content / thinking field (the
+     * templates keep or drop it as they do reasoning inside content). NULL: none. */
+    const char* reasoning;
+} moe_chat_message;
+
+typedef struct moe_chat_params {
+    uint32_t struct_size;
+    /* A built-in renderer by name ("chatml", "qwen3", "gpt-oss", "deepseek-v3", "deepseek-r1",
+     * "glm4.5"), overriding detection. NULL: detected from the template. Default: NULL. */
+    const char* template_name;
+    /* The template's enable_thinking variable: -1 leaves it undefined (the template's default:
+     * thinking on), 0 false, 1 true. Default: -1. */
+    int32_t enable_thinking;
+    /* gpt-oss: the reasoning_effort variable ("low", "medium", "high"). NULL: undefined (the
+     * template writes "medium"). Default: NULL. */
+    const char* reasoning_effort;
+    /* gpt-oss: the model_identity variable, the system message's first line. NULL: undefined (the
+     * template's "You are ChatGPT, a large language model trained by OpenAI."). Default: NULL. */
+    const char* model_identity;
+    /* gpt-oss: the "Current date:" text. NULL: today in local time as YYYY-MM-DD, as the template's
+     * strftime_now("%Y-%m-%d"). Default: NULL. */
+    const char* date;
+    /* The bos_token variable (DeepSeek templates start with it). NULL: the model's BOS token text,
+     * or "<｜begin▁of▁sentence｜>" without a model. Default: NULL. */
+    const char* bos_token;
+} moe_chat_params;
+
+/* Fills the defaults above. */
+MOE_API void moe_chat_params_init(moe_chat_params* params);
+
+/* Renders n_messages messages with the chat template `template_text` (NUL-terminated), or, when it
+ * is NULL, the model's tokenizer.chat_template; model may be NULL when template_text is given (or
+ * params->template_name names the renderer). add_generation_prompt (non-zero) ends the text with the
+ * header of an assistant turn for the model to complete. params may be NULL for defaults.
+ * Errors: INVALID_ARGUMENT (no messages, a NULL role or content, a role the renderer does not write,
+ * naming the message; an unknown template_name; content the template itself refuses, with the
+ * template's message), NOT_FOUND (template_text NULL and the model has no tokenizer.chat_template),
+ * UNIMPLEMENTED (no built-in renderer for the template). */
+MOE_API moe_status moe_chat_apply_template(const moe_model* model, const char* template_text,
+                                           const moe_chat_message* messages, int64_t n_messages,
+                                           int32_t add_generation_prompt, const moe_chat_params* params, char* buf,
+                                           int64_t capacity, int64_t* out_n);
+
+/* The built-in renderer a template text selects: *out_name gets its name (static storage).
+ * UNIMPLEMENTED (the message says why and lists the families) when none matches. */
+MOE_API moe_status moe_chat_template_detect(const char* template_text, const char** out_name);
+
+#ifdef __cplusplus
 } /* extern "C" */
 #endif
 

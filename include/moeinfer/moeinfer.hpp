@@ -433,6 +433,37 @@ private:
 };
 
 /* ---------------------------------------------------------------------------------------------
+ * Chat templates
+ * ------------------------------------------------------------------------------------------- */
+
+// Defaults of the C library (moe_chat_params_init).
+inline moe_chat_params chat_params() {
+    moe_chat_params p;
+    moe_chat_params_init(&p);
+    return p;
+}
+
+// moe_chat_apply_template: `model` may be nullptr when template_text is given; template_text nullptr
+// uses the model's tokenizer.chat_template. Strings in `messages` and `params` are borrowed.
+inline std::string chat_apply_template(const Model* model, const char* template_text,
+                                       const std::vector<moe_chat_message>& messages, bool add_generation_prompt,
+                                       const moe_chat_params& params = chat_params()) {
+    const std::vector<char> b = detail::sized_call<char>([&](char* buf, int64_t cap, int64_t* out_n) {
+        return moe_chat_apply_template(model != nullptr ? model->get() : nullptr, template_text, messages.data(),
+                                       static_cast<int64_t>(messages.size()), add_generation_prompt ? 1 : 0, &params,
+                                       buf, cap, out_n);
+    });
+    return std::string(b.begin(), b.end());
+}
+
+// The built-in renderer's name for a template text (moe_chat_template_detect).
+inline std::string chat_template_detect(const std::string& template_text) {
+    const char* name = nullptr;
+    check(moe_chat_template_detect(template_text.c_str(), &name));
+    return name;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Contexts and decoding
  * ------------------------------------------------------------------------------------------- */
 

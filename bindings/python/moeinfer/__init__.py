@@ -95,3 +95,10 @@ __all__ = [
     "TOKEN_UNUSED",
     "TOKEN_USER_DEFINED",
 ]
+
+# Chat templates: moeinfer.chat_template (jinja2 as Hugging Face runs it, and the C library's built-in
+# renderers) and Model.apply_chat_template.
+from . import chat_template  # noqa: E402
+
+Model.apply_chat_template = chat_template._model_method
+__all__.append("chat_template")

@@ -24,6 +24,7 @@ void bind_context(py::module_& m);
 void bind_synth(py::module_& m);
 void bind_bandwidth(py::module_& m);
 void bind_text(py::module_& m);  // after bind_model: it adds methods to Model
+void bind_chat(py::module_& m);
 
 // A path argument (str, bytes or os.PathLike) as the file system's bytes (os.fsencode); ValueError
 // when it contains a NUL byte.
