@@ -781,7 +781,9 @@ MOE_API moe_status moe_model_meta_array_float(const moe_model* model, const char
  * out_len is not NULL, gets its length in bytes, which counts any NUL inside). OUT_OF_RANGE for an
  * index outside [0, n). */
 MOE_API moe_status moe_model_meta_array_string(const moe_model* model, const char* key, int64_t index,
-                                               const char** out_value, uint64_t* out_len);/* ---------------------------------------------------------------------------------------------
+                                               const char** out_value, uint64_t* out_len);
+
+/* ---------------------------------------------------------------------------------------------
  * Chat templates: a conversation to the prompt text the model was trained on.
  *
  *     moe_chat_message msgs[2] = {{"system", "Be brief.", NULL}, {"user", "Hi!", NULL}};
