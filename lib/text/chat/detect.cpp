@@ -55,8 +55,8 @@ bool harmony_blank_after_instructions(std::string_view t) {
 Status unknown(const std::string& why) {
     return unimplemented("no built-in renderer for this chat template (" + why + "); the built-in families are " +
                          names() +
-                         ": choose one by name (moe_chat_params.template_name, moeinfer-run --chat-template-name, "
-                         "engine=\"c\" with template_name=) or render the template with jinja2 "
+                         ": choose one by name (moe_chat_params.template_name; in Python render_builtin(name=) or "
+                         "apply_chat_template(engine=\"c\", template_name=)) or render the template with jinja2 "
                          "(moeinfer.chat_template.render, the Python default)");
 }
 
