@@ -9,12 +9,13 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
+#include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/logits_check.h"
 #include "common/tiny_model.h"
 #include "core/host_registry.h"
 #include "moeinfer/moeinfer.h"
@@ -23,6 +24,8 @@
 namespace {
 
 using Model = moe::test::TinyModel;
+using moe::test::bitwise_equal;
+using moe::test::require_close;
 
 moe::HostRegistry& registry() { return moe::HostRegistry::of("emulated"); }
 
@@ -32,69 +35,11 @@ struct RefuseRegistration {
     ~RefuseRegistration() { registry().set_refuse(false); }
 };
 
-moe_sched_policy offload_everything() {
-    moe_sched_policy p;
-    moe_sched_policy_init(&p);
-    REQUIRE(moe_sched_policy_parse_offload(&p, "all=1") == MOE_STATUS_OK);  // every ubatch uploads
-    p.expert_split = 0;  // bitwise comparisons: nothing may depend on timing
-    return p;
-}
-
-struct Ctx {
-    moe_context* ctx = nullptr;
-    Ctx(moe_model* m, int32_t device, const char* overrides, int32_t expert_copy = MOE_EXPERT_COPY_FULL) {
-        moe_sched_policy pol = offload_everything();
-        pol.expert_copy = expert_copy;
-        moe_context_params p;
-        moe_context_params_init(&p);
-        p.n_ctx = 128;
-        p.n_ubatch = 16;
-        p.n_threads = 2;
-        p.device = device;
-        p.tensor_overrides = overrides;
-        p.policy = &pol;
-        const moe_status s = moe_context_create(m, &p, &ctx);
-        INFO(moe_last_error());
-        REQUIRE(s == MOE_STATUS_OK);
-    }
-    ~Ctx() { moe_context_free(ctx); }
-    Ctx(const Ctx&) = delete;
-    Ctx& operator=(const Ctx&) = delete;
-    std::vector<float> decode(const std::vector<int32_t>& tokens) {
-        const moe_status s = moe_decode(ctx, tokens.data(), nullptr, static_cast<int32_t>(tokens.size()), 1);
-        INFO(moe_last_error());
-        REQUIRE(s == MOE_STATUS_OK);
-        const float* logits = nullptr;
-        int32_t rows = 0, nv = 0;
-        REQUIRE(moe_get_logits(ctx, &logits, &rows, &nv) == MOE_STATUS_OK);
-        return std::vector<float>(logits, logits + static_cast<size_t>(rows) * static_cast<size_t>(nv));
-    }
-    moe_sched_stats stats() const {
-        moe_sched_stats st;
-        st.struct_size = sizeof st;
-        REQUIRE(moe_context_get_stats(ctx, &st) == MOE_STATUS_OK);
-        return st;
-    }
+// n_ctx 128, n_ubatch 16: several ubatches per prompt.
+struct Ctx : moe::test::UploadingContext {
+    Ctx(moe_model* m, int32_t device, const char* overrides, int32_t expert_copy = MOE_EXPERT_COPY_FULL)
+        : UploadingContext(m, device, overrides, 128, 16, expert_copy) {}
 };
-
-void require_close(const std::vector<float>& got, const std::vector<float>& want, int32_t n_vocab) {
-    REQUIRE(got.size() == want.size());
-    for (size_t r = 0; r < want.size() / static_cast<size_t>(n_vocab); ++r) {
-        double maxdiff = 0, maxw = 0;
-        for (int32_t i = 0; i < n_vocab; ++i) {
-            const double g = got[r * n_vocab + i], w = want[r * n_vocab + i];
-            REQUIRE(std::isfinite(g));
-            maxdiff = std::max(maxdiff, std::fabs(g - w));
-            maxw = std::max(maxw, std::fabs(w));
-        }
-        INFO("row " << r << ": max diff " << maxdiff << ", max |cpu| " << maxw);
-        REQUIRE(maxdiff <= 1e-4 * maxw);
-    }
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 std::vector<std::vector<int32_t>> token_batches(std::mt19937& rng, int32_t n_vocab) {
     std::uniform_int_distribution<int32_t> tok(0, n_vocab - 1);
@@ -105,21 +50,6 @@ std::vector<std::vector<int32_t>> token_batches(std::mt19937& rng, int32_t n_voc
         batches.push_back(std::move(b));
     }
     return batches;
-}
-
-// Bytes of the tensors whose name contains `part`, from the public tensor table.
-uint64_t bytes_of(moe_model* m, const char* part) {
-    moe_model_info info;
-    moe_model_info_init(&info);
-    REQUIRE(moe_model_get_info(m, &info) == MOE_STATUS_OK);
-    uint64_t total = 0;
-    for (int32_t i = 0; i < info.n_tensors; ++i) {
-        moe_tensor_info t;
-        moe_tensor_info_init(&t);
-        REQUIRE(moe_model_get_tensor(m, i, &t) == MOE_STATUS_OK);
-        if (std::strstr(t.name, part) != nullptr) total += t.n_bytes;
-    }
-    return total;
 }
 
 // Every host-side weight of ctx points at the model's own bytes (used in place, not copied).
@@ -138,12 +68,6 @@ void require_in_place(const moe_context& ctx) {
     CHECK(host_weights > 0);
 }
 
-std::vector<std::vector<float>> run(Ctx& c, const std::vector<std::vector<int32_t>>& batches) {
-    std::vector<std::vector<float>> out;
-    for (const auto& b : batches) out.push_back(c.decode(b));
-    return out;
-}
-
 }  // namespace
 
 TEST_CASE("host weights are used in place, page-locked or staged, with the same logits", "[sched]") {
@@ -153,10 +77,10 @@ TEST_CASE("host weights are used in place, page-locked or staged, with the same 
         const int32_t nv = m.info().n_vocab;
         const auto batches = token_batches(rng, nv);
         Ctx cpu(m.get(), MOE_DEVICE_CPU, nullptr);
-        const auto want = run(cpu, batches);
+        const auto want = cpu.run(batches);
         CHECK(cpu.stats().weights_host_pinned_bytes == 0);  // a CPU context locks nothing
 
-        const uint64_t experts = bytes_of(m.get(), "_exps.");
+        const uint64_t experts = moe::test::tensor_bytes_containing(m.get(), "_exps.");
         REQUIRE(experts > 0);
         for (int32_t copy : {MOE_EXPERT_COPY_FULL, MOE_EXPERT_COPY_ACTIVE_ONLY}) {
             INFO(arch << " expert copy " << copy);
@@ -168,16 +92,16 @@ TEST_CASE("host weights are used in place, page-locked or staged, with the same 
                 Ctx staged(m.get(), MOE_DEVICE_EMULATED, "exps=CPU", copy);
                 CHECK(registry().n_ranges() == 0);
                 CHECK(staged.stats().weights_host_pinned_bytes == 0);
-                require_in_place(*staged.ctx);
-                staged_logits = run(staged, batches);
+                require_in_place(*staged.get());
+                staged_logits = staged.run(batches);
                 const moe_sched_stats st = staged.stats();
                 CHECK(st.bytes_weights_full + st.bytes_weights_experts > 0);  // the staged path ran
             }
             Ctx pinned(m.get(), MOE_DEVICE_EMULATED, "exps=CPU", copy);
             CHECK(registry().n_ranges() > 0);
             CHECK(pinned.stats().weights_host_pinned_bytes == experts);
-            require_in_place(*pinned.ctx);
-            const auto got = run(pinned, batches);
+            require_in_place(*pinned.get());
+            const auto got = pinned.run(batches);
             for (size_t i = 0; i < batches.size(); ++i) {
                 require_close(got[i], want[i], nv);
                 CHECK(bitwise_equal(staged_logits[i], got[i]));
@@ -195,8 +119,8 @@ TEST_CASE("contexts on one model share the page-locked ranges", "[sched]") {
     const int32_t nv = m.info().n_vocab;
     const auto batches = token_batches(rng, nv);
     Ctx cpu(m.get(), MOE_DEVICE_CPU, nullptr);
-    const auto want = run(cpu, batches);
-    const uint64_t experts = bytes_of(m.get(), "_exps.");
+    const auto want = cpu.run(batches);
+    const uint64_t experts = moe::test::tensor_bytes_containing(m.get(), "_exps.");
 
     auto first = std::make_unique<Ctx>(m.get(), MOE_DEVICE_EMULATED, "exps=CPU");
     const size_t ranges = registry().n_ranges();
@@ -208,13 +132,13 @@ TEST_CASE("contexts on one model share the page-locked ranges", "[sched]") {
         // Another placement: runs that overlap the held ones differently stay pageable; still correct.
         Ctx other(m.get(), MOE_DEVICE_EMULATED, "blk\\.0\\.ffn_(up|gate)_exps=CPU");
         CHECK(other.stats().weights_host_pinned_bytes <= experts);
-        const auto got = run(other, batches);
+        const auto got = other.run(batches);
         for (size_t i = 0; i < batches.size(); ++i) require_close(got[i], want[i], nv);
     }
     CHECK(registry().n_ranges() == ranges);
     first.reset();  // the second context's ranges stay locked
     CHECK(registry().n_ranges() == ranges);
-    const auto got = run(second, batches);
+    const auto got = second.run(batches);
     for (size_t i = 0; i < batches.size(); ++i) require_close(got[i], want[i], nv);
 }
 
@@ -242,10 +166,10 @@ TEST_CASE("a model read into memory (use_mmap = 0) is used in place too", "[sche
     const auto batches = token_batches(rng, mapped.info().n_vocab);
     Ctx a(mapped.get(), MOE_DEVICE_EMULATED, "exps=CPU");
     Ctx b(read_in.get(), MOE_DEVICE_EMULATED, "exps=CPU");
-    CHECK(b.stats().weights_host_pinned_bytes == bytes_of(read_in.get(), "_exps."));
-    require_in_place(*b.ctx);
-    const auto want = run(a, batches);
-    const auto got = run(b, batches);
+    CHECK(b.stats().weights_host_pinned_bytes == moe::test::tensor_bytes_containing(read_in.get(), "_exps."));
+    require_in_place(*b.get());
+    const auto want = a.run(batches);
+    const auto got = b.run(batches);
     for (size_t i = 0; i < batches.size(); ++i) CHECK(bitwise_equal(got[i], want[i]));
 }
 

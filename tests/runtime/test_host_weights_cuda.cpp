@@ -6,13 +6,13 @@
 // memory. Expert bytes are checked against the public tensor table.
 #include <catch2/catch.hpp>
 
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "moeinfer/moeinfer.h"
 #if MOEINFER_HAS_CUDA
+#include "common/logits_check.h"
 #include "common/tiny_model.h"
 #include "core/host_registry.h"
 #include "cuda/cuda_backend.h"
@@ -22,61 +22,11 @@
 #if MOEINFER_HAS_CUDA
 namespace {
 
-struct Ctx {
-    moe_context* ctx = nullptr;
-    Ctx(moe_model* m, const char* overrides) {
-        moe_sched_policy pol;
-        moe_sched_policy_init(&pol);
-        REQUIRE(moe_sched_policy_parse_offload(&pol, "all=1") == MOE_STATUS_OK);  // every ubatch uploads
-        pol.expert_split = 0;  // bitwise comparison: nothing may depend on timing
-        moe_context_params p;
-        moe_context_params_init(&p);
-        p.n_ctx = 256;
-        p.n_ubatch = 32;
-        p.device = MOE_DEVICE_CUDA;
-        p.tensor_overrides = overrides;
-        p.policy = &pol;
-        const moe_status s = moe_context_create(m, &p, &ctx);
-        INFO(moe_last_error());
-        REQUIRE(s == MOE_STATUS_OK);
-    }
-    ~Ctx() { moe_context_free(ctx); }
-    Ctx(const Ctx&) = delete;
-    Ctx& operator=(const Ctx&) = delete;
-    std::vector<float> decode(const std::vector<int32_t>& tokens) {
-        REQUIRE(moe_decode(ctx, tokens.data(), nullptr, static_cast<int32_t>(tokens.size()), 1) == MOE_STATUS_OK);
-        const float* logits = nullptr;
-        int32_t rows = 0, nv = 0;
-        REQUIRE(moe_get_logits(ctx, &logits, &rows, &nv) == MOE_STATUS_OK);
-        return std::vector<float>(logits, logits + static_cast<size_t>(rows) * static_cast<size_t>(nv));
-    }
-    uint64_t pinned_bytes() const {
-        moe_sched_stats st;
-        st.struct_size = sizeof st;
-        REQUIRE(moe_context_get_stats(ctx, &st) == MOE_STATUS_OK);
-        return st.weights_host_pinned_bytes;
-    }
+// n_ctx 256, n_ubatch 32: prefills past the GEMM threshold, then GEMV sizes.
+struct Ctx : moe::test::UploadingContext {
+    Ctx(moe_model* m, const char* overrides) : UploadingContext(m, MOE_DEVICE_CUDA, overrides, 256, 32) {}
+    uint64_t pinned_bytes() const { return stats().weights_host_pinned_bytes; }
 };
-
-uint64_t expert_bytes(moe_model* m) {
-    moe_model_info info;
-    moe_model_info_init(&info);
-    REQUIRE(moe_model_get_info(m, &info) == MOE_STATUS_OK);
-    uint64_t total = 0;
-    for (int32_t i = 0; i < info.n_tensors; ++i) {
-        moe_tensor_info t;
-        moe_tensor_info_init(&t);
-        REQUIRE(moe_model_get_tensor(m, i, &t) == MOE_STATUS_OK);
-        if (std::strstr(t.name, "_exps.") != nullptr) total += t.n_bytes;
-    }
-    return total;
-}
-
-std::vector<std::vector<float>> run(Ctx& c, const std::vector<std::vector<int32_t>>& batches) {
-    std::vector<std::vector<float>> out;
-    for (const auto& b : batches) out.push_back(c.decode(b));
-    return out;
-}
 
 }  // namespace
 #endif
@@ -105,24 +55,23 @@ TEST_CASE("cuda contexts use host weights in place, registered or staged, with t
             for (auto& t : b) t = tok(rng);
             batches.push_back(std::move(b));
         }
-        const uint64_t experts = expert_bytes(m.get());
+        const uint64_t experts = moe::test::tensor_bytes_containing(m.get(), "_exps.");
         std::vector<std::vector<float>> staged_logits;
         {
             registry.set_refuse(true);
             Ctx staged(m.get(), "exps=CPU");
             registry.set_refuse(false);
             CHECK(staged.pinned_bytes() == 0);
-            staged_logits = run(staged, batches);
+            staged_logits = staged.run(batches);
         }
         REQUIRE(registry.n_ranges() == 0);
         Ctx pinned(m.get(), "exps=CPU");
-        INFO("first refusal: " << pinned.ctx->host_weights.first_refusal());
+        INFO("first refusal: " << pinned.get()->host_weights.first_refusal());
         CHECK(pinned.pinned_bytes() == experts);
         CHECK(registry.n_ranges() > 0);
-        const auto got = run(pinned, batches);
+        const auto got = pinned.run(batches);
         for (size_t i = 0; i < batches.size(); ++i) {
-            REQUIRE(got[i].size() == staged_logits[i].size());
-            CHECK(std::memcmp(got[i].data(), staged_logits[i].data(), got[i].size() * sizeof(float)) == 0);
+            CHECK(moe::test::bitwise_equal(got[i], staged_logits[i]));
         }
 
         // A second context shares the registrations; a model read into memory registers its own.
@@ -137,11 +86,11 @@ TEST_CASE("cuda contexts use host weights in place, registered or staged, with t
         REQUIRE(moe_model_load(m.path().c_str(), &mp, &read_in) == MOE_STATUS_OK);
         {
             Ctx in_memory(read_in, "exps=CPU");
-            INFO("first refusal: " << in_memory.ctx->host_weights.first_refusal());
+            INFO("first refusal: " << in_memory.get()->host_weights.first_refusal());
             CHECK(in_memory.pinned_bytes() == experts);
-            const auto again = run(in_memory, batches);
+            const auto again = in_memory.run(batches);
             for (size_t i = 0; i < batches.size(); ++i) {
-                CHECK(std::memcmp(again[i].data(), got[i].data(), got[i].size() * sizeof(float)) == 0);
+                CHECK(moe::test::bitwise_equal(again[i], got[i]));
             }
         }
         moe_model_free(read_in);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/logits_check.h"
 #include "common/tiny_model.h"
 #include "moeinfer/moeinfer.h"
 #include "runtime/context.h"
@@ -20,6 +21,7 @@
 namespace {
 
 using Model = moe::test::TinyModel;
+using moe::test::require_close;
 
 // A tiny Q8_0 model; skew is the synthetic router's routing skew, n_layer 0 the preset's.
 moe::test::TinyModelOptions model_options(float skew = 0.0f, int32_t n_layer = 0) {
@@ -69,21 +71,6 @@ struct Ctx {
         return c;
     }
 };
-
-void require_close(const std::vector<float>& got, const std::vector<float>& want, int32_t n_vocab) {
-    REQUIRE(got.size() == want.size());
-    for (size_t r = 0; r < want.size() / static_cast<size_t>(n_vocab); ++r) {
-        double maxdiff = 0, maxw = 0;
-        for (int32_t i = 0; i < n_vocab; ++i) {
-            const double g = got[r * n_vocab + i], w = want[r * n_vocab + i];
-            REQUIRE(std::isfinite(g));
-            maxdiff = std::max(maxdiff, std::fabs(g - w));
-            maxw = std::max(maxw, std::fabs(w));
-        }
-        INFO("row " << r << ": max diff " << maxdiff << ", max |cpu| " << maxw);
-        REQUIRE(maxdiff <= 1e-4 * maxw);
-    }
-}
 
 std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int32_t n_vocab) {
     std::uniform_int_distribution<int32_t> tok(0, n_vocab - 1);
