@@ -636,6 +636,132 @@ MOE_API void moe_bandwidth_result_init(moe_bandwidth_result* result);
 MOE_API moe_status moe_measure_bandwidth(const moe_bandwidth_params* params, moe_bandwidth_result* out_result);
 
 /* ---------------------------------------------------------------------------------------------
+ * Sampling: logits -> next token
+ *
+ *     moe_sampler_params sp;
+ *     moe_sampler_params_init(&sp);
+ *     sp.seed = 1234;                                  (the same tokens on every run; default: random)
+ *     moe_sampler* smpl = NULL;
+ *     moe_sampler_create(&sp, info.n_vocab, &smpl);
+ *     moe_sampler_accept(smpl, prompt, n_prompt);      (the penalties count the prompt too)
+ *     moe_decode(ctx, prompt, NULL, n_prompt, 0);
+ *     for (i = 0; i < n_predict; ++i) {
+ *         moe_get_logits(ctx, &logits, &n_rows, &n_vocab);
+ *         moe_sampler_sample(smpl, logits, n_vocab, &tok);
+ *         moe_sampler_accept(smpl, &tok, 1);
+ *         moe_decode(ctx, &tok, NULL, 1, 0);
+ *     }
+ *     moe_sampler_free(smpl);
+ *
+ * The chain, in this order (llama.cpp's stages and defaults). Candidates start as every token id with
+ * its logit; "probability" is the softmax of the logits over the candidates left at that step.
+ *  1. Penalties, for each token that occurs c > 0 times among the last repeat_last_n accepted tokens:
+ *     logit l becomes l / repeat_penalty when l > 0, else l * repeat_penalty; then
+ *     l - (c * frequency_penalty + presence_penalty).
+ *  2. Logit bias: each entry's bias is added to its token's logit (entries for one token add up).
+ *     Candidates whose logit is now -inf are dropped (a bias of -INFINITY bans a token).
+ *  3. Greedy, when temperature <= 0: only the highest logit stays (the lowest id among equal ones),
+ *     with probability 1, and sampling it takes nothing from the PRNG. Steps 4-6 always keep the
+ *     highest logit, so greedy skips them and step 7.
+ *  4. Top-k: the top_k highest logits stay (among equal logits the lower ids). 0: off.
+ *  5. Top-p: with probabilities at temperature 1, the fewest most probable candidates whose
+ *     probabilities sum to at least top_p stay (at least min_keep). 1: off.
+ *  6. Min-p: candidates whose probability is at least min_p times the highest one stay, i.e. those
+ *     with logit >= max logit + ln(min_p); when fewer than min_keep do, the min_keep best. 0: off.
+ *  7. Temperature: probabilities p = softmax(logit / temperature) over the candidates left.
+ *  8. Draw: u = (x >> 11) * 2^-53 in [0, 1), where x is the next output of the mt19937_64 generator
+ *     (the C++ standard's std::mt19937_64) seeded with `seed`; the token is the first candidate, in
+ *     ascending id order, at which the running sum of p exceeds u * (the sum of all p). Each draw
+ *     takes exactly one output, so the k-th draw since creation or reset uses the k-th output, and a
+ *     seed gives the same tokens on every platform (barring a u within rounding of a boundary
+ *     between two candidates, where libm's last bit can decide).
+ *
+ * Thread safety: use a sampler from one thread at a time; samplers are independent of each other
+ * and of contexts.
+ * ------------------------------------------------------------------------------------------- */
+
+/* A sampler chain with its penalties' history and its PRNG. */
+typedef struct moe_sampler moe_sampler;
+
+/* moe_sampler_params.seed: draw a seed from the operating system at creation
+ * (moe_sampler_get_seed then tells which, to reproduce the run). */
+#define MOE_SAMPLER_SEED_RANDOM UINT64_MAX
+
+/* One logit bias entry. */
+typedef struct moe_logit_bias {
+    int32_t token;  /* in [0, n_vocab), else OUT_OF_RANGE */
+    float bias;     /* added to the token's logit: finite, or -INFINITY to ban the token */
+} moe_logit_bias;
+
+typedef struct moe_sampler_params {
+    uint32_t struct_size;
+    /* Divides the logits before the draw; <= 0: greedy. Finite. Default: 0.8. */
+    float temperature;
+    /* Keep the top_k most likely tokens; 0: off. >= 0. Default: 40. */
+    int32_t top_k;
+    /* Keep the most likely tokens up to a probability mass of top_p; in (0, 1], 1: off. Default: 0.95. */
+    float top_p;
+    /* Keep tokens at least min_p times as likely as the most likely one; in [0, 1], 0: off.
+     * Default: 0.05. */
+    float min_p;
+    /* Top-p and min-p keep at least this many tokens (0 and 1 both mean one). >= 0. Default: 0. */
+    int32_t min_keep;
+    /* How many of the last accepted tokens the penalties look at; 0: none (penalties off), -1: every
+     * token accepted since creation or reset. >= -1. Default: 64. */
+    int32_t repeat_last_n;
+    /* Repetition penalty (CTRL, with negative logits multiplied); 1: off. Finite, > 0. Default: 1.0. */
+    float repeat_penalty;
+    /* Subtracted from a logit once per occurrence of its token in the window; 0: off. Finite (negative
+     * values encourage repetition). Default: 0. */
+    float frequency_penalty;
+    /* Subtracted once from the logit of every token that occurs in the window; 0: off. Finite.
+     * Default: 0. */
+    float presence_penalty;
+    /* Number of entries in logit_bias. >= 0. Default: 0. */
+    int32_t n_logit_bias;
+    /* n_logit_bias entries (may be NULL when there are none). Copied by moe_sampler_create.
+     * Default: NULL. */
+    const moe_logit_bias* logit_bias;
+    /* Seed of the PRNG, or MOE_SAMPLER_SEED_RANDOM. Default: MOE_SAMPLER_SEED_RANDOM. */
+    uint64_t seed;
+} moe_sampler_params;
+
+MOE_API void moe_sampler_params_init(moe_sampler_params* params);
+
+/* Creates a sampler for logits of n_vocab tokens. `params` may be NULL for defaults. On success
+ * *out_sampler owns the sampler; free it with moe_sampler_free.
+ * Errors: INVALID_ARGUMENT (n_vocab <= 0, a bad parameter: NaN or infinite temperature, top_p
+ * outside (0, 1], ...; the message names the field), OUT_OF_RANGE (a logit bias token outside
+ * [0, n_vocab)). */
+MOE_API moe_status moe_sampler_create(const moe_sampler_params* params, int32_t n_vocab, moe_sampler** out_sampler);
+
+/* Frees a sampler. NULL is a no-op. */
+MOE_API void moe_sampler_free(moe_sampler* sampler);
+
+/* Appends n_tokens tokens to the penalties' history (the prompt, then each token kept).
+ * moe_sampler_sample does not: the caller decides what enters the sequence. n_tokens may be 0.
+ * OUT_OF_RANGE (nothing appended) when a token is outside [0, n_vocab). */
+MOE_API moe_status moe_sampler_accept(moe_sampler* sampler, const int32_t* tokens, int32_t n_tokens);
+
+/* Runs the chain on logits[0, n_vocab) and draws the next token into *out_token.
+ * n_vocab must equal the sampler's. Errors: INVALID_ARGUMENT (NULL pointer, n_vocab mismatch, a NaN
+ * or +inf logit, every logit -inf after the penalties and logit bias). */
+MOE_API moe_status moe_sampler_sample(moe_sampler* sampler, const float* logits, int32_t n_vocab, int32_t* out_token);
+
+/* Runs the chain without drawing (the PRNG does not move) and reports the candidates left: their ids
+ * and probabilities (step 7's p, summing to 1), most probable first (equal ones by ascending id).
+ * Up to `capacity` entries are written to out_ids / out_probs (NULL when capacity is 0); *out_n gets
+ * the number of candidates (call with capacity 0 to size the arrays). Errors as moe_sampler_sample. */
+MOE_API moe_status moe_sampler_apply(moe_sampler* sampler, const float* logits, int32_t n_vocab, int32_t* out_ids,
+                                     float* out_probs, int32_t capacity, int32_t* out_n);
+
+/* Empties the history and re-seeds the PRNG with the same seed: the sampler draws as if just created. */
+MOE_API moe_status moe_sampler_reset(moe_sampler* sampler);
+
+/* The seed in use: params.seed, or the one drawn for MOE_SAMPLER_SEED_RANDOM. */
+MOE_API moe_status moe_sampler_get_seed(const moe_sampler* sampler, uint64_t* out_seed);
+
+/* ---------------------------------------------------------------------------------------------
  * Text: the model's own tokenizer (from its tokenizer.ggml.* metadata), detokenization, and
  * metadata arrays.
  *

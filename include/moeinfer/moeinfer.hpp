@@ -710,6 +710,82 @@ inline moe_bandwidth_result measure_bandwidth(const moe_bandwidth_params& params
     return r;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Sampling
+ * ------------------------------------------------------------------------------------------- */
+
+// Defaults of the C library (moe_sampler_params_init); change fields, then pass to Sampler::create.
+inline moe_sampler_params sampler_params() {
+    moe_sampler_params p;
+    moe_sampler_params_init(&p);
+    return p;
+}
+
+// The candidates left after a sampler's chain, most probable first (moe_sampler_apply).
+struct Candidates {
+    std::vector<int32_t> ids;
+    std::vector<float> probs;
+};
+
+// An owned moe_sampler (the chain and its order: moeinfer.h, "Sampling"). Movable, not copyable; one
+// thread at a time. Every call throws Error on failure.
+class Sampler {
+public:
+    // params.logit_bias is copied during the call.
+    static Sampler create(int32_t n_vocab, const moe_sampler_params& params = sampler_params()) {
+        moe_sampler* raw = nullptr;
+        check(moe_sampler_create(&params, n_vocab, &raw));
+        return Sampler(raw, n_vocab);
+    }
+
+    // Takes ownership of a handle from moe_sampler_create (may be NULL) made for n_vocab tokens.
+    Sampler(moe_sampler* sampler, int32_t n_vocab) noexcept : sampler_(sampler), n_vocab_(n_vocab) {}
+
+    moe_sampler* get() noexcept { return sampler_.get(); }
+    const moe_sampler* get() const noexcept { return sampler_.get(); }
+    explicit operator bool() const noexcept { return sampler_ != nullptr; }
+    int32_t n_vocab() const noexcept { return n_vocab_; }
+
+    // The next token from logits[0, n_vocab). Not accepted: call accept() with the tokens kept.
+    int32_t sample(const float* logits, int32_t n_vocab) {
+        int32_t token = -1;
+        check(moe_sampler_sample(get(), logits, n_vocab, &token));
+        return token;
+    }
+
+    // Feeds the penalties' history.
+    void accept(const int32_t* tokens, int32_t n_tokens) { check(moe_sampler_accept(get(), tokens, n_tokens)); }
+    void accept(int32_t token) { accept(&token, 1); }
+    void accept(const std::vector<int32_t>& tokens) { accept(tokens.data(), static_cast<int32_t>(tokens.size())); }
+
+    // The chain without a draw: at most max_n candidates (< 0: all), most probable first.
+    Candidates apply(const float* logits, int32_t n_vocab, int32_t max_n = -1) {
+        const int32_t capacity = max_n < 0 ? std::max(n_vocab, 0) : max_n;
+        Candidates c;
+        c.ids.resize(static_cast<size_t>(capacity));
+        c.probs.resize(static_cast<size_t>(capacity));
+        int32_t n = 0;
+        check(moe_sampler_apply(get(), logits, n_vocab, c.ids.data(), c.probs.data(), capacity, &n));
+        c.ids.resize(static_cast<size_t>(std::min(n, capacity)));
+        c.probs.resize(c.ids.size());
+        return c;
+    }
+
+    // Empties the history and re-seeds the PRNG: draws repeat from the start.
+    void reset() { check(moe_sampler_reset(get())); }
+
+    // The seed in use (the drawn one for MOE_SAMPLER_SEED_RANDOM).
+    uint64_t seed() const {
+        uint64_t s = 0;
+        check(moe_sampler_get_seed(get(), &s));
+        return s;
+    }
+
+private:
+    detail::Handle<moe_sampler, moe_sampler_free> sampler_;
+    int32_t n_vocab_ = 0;
+};
+
 }  // namespace moeinfer
 
 #endif /* MOEINFER_HPP */

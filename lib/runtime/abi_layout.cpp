@@ -141,3 +141,22 @@ static_assert(offsetof(moe_bandwidth_result, host_bytes) == 56);
 static_assert(offsetof(moe_bandwidth_result, n_threads) == 64);
 static_assert(offsetof(moe_bandwidth_result, repetitions) == 68);
 static_assert(sizeof(moe_bandwidth_result) == 72);
+
+static_assert(offsetof(moe_logit_bias, token) == 0);
+static_assert(offsetof(moe_logit_bias, bias) == 4);
+static_assert(sizeof(moe_logit_bias) == 8);
+
+static_assert(offsetof(moe_sampler_params, struct_size) == 0);
+static_assert(offsetof(moe_sampler_params, temperature) == 4);
+static_assert(offsetof(moe_sampler_params, top_k) == 8);
+static_assert(offsetof(moe_sampler_params, top_p) == 12);
+static_assert(offsetof(moe_sampler_params, min_p) == 16);
+static_assert(offsetof(moe_sampler_params, min_keep) == 20);
+static_assert(offsetof(moe_sampler_params, repeat_last_n) == 24);
+static_assert(offsetof(moe_sampler_params, repeat_penalty) == 28);
+static_assert(offsetof(moe_sampler_params, frequency_penalty) == 32);
+static_assert(offsetof(moe_sampler_params, presence_penalty) == 36);
+static_assert(offsetof(moe_sampler_params, n_logit_bias) == 40);
+static_assert(offsetof(moe_sampler_params, logit_bias) == 48);
+static_assert(offsetof(moe_sampler_params, seed) == 56);
+static_assert(sizeof(moe_sampler_params) == 64);

@@ -23,6 +23,7 @@ void bind_policy(py::module_& m);
 void bind_context(py::module_& m);
 void bind_synth(py::module_& m);
 void bind_bandwidth(py::module_& m);
+void bind_sampler(py::module_& m);
 void bind_text(py::module_& m);  // after bind_model: it adds methods to Model
 void bind_chat(py::module_& m);
 

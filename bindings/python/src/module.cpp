@@ -14,6 +14,7 @@ PYBIND11_MODULE(_moeinfer, m) {
     moeinfer_py::bind_context(m);
     moeinfer_py::bind_synth(m);
     moeinfer_py::bind_bandwidth(m);
+    moeinfer_py::bind_sampler(m);
     moeinfer_py::bind_text(m);
     moeinfer_py::bind_chat(m);
 }
