@@ -33,6 +33,10 @@ The Python face of the moeinfer C library (every call goes through its C API)::
 
     bw = moeinfer.measure_bandwidth("cuda")               # GB/s: host_read, h2d_pinned, ...
 
+    smpl = moeinfer.Sampler(model.info.n_vocab, temperature=0.7, seed=1)  # top-k/p, min-p, penalties
+    smpl.accept([1, 2, 3])                                # the penalties' history
+    tok = smpl.sample(logits[-1])                         # a token id; smpl.accept(tok) to keep it
+
 Errors raise Python exceptions carrying the library's message: ValueError (bad arguments),
 FileNotFoundError, KeyError (missing tensor or metadata key), MemoryError, NotImplementedError,
 OSError, DataCorruptError (a malformed file; a ValueError), CancelledError (a progress callback
