@@ -997,6 +997,82 @@ MOE_API moe_status moe_chat_apply_template(const moe_model* model, const char* t
  * UNIMPLEMENTED (the message says why and lists the families) when none matches. */
 MOE_API moe_status moe_chat_template_detect(const char* template_text, const char** out_name);
 
+/* ---------------------------------------------------------------------------------------------
+ * Generation
+ *
+ * moe_generate runs the decode loop over a prompt: it decodes the prompt (reusing the part of the
+ * context's KV cache that the prompt starts with), then samples, streams and decodes tokens until an
+ * end-of-generation token, a stop string, max_tokens, the callback or a full context ends it.
+ * Thread safety: as moe_decode (one call at a time per context and per sampler).
+ * ------------------------------------------------------------------------------------------- */
+
+/* Receives each piece of generated text (UTF-8, whole characters, `len` bytes, not NUL-terminated;
+ * borrowed during the call). Returns non-zero to go on, 0 to stop the generation. */
+typedef int (*moe_piece_fn)(const char* text, size_t len, void* user_data);
+
+/* Why a generation ended. */
+typedef enum moe_stop_reason {
+    MOE_STOP_MAX_TOKENS = 0,   /* max_tokens tokens were generated */
+    MOE_STOP_EOG = 1,          /* the model drew an end-of-generation token (see moe_token_is_eog) */
+    MOE_STOP_STRING = 2,       /* the text reached a stop string */
+    MOE_STOP_CALLBACK = 3,     /* on_piece returned 0 */
+    MOE_STOP_CONTEXT_FULL = 4  /* the KV cache holds n_ctx tokens */
+} moe_stop_reason;
+
+typedef struct moe_generate_params {
+    uint32_t struct_size;
+    /* Most tokens to generate. >= 0 (0: the prompt is decoded, nothing is generated). Default: 128. */
+    int32_t max_tokens;
+    /* n_stop NUL-terminated, non-empty UTF-8 strings: the generation stops after the first token with
+     * which the text contains one of them, and the text is cut where the earliest of those starts (the
+     * stop string and what follows are not passed to on_piece). Text that may begin a stop string is
+     * held back until it is known not to. Borrowed during the call. Default: NULL, 0. */
+    const char* const* stop;
+    int32_t n_stop;
+    /* Called with each piece of text (may be NULL). Default: NULL. */
+    moe_piece_fn on_piece;
+    void* user_data;
+    /* Non-zero: control tokens are rendered as their text. Default: 0. */
+    int32_t render_special;
+    /* Optional output of the generated ids (the end-of-generation token excluded): the first
+     * min(n_generated, tokens_capacity) are written. Default: NULL, 0. */
+    int32_t* tokens;
+    int32_t tokens_capacity;
+} moe_generate_params;
+
+/* Fills the defaults above. */
+MOE_API void moe_generate_params_init(moe_generate_params* params);
+
+typedef struct moe_generate_result {
+    uint32_t struct_size;
+    int32_t n_prompt_reused;  /* prompt tokens found in the KV cache and not decoded again */
+    int32_t n_prompt_decoded; /* prompt tokens decoded (n_prompt - n_prompt_reused) */
+    int32_t n_generated;      /* tokens generated (the end-of-generation token excluded) */
+    int32_t stop_reason;      /* moe_stop_reason */
+    double t_prompt_s;        /* seconds decoding the prompt */
+    double t_gen_s;           /* seconds generating (sampling, decoding, the callback) */
+} moe_generate_result;
+
+MOE_API void moe_generate_result_init(moe_generate_result* result);
+
+/* Generates after the n_prompt tokens of `prompt` (n_prompt >= 1).
+ * Prefix reuse: the context remembers the ids in its KV cache; the longest common prefix of those and
+ * the prompt is kept and only the rest is decoded (at least the prompt's last token, for its logits;
+ * a rewind as moe_decode's positions allow). Calling moe_decode or moe_kv_clear in between is fine.
+ * sampler: NULL draws greedily (the largest logit, the lowest id among equal ones); otherwise the
+ * sampler draws each token, and moe_generate accepts into it the prompt tokens it decodes and each
+ * token generated (so a sampler kept across calls follows the sequence in the cache).
+ * After the call the cache holds the prompt and the generated tokens but the last one (the loop
+ * stops before decoding it); a next prompt that extends the text reuses all of that.
+ * params may be NULL for defaults; out_result may be NULL.
+ * Errors: INVALID_ARGUMENT (NULL ctx or prompt, n_prompt < 1, max_tokens < 0, n_stop < 0, a NULL or
+ * empty stop string, naming its index; tokens_capacity < 0), OUT_OF_RANGE (a prompt token outside
+ * the vocabulary, or a prompt longer than n_ctx), FAILED_PRECONDITION (the model has no tokenizer),
+ * and moe_decode's and the sampler's errors. Tokens generated before an error were passed to
+ * on_piece; out_result is filled on errors too. */
+MOE_API moe_status moe_generate(moe_context* ctx, const int32_t* prompt, int32_t n_prompt, moe_sampler* sampler,
+                                const moe_generate_params* params, moe_generate_result* out_result);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

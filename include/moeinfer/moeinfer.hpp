@@ -786,6 +786,73 @@ private:
     int32_t n_vocab_ = 0;
 };
 
+/* ---------------------------------------------------------------------------------------------
+ * Generation (moeinfer.h, "Generation")
+ * ------------------------------------------------------------------------------------------- */
+
+inline moe_generate_params generate_params() {
+    moe_generate_params p;
+    moe_generate_params_init(&p);
+    return p;
+}
+
+struct GenerateOptions {
+    int32_t max_tokens = 128;        // >= 0
+    std::vector<std::string> stop;   // non-empty strings
+    bool render_special = false;
+};
+
+struct GenerateResult {
+    std::vector<int32_t> tokens;     // generated ids (the end-of-generation token excluded; at most 2^20)
+    moe_generate_result stats{};     // reuse, counts, stop reason, times
+};
+
+// Receives each piece of text; returns false to stop. An exception it throws stops the generation and
+// reaches the caller unchanged.
+using PieceFn = std::function<bool(const char* text, size_t len)>;
+
+// Runs moe_generate: prompt (at least one id), sampler (nullptr: greedy). Throws Error on failure.
+inline GenerateResult generate(Context& ctx, const std::vector<int32_t>& prompt, Sampler* sampler,
+                               const GenerateOptions& options = {}, const PieceFn& on_piece = {}) {
+    struct Bridge {
+        const PieceFn* fn;
+        std::exception_ptr error;
+        static int call(const char* text, size_t len, void* user) {
+            auto* b = static_cast<Bridge*>(user);
+            try {
+                return (*b->fn)(text, len) ? 1 : 0;
+            } catch (...) {
+                b->error = std::current_exception();
+                return 0;
+            }
+        }
+    } bridge{&on_piece, nullptr};
+    std::vector<const char*> stops;
+    for (const std::string& s : options.stop) stops.push_back(s.c_str());
+    GenerateResult r;
+    // Room for max_tokens ids, up to 2^20 (max_tokens may be INT32_MAX for "until the end"): a generation
+    // longer than that keeps only its first 2^20 ids in `tokens`.
+    r.tokens.resize(static_cast<size_t>(std::clamp(options.max_tokens, 0, 1 << 20)));
+    moe_generate_params p = generate_params();
+    p.max_tokens = options.max_tokens;
+    p.stop = stops.data();
+    p.n_stop = static_cast<int32_t>(stops.size());
+    p.render_special = options.render_special ? 1 : 0;
+    if (on_piece) {
+        p.on_piece = &Bridge::call;
+        p.user_data = &bridge;
+    }
+    p.tokens = r.tokens.data();
+    p.tokens_capacity = static_cast<int32_t>(r.tokens.size());
+    moe_generate_result_init(&r.stats);
+    const moe_status status = moe_generate(ctx.get(), prompt.data(), static_cast<int32_t>(prompt.size()),
+                                           sampler != nullptr ? sampler->get() : nullptr, &p, &r.stats);
+    if (bridge.error) std::rethrow_exception(bridge.error);
+    check(status);
+    r.tokens.resize(std::min(r.tokens.size(), static_cast<size_t>(r.stats.n_generated)));
+    return r;
+}
+
 }  // namespace moeinfer
 
 #endif /* MOEINFER_HPP */

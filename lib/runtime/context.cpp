@@ -549,6 +549,8 @@ Status decode(moe_context& ctx, const int32_t* tokens, const int32_t* positions,
         done += n;
     }
     ctx.logits_rows = logits_all ? n_tokens : 1;
+    ctx.kv_tokens.resize(static_cast<size_t>(p0));
+    ctx.kv_tokens.insert(ctx.kv_tokens.end(), tokens, tokens + n_tokens);
     return Status::ok();
 }
 

@@ -33,6 +33,9 @@ struct moe_context {
     std::deque<moe::Tensor> kv_tensors;
     moe::KvCache kv;
     int n_past = 0;
+    // The ids behind the cache rows: kv_tokens[0, n_past) are valid (rows past n_past are stale), so a
+    // generation whose prompt extends them decodes only the rest.
+    std::vector<int32_t> kv_tokens;
 
     std::unique_ptr<moe::sched::Scheduler> sched;
 
