@@ -3,7 +3,6 @@
 //  - llama-bench's rows (pp512, tg128, ... with -r repetitions, mean ± sd),
 // as markdown text, CSV or JSON, on a GGUF file or a synthetic model (--synthetic qwen3moe:layers=4).
 // Written on the public C API only, like any user of the library.
-#include <sched.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -13,12 +12,12 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "bench/args.h"
 #include "bench/bandwidth.h"
 #include "bench/cli.h"
 #include "bench/load_report.h"
+#include "bench/open.h"
 #include "bench/output.h"
 #include "bench/runner.h"
 #include "bench/synthetic.h"
@@ -49,35 +48,6 @@ void print_help(const std::vector<bench::Option>& options) {
         "  moeinfer-bench -m model.gguf -p 512,2048 -n 128 -r 5 -o json\n"
         "  moeinfer-bench --bandwidth --device cuda -r 5                      # GB/s of RAM and PCIe\n"
         "\nexit status: 0 on success, 1 when the library fails (its message is printed), 2 on bad arguments.\n");
-}
-
-// CPUs this process may run on (the affinity mask, as taskset / cgroups set it).
-int32_t available_cores() {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) == 0) {
-        const int n = CPU_COUNT(&set);
-        if (n > 0) return n;
-    }
-    const unsigned n = std::thread::hardware_concurrency();
-    return n > 0 ? static_cast<int32_t>(n) : 1;
-}
-
-struct ModelDeleter {
-    void operator()(moe_model* m) const { moe_model_free(m); }
-};
-struct ContextDeleter {
-    void operator()(moe_context* c) const { moe_context_free(c); }
-};
-using ModelPtr = std::unique_ptr<moe_model, ModelDeleter>;
-using ContextPtr = std::unique_ptr<moe_context, ContextDeleter>;
-
-// user_data: what is loading ("model", "weights (locking host pages, uploading)").
-int on_load_progress(float fraction, void* what) {
-    std::fprintf(stderr, "\r\033[Kmoeinfer-bench: loading %s: %3d%%", static_cast<const char*>(what),
-                 static_cast<int>(fraction * 100.0f));
-    std::fflush(stderr);
-    return 1;
 }
 
 // "qwen3moe 30.53B Q8_0": architecture, parameter count and expert type, like llama-bench's model column.
@@ -166,85 +136,23 @@ std::optional<Failure> describe_placement(const moe_context* ctx, const Config& 
 
 std::optional<Failure> run(Config& cfg) {
     const bool live = cfg.progress.value_or(isatty(STDERR_FILENO) != 0);
-    if (cfg.synthetic) {
-        if (auto f = bench::ensure_synthetic_file(*cfg.synthetic, cfg.synthetic_dir, live, cfg.verbose,
-                                                  cfg.model_path)) {
-            return f;
-        }
-    }
-
-    moe_model_params mp;
-    moe_model_params_init(&mp);
-    if (live) {
-        mp.progress = &on_load_progress;
-        mp.progress_user_data = const_cast<char*>("model");
-    }
-    moe_model* raw_model = nullptr;
-    bench::LoadTimes load_times;
-    const auto load_start = std::chrono::steady_clock::now();
-    const moe_status load_status = moe_model_load(cfg.model_path.c_str(), &mp, &raw_model);
-    load_times.model_s = bench::seconds_since(load_start);
-    if (live) std::fprintf(stderr, "\r\033[K");
-    // The library's message names the path.
-    if (load_status != MOE_STATUS_OK) return bench::library_error("cannot load the model");
-    const ModelPtr model(raw_model);
-
-    moe_model_info info;
-    moe_model_info_init(&info);
-    if (moe_model_get_info(model.get(), &info) != MOE_STATUS_OK) return bench::library_error("moe_model_get_info");
-    if (info.n_vocab <= 0) return Failure{1, "model '" + cfg.model_path + "' reports no vocabulary (n_vocab = 0)"};
-
-    moe_context_params cp;
-    moe_context_params_init(&cp);
-    cp.n_ctx = cfg.n_ctx;
-    cp.n_ubatch = cfg.n_ubatch;
-    cp.n_threads = cfg.n_threads > 0 ? cfg.n_threads : available_cores();
-    cp.device = cfg.device;
-    const std::string overrides = bench::join(cfg.tensor_overrides, ",");
-    if (cfg.device != MOE_DEVICE_CPU) {  // a CPU context (auto without a GPU too) ignores these
-        cp.tensor_overrides = overrides.c_str();
-        cp.n_cpu_moe = cfg.n_cpu_moe;
-        cp.n_gpu_layers = cfg.n_gpu_layers;
-        cp.vram_budget = cfg.vram_budget;
-        cp.policy = &cfg.policy;
-        if (live) {
-            cp.progress = &on_load_progress;
-            cp.progress_user_data = const_cast<char*>("weights (locking host pages, uploading)");
-        }
-    }
-    moe_context* raw_ctx = nullptr;
-    const auto create_start = std::chrono::steady_clock::now();
-    const moe_status ctx_status = moe_context_create(model.get(), &cp, &raw_ctx);
-    load_times.context_s = bench::seconds_since(create_start);
-    if (live && cfg.device != MOE_DEVICE_CPU) std::fprintf(stderr, "\r\033[K");
-    if (ctx_status != MOE_STATUS_OK) {
-        return bench::library_error("cannot create a context (n_ctx " + std::to_string(cp.n_ctx) + ", n_ubatch " +
-                                    std::to_string(cp.n_ubatch) + ")");
-    }
-    const ContextPtr ctx(raw_ctx);
+    bench::Opened opened;
+    if (auto f = bench::open_model_and_context(cfg, live, "moeinfer-bench", opened)) return f;
+    moe_model* const model = opened.model.get();
+    moe_context* const ctx = opened.ctx.get();
+    const moe_model_info& info = opened.info;
+    const moe_context_params& cp = opened.params;
+    const int32_t device = opened.device;
+    const bool device_context = device != MOE_DEVICE_CPU;
     if (cfg.verbose) {
         moe_sched_stats stats{};
         stats.struct_size = sizeof stats;
-        if (moe_context_get_stats(ctx.get(), &stats) != MOE_STATUS_OK) return bench::library_error("moe_context_get_stats");
-        bench::print_load_report(load_times, info.n_bytes, stats);
-    }
-    int32_t device = MOE_DEVICE_CPU;
-    if (moe_context_get_device(ctx.get(), &device) != MOE_STATUS_OK) return bench::library_error("moe_context_get_device");
-    const bool device_context = device != MOE_DEVICE_CPU;
-    if (!device_context) {
-        // Only --device auto gets here with these flags (finish_config refuses them with --device cpu): a
-        // benchmark of the placement asked for must not quietly measure a CPU run instead.
-        for (const std::string& f : bench::device_only_flags()) {
-            if (cfg.given.count(f) > 0) {
-                return bench::usage_error(f + " applies to a device context, and --device auto found no CUDA device "
-                                              "(none in this build, or no GPU): give --device cuda, or emulated "
-                                              "to try the flags in host memory");
-            }
-        }
+        if (moe_context_get_stats(ctx, &stats) != MOE_STATUS_OK) return bench::library_error("moe_context_get_stats");
+        bench::print_load_report(opened.load_times, info.n_bytes, stats);
     }
 
     bench::RunInfo run;
-    if (auto f = describe_model(model.get(), info, run)) return f;
+    if (auto f = describe_model(model, info, run)) return f;
     run.model_path = cfg.model_path;
     run.backend = backend_name(device);
     run.n_threads = cp.n_threads;
@@ -253,11 +161,11 @@ std::optional<Failure> run(Config& cfg) {
     run.version = moe_version();
     run.n_batch = cfg.n_batch;
     run.device_context = device_context;
-    if (auto f = describe_placement(ctx.get(), cfg, run)) return f;
+    if (auto f = describe_placement(ctx, cfg, run)) return f;
 
     const std::unique_ptr<bench::Printer> printer = bench::make_printer(cfg.output, stdout);
     bench::Progress progress(live);
-    bench::Runner runner(ctx.get(), info.n_vocab, cfg, run, *printer, progress);
+    bench::Runner runner(ctx, info.n_vocab, cfg, run, *printer, progress);
     if (auto f = cfg.mode == bench::Mode::sweep ? runner.sweep() : runner.tests()) return f;
     if (cfg.expert_counts) {
         // stdout would break CSV / JSON; text goes under the table.
