@@ -108,3 +108,9 @@ from . import chat_template  # noqa: E402
 
 Model.apply_chat_template = chat_template._model_method
 __all__.append("chat_template")
+
+# Text generation: Context.generate / Context.chat over moe_generate (moeinfer/generation.py).
+from . import generation  # noqa: E402
+
+Context.generate = generation.generate
+Context.chat = generation.chat

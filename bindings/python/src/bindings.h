@@ -40,4 +40,8 @@ int32_t type_from_name(const std::string& name, const char* what);
 // must outlive the call, which it does as an argument of the bound function.
 moeinfer::ProgressFn progress_fn(const py::handle& callback);
 
+// The moeinfer.Sampler behind `obj` (nullptr for None); TypeError for anything else. Borrowed: valid
+// while `obj` lives.
+moeinfer::Sampler* sampler_of(const py::handle& obj);
+
 }  // namespace moeinfer_py

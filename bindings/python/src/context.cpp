@@ -173,6 +173,53 @@ auto locked(PyContext& self, F&& f) {
     return f(self.ctx);
 }
 
+const char* stop_reason_name(int32_t reason) {
+    switch (reason) {
+        case MOE_STOP_EOG: return "eog";
+        case MOE_STOP_STRING: return "stop";
+        case MOE_STOP_CALLBACK: return "callback";
+        case MOE_STOP_CONTEXT_FULL: return "context_full";
+        default: return "max_tokens";
+    }
+}
+
+// moe_generate without the GIL; on_piece (a callable taking a str, returning False to stop) is called
+// with the GIL held. Context.generate / chat (moeinfer/generation.py) build on this.
+py::dict generate_ids(PyContext& self, const py::object& prompt_obj, const py::object& sampler_obj, int32_t max_tokens,
+                      const std::vector<std::string>& stop, bool render_special, const py::object& on_piece) {
+    const Int32Array prompt_arr = as_int32_vector(prompt_obj, "prompt");
+    const std::vector<int32_t> prompt(prompt_arr.data(), prompt_arr.data() + prompt_arr.size());
+    moeinfer::Sampler* sampler = sampler_of(sampler_obj);
+    moeinfer::GenerateOptions options;
+    options.max_tokens = max_tokens;
+    options.stop = stop;
+    options.render_special = render_special;
+    moeinfer::PieceFn fn;
+    if (!on_piece.is_none()) {
+        fn = [&on_piece](const char* text, size_t len) {
+            py::gil_scoped_acquire gil;
+            // Pieces are whole UTF-8 characters; "replace" keeps invalid bytes of a malformed vocabulary visible.
+            py::object piece = py::reinterpret_steal<py::object>(
+                PyUnicode_DecodeUTF8(text, static_cast<py::ssize_t>(len), "replace"));
+            if (!piece) throw py::error_already_set();
+            const py::object go_on = on_piece(piece);
+            return go_on.is_none() || go_on.cast<bool>();
+        };
+    }
+    moeinfer::GenerateResult r = locked(self, [&](moeinfer::Context& c) {
+        return moeinfer::generate(c, prompt, sampler, options, fn);
+    });
+    py::dict out;
+    out["tokens"] = r.tokens;
+    out["n_prompt_reused"] = r.stats.n_prompt_reused;
+    out["n_prompt_decoded"] = r.stats.n_prompt_decoded;
+    out["n_generated"] = r.stats.n_generated;
+    out["stop_reason"] = stop_reason_name(r.stats.stop_reason);
+    out["t_prompt_s"] = r.stats.t_prompt_s;
+    out["t_gen_s"] = r.stats.t_gen_s;
+    return out;
+}
+
 py::list profile(PyContext& self) {
     const std::vector<moeinfer::OpProfile> entries =
         locked(self, [](moeinfer::Context& c) { return c.profile(); });
@@ -318,6 +365,9 @@ or a full context; n_past is unchanged after a failure.)")
             },
             "enabled"_a,
             "Turns per-op timing on or off and resets it (it synchronises after every op, which costs a little).")
+        .def("_generate", &generate_ids, "prompt"_a, "sampler"_a = py::none(), "max_tokens"_a = 128,
+             "stop"_a = std::vector<std::string>{}, "render_special"_a = false, "on_piece"_a = py::none(),
+             "moe_generate on token ids; returns a dict of the generated ids and statistics (see Context.generate).")
         .def("profile", &profile,
              "Per op kind since profiling was turned on: a list of dicts with keys 'op' (e.g. \"MUL_MAT_ID\"), "
              "'backend' (\"cpu\", ...), 'count' (ops evaluated) and 'seconds' (wall time).")
