@@ -93,20 +93,52 @@ class _Reader:
             raise ValueError(f"{self.what}: unknown GGUF value type {vtype} at byte {self.pos - 4}")
 
 
-def metadata_only(data: bytes, what: str) -> bytes:
-    """The GGUF header and metadata of `data` (a whole file or its first part), tensor count 0."""
+def kv_spans(data: bytes, what: str) -> tuple[int, int, list[tuple[str, int, int]], int]:
+    """GGUF version, tensor count, each metadata key with the [start, end) bytes of its whole entry,
+    and where the metadata ends, of `data` (a whole file or its first part)."""
     r = _Reader(data, what)
     if r.take(4) != GGUF_MAGIC:
         raise ValueError(f"{what}: not a GGUF file (magic {data[:4]!r})")
     version = r.u32()
     if version not in (2, 3):
         raise ValueError(f"{what}: GGUF version {version} (2 and 3 are read)")
-    r.u64()  # tensor count
-    n_kv = r.u64()
-    for _ in range(n_kv):
-        r.take(r.u64())  # key
+    n_tensors = r.u64()
+    spans = []
+    for _ in range(r.u64()):
+        start = r.pos
+        key = r.take(r.u64()).decode("utf-8")
         r.skip_value(r.u32())
-    return GGUF_MAGIC + struct.pack("<IQQ", version, 0, n_kv) + data[24:r.pos]
+        spans.append((key, start, r.pos))
+    return version, n_tensors, spans, r.pos
+
+
+def metadata_only(data: bytes, what: str) -> bytes:
+    """The GGUF header and metadata of `data` (a whole file or its first part), tensor count 0."""
+    version, _, spans, end = kv_spans(data, what)
+    return GGUF_MAGIC + struct.pack("<IQQ", version, 0, len(spans)) + data[24:end]
+
+
+def graft_metadata(model: bytes, donor: bytes, take, what: str = "model") -> bytes:
+    """`model` (a whole GGUF file) with its metadata keys for which take(key) is true replaced by
+    `donor`'s, byte for byte; tensor infos and data unchanged (their offsets are relative to the data
+    section, which stays aligned)."""
+    version, n_tensors, spans, end = kv_spans(model, what)
+    _, _, donor_spans, _ = kv_spans(donor, "donor")
+    kept = [model[a:b] for key, a, b in spans if not take(key)]
+    added = [donor[a:b] for key, a, b in donor_spans if take(key)]
+    r = _Reader(model, what)
+    r.pos = end
+    for _ in range(n_tensors):
+        r.take(r.u64())  # name
+        r.take(8 * r.u32() + 4 + 8)  # dims, type, offset
+    alignment = 32
+    for key, a, b in spans:
+        if key == "general.alignment":
+            alignment = struct.unpack("<I", model[b - 4:b])[0]
+    data_start = -(-r.pos // alignment) * alignment
+    head = GGUF_MAGIC + struct.pack("<IQQ", version, n_tensors, len(kept) + len(added))
+    head += b"".join(kept + added) + model[end:r.pos]
+    return head + b"\0" * (-len(head) % alignment) + model[data_start:]
 
 
 def _download(requirement: str, sdist: bool, cache: pathlib.Path) -> pathlib.Path:

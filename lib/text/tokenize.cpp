@@ -1,5 +1,6 @@
 #include "text/tokenize.h"
 
+#include <algorithm>
 #include <string>
 
 #include "text/bpe.h"
@@ -14,6 +15,9 @@ struct Fragment {
     int32_t token;  // kNoToken for raw text
     std::string_view text;
 };
+
+// What C's isspace() accepts, as llama.cpp strips it after an rstrip token.
+constexpr std::string_view kAsciiSpace = " \t\n\v\f\r";
 
 // Splits raw fragments at every occurrence of each special token, longest token first (so
 // "<|im_start|>" wins over a shorter token inside it), as llama.cpp does.
@@ -36,6 +40,7 @@ std::vector<Fragment> partition(const Vocab& v, std::string_view text, bool pars
                 if (at > 0) next.push_back({kNoToken, raw.substr(0, at)});
                 next.push_back({id, s});
                 raw = raw.substr(at + s.size());
+                if (v.rstrip(id)) raw = raw.substr(std::min(raw.size(), raw.find_first_not_of(kAsciiSpace)));
             }
             if (!raw.empty()) next.push_back({kNoToken, raw});
         }

@@ -1,6 +1,7 @@
 #include "text/vocab.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 
 #include "text/byte_level.h"
@@ -217,6 +218,23 @@ Status Vocab::load_special(const GgufFile& file) {
     }
     std::sort(eog_.begin(), eog_.end());
     eog_.erase(std::unique(eog_.begin(), eog_.end()), eog_.end());
+    return load_rstrip(file);
+}
+
+// Phi-3's tokenizer.json marks its added tokens (the chat markers, "</s>") rstrip, all but "<unk>",
+// "<s>" and "<|endoftext|>". GGUF keeps no such flag; llama.cpp recognises these models by
+// general.name as we do here (and the test against it holds us to the same tokens).
+Status Vocab::load_rstrip(const GgufFile& file) {
+    if (file.find("general.name") == nullptr) return Status::ok();
+    MOE_ASSIGN_OR_RETURN(std::string name, file.get_string("general.name"));
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (name.find("phi-3") == std::string::npos && name.find("phi3") == std::string::npos) return Status::ok();
+    rstrip_.assign(texts_.size(), false);
+    for (int32_t id : special_) rstrip_[static_cast<size_t>(id)] = true;
+    if (const int32_t id = find("</s>"); id != kNoToken) rstrip_[static_cast<size_t>(id)] = true;
+    for (const char* t : {"<unk>", "<s>", "<|endoftext|>"}) {
+        if (const int32_t id = find(t); id != kNoToken) rstrip_[static_cast<size_t>(id)] = false;
+    }
     return Status::ok();
 }
 

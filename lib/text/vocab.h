@@ -88,6 +88,9 @@ public:
     // Control, user-defined and unknown tokens with non-empty text, longest text first: the tokens
     // that tokenize() looks for in the text before splitting it into words.
     const std::vector<int32_t>& special_tokens() const { return special_; }
+    // Whether white space after the special token `id`, where tokenize() finds it, is dropped (Hugging
+    // Face's `rstrip` on an added token; GGUF does not record it, see load_rstrip).
+    bool rstrip(int32_t id) const { return !rstrip_.empty() && rstrip_[static_cast<size_t>(id)]; }
 
 private:
     Vocab() = default;
@@ -95,6 +98,7 @@ private:
     Status load_tokens(const GgufFile& file);
     Status load_merges(const GgufFile& file);
     Status load_special(const GgufFile& file);
+    Status load_rstrip(const GgufFile& file);
 
     VocabKind kind_ = VocabKind::BPE;
     std::string model_name_;
@@ -108,6 +112,7 @@ private:
     int32_t byte_tokens_[256] = {};
     std::vector<int32_t> special_;
     std::vector<int32_t> eog_;
+    std::vector<bool> rstrip_;  // by id; empty when no token strips
     int32_t bos_ = kNoToken, eos_ = kNoToken, eot_ = kNoToken, eom_ = kNoToken, unk_ = kNoToken, pad_ = kNoToken;
     bool add_bos_ = false, add_eos_ = false, add_space_prefix_ = false, ignore_merges_ = false;
 };
