@@ -170,6 +170,10 @@ def test_ids_match_llama_cpp(real_vocab, strings, parse_special):
                        expected["llama_cpp_commit"])
 
 
+def test_eos_text_cases_are_the_strings_with_eos_text(strings):
+    assert _EOS_TEXT == [i for i, text in enumerate(strings) if "</s>" in text]
+
+
 def test_eos_text_follows_token_types(real_vocab):
     """The cause of the "</s>" differences, checked directly against the GGUF's token types."""
     name, _, model = real_vocab
