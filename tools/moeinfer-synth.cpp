@@ -33,8 +33,20 @@ const char* kUsage =
     "                        (default: qwen3-30b-a3b for qwen3moe, gpt-oss-20b for gpt-oss;\n"
     "                        tiny = 2 layers, n_embd 64, 8 experts: a few hundred KB, for tests)\n"
     "  --layers N            number of layers (default: the preset's: 48, 24 or 36)\n"
-    "  --experts TYPE        expert tensor type: f16 | bf16 | q8_0 | q4_0 | mxfp4 | f32\n"
-    "                        (default: q8_0 for qwen3moe, mxfp4 for gpt-oss)\n"
+    "  --experts TYPE|RECIPE expert tensor type: f16 | bf16 | f32 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 |\n"
+    "                        iq4_nl | mxfp4 | q2_K | q3_K | q4_K | q5_K | q6_K | iq4_xs\n"
+    "                        (default: q8_0 for qwen3moe, mxfp4 for gpt-oss); the K-quants and iq4_xs\n"
+    "                        need --embd and --ff multiples of 256. Or a recipe, which sets the type of\n"
+    "                        every weight by its role like llama.cpp's presets (then no --dense):\n"
+    "                          q4_k_m   Q4_K; output Q6_K; attn_v and ffn_down_exps Q6_K on the first and\n"
+    "                                   last eighth of the layers and every third between, else Q4_K\n"
+    "                          q5_k_m   the same with Q5_K for Q4_K\n"
+    "                          q3_k_xl  ffn_gate/up_exps Q3_K; ffn_down_exps, attention, token_embd Q4_K;\n"
+    "                                   attn_v Q5_K; output Q6_K (a stand-in for the dynamic UD files)\n"
+    "                          iq4_xs   IQ4_XS; attn_v Q5_K when heads / kv heads >= 4; output Q6_K\n"
+    "                        norms, biases and routers stay f32; rows that are not whole blocks of 256\n"
+    "                        take llama.cpp's fallbacks (Q4_K->Q5_0, Q5_K->Q5_1, Q6_K->Q8_0,\n"
+    "                        Q3_K/IQ4_XS->IQ4_NL)\n"
     "  --dense TYPE          type of the other 2-D weights (attention, embeddings, output) (default: f16)\n"
     "  --embd N              embedding size (default: the preset's)\n"
     "  --n-expert N          experts per layer (default: the preset's)\n"
@@ -84,12 +96,14 @@ float parse_skew(const char* flag, const char* s) {
     return static_cast<float>(v);
 }
 
-int32_t parse_type(const char* flag, const char* s) {
+// A type name. Where `recipe` is given, any other name is taken as a recipe name (*recipe; -1 is
+// returned), which the library validates.
+int32_t parse_type(const char* flag, const char* s, const char** recipe = nullptr) {
     int32_t t = 0;
-    if (moe_type_from_name(s, &t) != MOE_STATUS_OK) {
-        usage_error(std::string(flag) + ": unknown type '" + s + "' (f16, bf16, q8_0, q4_0, mxfp4 or f32)");
-    }
-    return t;
+    if (moe_type_from_name(s, &t) == MOE_STATUS_OK) return t;
+    if (recipe == nullptr) usage_error(std::string(flag) + ": unknown type '" + s + "' (see --help for the types)");
+    *recipe = s;
+    return -1;
 }
 
 // The progress line: "writing 3.2/17.5 GB (18%)  412 MB/s". The library reports a fraction; the
@@ -134,6 +148,7 @@ int main(int argc, char** argv) {
     int32_t layers = 0, embd = 0, n_expert = 0, n_expert_used = 0, ff = 0, vocab = 0;
     int32_t heads = 0, heads_kv = 0, head_dim = 0;
     int32_t expert_type = -1, dense_type = -1;
+    const char* recipe = nullptr;
     uint64_t seed = 42;
     float skew = 0.0f;
 
@@ -160,7 +175,7 @@ int main(int argc, char** argv) {
         else if (a == "--arch") arch = v;
         else if (a == "--preset") preset = v;
         else if (a == "--layers") layers = parse_int(f, v);
-        else if (a == "--experts") expert_type = parse_type(f, v);
+        else if (a == "--experts") expert_type = parse_type(f, v, &recipe);
         else if (a == "--dense") dense_type = parse_type(f, v);
         else if (a == "--embd") embd = parse_int(f, v);
         else if (a == "--n-expert") n_expert = parse_int(f, v);
@@ -191,6 +206,7 @@ int main(int argc, char** argv) {
     p.n_ff_expert = ff;
     p.expert_type = expert_type;
     p.dense_type = dense_type;
+    p.recipe = recipe;
     p.seed = seed;
     p.routing_skew = skew;
     ProgressLine line;

@@ -560,7 +560,9 @@ typedef struct moe_synth_params {
     int32_t n_expert;
     int32_t n_expert_used;
     int32_t n_ff_expert;
-    /* Type of the expert tensors (a moe_type). Default: -1 (preset: Q8_0 for qwen3moe, MXFP4 for gpt-oss). */
+    /* Type of the expert tensors (a moe_type the CPU backend computes: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+     * Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K .. Q6_K, IQ4_XS). Default: -1 (preset: Q8_0 for qwen3moe, MXFP4 for
+     * gpt-oss). */
     int32_t expert_type;
     /* Type of the other 2-D weights (attention, embeddings, output; routers stay F32). Default: -1 (F16). */
     int32_t dense_type;
@@ -572,6 +574,13 @@ typedef struct moe_synth_params {
     /* Optional progress (may be NULL). Default: NULL. */
     moe_progress_fn progress;
     void* progress_user_data;
+    /* A mix of types by tensor role, as llama.cpp's quantisation presets make the files users run:
+     * "q4_k_m", "q5_k_m", "q3_k_xl" (a stand-in for the dynamic Q3_K_XL files) or "iq4_xs"; `moeinfer-synth
+     * --help` says which type each role gets. It sets every weight's type, so expert_type and dense_type
+     * must stay -1; rows that are not whole super-blocks take llama.cpp's fallback types (Q4_K -> Q5_0,
+     * Q5_K -> Q5_1, Q6_K -> Q8_0, Q3_K / IQ4_XS -> IQ4_NL). NULL: the experts are expert_type and the
+     * other weights dense_type. Borrowed during the call. Default: NULL. */
+    const char* recipe;
 } moe_synth_params;
 
 /* Fills defaults for `architecture` ("qwen3moe" or "gpt-oss"; NULL means "qwen3moe"). */

@@ -120,7 +120,8 @@ static_assert(offsetof(moe_synth_params, seed) == 72);
 static_assert(offsetof(moe_synth_params, routing_skew) == 80);
 static_assert(offsetof(moe_synth_params, progress) == 88);
 static_assert(offsetof(moe_synth_params, progress_user_data) == 96);
-static_assert(sizeof(moe_synth_params) == 104);
+static_assert(offsetof(moe_synth_params, recipe) == 104);
+static_assert(sizeof(moe_synth_params) == 112);
 
 static_assert(offsetof(moe_bandwidth_params, struct_size) == 0);
 static_assert(offsetof(moe_bandwidth_params, device) == 4);

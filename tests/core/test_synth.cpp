@@ -322,6 +322,107 @@ TEST_CASE("synth: tiny files of both architectures and every expert type", "[syn
     }
 }
 
+TEST_CASE("synth: the newer expert types and the type recipes", "[synth]") {
+    // Whole super-blocks everywhere: n_embd, n_head * head_dim and n_ff_expert are 256; 8 layers show
+    // which get more bits. n_head / n_head_kv = 4 (IQ4_XS gives such attn_v Q5_K).
+    const Shape shape = {8, 256, 512, 4, 1, 64, 8, 2, 256};
+    auto write = [&](const char* arch, const Shape& s, int32_t experts, const char* recipe, const std::string& path) {
+        moe_synth_params p = params(arch, "tiny");
+        p.n_layer = s.n_layer;
+        p.n_embd = s.n_embd;
+        p.n_head_kv = s.n_head_kv;
+        p.head_dim = s.head_dim;
+        p.n_ff_expert = s.n_ff;
+        p.expert_type = experts;
+        p.recipe = recipe;
+        p.seed = std::random_device{}();
+        return write_and_open(path, p);
+    };
+    SECTION("every newer type as the expert type") {
+        for (Type t : {Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::IQ4_NL, Type::Q2_K, Type::Q3_K, Type::Q4_K,
+                       Type::Q5_K, Type::Q6_K, Type::IQ4_XS}) {
+            INFO(moe::type_name(t));
+            auto f = write("qwen3moe", shape, static_cast<int32_t>(t), nullptr, tmp_path("newer_experts.gguf"));
+            check_tensors(*f, false, shape, t, Type::F16);
+            // The values are the generator's (std 1/sqrt(n_embd)) within what the type rounds off.
+            const Stats up = stats(dequantize(*f, "blk.0.ffn_up_exps.weight"));
+            CHECK(up.std == Approx(1.0 / 16.0).epsilon(t == Type::Q2_K || t == Type::Q3_K ? 0.3 : 0.15));
+        }
+    }
+    SECTION("recipes put llama.cpp's types by role") {
+        // llama.cpp's use_more_bits(i, 8): layers 0, 3, 6 and 7 (i < 1, i >= 7, (i - 1) % 3 == 2).
+        const std::vector<int> more = {0, 3, 6, 7};
+        struct Want {
+            const char* recipe;
+            uint32_t file_type;
+            Type embd, output, qko, v_more, v_other, gate_up, down_more, down_other;
+        };
+        const Want wants[] = {
+            {"q4_k_m", 15, Type::Q4_K, Type::Q6_K, Type::Q4_K, Type::Q6_K, Type::Q4_K, Type::Q4_K, Type::Q6_K, Type::Q4_K},
+            {"Q5_K_M", 17, Type::Q5_K, Type::Q6_K, Type::Q5_K, Type::Q6_K, Type::Q5_K, Type::Q5_K, Type::Q6_K, Type::Q5_K},
+            {"q3_k_xl", 13, Type::Q4_K, Type::Q6_K, Type::Q4_K, Type::Q5_K, Type::Q5_K, Type::Q3_K, Type::Q4_K, Type::Q4_K},
+            {"iq4_xs", 30, Type::IQ4_XS, Type::Q6_K, Type::IQ4_XS, Type::Q5_K, Type::Q5_K, Type::IQ4_XS, Type::IQ4_XS,
+             Type::IQ4_XS},
+        };
+        for (const Want& w : wants) {
+            INFO("recipe " << w.recipe);
+            auto f = write("qwen3moe", shape, -1, w.recipe, tmp_path("recipe.gguf"));
+            CHECK(meta_int(*f, "general.file_type") == w.file_type);
+            for (const GgufTensorInfo& t : f->tensors()) {
+                INFO("tensor " << t.name);
+                const std::string& n = t.name;
+                const int layer = n.rfind("blk.", 0) == 0 ? std::stoi(n.substr(4)) : -1;
+                const bool m = std::find(more.begin(), more.end(), layer) != more.end();
+                auto has = [&](const char* role) { return n.find(role) != std::string::npos; };
+                Type want = Type::F32;  // norms and routers
+                if (n == "token_embd.weight") want = w.embd;
+                if (n == "output.weight") want = w.output;
+                if (has(".attn_q.weight") || has(".attn_k.weight") || has(".attn_output.weight")) want = w.qko;
+                if (has(".attn_v.weight")) want = m ? w.v_more : w.v_other;
+                if (has(".ffn_gate_exps.weight") || has(".ffn_up_exps.weight")) want = w.gate_up;
+                if (has(".ffn_down_exps.weight")) want = m ? w.down_more : w.down_other;
+                CHECK(moe::type_name(t.type) == std::string(moe::type_name(want)));
+            }
+        }
+    }
+    SECTION("rows that are not whole super-blocks take llama.cpp's fallback types") {
+        // The tiny preset: n_embd = n_ff = n_head * head_dim = 64. Q4_K -> Q5_0, Q6_K -> Q8_0, Q3_K and
+        // IQ4_XS -> IQ4_NL, Q5_K -> Q5_1.
+        const Shape tiny = {2, 64, 512, 4, 2, 16, 8, 2, 64};
+        auto f = write("gpt-oss", tiny, -1, "q3_k_xl", tmp_path("recipe_fallback.gguf"));
+        std::map<std::string, Type> want = {
+            {"token_embd.weight", Type::Q5_0},          {"output.weight", Type::Q8_0},
+            {"blk.1.attn_q.weight", Type::Q5_0},        {"blk.1.attn_v.weight", Type::Q5_1},
+            {"blk.1.ffn_gate_exps.weight", Type::IQ4_NL}, {"blk.1.ffn_down_exps.weight", Type::Q5_0},
+            {"blk.1.ffn_gate_inp.weight", Type::F32},   {"blk.1.attn_sinks.weight", Type::F32},
+        };
+        for (const auto& [name, type] : want) {
+            INFO(name);
+            const GgufTensorInfo* t = f->find_tensor(name);
+            REQUIRE(t != nullptr);
+            CHECK(moe::type_name(t->type) == std::string(moe::type_name(type)));
+        }
+    }
+    SECTION("a recipe is named and excludes expert_type / dense_type") {
+        moe_synth_params p = params("qwen3moe", "tiny");
+        p.recipe = "q4_k_s";
+        moe::Status s = moe::synth_write(tmp_path("invalid.gguf"), p);
+        CHECK(s.code() == MOE_STATUS_INVALID_ARGUMENT);
+        CHECK_THAT(s.message(), Catch::Contains("recipe: unknown 'q4_k_s' (expected q4_k_m, q5_k_m, q3_k_xl, iq4_xs"));
+        p.recipe = "q4_k_m";
+        p.dense_type = MOE_TYPE_Q8_0;
+        s = moe::synth_write(tmp_path("invalid.gguf"), p);
+        CHECK(s.code() == MOE_STATUS_INVALID_ARGUMENT);
+        CHECK_THAT(s.message(), Catch::Contains("expert_type and dense_type must be -1"));
+        p = params("qwen3moe", "tiny");
+        p.expert_type = MOE_TYPE_Q4_K;  // n_embd 64
+        s = moe::synth_write(tmp_path("invalid.gguf"), p);
+        CHECK(s.code() == MOE_STATUS_INVALID_ARGUMENT);
+        CHECK_THAT(s.message(), Catch::Contains("n_embd: 64 is not a multiple of 256, which expert_type q4_K needs"));
+        CHECK_FALSE(file_exists(tmp_path("invalid.gguf")));
+    }
+}
+
 TEST_CASE("synth: real presets declare llama.cpp's shapes", "[synth]") {
     // One layer and a small vocabulary keep the files small; every tensor keeps its real shape, and
     // the metadata says the real values.

@@ -260,6 +260,16 @@ def test_synthetic_file_written_once_and_reused(tmp_path):
     # A different spec is a different file.
     run("--synthetic", "qwen3moe:preset=tiny:layers=1:seed=6", *args, cache=tmp_path)
     assert len(list(tmp_path.glob("*.gguf"))) == 2
+    # experts= also takes a recipe of types by role (one file whatever its spelling).
+    spec = "qwen3moe:preset=tiny:layers=1:embd=256:ff=256:head_dim=64:seed=5:experts="
+    run("--synthetic", spec + "q4_k_m", *args, cache=tmp_path)
+    reused = run("--synthetic", spec + "Q4_K_M", *args, "-v", cache=tmp_path)
+    assert "reusing synthetic model" in reused.stderr
+    recipe_file = [f for f in tmp_path.glob("*.gguf") if "q4_k_m" in f.name]
+    assert len(recipe_file) == 1 and len(list(tmp_path.glob("*.gguf"))) == 3
+    import moeinfer  # only here: the other tests need just the tool
+    types = {t.type for t in moeinfer.Model(str(recipe_file[0])).tensors}
+    assert {"q4_K", "q6_K"} <= types, types
 
 
 def test_gguf_path_positional_and_flag(cache_dir):
@@ -533,6 +543,7 @@ def test_help_documents_every_flag():
     (["--synthetic", "llama"], "llama"),
     (["--synthetic", "qwen3moe:layers=0"], "layers"),
     (["--synthetic", "qwen3moe:experts=q9_9"], "q9_9"),
+    (["--synthetic", "qwen3moe:experts=q4_k_s"], "unknown type or recipe 'q4_k_s'"),
     (["--synthetic", "qwen3moe:skew=1.5"], "skew"),
     (["--synthetic", "qwen3moe:nonsense=1"], "nonsense"),
     (["--synthetic", "qwen3moe:layers"], "key=value"),

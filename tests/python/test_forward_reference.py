@@ -465,3 +465,46 @@ def test_bad_context_params(f32_model):
             moeinfer.Context(model, **kwargs)
     with pytest.raises(TypeError, match="moeinfer.Model"):
         moeinfer.Context("model.gguf")
+
+
+# --- llama.cpp's type mixes (K-quants, IQ4) -----------------------------------------------------------------------
+
+# moeinfer.synth_write recipes (the mixes of real Q4_K_M / Q5_K_M / Q3_K_XL / IQ4_XS files), and two plain types no
+# recipe uses. With whole_blocks every row is whole super-blocks (n_embd, n_head * head_dim and n_ff_expert 256), so
+# the K-quant / IQ4_XS kernels run (8-bit activations per 256 values, Q8K); on the tiny shapes (rows of 64) every
+# weight takes llama.cpp's fallback type instead (Q5_0, Q5_1, IQ4_NL, Q8_0: 8-bit activations per 32). The reference
+# dequantises with gguf-py. Bound as for quantised dense weights, 2.5e-2 (observed <= 8.9e-3 over 480 models): every
+# matmul, experts, attention and output, sees 8-bit activations, per 256 values coarser than per 32. The router's
+# input carries that rounding too, so a token whose top-k margin is under 2.5e-2 (not 1e-2) may flip an expert (one
+# of 480 models flipped one at a margin of 1.07e-2) and is left out of the per-token bound.
+RECIPE_CASES = [  # (recipe, expert_type, types the file must hold with whole_blocks, and without)
+    ("q4_k_m", None, {"q4_K", "q6_K"}, {"q5_0", "q8_0"}),
+    ("q5_k_m", None, {"q5_K", "q6_K"}, {"q5_1", "q8_0"}),
+    ("q3_k_xl", None, {"q3_K", "q4_K", "q5_K", "q6_K"}, {"iq4_nl", "q5_0", "q5_1", "q8_0"}),
+    ("iq4_xs", None, {"iq4_xs", "q6_K"}, {"iq4_nl", "q8_0"}),
+    (None, "q2_K", {"q2_K"}, None),
+    (None, "q4_1", {"q4_1"}, {"q4_1"}),
+]
+RECIPE_BOUNDS = Weights("recipe", "mixed", 2.5e-2, 0.9995, 2.5e-2, 0.8)
+
+
+@pytest.mark.parametrize("whole_blocks", [True, False], ids=["superblocks", "fallbacks"])
+@pytest.mark.parametrize("case", RECIPE_CASES, ids=lambda c: c[0] or c[1])
+def test_recipe_logits_match_reference(arch, case, whole_blocks, tmp_path, rng):
+    recipe, expert_type, want_types = case[0], case[1], case[2] if whole_blocks else case[3]
+    if want_types is None:
+        pytest.skip(f"{expert_type} needs rows of whole super-blocks")
+    shape = dict(n_embd=256, head_dim=64, n_ff_expert=256) if whole_blocks else {}
+    path = tmp_path / "m.gguf"
+    moeinfer.synth_write(path, arch, preset="tiny", recipe=recipe, expert_type=expert_type,
+                         seed=int(rng.integers(1 << 62)), **shape)
+    model = moeinfer.Model(path)
+    types = {t.type for t in model.tensors}
+    assert want_types <= types, f"the file holds {sorted(types)}"
+    ref = load_reference(path)
+    tokens = prompt(rng, model.info.n_vocab, prompt_length(model.info))
+    got = moeinfer.Context(model, device="cpu", n_ctx=64).decode(tokens, logits_all=True)
+    want, margins = reference(ref, tokens)
+    what = f"{arch} {recipe or expert_type} {'superblocks' if whole_blocks else 'fallbacks'}"
+    err = check_close(got, want, margins, RECIPE_BOUNDS, what)
+    print(f"{what}: max relative error {err:.2e} (bound {RECIPE_BOUNDS.tol:g})")

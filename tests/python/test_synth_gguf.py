@@ -189,7 +189,10 @@ def test_help_documents_the_flags_and_defaults():
     (["--bogus", "1"], "unknown option '--bogus'"),
     (["--layers", "two"], "--layers: 'two' is not a positive integer"),
     (["--layers", "-3"], "--layers: '-3' is not a positive integer"),
-    (["--experts", "q5_k"], "--experts: unknown type 'q5_k'"),
+    # --experts takes a type or a recipe name; a name that is neither is reported as an unknown recipe.
+    (["--experts", "q9_k"], "recipe: unknown 'q9_k' (expected q4_k_m, q5_k_m, q3_k_xl, iq4_xs)"),
+    (["--dense", "q4_k_m"], "--dense: unknown type 'q4_k_m'"),
+    (["--preset", "tiny", "--experts", "q4_k_m", "--dense", "q8_0"], "expert_type and dense_type must be -1"),
     (["--skew", "1.5"], "--skew: '1.5' is not a number in [0, 1)"),
     (["--seed", "x1"], "--seed: 'x1' is not an integer"),
     (["--arch", "llama"], "architecture: unknown 'llama'"),

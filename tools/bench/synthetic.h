@@ -34,6 +34,7 @@ struct SyntheticSpec {
     int32_t n_ff_expert = 0;
     int32_t expert_type = -1;
     int32_t dense_type = -1;
+    std::string recipe;  // experts=<recipe>: moe_synth_params.recipe (the library validates the name)
     std::optional<uint64_t> seed;
     std::optional<double> skew;
 };
@@ -47,7 +48,8 @@ inline const std::vector<SyntheticKey>& synthetic_keys() {
     static const std::vector<SyntheticKey> keys = {
         {"preset", "shape preset: qwen3-30b-a3b, gpt-oss-20b, gpt-oss-120b, tiny"},
         {"layers", "number of layers"},
-        {"experts", "expert tensor type (q8_0, q4_0, mxfp4, f16, bf16, f32)"},
+        {"experts", "expert tensor type (q8_0, q4_0, q4_K, iq4_xs, mxfp4, f16, ...), or a recipe of types by role\n"
+                    "                   as in real files: q4_k_m, q5_k_m, q3_k_xl, iq4_xs (moeinfer-synth --help)"},
         {"dense", "type of the other 2-D weights"},
         {"embd", "embedding width"},
         {"n_expert", "experts per layer"},
@@ -95,7 +97,17 @@ inline std::optional<std::string> apply_key(const std::string& key, const std::s
         if (value.empty()) return "key 'preset' needs a name";
         s.preset = value;
     } else if (key == "experts") {
-        return parse_type(key, value, s.expert_type);
+        // A type name, or a recipe name (moe_synth_params.recipe; lower-cased: one cached file per recipe).
+        if (moe_type_from_name(value.c_str(), &s.expert_type) == MOE_STATUS_OK) return std::nullopt;
+        s.expert_type = -1;
+        s.recipe.clear();
+        for (char c : value) s.recipe += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+        for (const char* r : {"q4_k_m", "q5_k_m", "q3_k_xl", "iq4_xs"}) {
+            if (s.recipe == r) return std::nullopt;
+        }
+        return "unknown type or recipe '" + value +
+               "' for key 'experts' (types: q8_0, q4_0, q4_K, iq4_xs, mxfp4, f16, ...; recipes: q4_k_m, q5_k_m, "
+               "q3_k_xl, iq4_xs)";
     } else if (key == "dense") {
         return parse_type(key, value, s.dense_type);
     } else if (key == "seed") {
@@ -161,6 +173,7 @@ inline std::string canonical_spec(const SyntheticSpec& s) {
     if (!s.preset.empty()) add("preset", s.preset);
     add_int("layers", s.n_layer);
     add_type("experts", s.expert_type);
+    if (!s.recipe.empty()) add("experts", s.recipe);
     add_type("dense", s.dense_type);
     add_int("embd", s.n_embd);
     add_int("n_expert", s.n_expert);
@@ -213,6 +226,7 @@ inline moe_status fill_synth_params(const SyntheticSpec& s, moe_synth_params& p)
     p.n_ff_expert = s.n_ff_expert;
     if (s.expert_type >= 0) p.expert_type = s.expert_type;
     if (s.dense_type >= 0) p.dense_type = s.dense_type;
+    if (!s.recipe.empty()) p.recipe = s.recipe.c_str();  // borrowed, like preset
     if (s.seed) p.seed = *s.seed;
     if (s.skew) p.routing_skew = static_cast<float>(*s.skew);
     return MOE_STATUS_OK;

@@ -19,6 +19,16 @@ uint32_t file_type_of(Type t) {
         case Type::Q8_0: return 7;   // MOSTLY_Q8_0
         case Type::BF16: return 32;  // MOSTLY_BF16
         case Type::MXFP4: return 38; // MOSTLY_MXFP4_MOE
+        case Type::Q4_1: return 3;   // MOSTLY_Q4_1
+        case Type::Q5_0: return 8;   // MOSTLY_Q5_0
+        case Type::Q5_1: return 9;   // MOSTLY_Q5_1
+        case Type::Q2_K: return 10;  // MOSTLY_Q2_K
+        case Type::Q3_K: return 11;  // MOSTLY_Q3_K_S
+        case Type::Q4_K: return 14;  // MOSTLY_Q4_K_S
+        case Type::Q5_K: return 16;  // MOSTLY_Q5_K_S
+        case Type::Q6_K: return 18;  // MOSTLY_Q6_K
+        case Type::IQ4_NL: return 25; // MOSTLY_IQ4_NL
+        case Type::IQ4_XS: return 30; // MOSTLY_IQ4_XS
         default: return 0;           // not a weight type; resolve_config refuses it
     }
 }
@@ -64,14 +74,16 @@ void tokenizer_metadata(GgufWriter& w, int n_vocab) {
 }  // namespace
 
 void common_metadata(GgufWriter& w, const Config& c) {
+    const bool recipe = c.recipe != Recipe::NONE;
     char name[160];
-    std::snprintf(name, sizeof name, "moeinfer synthetic %s (%d layers, %s experts, skew %.2f, seed %llu)",
-                  c.preset.c_str(), c.n_layer, type_name(c.expert_type), static_cast<double>(c.routing_skew),
+    std::snprintf(name, sizeof name, "moeinfer synthetic %s (%d layers, %s %s, skew %.2f, seed %llu)",
+                  c.preset.c_str(), c.n_layer, recipe ? recipe_name(c.recipe) : type_name(c.expert_type),
+                  recipe ? "recipe" : "experts", static_cast<double>(c.routing_skew),
                   static_cast<unsigned long long>(c.seed));
     w.add_string("general.architecture", c.arch_name);
     w.add_string("general.type", "model");
     w.add_string("general.name", name);
-    w.add_uint32("general.file_type", file_type_of(c.expert_type));
+    w.add_uint32("general.file_type", recipe ? recipe_file_type(c.recipe) : file_type_of(c.expert_type));
     w.add_uint32("general.quantization_version", 2);
     w.add_uint64("moeinfer.synthetic.seed", c.seed);
     w.add_float32("moeinfer.synthetic.routing_skew", c.routing_skew);

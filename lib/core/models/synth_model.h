@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/gguf_writer.h"
@@ -13,6 +14,9 @@
 #include "moeinfer/moeinfer.h"
 
 namespace moe::synth {
+
+// A mix of types by tensor role (synth_recipes.cpp); NONE: experts expert_type, the rest dense_type.
+enum class Recipe { NONE, Q4_K_M, Q5_K_M, Q3_K_XL, IQ4_XS };
 
 // Everything that decides the file's bytes, after presets and overrides are merged and validated.
 struct Config {
@@ -37,6 +41,7 @@ struct Config {
     int yarn_orig_ctx = 0;
     Type expert_type = Type::Q8_0;
     Type dense_type = Type::F16;
+    Recipe recipe = Recipe::NONE;  // overrides expert_type and dense_type by role
     uint64_t seed = 0;
     float routing_skew = 0.0f;
 };
@@ -75,6 +80,18 @@ std::vector<TensorSpec> qwen3moe_tensors(const Config& c);
 void qwen3moe_metadata(GgufWriter& w, const Config& c);
 std::vector<TensorSpec> gpt_oss_tensors(const Config& c);
 void gpt_oss_metadata(GgufWriter& w, const Config& c);
+
+// ---- type recipes (synth_recipes.cpp) ----
+
+// By name ("q4_k_m", "q5_k_m", "q3_k_xl", "iq4_xs", ASCII case ignored); false for other names.
+bool find_recipe(std::string_view name, Recipe* out);
+const char* recipe_name(Recipe r);
+// llama.cpp's llama_ftype of a file of recipe r (general.file_type; informational).
+uint32_t recipe_file_type(Recipe r);
+// "q4_k_m, q5_k_m, ...": for error messages.
+std::string recipe_names();
+// Sets the type of every weight by its role and layer as c.recipe says (nothing without a recipe).
+void apply_recipe(const Config& c, std::vector<TensorSpec>& tensors);
 
 // Shared metadata: general.*, moeinfer.synthetic.*, and the minimal tokenizer.
 void common_metadata(GgufWriter& w, const Config& c);

@@ -84,13 +84,17 @@ Status resolve_type(const char* field, int32_t given, Type fallback, Type* out) 
         *out = fallback;
         return Status::ok();
     }
-    // Weight types only (the traits table may also hold internal types such as I32).
-    constexpr int32_t kWeightTypes[] = {MOE_TYPE_F32, MOE_TYPE_F16, MOE_TYPE_BF16,
-                                        MOE_TYPE_Q8_0, MOE_TYPE_Q4_0, MOE_TYPE_MXFP4};
+    // Weight types the CPU backend computes (the traits table also holds types it only describes, and
+    // internal ones such as I32).
+    constexpr int32_t kWeightTypes[] = {MOE_TYPE_F32,  MOE_TYPE_F16,  MOE_TYPE_BF16, MOE_TYPE_Q8_0,   MOE_TYPE_Q4_0,
+                                        MOE_TYPE_Q4_1, MOE_TYPE_Q5_0, MOE_TYPE_Q5_1, MOE_TYPE_IQ4_NL, MOE_TYPE_MXFP4,
+                                        MOE_TYPE_Q2_K, MOE_TYPE_Q3_K, MOE_TYPE_Q4_K, MOE_TYPE_Q5_K,   MOE_TYPE_Q6_K,
+                                        MOE_TYPE_IQ4_XS};
     if (std::find(std::begin(kWeightTypes), std::end(kWeightTypes), given) == std::end(kWeightTypes) ||
         type_traits(given) == nullptr) {
         return invalid_argument(std::string(field) + ": " + std::to_string(given) +
-                                " is not a weight type (f32, f16, bf16, q8_0, q4_0 or mxfp4; -1 for the default)");
+                                " is not a weight type (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, "
+                                "mxfp4, q2_K, q3_K, q4_K, q5_K, q6_K or iq4_xs; -1 for the default)");
     }
     *out = static_cast<Type>(given);
     return Status::ok();
@@ -123,6 +127,7 @@ Status synth_params_init(moe_synth_params* p, const char* arch) {
     }
     p->expert_type = -1;
     p->dense_type = -1;
+    p->recipe = nullptr;
     p->seed = 42;
     p->routing_skew = 0.0f;
     return Status::ok();
@@ -178,6 +183,16 @@ StatusOr<Config> resolve_config(const moe_synth_params& given) {
     const Type default_expert = c.arch == Arch::GPT_OSS ? Type::MXFP4 : Type::Q8_0;
     MOE_RETURN_IF_ERROR(resolve_type("expert_type", p.expert_type, default_expert, &c.expert_type));
     MOE_RETURN_IF_ERROR(resolve_type("dense_type", p.dense_type, Type::F16, &c.dense_type));
+    if (p.recipe != nullptr) {
+        if (!synth::find_recipe(p.recipe, &c.recipe)) {
+            return invalid_argument(std::string("recipe: unknown '") + p.recipe + "' (expected " +
+                                    synth::recipe_names() + ")");
+        }
+        if (p.expert_type != -1 || p.dense_type != -1) {
+            return invalid_argument(std::string("recipe: '") + p.recipe +
+                                    "' sets the type of every weight; expert_type and dense_type must be -1");
+        }
+    }
     c.seed = p.seed;
     c.routing_skew = p.routing_skew;
 
@@ -197,10 +212,13 @@ StatusOr<Config> resolve_config(const moe_synth_params& given) {
         return invalid_argument("n_expert_used: " + std::to_string(c.n_expert_used) + " exceeds n_expert " +
                                 std::to_string(c.n_expert));
     }
-    MOE_RETURN_IF_ERROR(check_block("expert_type", c.expert_type, "n_embd", c.n_embd));
-    MOE_RETURN_IF_ERROR(check_block("expert_type", c.expert_type, "n_ff_expert", c.n_ff_expert));
-    MOE_RETURN_IF_ERROR(check_block("dense_type", c.dense_type, "n_embd", c.n_embd));
-    MOE_RETURN_IF_ERROR(check_block("dense_type", c.dense_type, "n_head * head_dim", int64_t{c.n_head} * c.head_dim));
+    if (c.recipe == synth::Recipe::NONE) {  // a recipe falls back to other types, as llama.cpp does
+        MOE_RETURN_IF_ERROR(check_block("expert_type", c.expert_type, "n_embd", c.n_embd));
+        MOE_RETURN_IF_ERROR(check_block("expert_type", c.expert_type, "n_ff_expert", c.n_ff_expert));
+        MOE_RETURN_IF_ERROR(check_block("dense_type", c.dense_type, "n_embd", c.n_embd));
+        MOE_RETURN_IF_ERROR(
+            check_block("dense_type", c.dense_type, "n_head * head_dim", int64_t{c.n_head} * c.head_dim));
+    }
     if (!std::isfinite(c.routing_skew) || c.routing_skew < 0.0f || c.routing_skew >= 1.0f) {
         return invalid_argument("routing_skew: " + std::to_string(c.routing_skew) + " is outside [0, 1)");
     }
