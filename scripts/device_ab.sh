@@ -4,7 +4,7 @@
 # compare; the order alternates because the first run of a pair can read slower).
 #   scripts/device_ab.sh A_DIR B_DIR OUT_DIR [GROUP...]
 # Groups: tg (all-GPU tg128, Q30-16 / G20 / Q30-48), hybrid_tg (the same with -ot exps=CPU), pp (all-GPU
-# pp512, and pp4096 with -ub 4096). JSON per run in OUT_DIR; a line per run with the median t/s.
+# pp512, and pp4096 with -ub 4096), hybrid_pp (the same with -ot exps=CPU: the expert uploads). JSON per run in OUT_DIR; a line per run with the median t/s.
 # Default: tg hybrid_tg. SPECS="spec ..." narrows the models; REPS (default 3) repetitions per run (-r),
 # ROUNDS (default 2) A/B rounds.
 set -uo pipefail
@@ -31,15 +31,15 @@ PY
 for g in $groups; do
   for spec in ${SPECS:-"$Q30" "$G20" "$Q48"}; do
     tag=$(echo "$spec" | grep -q gpt-oss && echo g20 || (echo "$spec" | grep -q layers=48 && echo q48 || echo q30))
-    extra=(); [ "$g" = hybrid_tg ] && extra=(-ot exps=CPU)
+    extra=(); case $g in hybrid_*) extra=(-ot exps=CPU) ;; esac
     for k in $(seq 1 "${ROUNDS:-2}"); do
       # A B in odd rounds, B A in even ones: the first run of a pair has read up to 6% slower on some
       # machines (PERF.md, 2026-11-26: the same build 640-665 t/s first, 705-716 second).
       sides="A B"; [ $((k % 2)) -eq 0 ] && sides="B A"
       for side in $sides; do
-        if [ "$g" = pp ]; then
-          run $side pp512_${tag}_$k --synthetic "$spec" -p 512 -n 0
-          run $side pp4096_${tag}_$k --synthetic "$spec" -p 4096 -ub 4096 -n 0
+        if [ "$g" = pp ] || [ "$g" = hybrid_pp ]; then
+          run $side ${g}512_${tag}_$k --synthetic "$spec" "${extra[@]}" -p 512 -n 0
+          run $side ${g}4096_${tag}_$k --synthetic "$spec" "${extra[@]}" -p 4096 -ub 4096 -n 0
         else
           run $side ${g}_${tag}_$k --synthetic "$spec" "${extra[@]}" -p 0 -n 128
         fi
