@@ -460,7 +460,9 @@ def test_decode_errors_leave_the_context_unchanged(f32_model, rng):
 
 def test_bad_context_params(f32_model):
     model, _ = f32_model
-    for kwargs, words in (({"n_ctx": 0}, "n_ctx"), ({"n_ubatch": -2}, "n_ubatch"), ({"n_threads": -1}, "n_threads")):
+    # n_threads = 2**24 was accepted and crashed oneTBB at the first decode; the limit is MOE_MAX_THREADS (4096).
+    for kwargs, words in (({"n_ctx": 0}, "n_ctx"), ({"n_ubatch": -2}, "n_ubatch"), ({"n_threads": -1}, "n_threads"),
+                          ({"n_threads": 4097}, "n_threads"), ({"n_threads": 2**24}, "n_threads")):
         with pytest.raises(ValueError, match=words):
             moeinfer.Context(model, **kwargs)
     with pytest.raises(TypeError, match="moeinfer.Model"):
