@@ -158,7 +158,8 @@ TEST_CASE("moe_measure_bandwidth writes only the fields inside an older result's
     CHECK(changed == 0);
 }
 
-TEST_CASE("moe_measure_bandwidth reports a host buffer it cannot allocate", "[runtime][bandwidth]") {
+// [alloc_fails]: its own ctest entry, where AddressSanitizer lets the allocation fail (tests/CMakeLists.txt).
+TEST_CASE("moe_measure_bandwidth reports a host buffer it cannot allocate", "[runtime][bandwidth][alloc_fails]") {
     // 1 TiB: refused outright by the kernel's overcommit check on machines with much less memory.
     // With overcommit_memory = 1 the allocation could succeed and the fill would exhaust memory.
     FILE* f = std::fopen("/proc/sys/vm/overcommit_memory", "r");
