@@ -226,7 +226,10 @@ StatusOr<std::unique_ptr<Buffer>> CudaBackend::alloc_pinned_host_buffer(size_t s
 
 StatusOr<std::unique_ptr<Buffer>> CudaBackend::register_host(void* p, size_t n, bool read_only) {
     MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    unsigned int flags = cudaHostRegisterPortable;
+    // Mapped: copy_to_device may pull small copies from page-locked memory with a kernel that reads it
+    // through its device address (mapped_copy.cu); a registration without the flag is not mapped there,
+    // and the kernel's reads fault (illegal address, seen on the H100 machine).
+    unsigned int flags = cudaHostRegisterPortable | cudaHostRegisterMapped;
     if (read_only) {
         // Without the flag the driver would pin the pages for writing, which a PROT_READ mapping refuses.
         int supported = 0;
@@ -409,13 +412,35 @@ Status CudaBackend::copy_to_device(void* dst_dev, const void* src_host, size_t n
     if (pull && n <= kPullCopyMaxBytes) {
         const void* mapped = mapped_device_pointer(src_host);
         const bool same_alignment = reinterpret_cast<uintptr_t>(mapped) % 16 == reinterpret_cast<uintptr_t>(dst_dev) % 16;
-        if (mapped != nullptr && same_alignment) {
+        // The last byte must be mapped too, and contiguously: the range may run out of a registered run.
+        const void* mapped_last = mapped_device_pointer(static_cast<const uint8_t*>(src_host) + n - 1);
+        const bool contiguous = mapped != nullptr && mapped_last == static_cast<const uint8_t*>(mapped) + n - 1;
+        if (contiguous && same_alignment) {
             const PdlScope pdl(pdl_enabled_);
             return pull_from_host(dst_dev, mapped, n, compute_stream_);
         }
     }
-    MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_dev, src_host, n, cudaMemcpyHostToDevice, compute_stream_));
-    return Status::ok();
+    return copy_host_range(dst_dev, src_host, n, compute_stream_);
+}
+
+// Weights used in place from the model file are page-locked in runs (runtime/host_weights.h): a range
+// next to a run (a device-side tensor at load) can start in locked pages and end in pageable ones, and
+// the driver refuses a copy across that border (cudaErrorInvalidValue). Such a copy is split at a page
+// border until each part lies in one kind of memory.
+Status CudaBackend::copy_host_range(void* dst_dev, const void* src_host, size_t n, cudaStream_t stream) {
+    const cudaError_t err = cudaMemcpyAsync(dst_dev, src_host, n, cudaMemcpyHostToDevice, stream);
+    if (err == cudaSuccess) return Status::ok();
+    (void)cudaGetLastError();
+    constexpr uintptr_t kPage = 4096;
+    const auto src = reinterpret_cast<uintptr_t>(src_host);
+    const uintptr_t mid = (src + n / 2) & ~(kPage - 1);
+    if (err != cudaErrorInvalidValue || mid <= src || mid >= src + n) {
+        return cuda_status(err, "cudaMemcpyAsync(host to device)");
+    }
+    const size_t head = static_cast<size_t>(mid - src);
+    MOE_RETURN_IF_ERROR(copy_host_range(dst_dev, src_host, head, stream));
+    return copy_host_range(static_cast<uint8_t*>(dst_dev) + head, static_cast<const uint8_t*>(src_host) + head,
+                           n - head, stream);
 }
 
 Status CudaBackend::copy_to_host(void* dst_host, const void* src_dev, size_t n) {

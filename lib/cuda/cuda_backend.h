@@ -86,6 +86,8 @@ public:
     // every compute queued after it. src_host must stay valid and unchanged until synchronize() or a
     // fence marked after the copy (for pinned memory the copy is truly asynchronous).
     Status copy_to_device(void* dst_dev, const void* src_host, size_t n) override;
+    // cudaMemcpyAsync from host memory, split where page-locked and pageable memory meet.
+    Status copy_host_range(void* dst_dev, const void* src_host, size_t n, cudaStream_t stream);
     // Queues a copy of n bytes from device memory to host memory on the compute stream, after every
     // compute queued before the call. The bytes are in place after synchronize() or a later fence.
     Status copy_to_host(void* dst_host, const void* src_dev, size_t n) override;
