@@ -434,8 +434,13 @@ Status CudaBackend::copy_host_range(void* dst_dev, const void* src_host, size_t 
     constexpr uintptr_t kPage = 4096;
     const auto src = reinterpret_cast<uintptr_t>(src_host);
     const uintptr_t mid = (src + n / 2) & ~(kPage - 1);
-    if (err != cudaErrorInvalidValue || mid <= src || mid >= src + n) {
-        return cuda_status(err, "cudaMemcpyAsync(host to device)");
+    if (err != cudaErrorInvalidValue) return cuda_status(err, "cudaMemcpyAsync(host to device)");
+    if (mid <= src || mid >= src + n) {
+        // Refused within one page (e.g. two registrations that meet there): through ordinary memory, which
+        // the driver stages before the call returns, so the bounce buffer may go at once.
+        const std::vector<uint8_t> bounce(static_cast<const uint8_t*>(src_host), static_cast<const uint8_t*>(src_host) + n);
+        MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_dev, bounce.data(), n, cudaMemcpyHostToDevice, stream));
+        return Status::ok();
     }
     const size_t head = static_cast<size_t>(mid - src);
     MOE_RETURN_IF_ERROR(copy_host_range(dst_dev, src_host, head, stream));
