@@ -10,27 +10,7 @@
 
 #include "moeinfer/moeinfer.h"
 
-static int g_failures = 0;
-
-#define EXPECT(cond)                                                                         \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            fprintf(stderr, "%s:%d: EXPECT failed: %s (last error: %s)\n", __FILE__, __LINE__, \
-                    #cond, moe_last_error());                                                \
-            ++g_failures;                                                                    \
-        }                                                                                    \
-    } while (0)
-
-#define EXPECT_ERROR(expr, want, field)                                                               \
-    do {                                                                                              \
-        moe_status got_ = (expr);                                                                     \
-        if (got_ != (want) || strstr(moe_last_error(), (field)) == NULL) {                             \
-            fprintf(stderr, "%s:%d: %s returned %s (\"%s\"), expected %s naming \"%s\"\n", __FILE__,     \
-                    __LINE__, #expr, moe_status_string(got_), moe_last_error(), moe_status_string(want), \
-                    (field));                                                                         \
-            ++g_failures;                                                                             \
-        }                                                                                             \
-    } while (0)
+#include "c_check.h"
 
 #define N_GEN 12
 #define N_PROMPT 8
@@ -215,11 +195,16 @@ int main(void) {
     EXPECT(run(ctx, prompt, N_PROMPT, 0, NULL, 0, &sink, got, &r) == MOE_STATUS_OK);
     EXPECT(r.n_generated == 0 && sink.calls == 0 && r.stop_reason == MOE_STOP_MAX_TOKENS);
 
-    /* The callback stops the generation on its 3rd piece. */
+    /* The callback stops the generation on its 3rd piece. A random model's tokens may hold back partial
+     * UTF-8 characters, so N_GEN tokens can give fewer than 3 pieces: then it must not have stopped. */
     memset(&sink, 0, sizeof sink);
     sink.stop_at = 3;
     EXPECT(run(ctx, prompt, N_PROMPT, N_GEN, NULL, 0, &sink, got, &r) == MOE_STATUS_OK);
-    EXPECT(r.stop_reason == MOE_STOP_CALLBACK && sink.calls == 3 && r.n_generated <= 3 + 1);
+    if (sink.calls == 3) {
+        EXPECT(r.stop_reason == MOE_STOP_CALLBACK && r.n_generated <= 3 + 1);
+    } else {
+        EXPECT(sink.calls < 3 && r.stop_reason != MOE_STOP_CALLBACK);
+    }
 
     /* A sampler at temperature 0 draws as greedy. */
     {
