@@ -241,11 +241,16 @@ def test_dequantize_extreme_scales_match_gguf(type_name, rng):
     assert_same_bits(ours, ref, f"dequantize {type_name} extreme scales", 4)
 
 
-# Largest |dequantize(quantize(x)) - x| as a fraction of the block's largest |x|: half a step (a whole
-# one where the sign of the extreme leaves the other side a level short); the asymmetric types span
-# max - min <= 2 amax.
-ROUND_TRIP_BOUND = {"q8_0": 0.6 / 127, "q4_0": 1.01 / 8, "q5_0": 1.01 / 16, "q4_1": 1.01 / 15, "q5_1": 1.01 / 31,
-                    "mxfp4": 0.5}
+# Largest |dequantize(quantize(x)) - x| as a fraction of the block's largest |x| (amax). Rounding to the
+# nearest level costs half a step (a whole one for the symmetric types, where the sign of the extreme
+# leaves the other side a level short); the stored fp16 scale d (and min m) add their own rounding,
+# 2^-11 relative: top levels * |d - fp16(d)| <= (max - min) * 2^-11 <= 2 amax 2^-11, and |m - fp16(m)|
+# <= amax 2^-11. So symmetric: 2/levels + 2^-11; asymmetric (max - min <= 2 amax): 1/top + 3 * 2^-11.
+# The 1.001 covers float rounding in the products.
+FP16_ROUNDING = 2.0**-11
+ROUND_TRIP_BOUND = {"q8_0": 0.6 / 127, "q4_0": (1 / 8 + FP16_ROUNDING) * 1.001,
+                    "q5_0": (1 / 16 + FP16_ROUNDING) * 1.001, "q4_1": (1 / 15 + 3 * FP16_ROUNDING) * 1.001,
+                    "q5_1": (1 / 31 + 3 * FP16_ROUNDING) * 1.001, "mxfp4": 0.5}
 SYMMETRIC = ("f16", "bf16", "q8_0", "q4_0", "q5_0", "mxfp4")  # zero stays exactly zero
 
 
