@@ -1,0 +1,96 @@
+// The shared blocks of the model graphs (see graph_blocks.h).
+#include "core/models/graph_blocks.h"
+
+#include <cmath>
+
+namespace moe::blocks {
+namespace {
+
+// The experts' part of an expert block: up/gate, down, their biases and the weighted sum. masked: ids
+// may be kNoExpert (a part of a split block), whose rows the weighted sum must skip.
+Tensor* expert_products(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* ids, Tensor* weights, bool masked) {
+    Graph& g = s.g;
+    const HParams& hp = s.hp;
+    const int64_t T = s.n_tokens, k = hp.n_expert_used;
+    const Activation act = hp.arch == Arch::GPT_OSS ? Activation::SWIGLU_OAI : Activation::SILU;
+    Tensor* h = g.moe_up_gate(l.up_exps, l.gate_exps, x, ids, l.up_exps_bias, l.gate_exps_bias, act);  // [F, k, T]
+    Tensor* y = g.mul_mat_id(l.down_exps, h, ids);                                                      // [E, k, T]
+    if (l.down_exps_bias) {
+        // Each selected expert's bias: rows of the [E, n_expert] bias picked by the flattened ids.
+        Tensor* b = g.get_rows(l.down_exps_bias, g.reshape(ids, {k * T}));
+        y = g.add(y, g.reshape(b, {hp.n_embd, k, T}));
+    }
+    return g.weighted_sum(y, weights, masked ? ids : nullptr);  // [E, T]
+}
+
+}  // namespace
+
+Tensor* add_opt(Graph& g, Tensor* x, Tensor* b) { return b ? g.add(x, b) : x; }
+
+Tensor* cache_rows(Graph& g, Tensor* cache, int first, int count) {
+    return g.view(cache, {cache->ne[0], cache->ne[1], count}, {cache->nb[1], cache->nb[2]},
+                  static_cast<size_t>(first) * cache->nb[2]);
+}
+
+Tensor* attention(BuildState& s, const LayerWeights& l, int il, Tensor* x) {
+    Graph& g = s.g;
+    const HParams& hp = s.hp;
+    const int64_t D = hp.head_dim, T = s.n_tokens;
+
+    Tensor* q = g.reshape(add_opt(g, g.mul_mat(l.wq, x), l.bq), {D, hp.n_head, T});
+    Tensor* k = g.reshape(add_opt(g, g.mul_mat(l.wk, x), l.bk), {D, hp.n_head_kv, T});
+    Tensor* v = g.reshape(add_opt(g, g.mul_mat(l.wv, x), l.bv), {D, hp.n_head_kv, T});
+    if (l.q_norm) q = g.rms_norm(q, l.q_norm, hp.rms_eps);  // per-head norm over head_dim
+    if (l.k_norm) k = g.rms_norm(k, l.k_norm, hp.rms_eps);
+    const RopeParams rp = rope_params_for(hp);
+    q = g.rope(q, s.positions, rp);
+    k = g.rope(k, s.positions, rp);
+
+    Tensor* k_cache = s.kv.k[static_cast<size_t>(il)];
+    Tensor* v_cache = s.kv.v[static_cast<size_t>(il)];
+    g.cpy(k, cache_rows(g, k_cache, s.n_past, s.n_tokens));
+    g.cpy(v, cache_rows(g, v_cache, s.n_past, s.n_tokens));
+    const int n_kv = s.n_past + s.n_tokens;
+
+    // gpt-oss: even layers use the sliding window, odd layers full attention.
+    const int window = (hp.arch == Arch::GPT_OSS && il % 2 == 0) ? hp.sliding_window : 0;
+    Tensor* att = g.attention(q, cache_rows(g, k_cache, 0, n_kv), cache_rows(g, v_cache, 0, n_kv), s.positions,
+                              l.sinks, 1.0f / std::sqrt(static_cast<float>(D)), window, n_kv);
+    att = g.reshape(att, {D * hp.n_head, T});
+    return add_opt(g, g.mul_mat(l.wo, att), l.bo);
+}
+
+Tensor* routed_experts(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* ids, Tensor* weights,
+                       Tensor* groups) {
+    Graph& g = s.g;
+    if (groups == nullptr) return expert_products(s, l, x, ids, weights, false);
+
+    // Each part sees only its group's experts (the others' pairs are kNoExpert: skipped), so the two
+    // weighted sums add up to the whole block's.
+    Tensor* part[2] = {};
+    for (int32_t group : {1, 0}) {
+        g.set_expert_group(group);
+        part[group] = expert_products(s, l, x, g.mask_ids(ids, groups, group), weights, true);
+    }
+    g.set_expert_group(-1);
+    return g.add(part[1], part[0]);
+}
+
+Tensor* layer_groups(Graph& g, const UbatchGraph& out, const std::vector<uint8_t>& split_layers, int il) {
+    if (out.expert_groups == nullptr || !split_layers[static_cast<size_t>(il)]) return nullptr;
+    Tensor* all = out.expert_groups;
+    return g.view(all, {all->ne[0]}, {all->nb[1]}, static_cast<size_t>(il) * all->nb[1]);
+}
+
+void output_logits(Graph& g, const HParams& hp, const ModelWeights& w, Tensor* cur, int n_tokens,
+                   LogitsMode logits, UbatchGraph& out) {
+    if (logits == LogitsMode::NONE) return;
+    if (logits == LogitsMode::LAST && n_tokens > 1) {
+        cur = g.view(cur, {hp.n_embd, 1}, {cur->nb[1]}, static_cast<size_t>(n_tokens - 1) * cur->nb[1]);
+    }
+    cur = g.rms_norm(cur, w.output_norm, hp.rms_eps);
+    out.logits = g.mul_mat(w.output, cur);
+    g.set_output(out.logits);
+}
+
+}  // namespace moe::blocks

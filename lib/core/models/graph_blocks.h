@@ -1,0 +1,46 @@
+// The blocks every architecture's graph is made of: attention with a KV cache, the routed-expert
+// block (with the expert split), and the helpers they share. Internal to lib/core/models: each
+// architecture's builder (model_graph.cpp and the graph_<arch>.cpp files) composes these.
+#pragma once
+
+#include "core/graph.h"
+#include "core/models/model_graph.h"
+
+namespace moe::blocks {
+
+// What every block of one ubatch's graph needs to know.
+struct BuildState {
+    Graph& g;
+    const HParams& hp;
+    const KvCache& kv;
+    Tensor* positions;
+    int n_tokens;
+    int n_past;
+};
+
+// x + b when b exists.
+Tensor* add_opt(Graph& g, Tensor* x, Tensor* b);
+
+// View of a [D, Hkv, n_ctx] cache's rows [first, first + count) as [D, Hkv, count].
+Tensor* cache_rows(Graph& g, Tensor* cache, int first, int count);
+
+// Self-attention of layer il on normalised input x: projections (+ biases), per-head q/k norms, RoPE
+// (rope_params_for), cache write, attention over the cache, output projection. Returns [n_embd, T].
+Tensor* attention(BuildState& s, const LayerWeights& l, int il, Tensor* x);
+
+// The routed-expert block on normalised input x, given the router's choice: ids I32 [k, T] and
+// weights F32 [k, T]. groups: nullptr, or the layer's I32 [n_expert] expert groups, for a block split
+// into two parts that compute disjoint sets of experts and are added (group 1 first in node order,
+// each part's nodes tagged with Tensor::expert_group). Returns [n_embd, T].
+Tensor* routed_experts(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* ids, Tensor* weights,
+                       Tensor* groups);
+
+// The view of layer il's row of the [n_expert, n_layer] expert-groups input, or nullptr when the layer
+// is not split.
+Tensor* layer_groups(Graph& g, const UbatchGraph& out, const std::vector<uint8_t>& split_layers, int il);
+
+// The final norm and output projection of the last hidden state (or all of them); sets out.logits.
+void output_logits(Graph& g, const HParams& hp, const ModelWeights& w, Tensor* cur, int n_tokens,
+                   LogitsMode logits, UbatchGraph& out);
+
+}  // namespace moe::blocks
