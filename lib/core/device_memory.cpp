@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 namespace moe {
 
@@ -19,6 +20,7 @@ DeviceMemoryMeter& DeviceMemoryMeter::of(std::string_view backend) {
 Status DeviceMemoryMeter::acquire(size_t n, size_t device_free, std::string_view backend) {
     const std::lock_guard<std::mutex> lock(mu_);
     const size_t left = limit_ == kNoLimit ? device_free : std::min(device_free, limit_ > live_ ? limit_ - live_ : 0);
+    if (recording_) recorded_.push_back(n);
     const bool injected = fail_countdown_ != 0 && --fail_countdown_ == 0;
     if (injected || (limit_ != kNoLimit && n > left)) {
         ++n_refused_;
@@ -59,6 +61,18 @@ void DeviceMemoryMeter::clear_hooks() {
     const std::lock_guard<std::mutex> lock(mu_);
     limit_ = kNoLimit;
     fail_countdown_ = 0;
+}
+
+void DeviceMemoryMeter::start_recording() {
+    const std::lock_guard<std::mutex> lock(mu_);
+    recording_ = true;
+    recorded_.clear();
+}
+
+std::vector<size_t> DeviceMemoryMeter::stop_recording() {
+    const std::lock_guard<std::mutex> lock(mu_);
+    recording_ = false;
+    return std::exchange(recorded_, {});
 }
 
 uint64_t DeviceMemoryMeter::n_refused() const {

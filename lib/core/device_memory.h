@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string_view>
+#include <vector>
 
 #include "core/status.h"
 
@@ -40,6 +41,11 @@ public:
     void fail_nth(uint64_t k);
     // Removes the limit and the pending failure.
     void clear_hooks();
+    // From now on, remember the size of every allocation asked for (granted or not), in order; the
+    // sizes asked since, and stop. A test finds with them what a backend allocates for itself before the
+    // allocation it wants to refuse.
+    void start_recording();
+    std::vector<size_t> stop_recording();
     // Allocations refused so far, by the hook or by the device (reported through note_refused()).
     uint64_t n_refused() const;
     void note_refused();
@@ -50,6 +56,8 @@ private:
     size_t limit_ = kNoLimit;         // guarded by mu_
     uint64_t fail_countdown_ = 0;     // guarded by mu_; 0: no failure pending
     uint64_t n_refused_ = 0;          // guarded by mu_
+    bool recording_ = false;          // guarded by mu_
+    std::vector<size_t> recorded_;    // guarded by mu_
 };
 
 // "<backend>: cannot allocate N bytes of device memory (F bytes free)": the RESOURCE_EXHAUSTED of a

@@ -11,7 +11,9 @@
 // explicitly (tensor overrides), bit for bit: the same ops on the same sides with the split off.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <random>
 #include <regex>
 #include <string>
@@ -278,9 +280,23 @@ void check_creation_refusals(const Device& d) {
     moe_context_params p = params(d, &pol);
     p.vram_budget = total;  // every weight on the device
     const uint64_t live0 = meter.live_bytes();
+    // What creation allocates before a given allocation (a device backend's own buffers, e.g. the CUDA
+    // backend's cuBLAS workspace, come first): the limits below leave exactly half of that one.
+    meter.start_recording();
+    {
+        Ctx probe;
+        probe.require(m, p);
+    }
+    const std::vector<size_t> asked = meter.stop_recording();
+    const uint64_t kv = kv_bytes(m, p.n_ctx);
+    const auto allocated_before = [&](uint64_t n) {
+        const auto it = std::find(asked.begin(), asked.end(), n);
+        REQUIRE(it != asked.end());
+        return std::accumulate(asked.begin(), it, uint64_t{0});
+    };
 
     SECTION("the weights") {
-        meter.set_limit(live0 + total / 2);
+        meter.set_limit(live0 + allocated_before(total) + total / 2);
         Ctx ctx;
         REQUIRE(ctx.create(m, p) == MOE_STATUS_RESOURCE_EXHAUSTED);
         const Refusal r = parse_refusal(ctx.message(), "allocating device memory for the weights");
@@ -289,8 +305,8 @@ void check_creation_refusals(const Device& d) {
         CHECK(r.free == total / 2);
     }
     SECTION("the KV cache") {
-        const uint64_t kv = kv_bytes(m, p.n_ctx);
-        meter.set_limit(live0 + total + kv / 2);
+        const uint64_t own = allocated_before(kv) - total;  // the backend's own, without the weights
+        meter.set_limit(live0 + own + total + kv / 2);
         Ctx ctx;
         REQUIRE(ctx.create(m, p) == MOE_STATUS_RESOURCE_EXHAUSTED);
         const Refusal r = parse_refusal(ctx.message(), "allocating the KV cache");
