@@ -3,11 +3,13 @@
 // portable dot products (cpu/matmul_q8k_scalar.cpp), so the layout is written down once.
 //
 // Everything here is static inline: a file compiled for a wide ISA may include this header, and an
-// out-of-line copy with external linkage could then be picked by the linker for baseline code.
+// out-of-line copy with external linkage could then be picked by the linker for baseline code. MOE_HD:
+// the CUDA kernels decode with the same accessors (core/quant_decode.h).
 #pragma once
 
 #include <cstdint>
 
+#include "core/host_device.h"
 #include "core/quant_blocks.h"
 
 namespace moe::kq {
@@ -15,7 +17,7 @@ namespace moe::kq {
 // Q4_K / Q5_K: 8 six-bit scales and 8 six-bit mins in 12 bytes. Bytes 0-3 hold sc[0..3] and bytes 4-7
 // m[0..3] in their low 6 bits; the top 2 bits of those bytes are the top bits of sc[4..7] / m[4..7],
 // whose low nibbles are bytes 8-11 (sc low, m high).
-static inline void scale_min_k4(const uint8_t* s, int j, int& sc, int& m) {
+MOE_HD static inline void scale_min_k4(const uint8_t* s, int j, int& sc, int& m) {
     if (j < 4) {
         sc = s[j] & 63;
         m = s[j + 4] & 63;
@@ -27,7 +29,7 @@ static inline void scale_min_k4(const uint8_t* s, int j, int& sc, int& m) {
 
 // Q3_K: 16 six-bit scales (stored as l + 32) in 12 bytes. Scale i: low nibble from byte i % 8 (the low
 // half for i < 8, the high half after), top 2 bits from byte 8 + i % 4 at bit 2 * (i / 4).
-static inline int q3_k_scale(const uint8_t* s, int i) {
+MOE_HD static inline int q3_k_scale(const uint8_t* s, int i) {
     const int lo = (s[i % 8] >> (4 * (i / 8))) & 0x0F;
     const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
     return (lo | hi << 4) - 32;
@@ -35,24 +37,24 @@ static inline int q3_k_scale(const uint8_t* s, int i) {
 
 // Q2_K and Q3_K keep 2 bits of element e = 128 * h + 32 * s + l (h < 2, s < 4, l < 32) in byte
 // 32 * h + l of qs, at bit 2 * s.
-static inline int two_bits(const uint8_t* qs, int e) {
+MOE_HD static inline int two_bits(const uint8_t* qs, int e) {
     return (qs[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3;
 }
 
 // Q4_K and Q5_K keep the low nibble of element e = 64 * c + 32 * a + l in byte 32 * c + l of qs (a = 0:
 // low half, a = 1: high half); Q3_K's and Q5_K's extra bit of element e = 32 * k + l is bit k of byte l.
-static inline int nibble_k(const uint8_t* qs, int e) {
+MOE_HD static inline int nibble_k(const uint8_t* qs, int e) {
     return (qs[32 * (e / 64) + e % 32] >> (4 * (e % 64 / 32))) & 0x0F;
 }
-static inline int high_bit(const uint8_t* bits, int e) { return (bits[e % 32] >> (e / 32)) & 1; }
+MOE_HD static inline int high_bit(const uint8_t* bits, int e) { return (bits[e % 32] >> (e / 32)) & 1; }
 
 // Q3_K's value of element e, in [-4, 3]: a clear hmask bit means the value is 4 lower.
-static inline int q3_k_value(const BlockQ3_K& b, int e) { return two_bits(b.qs, e) - (high_bit(b.hmask, e) ? 0 : 4); }
+MOE_HD static inline int q3_k_value(const BlockQ3_K& b, int e) { return two_bits(b.qs, e) - (high_bit(b.hmask, e) ? 0 : 4); }
 
 // Q6_K keeps element e = 128 * h + 64 * a + m (m < 64) as: low nibble in byte 64 * h + m of ql (a = 0:
 // low half, a = 1: high half); top 2 bits in byte 32 * h + m % 32 of qh, at bit 2 * (e % 128 / 32).
 // The value is that 6-bit number - 32.
-static inline int q6_k_value(const BlockQ6_K& b, int e) {
+MOE_HD static inline int q6_k_value(const BlockQ6_K& b, int e) {
     const int h = e / 128, a = e % 128 / 64, m = e % 64;
     const int lo = (b.ql[64 * h + m] >> (4 * a)) & 0x0F;
     const int hi = (b.qh[32 * h + e % 32] >> (2 * (e % 128 / 32))) & 3;
@@ -61,7 +63,7 @@ static inline int q6_k_value(const BlockQ6_K& b, int e) {
 
 // IQ4_XS: the 6-bit scale ls of group g (the group scale is d * (ls - 32)): low nibble in
 // scales_l[g / 2] (the low half for even g), top 2 bits at bit 2 * g of scales_h.
-static inline int iq4_xs_scale(const BlockIQ4_XS& b, int g) {
+MOE_HD static inline int iq4_xs_scale(const BlockIQ4_XS& b, int g) {
     return ((b.scales_l[g / 2] >> (4 * (g % 2))) & 0x0F) | ((b.scales_h >> (2 * g)) & 3) << 4;
 }
 

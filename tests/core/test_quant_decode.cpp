@@ -1,0 +1,114 @@
+// core/quant_decode.h, the group decoders the CUDA kernels run, on the host: bit for bit the values of
+// lib/core's dequantisation (traits().to_float, itself checked against gguf-py) on random block bytes,
+// with scales at the extremes of fp16 (zero, subnormal, largest finite, infinite, NaN) on a share of
+// the blocks; every fp16 bit pattern through the decoders' fp16 conversion.
+#include <catch2/catch.hpp>
+
+#include <bit>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/quant_decode.h"
+#include "core/types.h"
+
+namespace {
+
+using moe::Type;
+
+constexpr Type kDecoded[] = {Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::IQ4_NL, Type::Q2_K,
+                             Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K,   Type::IQ4_XS};
+
+// Byte offsets of the fp16 scales in a block (quant_blocks.h).
+std::vector<int> fp16_fields(Type t) {
+    switch (t) {
+        case Type::Q4_1:
+        case Type::Q5_1:
+        case Type::Q4_K:
+        case Type::Q5_K: return {0, 2};
+        case Type::Q2_K: return {80, 82};
+        case Type::Q3_K: return {108};
+        case Type::Q6_K: return {208};
+        default: return {0};  // Q5_0, IQ4_NL, IQ4_XS
+    }
+}
+
+void decode32(Type t, const uint8_t* blk, int g, float (&v)[32]) {
+    switch (t) {
+        case Type::Q4_1: return moe::qd::decode32<Type::Q4_1>(blk, g, v);
+        case Type::Q5_0: return moe::qd::decode32<Type::Q5_0>(blk, g, v);
+        case Type::Q5_1: return moe::qd::decode32<Type::Q5_1>(blk, g, v);
+        case Type::IQ4_NL: return moe::qd::decode32<Type::IQ4_NL>(blk, g, v);
+        case Type::Q2_K: return moe::qd::decode32<Type::Q2_K>(blk, g, v);
+        case Type::Q3_K: return moe::qd::decode32<Type::Q3_K>(blk, g, v);
+        case Type::Q4_K: return moe::qd::decode32<Type::Q4_K>(blk, g, v);
+        case Type::Q5_K: return moe::qd::decode32<Type::Q5_K>(blk, g, v);
+        case Type::Q6_K: return moe::qd::decode32<Type::Q6_K>(blk, g, v);
+        default: return moe::qd::decode32<Type::IQ4_XS>(blk, g, v);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("quant_decode's block sizes are the traits table's", "[types][quant_decode]") {
+    for (Type t : kDecoded) {
+        INFO(moe::type_name(t));
+        CHECK(moe::qd::decodes(t));
+        CHECK(moe::qd::block_elems(t) == moe::traits(t).block_size);
+        CHECK(moe::qd::block_bytes(t) == moe::traits(t).block_bytes);
+    }
+    for (Type t : {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q4_0, Type::MXFP4, Type::Q8_K}) {
+        CHECK_FALSE(moe::qd::decodes(t));
+    }
+}
+
+TEST_CASE("quant_decode's fp16 conversion is core's on every bit pattern", "[types][quant_decode]") {
+    int bad = 0;
+    for (uint32_t h = 0; h < 0x10000u; ++h) {
+        const uint32_t got = std::bit_cast<uint32_t>(moe::qd::fp16_to_float(h));
+        const uint32_t want = std::bit_cast<uint32_t>(moe::fp16_to_fp32(static_cast<uint16_t>(h)));
+        if (got != want && bad++ < 4) UNSCOPED_INFO("fp16 " << h << ": " << got << " != " << want);
+    }
+    CHECK(bad == 0);
+}
+
+TEST_CASE("quant_decode's groups are core's dequantisation bit for bit on random bytes", "[types][quant_decode]") {
+    const uint32_t seed = std::random_device{}();
+    INFO("seed " << seed);
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::uniform_int_distribution<int> pct(0, 99);
+    const uint16_t extremes[] = {0x0000, 0x8000, 0x0001, 0x83FF, 0x0400, 0x7BFF, 0xFBFF,
+                                 0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFE55, 0x3C00, 0xBC00};
+    for (Type t : kDecoded) {
+        INFO(moe::type_name(t));
+        constexpr int kBlocks = 400;
+        const int bb = moe::qd::block_bytes(t);
+        const int elems = moe::qd::block_elems(t);
+        std::vector<uint8_t> bytes(static_cast<size_t>(kBlocks * bb));
+        for (uint8_t& b : bytes) b = static_cast<uint8_t>(byte(rng));
+        for (int i = 0; i < kBlocks; ++i) {  // about a quarter of the scales at an extreme
+            for (int off : fp16_fields(t)) {
+                if (pct(rng) >= 25) continue;
+                const uint16_t h = extremes[static_cast<size_t>(byte(rng)) % std::size(extremes)];
+                std::memcpy(&bytes[static_cast<size_t>(i * bb + off)], &h, 2);
+            }
+        }
+        std::vector<float> want(static_cast<size_t>(kBlocks * elems));
+        moe::traits(t).to_float(bytes.data(), want.data(), kBlocks * elems);
+        int bad = 0;
+        for (int i = 0; i < kBlocks; ++i) {
+            for (int g = 0; g < elems / 32; ++g) {
+                float v[32];
+                decode32(t, bytes.data() + static_cast<size_t>(i) * bb, g, v);
+                for (int j = 0; j < 32; ++j) {
+                    const float w = want[static_cast<size_t>(i * elems + 32 * g + j)];
+                    if (std::bit_cast<uint32_t>(v[j]) != std::bit_cast<uint32_t>(w) && bad++ < 4) {
+                        UNSCOPED_INFO("block " << i << " group " << g << " element " << j << ": " << v[j] << " != " << w);
+                    }
+                }
+            }
+        }
+        CHECK(bad == 0);
+    }
+}
