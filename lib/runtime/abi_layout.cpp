@@ -95,6 +95,12 @@ static_assert(offsetof(moe_sched_stats, n_split_host_experts) == 208);
 static_assert(offsetof(moe_sched_stats, n_split_trials) == 216);
 static_assert(offsetof(moe_sched_stats, weights_host_pinned_bytes) == 224);
 static_assert(sizeof(moe_sched_stats) == 232);
+// The field lists (MOE_SCHED_STATS_COUNTERS / _CONTEXT) name every field but struct_size (and its padding):
+// a field appended to the struct but to neither list fails here.
+#define MOE_FIELD_BYTES(type, name, dims) +sizeof(((moe_sched_stats*)nullptr)->name)
+static_assert(offsetof(moe_sched_stats, n_ubatches) MOE_SCHED_STATS_COUNTERS(MOE_FIELD_BYTES)
+                  MOE_SCHED_STATS_CONTEXT(MOE_FIELD_BYTES) == sizeof(moe_sched_stats));
+#undef MOE_FIELD_BYTES
 
 static_assert(offsetof(moe_op_profile, op) == 0);
 static_assert(offsetof(moe_op_profile, backend) == 8);
@@ -161,3 +167,54 @@ static_assert(offsetof(moe_sampler_params, n_logit_bias) == 40);
 static_assert(offsetof(moe_sampler_params, logit_bias) == 48);
 static_assert(offsetof(moe_sampler_params, seed) == 56);
 static_assert(sizeof(moe_sampler_params) == 64);
+
+static_assert(offsetof(moe_vocab_info, struct_size) == 0);
+static_assert(offsetof(moe_vocab_info, model) == 8);
+static_assert(offsetof(moe_vocab_info, pre) == 16);
+static_assert(offsetof(moe_vocab_info, n_tokens) == 24);
+static_assert(offsetof(moe_vocab_info, bos) == 28);
+static_assert(offsetof(moe_vocab_info, eos) == 32);
+static_assert(offsetof(moe_vocab_info, eot) == 36);
+static_assert(offsetof(moe_vocab_info, eom) == 40);
+static_assert(offsetof(moe_vocab_info, unk) == 44);
+static_assert(offsetof(moe_vocab_info, pad) == 48);
+static_assert(offsetof(moe_vocab_info, add_bos) == 52);
+static_assert(offsetof(moe_vocab_info, add_eos) == 56);
+static_assert(offsetof(moe_vocab_info, add_space_prefix) == 60);
+static_assert(offsetof(moe_vocab_info, n_eog) == 64);
+static_assert(sizeof(moe_vocab_info) == 72);
+
+// An array element, not a params struct: it has no struct_size and can never grow.
+static_assert(offsetof(moe_chat_message, role) == 0);
+static_assert(offsetof(moe_chat_message, content) == 8);
+static_assert(offsetof(moe_chat_message, reasoning) == 16);
+static_assert(sizeof(moe_chat_message) == 24);
+
+static_assert(offsetof(moe_chat_params, struct_size) == 0);
+static_assert(offsetof(moe_chat_params, template_name) == 8);
+static_assert(offsetof(moe_chat_params, enable_thinking) == 16);
+static_assert(offsetof(moe_chat_params, reasoning_effort) == 24);
+static_assert(offsetof(moe_chat_params, model_identity) == 32);
+static_assert(offsetof(moe_chat_params, date) == 40);
+static_assert(offsetof(moe_chat_params, bos_token) == 48);
+static_assert(sizeof(moe_chat_params) == 56);
+
+static_assert(offsetof(moe_generate_params, struct_size) == 0);
+static_assert(offsetof(moe_generate_params, max_tokens) == 4);
+static_assert(offsetof(moe_generate_params, stop) == 8);
+static_assert(offsetof(moe_generate_params, n_stop) == 16);
+static_assert(offsetof(moe_generate_params, on_piece) == 24);
+static_assert(offsetof(moe_generate_params, user_data) == 32);
+static_assert(offsetof(moe_generate_params, render_special) == 40);
+static_assert(offsetof(moe_generate_params, tokens) == 48);
+static_assert(offsetof(moe_generate_params, tokens_capacity) == 56);
+static_assert(sizeof(moe_generate_params) == 64);
+
+static_assert(offsetof(moe_generate_result, struct_size) == 0);
+static_assert(offsetof(moe_generate_result, n_prompt_reused) == 4);
+static_assert(offsetof(moe_generate_result, n_prompt_decoded) == 8);
+static_assert(offsetof(moe_generate_result, n_generated) == 12);
+static_assert(offsetof(moe_generate_result, stop_reason) == 16);
+static_assert(offsetof(moe_generate_result, t_prompt_s) == 24);
+static_assert(offsetof(moe_generate_result, t_gen_s) == 32);
+static_assert(sizeof(moe_generate_result) == 40);
