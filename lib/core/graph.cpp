@@ -182,6 +182,19 @@ Tensor* Graph::silu(Tensor* x) {
     return new_node(Op::SILU, Type::F32, {x->ne[0], x->ne[1], x->ne[2], x->ne[3]}, {x});
 }
 
+Tensor* Graph::sigmoid(Tensor* x) {
+    MOE_ASSERT(x->type == Type::F32);
+    return new_node(Op::SIGMOID, Type::F32, {x->ne[0], x->ne[1], x->ne[2], x->ne[3]}, {x});
+}
+
+Tensor* Graph::norm_scale(Tensor* x, bool normalize, float scale) {
+    MOE_ASSERT(x->type == Type::F32);
+    Tensor* t = new_node(Op::NORM_SCALE, Type::F32, {x->ne[0], x->ne[1], x->ne[2], x->ne[3]}, {x});
+    t->params.i[0] = normalize ? 1 : 0;
+    t->params.f[0] = scale;
+    return t;
+}
+
 Tensor* Graph::swiglu(Tensor* gate, Tensor* up) {
     MOE_ASSERT(gate->type == Type::F32 && up->type == Type::F32 && gate->n_elements() == up->n_elements());
     return new_node(Op::SWIGLU, Type::F32, {gate->ne[0], gate->ne[1], gate->ne[2], gate->ne[3]}, {gate, up});

@@ -44,6 +44,8 @@ public:
     Tensor* weighted_sum(Tensor* y, Tensor* w, Tensor* ids = nullptr);
     Tensor* mask_ids(Tensor* ids, Tensor* groups, int32_t keep);
     Tensor* silu(Tensor* x);
+    Tensor* sigmoid(Tensor* x);
+    Tensor* norm_scale(Tensor* x, bool normalize, float scale);
     Tensor* swiglu(Tensor* gate, Tensor* up);
     Tensor* swiglu_oai(Tensor* gate, Tensor* up, float alpha, float limit);
     Tensor* cpy(Tensor* src, Tensor* dst_view);

@@ -176,6 +176,19 @@ inline Status check_rms_norm(const Tensor& dst) {
     return Status::ok();
 }
 
+// NORM_SCALE's operands and scale.
+inline Status check_norm_scale(const Tensor& dst) {
+    if (dst.op != Op::NORM_SCALE) return invalid_argument(std::string("norm_scale: dst.op is ") + op_name(dst.op));
+    MOE_RETURN_IF_ERROR(check_operand("NORM_SCALE", "dst", &dst, Type::F32));
+    MOE_RETURN_IF_ERROR(check_operand("NORM_SCALE", "src0", dst.src[0], Type::F32));
+    MOE_RETURN_IF_ERROR(check_same_shape("NORM_SCALE", "src0", *dst.src[0], dst));
+    const float scale = dst.params.f[0];
+    if (!std::isfinite(scale)) {
+        return invalid_argument("NORM_SCALE: params.f[0] (scale) must be finite, got " + std::to_string(scale));
+    }
+    return Status::ok();
+}
+
 // MASK_IDS: src0 ids I32 [k, T], src1 groups contiguous I32 [E], dst I32 [k, T] (the ids' values are
 // checked by the kernels).
 inline Status check_mask_ids(const Tensor& dst) {

@@ -29,6 +29,8 @@ const char* op_name(Op op) {
         case Op::SWIGLU: return "SWIGLU";
         case Op::SWIGLU_OAI: return "SWIGLU_OAI";
         case Op::CPY: return "CPY";
+        case Op::SIGMOID: return "SIGMOID";
+        case Op::NORM_SCALE: return "NORM_SCALE";
         case Op::COUNT: break;
     }
     return "?";

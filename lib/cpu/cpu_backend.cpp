@@ -64,7 +64,9 @@ Status CpuBackend::compute_node(Tensor& node) {
         case Op::GATHER: return gather(node);
         case Op::WEIGHTED_SUM: return weighted_sum(node);
         case Op::MASK_IDS: return mask_ids(node);
-        case Op::SILU: return unary(node);
+        case Op::SILU:
+        case Op::SIGMOID: return unary(node);
+        case Op::NORM_SCALE: return norm_scale(node);
         case Op::SWIGLU:
         case Op::SWIGLU_OAI: return glu(node);
         case Op::CPY: return cpy(node);

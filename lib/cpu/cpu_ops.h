@@ -43,7 +43,8 @@ Status topk(Tensor& dst);
 Status gather(Tensor& dst);
 Status weighted_sum(Tensor& dst);
 Status mask_ids(Tensor& dst);
-Status unary(Tensor& dst);  // SILU
+Status unary(Tensor& dst);  // SILU, SIGMOID
+Status norm_scale(Tensor& dst);
 Status glu(Tensor& dst);    // SWIGLU, SWIGLU_OAI
 Status cpy(Tensor& dst);
 

@@ -1,4 +1,4 @@
-// Element-wise kernels: MUL / ADD with broadcasting, SILU, SWIGLU / SWIGLU_OAI and CPY (F32 -> F32/F16
+// Element-wise kernels: MUL / ADD with broadcasting, SILU, SIGMOID, SWIGLU / SWIGLU_OAI and CPY (F32 -> F32/F16
 // into a strided view such as a KV-cache slot). Parallel over rows; the inner loops are plain so the
 // compiler vectorises them.
 #include <algorithm>
@@ -86,16 +86,24 @@ Status binary(Tensor& dst) {
 }
 
 Status unary(Tensor& dst) {
-    if (dst.op != Op::SILU)
-        return invalid_argument(std::string("unary: dst.op is ") + op_name(dst.op) + ", expected SILU");
-    MOE_RETURN_IF_ERROR(check_operand("SILU", "dst", &dst, Type::F32));
-    MOE_RETURN_IF_ERROR(check_operand("SILU", "src0", dst.src[0], Type::F32));
+    if (dst.op != Op::SILU && dst.op != Op::SIGMOID) {
+        return invalid_argument(std::string("unary: dst.op is ") + op_name(dst.op) + ", expected SILU or SIGMOID");
+    }
+    const char* name = op_name(dst.op);
+    MOE_RETURN_IF_ERROR(check_operand(name, "dst", &dst, Type::F32));
+    MOE_RETURN_IF_ERROR(check_operand(name, "src0", dst.src[0], Type::F32));
     const Tensor& x = *dst.src[0];
-    MOE_RETURN_IF_ERROR(check_same_shape("SILU", "src0", x, dst));
+    MOE_RETURN_IF_ERROR(check_same_shape(name, "src0", x, dst));
+    const bool silu = dst.op == Op::SILU;
     ops::for_each_row(dst, [&](int64_t r) {
         const ops::RowIndex ri = split_row(dst, r);
-        silu_row(reinterpret_cast<float*>(dst.row(ri.i1, ri.i2, ri.i3)),
-                 reinterpret_cast<const float*>(x.row(ri.i1, ri.i2, ri.i3)), dst.ne[0]);
+        auto* d = reinterpret_cast<float*>(dst.row(ri.i1, ri.i2, ri.i3));
+        const auto* xr = reinterpret_cast<const float*>(x.row(ri.i1, ri.i2, ri.i3));
+        if (silu) {
+            silu_row(d, xr, dst.ne[0]);
+        } else {
+            for (int64_t i = 0; i < dst.ne[0]; ++i) d[i] = ops::sigmoid(xr[i]);
+        }
     });
     return Status::ok();
 }

@@ -1,4 +1,5 @@
-// Row-wise normalisations: RMS_NORM (optionally times a weight row) and SOFTMAX (max-subtracted).
+// Row-wise normalisations: RMS_NORM (optionally times a weight row), SOFTMAX (max-subtracted) and
+// NORM_SCALE (the routers' top-k weights over their sum, times a scale).
 #include <cmath>
 #include <limits>
 #include <string>
@@ -53,6 +54,27 @@ Status softmax(Tensor& dst) {
         for (int64_t i = 0; i < n; ++i) sum += d[i];
         const auto inv = static_cast<float>(1.0 / sum);
         for (int64_t i = 0; i < n; ++i) d[i] *= inv;
+    });
+    return Status::ok();
+}
+
+Status norm_scale(Tensor& dst) {
+    MOE_RETURN_IF_ERROR(moe::op_checks::check_norm_scale(dst));  // shared with the other backend
+    const Tensor& x = *dst.src[0];
+    const bool normalize = dst.params.i[0] != 0;
+    const float scale = dst.params.f[0];
+    const int64_t n = dst.ne[0];
+    ops::for_each_row(dst, [&](int64_t r) {
+        const ops::RowIndex ri = ops::split_row(dst, r);
+        const auto* xr = reinterpret_cast<const float*>(x.row(ri.i1, ri.i2, ri.i3));
+        auto* d = reinterpret_cast<float*>(dst.row(ri.i1, ri.i2, ri.i3));
+        float f = scale;
+        if (normalize) {
+            float sum = 0.0f;
+            for (int64_t i = 0; i < n; ++i) sum += xr[i];
+            f = scale / (sum + 1e-20f);
+        }
+        for (int64_t i = 0; i < n; ++i) d[i] = xr[i] * f;
     });
     return Status::ok();
 }

@@ -209,6 +209,8 @@ bool CudaBackend::supports_op(const Tensor& node) const {
         case Op::WEIGHTED_SUM:
         case Op::MASK_IDS:
         case Op::SILU:
+        case Op::SIGMOID:
+        case Op::NORM_SCALE:
         case Op::SWIGLU:
         case Op::SWIGLU_OAI: return true;
         case Op::COUNT: break;
@@ -298,7 +300,9 @@ Status dispatch(Tensor& node, const OpContext& ctx) {
         case Op::GATHER: return gather(node, ctx);
         case Op::WEIGHTED_SUM: return weighted_sum(node, ctx);
         case Op::MASK_IDS: return mask_ids(node, ctx);
-        case Op::SILU: return unary(node, ctx);
+        case Op::SILU:
+        case Op::SIGMOID: return unary(node, ctx);
+        case Op::NORM_SCALE: return norm_scale(node, ctx);
         case Op::SWIGLU:
         case Op::SWIGLU_OAI: return glu(node, ctx);
         case Op::CPY: return cpy(node, ctx);

@@ -75,7 +75,8 @@ Status topk(Tensor& dst, const OpContext& ctx);
 Status gather(Tensor& dst, const OpContext& ctx);
 Status weighted_sum(Tensor& dst, const OpContext& ctx);
 Status mask_ids(Tensor& dst, const OpContext& ctx);
-Status unary(Tensor& dst, const OpContext& ctx);  // SILU
+Status unary(Tensor& dst, const OpContext& ctx);  // SILU, SIGMOID
+Status norm_scale(Tensor& dst, const OpContext& ctx);
 Status glu(Tensor& dst, const OpContext& ctx);    // SWIGLU, SWIGLU_OAI
 Status cpy(Tensor& dst, const OpContext& ctx);
 // Copies the device regions back to back into dst_dev (ops_copy.cu): a block per region, a launch per

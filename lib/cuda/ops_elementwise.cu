@@ -1,4 +1,4 @@
-// Element-wise kernels: MUL / ADD with broadcasting, SILU, SWIGLU and SWIGLU_OAI.
+// Element-wise kernels: MUL / ADD with broadcasting, SILU, SIGMOID, SWIGLU and SWIGLU_OAI.
 //
 // One kernel shape for all of them: grid x walks a row in chunks of blockDim.x * V elements, grid y
 // the rows (i1), grid z the (i2, i3) planes, so a thread does no division per element and only one
@@ -26,6 +26,9 @@ struct MulFn {
 };
 struct SiluFn {
     __device__ float operator()(float x, float) const { return x * ops::sigmoid(x); }
+};
+struct SigmoidFn {
+    __device__ float operator()(float x, float) const { return ops::sigmoid(x); }
 };
 struct SwigluFn {
     __device__ float operator()(float g, float u) const { return g * ops::sigmoid(g) * u; }
@@ -131,14 +134,17 @@ Status binary(Tensor& dst, const OpContext& ctx) {
 }
 
 Status unary(Tensor& dst, const OpContext& ctx) {
-    if (dst.op != Op::SILU) {
-        return invalid_argument(std::string("unary: dst.op is ") + op_name(dst.op) + ", expected SILU");
+    if (dst.op != Op::SILU && dst.op != Op::SIGMOID) {
+        return invalid_argument(std::string("unary: dst.op is ") + op_name(dst.op) + ", expected SILU or SIGMOID");
     }
-    MOE_RETURN_IF_ERROR(ops::check_operand("SILU", "dst", &dst, Type::F32));
-    MOE_RETURN_IF_ERROR(ops::check_operand("SILU", "src0", dst.src[0], Type::F32));
+    const char* name = op_name(dst.op);
+    MOE_RETURN_IF_ERROR(ops::check_operand(name, "dst", &dst, Type::F32));
+    MOE_RETURN_IF_ERROR(ops::check_operand(name, "src0", dst.src[0], Type::F32));
     const Tensor& x = *dst.src[0];
-    MOE_RETURN_IF_ERROR(ops::check_same_shape("SILU", "src0", x, dst));
-    return launch_map2<Bcast::kSame>(dst, x, x, SiluFn{}, ctx);  // src1 slot unused: x again
+    MOE_RETURN_IF_ERROR(ops::check_same_shape(name, "src0", x, dst));
+    // src1 slot unused: x again
+    if (dst.op == Op::SIGMOID) return launch_map2<Bcast::kSame>(dst, x, x, SigmoidFn{}, ctx);
+    return launch_map2<Bcast::kSame>(dst, x, x, SiluFn{}, ctx);
 }
 
 Status glu(Tensor& dst, const OpContext& ctx) {

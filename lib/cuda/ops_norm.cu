@@ -1,5 +1,5 @@
-// Row-wise normalisations: RMS_NORM (optionally times a weight row) and SOFTMAX (max-subtracted; a
-// row of -inf becomes zeros, as on the CPU).
+// Row-wise normalisations: RMS_NORM (optionally times a weight row), SOFTMAX (max-subtracted; a
+// row of -inf becomes zeros, as on the CPU) and NORM_SCALE (rows over their sum, times a scale).
 //
 // Rows up to kWarpRowMax elements (per-head q/k norms of 64-256, router logits over 32-128 experts)
 // get one warp each, 8 rows to a block, so no shared memory or block barrier is involved; longer rows
@@ -97,6 +97,27 @@ __global__ void softmax_kernel(View d, View x) {
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dr[i] = expf(xr[i] - mx) * inv;
 }
 
+// NORM_SCALE: each row times scale, over its sum first when `normalize` (the routers' top-k weights).
+template <bool kWarpRow>
+__global__ void norm_scale_kernel(View d, View x, bool normalize, float scale) {
+    pdl_grid_sync();
+    const int64_t r = my_row<kWarpRow>();
+    const int64_t n_rows = d.ne[1] * d.ne[2] * d.ne[3];
+    if (r >= n_rows) return;
+    int64_t i1, i2, i3;
+    ops::split_row(r, d.ne[1], d.ne[2], i1, i2, i3);
+    const auto* xr = reinterpret_cast<const float*>(ops::row_at(x, i1, i2, i3));
+    auto* dr = reinterpret_cast<float*>(ops::row_at(d, i1, i2, i3));
+    const int64_t n = d.ne[0];
+    float f = scale;
+    if (normalize) {
+        float sum = 0.0f;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += xr[i];
+        f = scale / (row_reduce<kWarpRow, false>(sum) + 1e-20f);
+    }
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dr[i] = xr[i] * f;
+}
+
 // Launch geometry for n_rows rows of n elements.
 struct RowLaunch {
     bool warp_row;
@@ -149,6 +170,17 @@ Status softmax(Tensor& dst, const OpContext& ctx) {
     const RowLaunch l = row_launch(dst.ne[0], n_rows);
     return launch_kernel("softmax_kernel", l.warp_row ? softmax_kernel<true> : softmax_kernel<false>, l.grid, l.block,
                          0, ctx.stream, ops::view_of(dst), ops::view_of(x));
+}
+
+Status norm_scale(Tensor& dst, const OpContext& ctx) {
+    MOE_RETURN_IF_ERROR(moe::op_checks::check_norm_scale(dst));  // shared with the other backend
+    const Tensor& x = *dst.src[0];
+    const int64_t n_rows = dst.n_rows();
+    if (dst.ne[0] == 0 || n_rows == 0) return Status::ok();
+    const RowLaunch l = row_launch(dst.ne[0], n_rows);
+    return launch_kernel("norm_scale_kernel", l.warp_row ? norm_scale_kernel<true> : norm_scale_kernel<false>, l.grid,
+                         l.block, 0, ctx.stream, ops::view_of(dst), ops::view_of(x), dst.params.i[0] != 0,
+                         dst.params.f[0]);
 }
 
 }  // namespace moe::cuda

@@ -290,6 +290,33 @@ TEST_CASE("CUDA SILU, SWIGLU and SWIGLU_OAI match the CPU", "[gpu]") {
     }
 }
 
+TEST_CASE("CUDA SIGMOID and NORM_SCALE match the CPU (the sigmoid routers' ops)", "[gpu][routing]") {
+    MOE_GPU_OR_SKIP();
+    auto rng = fresh_rng(41);
+    // rel 1e-5: expf vs the CPU's 2-ulp exp; NORM_SCALE's sum in another order (k <= 1500 positive
+    // terms: within 1500 u = 9e-5 in the worst case, within 1e-5 for these random rows by far).
+    for (const auto& shape : {std::vector<int64_t>{128, 13}, {160, 5}, {8, 512}, {33, 3, 2}, {1500, 2}}) {
+        TensorPool pool;
+        Tensor* x = make_ne(pool, Type::F32, shape);
+        fill_uniform(*x, rng, -30.0f, 30.0f);
+        Tensor* sig = node_ne(pool, Op::SIGMOID, Type::F32, shape, {x});
+        INFO("SIGMOID " << shape[0] << "x" << shape[1]);
+        DeviceMirror dev;
+        compare_f32(run_both(sig, [](Tensor& n) { return moe::cpu::unary(n); }, dev), *sig, 1e-5, 1e-30);
+        for (const bool normalize : {true, false}) {
+            TensorPool p2;
+            Tensor* w = make_ne(p2, Type::F32, shape);
+            fill_uniform(*w, rng, 1e-3f, 1.0f);
+            Tensor* ns = node_ne(p2, Op::NORM_SCALE, Type::F32, shape, {w});
+            ns->params.i[0] = normalize ? 1 : 0;
+            ns->params.f[0] = 2.5f;
+            INFO("NORM_SCALE normalize=" << normalize);
+            DeviceMirror dev2;
+            compare_f32(run_both(ns, [](Tensor& n) { return moe::cpu::norm_scale(n); }, dev2), *ns, 1e-5, 0.0);
+        }
+    }
+}
+
 TEST_CASE("CUDA RMS_NORM and SOFTMAX match the CPU (warp rows and block rows)", "[gpu]") {
     MOE_GPU_OR_SKIP();
     auto rng = fresh_rng(3);

@@ -60,6 +60,17 @@ Tensor* attention(BuildState& s, const LayerWeights& l, int il, Tensor* x) {
     return add_opt(g, g.mul_mat(l.wo, att), l.bo);
 }
 
+Routing route_biased_sigmoid(Graph& g, Tensor* logits, Tensor* bias, int k, bool normalize, float scale) {
+    Tensor* scores = g.sigmoid(logits);                        // [n_expert, T]
+    Tensor* ids = g.topk(add_opt(g, scores, bias), k);         // the bias steers the choice only
+    Tensor* weights = g.norm_scale(g.gather(scores, ids), normalize, scale);
+    return {ids, weights};
+}
+
+Tensor* swiglu_ffn(Graph& g, Tensor* up, Tensor* gate, Tensor* down, Tensor* x) {
+    return g.mul_mat(down, g.swiglu(g.mul_mat(gate, x), g.mul_mat(up, x)));
+}
+
 Tensor* routed_experts(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* ids, Tensor* weights,
                        Tensor* groups) {
     Graph& g = s.g;

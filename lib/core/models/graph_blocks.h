@@ -28,6 +28,19 @@ Tensor* cache_rows(Graph& g, Tensor* cache, int first, int count);
 // (rope_params_for), cache write, attention over the cache, output projection. Returns [n_embd, T].
 Tensor* attention(BuildState& s, const LayerWeights& l, int il, Tensor* x);
 
+// A sigmoid router's choice (glm4moe; deepseek2 V3 / Kimi-K2): scores = sigmoid(logits) [n_expert, T];
+// the k experts of largest scores + bias (bias [n_expert] may be nullptr) are chosen, each weighted by
+// its unbiased score; the k weights are divided by their sum when `normalize`, then times `scale`.
+struct Routing {
+    Tensor* ids;      // I32 [k, T]
+    Tensor* weights;  // F32 [k, T]
+};
+Routing route_biased_sigmoid(Graph& g, Tensor* logits, Tensor* bias, int k, bool normalize, float scale);
+
+// A SwiGLU feed-forward block: down (silu(gate x) * up x). The leading dense layers and the shared
+// experts are this block.
+Tensor* swiglu_ffn(Graph& g, Tensor* up, Tensor* gate, Tensor* down, Tensor* x);
+
 // The routed-expert block on normalised input x, given the router's choice: ids I32 [k, T] and
 // weights F32 [k, T]. groups: nullptr, or the layer's I32 [n_expert] expert groups, for a block split
 // into two parts that compute disjoint sets of experts and are added (group 1 first in node order,

@@ -29,6 +29,14 @@ struct HParams {
     float rope_freq_base = 10000.0f;
     float rope_yarn_factor = 1.0f;  // gpt-oss YaRN scaling factor (1 = no scaling)
     int rope_yarn_orig_ctx = 0;     // YaRN original context length
+    int rope_dims = 0;              // rope.dimension_count: dims rotated per head (glm4moe: < head_dim)
+    // Leading dense layers, shared experts and sigmoid routing (glm4moe, deepseek2).
+    int n_layer_dense_lead = 0;        // leading_dense_block_count: the first layers have a dense FFN
+    int n_ff = 0;                      // feed_forward_length: the dense FFN's size
+    int n_expert_shared = 0;           // expert_shared_count: shared experts' FFN = n_ff_expert * this
+    bool expert_weights_norm = false;  // the top-k weights divided by their sum
+    float expert_weights_scale = 1.0f; // then times this
+    int n_nextn_layer = 0;             // nextn_predict_layers: trailing MTP layers of the file, not run
 };
 
 // Reads and validates every hyper-parameter, so that a bad file fails at load rather than at the

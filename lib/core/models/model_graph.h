@@ -22,6 +22,9 @@ struct LayerWeights {
     Tensor *router = nullptr, *router_bias = nullptr;
     Tensor *up_exps = nullptr, *gate_exps = nullptr, *down_exps = nullptr;
     Tensor *up_exps_bias = nullptr, *gate_exps_bias = nullptr, *down_exps_bias = nullptr;  // gpt-oss
+    Tensor* exp_probs_b = nullptr;  // sigmoid routers (glm4moe, deepseek2): the experts' selection bias [n_expert]
+    Tensor *up_shexp = nullptr, *gate_shexp = nullptr, *down_shexp = nullptr;  // shared experts (dense)
+    Tensor *ffn_up = nullptr, *ffn_gate = nullptr, *ffn_down = nullptr;        // a leading dense layer's FFN
 };
 
 struct ModelWeights {
