@@ -60,10 +60,15 @@ def assigned_chars() -> np.ndarray:
     return np.array(cps)
 
 
-def random_text(rng: np.random.Generator, chars: np.ndarray) -> str:
+def random_text(rng: np.random.Generator, chars: np.ndarray, special: list[str] | None = None,
+                first_kind: int = 0) -> str:
+    """Up to 9 parts, each of a kind drawn from first_kind .. 11 (0: random characters from `chars`;
+    first_kind=1 leaves those out, as a training corpus wants). `special`: the special-token texts to
+    draw from (default SPECIAL)."""
+    special = SPECIAL if special is None else special
     parts = []
     for _ in range(int(rng.integers(1, 10))):
-        kind = int(rng.integers(0, 12))
+        kind = int(rng.integers(first_kind, 12))
         if kind == 0:
             parts.append("".join(chr(int(c)) for c in rng.choice(chars, int(rng.integers(1, 8)))))
         elif kind == 1:
@@ -79,7 +84,7 @@ def random_text(rng: np.random.Generator, chars: np.ndarray) -> str:
         elif kind == 6:
             parts.append(str(rng.choice(CJK)))
         elif kind == 7:
-            parts.append(str(rng.choice(SPECIAL)))
+            parts.append(str(rng.choice(special)))
         elif kind == 8:
             parts.append(str(rng.choice(MIXED)))
         elif kind == 9:
@@ -91,11 +96,14 @@ def random_text(rng: np.random.Generator, chars: np.ndarray) -> str:
     return "".join(parts)
 
 
+# The fixed strings every test set starts with.
+FIXED = WS + EMOJI + WORDS + CODE + DIGITS + CJK + MARKS + MIXED + SPECIAL + ODD
+
+
 def make(count: int, seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
     chars = assigned_chars()
-    fixed = WS + EMOJI + WORDS + CODE + DIGITS + CJK + MARKS + MIXED + SPECIAL + ODD
-    fixed += ["", " ", "a", "<|im_start|>user\nhi<|im_end|>", "<s> hi </s>", "<start_of_turn>user\nhi<end_of_turn>\n",
+    fixed = FIXED + ["", " ", "a", "<|im_start|>user\nhi<|im_end|>", "<s> hi </s>", "<start_of_turn>user\nhi<end_of_turn>\n",
               "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>",
               "<|user|>\nhi<|end|>\n<|assistant|>", " <|end|> ", "x<s>y", "<s><s>", "\n<s>\n"]
     return fixed + [random_text(rng, chars) for _ in range(count)]

@@ -11,8 +11,8 @@ and the reference's regex engine (14.0; see scripts/gen_unicode_tables.py).
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
-import unicodedata
 
 import numpy as np
 import pytest
@@ -22,63 +22,27 @@ import moeinfer
 tokenizers = pytest.importorskip("tokenizers")
 import tokenizer_fixtures as tf  # noqa: E402
 
-WS = [" ", "  ", "\t", "\n", "\r\n", "\n\n", " \n ", "\u00a0", "\u3000", "\u2028", "\x0b", "\x0c", "\x85", "\u2003",
-      "\u1680", "\x1c", "\u200b"]
-EMOJI = ["👍", "👍🏽", "👨‍👩‍👧‍👦", "🏳️‍🌈", "🇫🇷", "❤️", "🧑🏿‍🚀", "😀😃", "👩‍💻"]
-WORDS = ["hello", "World", "don't", "I'LL", "we'Re", "they've", "it's", "'ſ", "ma'am", "HTTPServer", "camelCase",
-         "naïve", "e\u0301", "Ǆemo", "ΣΊΣΥΦΟΣ", "straße", "İstanbul", "x'S", "'D", "Ⅻ", "ⅻ", "Ω", "K"]
-CODE = ["def f(x):\n    return x ** 2\n", "int main() { return 0; }", "a+=b*c/d;", "// comment\n/* x */",
-        "<div class=\"a\">b</div>", "path/to/file.txt", "x = [1, 2, 3]\r\n", "foo_bar-baz.qux()"]
-DIGITS = ["0", "12", "123", "1234", "1234567890", "٣٤٥", "１２３", "3.14159", "1,000,000", "²³", "Ⅷ", "২০২৪"]
-CJK = ["日本語のテキスト", "中文测试", "한국어 텍스트", "カタカナ", "ひらがな", "漢字かな交じり文", "繁體中文"]
-# Letters of both gpt-4o classes (Lm, Lo, marks) next to capitals: where [U]*[W]+ must give characters back.
-MIXED = ["中A ", "漢字ΣΊΣΥΦΟΣ.", "カナI'LL", "ｶﾅABC!", "\u02b0AB", "A\u0301B\u0301 ", "ǅǄx", "ǈA'S", "字ǅ'd"]
-
-
-def assigned_chars() -> np.ndarray:
-    cps = [c for c in range(0x20, 0x30000) if unicodedata.category(chr(c)) not in ("Cn", "Cs", "Co")]
-    return np.array(cps)
-
-
-_ASSIGNED = assigned_chars()
+# The test-string generator of the committed llama.cpp test set (scripts/reference/tokenizer_testset.py),
+# drawing here fresh strings each run, with the special-token texts these vocabularies have.
+_spec = importlib.util.spec_from_file_location(
+    "tokenizer_testset", pathlib.Path(__file__).resolve().parents[2] / "scripts" / "reference" / "tokenizer_testset.py")
+testset = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(testset)
+_ASSIGNED = testset.assigned_chars()
+_SPECIAL = tf.SPECIAL + tf.USER_DEFINED
 
 
 def random_text(rng: np.random.Generator, first_kind: int = 0) -> str:
-    """A string mixing every category the tokenizer must agree on (from `first_kind` on: 1 leaves out
-    random characters of all scripts)."""
-    parts = []
-    for _ in range(int(rng.integers(1, 12))):
-        kind = int(rng.integers(first_kind, 10))
-        if kind == 0:
-            parts.append("".join(chr(int(c)) for c in rng.choice(_ASSIGNED, int(rng.integers(1, 8)))))
-        elif kind == 1:
-            parts.append(str(rng.choice(WS)) * int(rng.integers(1, 4)))
-        elif kind == 2:
-            parts.append(str(rng.choice(EMOJI)))
-        elif kind == 3:
-            parts.append(str(rng.choice(WORDS)))
-        elif kind == 4:
-            parts.append(str(rng.choice(CODE)))
-        elif kind == 5:
-            parts.append(str(rng.choice(DIGITS)) * int(rng.integers(1, 3)))
-        elif kind == 6:
-            parts.append(str(rng.choice(CJK)))
-        elif kind == 7:
-            parts.append(str(rng.choice(tf.SPECIAL + tf.USER_DEFINED)))
-        elif kind == 8:
-            parts.append(str(rng.choice(MIXED)))
-        else:
-            parts.append(str(rng.choice(["\x00", "a\x00b", "'", "''s", "\u0301", "\ufeff", "\U0001d400"])))
-    return "".join(parts)
+    return testset.random_text(rng, _ASSIGNED, _SPECIAL, first_kind)
 
 
 def strings_to_check(rng: np.random.Generator, n: int) -> list[str]:
-    fixed = WS + EMOJI + WORDS + CODE + DIGITS + CJK + MIXED + ["", " ", "a", "<|im_start|>user\nhi<|im_end|>"]
+    fixed = testset.FIXED + ["", " ", "a", "<|im_start|>user\nhi<|im_end|>"]
     return fixed + [random_text(rng) for _ in range(n)]
 
 
 def training_corpus(rng: np.random.Generator, first_kind: int = 0) -> list[str]:
-    return [random_text(rng, first_kind) for _ in range(3000)] + WORDS * 20 + CODE * 20 + CJK * 20
+    return [random_text(rng, first_kind) for _ in range(3000)] + testset.WORDS * 20 + testset.CODE * 20 + testset.CJK * 20
 
 
 @pytest.fixture(scope="module")
