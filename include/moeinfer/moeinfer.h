@@ -507,6 +507,39 @@ typedef struct moe_sched_stats {
     uint64_t weights_host_pinned_bytes;
 } moe_sched_stats;
 
+/* The fields of moe_sched_stats as X(type, name, dims) entries (dims: empty, or "[N]" for an array), for
+ * code that handles every field alike (conversions, sums, printing). MOE_SCHED_STATS_COUNTERS lists
+ * what the scheduler accumulates per ubatch (moe_context_reset_stats zeroes these);
+ * MOE_SCHED_STATS_CONTEXT the figures of the context (placement, dimensions), which stay. Together
+ * they are every field but struct_size; a field appended to the struct is appended to one of them. */
+#define MOE_SCHED_STATS_COUNTERS(X)                      \
+    X(uint64_t, n_ubatches, )                            \
+    X(uint64_t, n_splits, )                              \
+    X(uint64_t, bytes_weights_full, )                    \
+    X(uint64_t, bytes_weights_experts, )                 \
+    X(uint64_t, bytes_weights_skipped, )                 \
+    X(uint64_t, bytes_activations, )                     \
+    X(uint64_t, n_weight_copies, )                       \
+    X(uint64_t, n_activation_copies, )                   \
+    X(uint64_t, n_id_readbacks, )                        \
+    X(uint64_t, n_offloaded, [MOE_OFFLOAD_OP_COUNT])     \
+    X(uint64_t, n_kept_host, [MOE_OFFLOAD_OP_COUNT])     \
+    X(uint64_t, n_ops_host, )                            \
+    X(uint64_t, n_ops_device, )                          \
+    X(double, seconds_total, )                           \
+    X(double, seconds_host_compute, )                    \
+    X(double, seconds_wait, )                            \
+    X(double, seconds_device_submit, )                   \
+    X(uint64_t, n_split_layers, )                        \
+    X(uint64_t, n_split_host_experts, )                  \
+    X(uint64_t, n_split_trials, )
+#define MOE_SCHED_STATS_CONTEXT(X)                       \
+    X(uint64_t, weights_host_bytes, )                    \
+    X(uint64_t, weights_device_bytes, )                  \
+    X(uint64_t, weights_host_pinned_bytes, )             \
+    X(int32_t, n_layer, )                                \
+    X(int32_t, n_expert, )
+
 MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats* out_stats);
 
 /* Per layer and expert: how many tokens selected the expert, as counts[layer * n_expert + expert].

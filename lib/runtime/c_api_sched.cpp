@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <type_traits>
 
 #include "moeinfer/moeinfer.h"
 #include "runtime/c_api_guard.h"
@@ -88,28 +89,12 @@ MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats
     moe_sched_stats c;
     std::memset(&c, 0, sizeof c);
     c.struct_size = sizeof c;
-    c.n_ubatches = s.n_ubatches;
-    c.n_splits = s.n_splits;
-    c.bytes_weights_full = s.bytes_weights_full;
-    c.bytes_weights_experts = s.bytes_weights_experts;
-    c.bytes_weights_skipped = s.bytes_weights_skipped;
-    c.bytes_activations = s.bytes_activations;
-    c.n_weight_copies = s.n_weight_copies;
-    c.n_activation_copies = s.n_activation_copies;
-    c.n_id_readbacks = s.n_id_readbacks;
-    for (int i = 0; i < MOE_OFFLOAD_OP_COUNT; ++i) {
-        c.n_offloaded[i] = s.n_offloaded[static_cast<size_t>(i)];
-        c.n_kept_host[i] = s.n_kept_host[static_cast<size_t>(i)];
-    }
-    c.n_ops_host = s.n_ops_host;
-    c.n_ops_device = s.n_ops_device;
-    c.seconds_total = s.seconds_total;
-    c.seconds_host_compute = s.seconds_host_compute;
-    c.seconds_wait = s.seconds_wait;
-    c.seconds_device_submit = s.seconds_device_submit;
-    c.n_split_layers = s.n_split_layers;
-    c.n_split_host_experts = s.n_split_host_experts;
-    c.n_split_trials = s.n_split_trials;
+    // sched::Stats declares the counters from the same list (sched/stats.h).
+#define MOE_COPY_COUNTER(type, name, dims)                                 \
+    static_assert(std::is_same_v<decltype(c.name), decltype(s.name)>); \
+    std::memcpy(&c.name, &s.name, sizeof c.name);
+    MOE_SCHED_STATS_COUNTERS(MOE_COPY_COUNTER)
+#undef MOE_COPY_COUNTER
     c.weights_host_bytes = ctx->weights_host_bytes;
     c.weights_device_bytes = ctx->weights_device_bytes;
     c.weights_host_pinned_bytes = ctx->weights_host_locked_bytes;

@@ -721,8 +721,9 @@ Status Scheduler::plan(Graph& graph, std::span<const HostInput> inputs, RunState
     const uint64_t key = graph_signature(graph, inputs.size());
     if (apply_cached_plan(graph, inputs, key, rs, sides)) return Status::ok();
 
-    const auto offloaded_before = stats_.n_offloaded;
-    const auto kept_before = stats_.n_kept_host;
+    std::array<uint64_t, kOffloadOps> offloaded_before, kept_before;
+    std::copy(std::begin(stats_.n_offloaded), std::end(stats_.n_offloaded), offloaded_before.begin());
+    std::copy(std::begin(stats_.n_kept_host), std::end(stats_.n_kept_host), kept_before.begin());
     sides.resize(nodes.size());
     for (size_t i = 0; i < nodes.size(); ++i) {
         sides[i] = assign(*nodes[i], rs);

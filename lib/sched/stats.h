@@ -1,38 +1,27 @@
-// Scheduler statistics (mirrors moe_sched_stats; the C API copies field by field).
+// Scheduler statistics: the counters of moe_sched_stats, declared from the public header's field list
+// (MOE_SCHED_STATS_COUNTERS), so the C API, the Python dict and the bench convert them field by field
+// from that one list, and a counter added there appears everywhere. The scheduler's objects (transfers,
+// assignment, the expert split) all count into the one Stats of their Scheduler.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <vector>
 
+#include "moeinfer/moeinfer.h"
 #include "sched/policy.h"
 
 namespace moe::sched {
 
+static_assert(MOE_OFFLOAD_OP_COUNT == kOffloadOps);
+
 struct Stats {
-    uint64_t n_ubatches = 0;
-    uint64_t n_splits = 0;
-    uint64_t bytes_weights_full = 0;
-    uint64_t bytes_weights_experts = 0;
-    uint64_t bytes_weights_skipped = 0;
-    uint64_t bytes_activations = 0;
-    uint64_t n_weight_copies = 0;
-    uint64_t n_activation_copies = 0;
-    uint64_t n_id_readbacks = 0;
-    std::array<uint64_t, kOffloadOps> n_offloaded{};
-    std::array<uint64_t, kOffloadOps> n_kept_host{};
-    uint64_t n_split_layers = 0;     // expert blocks computed in two parts (host and device at once)
-    uint64_t n_split_host_experts = 0;  // experts those blocks left to the host, summed
-    uint64_t n_split_trials = 0;        // ubatches timed as samples of the automatic split's trials
-    uint64_t n_planned_ahead = 0;       // ubatches that ran a plan prepare() made while the device computed
-                                        // the one before (internal: not in moe_sched_stats)
-    uint64_t n_ops_host = 0;
-    uint64_t n_ops_device = 0;
-    double seconds_total = 0.0;
-    double seconds_host_compute = 0.0;
-    double seconds_wait = 0.0;
-    double seconds_device_submit = 0.0;
-    // counts[layer * n_expert + expert]: tokens that selected the expert.
+#define MOE_SCHED_STATS_DECLARE(type, name, dims) type name dims{};
+    MOE_SCHED_STATS_COUNTERS(MOE_SCHED_STATS_DECLARE)
+#undef MOE_SCHED_STATS_DECLARE
+    // Internal, not in moe_sched_stats: ubatches that ran a plan prepare() made while the device
+    // computed the one before.
+    uint64_t n_planned_ahead = 0;
+    // counts[layer * n_expert + expert]: tokens that selected the expert (moe_context_get_expert_counts).
     std::vector<uint64_t> expert_counts;
 };
 

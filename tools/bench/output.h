@@ -53,26 +53,9 @@ struct RunInfo {
 // moe_sched_stats of one measured phase, summed over its timed runs (the placement figures are in RunInfo).
 struct SchedStats {
     uint64_t n_runs = 0;  // moe_sched_stats added
-    uint64_t n_ubatches = 0;
-    uint64_t n_splits = 0;
-    uint64_t bytes_weights_full = 0;
-    uint64_t bytes_weights_experts = 0;
-    uint64_t bytes_weights_skipped = 0;
-    uint64_t bytes_activations = 0;
-    uint64_t n_weight_copies = 0;
-    uint64_t n_activation_copies = 0;
-    uint64_t n_id_readbacks = 0;
-    uint64_t n_offloaded[MOE_OFFLOAD_OP_COUNT] = {};
-    uint64_t n_kept_host[MOE_OFFLOAD_OP_COUNT] = {};
-    uint64_t n_ops_host = 0;
-    uint64_t n_ops_device = 0;
-    double seconds_total = 0.0;
-    double seconds_host_compute = 0.0;
-    double seconds_wait = 0.0;
-    double seconds_device_submit = 0.0;
-    uint64_t n_split_layers = 0;
-    uint64_t n_split_host_experts = 0;
-    uint64_t n_split_trials = 0;
+#define MOE_BENCH_DECLARE(type, name, dims) type name dims{};
+    MOE_SCHED_STATS_COUNTERS(MOE_BENCH_DECLARE)
+#undef MOE_BENCH_DECLARE
 
     void add(const moe_sched_stats& s) {
         ++n_runs;
@@ -92,31 +75,20 @@ struct SchedStats {
     }
 
 private:
-    // S: moe_sched_stats or SchedStats (the same field names).
+    template <class T>
+    static void add_field(T& dst, T src) {
+        dst += src;
+    }
+    template <class T, size_t N>
+    static void add_field(T (&dst)[N], const T (&src)[N]) {
+        for (size_t i = 0; i < N; ++i) dst[i] += src[i];
+    }
+    // S: moe_sched_stats or SchedStats (the same counters, MOE_SCHED_STATS_COUNTERS).
     template <class S>
     void accumulate(const S& s) {
-        n_ubatches += s.n_ubatches;
-        n_splits += s.n_splits;
-        bytes_weights_full += s.bytes_weights_full;
-        bytes_weights_experts += s.bytes_weights_experts;
-        bytes_weights_skipped += s.bytes_weights_skipped;
-        bytes_activations += s.bytes_activations;
-        n_weight_copies += s.n_weight_copies;
-        n_activation_copies += s.n_activation_copies;
-        n_id_readbacks += s.n_id_readbacks;
-        for (int op = 0; op < MOE_OFFLOAD_OP_COUNT; ++op) {
-            n_offloaded[op] += s.n_offloaded[op];
-            n_kept_host[op] += s.n_kept_host[op];
-        }
-        n_ops_host += s.n_ops_host;
-        n_ops_device += s.n_ops_device;
-        seconds_total += s.seconds_total;
-        seconds_host_compute += s.seconds_host_compute;
-        seconds_wait += s.seconds_wait;
-        seconds_device_submit += s.seconds_device_submit;
-        n_split_layers += s.n_split_layers;
-        n_split_host_experts += s.n_split_host_experts;
-        n_split_trials += s.n_split_trials;
+#define MOE_BENCH_ADD(type, name, dims) add_field(name, s.name);
+        MOE_SCHED_STATS_COUNTERS(MOE_BENCH_ADD)
+#undef MOE_BENCH_ADD
     }
 };
 

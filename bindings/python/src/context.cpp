@@ -243,34 +243,20 @@ py::dict per_op(const uint64_t (&values)[MOE_OFFLOAD_OP_COUNT]) {
     return d;
 }
 
+// A field of moe_sched_stats as Python: per-op arrays as {op name: value}.
+py::object stats_value(const uint64_t (&values)[MOE_OFFLOAD_OP_COUNT]) { return per_op(values); }
+template <class T>
+py::object stats_value(T value) {
+    return py::cast(value);
+}
+
 py::dict stats(PyContext& self) {
     const moe_sched_stats s = locked(self, [](moeinfer::Context& c) { return c.stats(); });
     py::dict d;
-    d["n_ubatches"] = s.n_ubatches;
-    d["n_splits"] = s.n_splits;
-    d["bytes_weights_full"] = s.bytes_weights_full;
-    d["bytes_weights_experts"] = s.bytes_weights_experts;
-    d["bytes_weights_skipped"] = s.bytes_weights_skipped;
-    d["bytes_activations"] = s.bytes_activations;
-    d["n_weight_copies"] = s.n_weight_copies;
-    d["n_activation_copies"] = s.n_activation_copies;
-    d["n_id_readbacks"] = s.n_id_readbacks;
-    d["n_offloaded"] = per_op(s.n_offloaded);
-    d["n_kept_host"] = per_op(s.n_kept_host);
-    d["n_ops_host"] = s.n_ops_host;
-    d["n_ops_device"] = s.n_ops_device;
-    d["seconds_total"] = s.seconds_total;
-    d["seconds_host_compute"] = s.seconds_host_compute;
-    d["seconds_wait"] = s.seconds_wait;
-    d["seconds_device_submit"] = s.seconds_device_submit;
-    d["n_split_layers"] = s.n_split_layers;
-    d["n_split_host_experts"] = s.n_split_host_experts;
-    d["n_split_trials"] = s.n_split_trials;
-    d["weights_host_bytes"] = s.weights_host_bytes;
-    d["weights_device_bytes"] = s.weights_device_bytes;
-    d["weights_host_pinned_bytes"] = s.weights_host_pinned_bytes;
-    d["n_layer"] = s.n_layer;
-    d["n_expert"] = s.n_expert;
+#define MOE_STATS_ITEM(type, name, dims) d[#name] = stats_value(s.name);
+    MOE_SCHED_STATS_COUNTERS(MOE_STATS_ITEM)
+    MOE_SCHED_STATS_CONTEXT(MOE_STATS_ITEM)
+#undef MOE_STATS_ITEM
     return d;
 }
 
