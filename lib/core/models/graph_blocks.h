@@ -56,4 +56,9 @@ Tensor* layer_groups(Graph& g, const UbatchGraph& out, const std::vector<uint8_t
 void output_logits(Graph& g, const HParams& hp, const ModelWeights& w, Tensor* cur, int n_tokens,
                    LogitsMode logits, UbatchGraph& out);
 
+// The layers of a glm4moe model (graph_glm4moe.cpp) on the embeddings cur; returns the last hidden
+// state. split_layers as build_model_graph's (the leading dense layers have no expert block to split).
+Tensor* glm4moe_layers(BuildState& s, const ModelWeights& w, const UbatchGraph& out,
+                       const std::vector<uint8_t>& split_layers, Tensor* cur);
+
 }  // namespace moe::blocks

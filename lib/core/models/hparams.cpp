@@ -138,6 +138,81 @@ Status read_head_dim(const GgufFile& f, const std::string& a, HParams& hp) {
     return Status::ok();
 }
 
+// glm4moe (GLM-4.5 / 4.6 / 4.5-Air; llama.cpp's llama_model_glm4_moe): one head size for keys and values,
+// partial NeoX rotary over rope.dimension_count of it, leading dense layers, a shared expert and sigmoid
+// routing with a selection bias (the only gating glm4moe has: a file saying otherwise is refused).
+Status read_glm4moe(const GgufFile& f, const std::string& a, HParams& hp) {
+    const std::string key_length = a + "attention.key_length";
+    hp.head_dim = hp.n_embd / hp.n_head;  // HF's default head_dim; GLM files give key_length
+    if (f.find(key_length) == nullptr && hp.n_embd % hp.n_head != 0) {
+        return data_corrupt("missing metadata key '" + key_length + "', and " + a + "embedding_length (" +
+                            std::to_string(hp.n_embd) + ") is not a multiple of " + a + "attention.head_count (" +
+                            std::to_string(hp.n_head) + ")");
+    }
+    MOE_RETURN_IF_ERROR(read_count(f, key_length, false, &hp.head_dim));
+    int v_len = hp.head_dim;
+    MOE_RETURN_IF_ERROR(read_count(f, a + "attention.value_length", false, &v_len));
+    if (v_len != hp.head_dim) {
+        return bad_value(a + "attention.value_length", std::to_string(v_len),
+                         "differs from " + key_length + " (" + std::to_string(hp.head_dim) +
+                             "); glm4moe uses one head size for keys and values");
+    }
+    hp.rope_dims = hp.head_dim;
+    MOE_RETURN_IF_ERROR(read_count(f, a + "rope.dimension_count", false, &hp.rope_dims));
+    if (hp.rope_dims % 2 != 0 || hp.rope_dims > hp.head_dim) {
+        return bad_value(a + "rope.dimension_count", std::to_string(hp.rope_dims),
+                         "must be even and at most " + key_length + " (" + std::to_string(hp.head_dim) + ")");
+    }
+    MOE_RETURN_IF_ERROR(read_count(f, a + "expert_shared_count", false, &hp.n_expert_shared));
+    MOE_RETURN_IF_ERROR(read_count(f, a + "feed_forward_length", false, &hp.n_ff));
+    if (f.find(a + "expert_weights_norm") != nullptr) {
+        MOE_ASSIGN_OR_RETURN(const int64_t norm, f.get_int(a + "expert_weights_norm"));
+        hp.expert_weights_norm = norm != 0;
+    }
+    MOE_RETURN_IF_ERROR(read_real(f, a + "expert_weights_scale", 0.0, true, &hp.expert_weights_scale));
+    if (f.find(a + "expert_gating_func") != nullptr) {
+        // llama.cpp's llama_expert_gating_func_type: 0 (none) reads as sigmoid there too.
+        MOE_ASSIGN_OR_RETURN(const int64_t func, f.get_int(a + "expert_gating_func"));
+        if (func != 0 && func != 2) {
+            return unimplemented("metadata '" + a + "expert_gating_func' = " + std::to_string(func) +
+                                 ": glm4moe routes with a sigmoid (2) only");
+        }
+    }
+    return Status::ok();
+}
+
+// glm4moe's layer counts, once block_count is known to match the file: files append
+// nextn_predict_layers multi-token-prediction layers after the transformer layers (llama.cpp loads and
+// skips them); they are not run, so n_layer counts only the others. The leading dense layers must
+// leave at least one MoE layer.
+Status read_glm4moe_layers(const GgufFile& f, const std::string& a, HParams& hp) {
+    const std::string nextn_key = a + "nextn_predict_layers";
+    if (f.find(nextn_key) != nullptr) {
+        MOE_ASSIGN_OR_RETURN(const int64_t nextn, f.get_int(nextn_key));
+        if (nextn < 0 || nextn >= hp.n_layer) {
+            return bad_value(nextn_key, std::to_string(nextn),
+                             "must be in [0, " + a + "block_count (" + std::to_string(hp.n_layer) + "))");
+        }
+        hp.n_nextn_layer = static_cast<int>(nextn);
+        hp.n_layer -= hp.n_nextn_layer;
+    }
+    const std::string lead_key = a + "leading_dense_block_count";
+    if (f.find(lead_key) != nullptr) {
+        MOE_ASSIGN_OR_RETURN(const int64_t lead, f.get_int(lead_key));
+        if (lead < 0 || lead >= hp.n_layer) {
+            return bad_value(lead_key, std::to_string(lead),
+                             "must be in [0, " + std::to_string(hp.n_layer) +
+                                 ") (the layers run, which must include a MoE layer)");
+        }
+        hp.n_layer_dense_lead = static_cast<int>(lead);
+    }
+    if (hp.n_layer_dense_lead > 0 && hp.n_ff == 0) {
+        return data_corrupt("missing metadata key '" + a + "feed_forward_length' (the FFN size of the " +
+                            std::to_string(hp.n_layer_dense_lead) + " leading dense layers)");
+    }
+    return Status::ok();
+}
+
 }  // namespace
 
 bool is_expert_tensor_name(const std::string& name) {
@@ -152,9 +227,11 @@ StatusOr<HParams> read_hparams(const GgufFile& f) {
         hp.arch = Arch::QWEN3MOE;
     } else if (hp.arch_name == "gpt-oss") {
         hp.arch = Arch::GPT_OSS;
+    } else if (hp.arch_name == "glm4moe") {
+        hp.arch = Arch::GLM4MOE;
     } else {
         return unimplemented("general.architecture: '" + hp.arch_name +
-                             "' is not supported (supported: qwen3moe, gpt-oss)");
+                             "' is not supported (supported: qwen3moe, gpt-oss, glm4moe)");
     }
     if (const GgufValue* v = f.find("general.name"); v && v->type == GgufValueType::STRING) hp.name = v->s;
 
@@ -175,7 +252,11 @@ StatusOr<HParams> read_hparams(const GgufFile& f) {
         return bad_value(a + "expert_used_count", std::to_string(hp.n_expert_used),
                          "exceeds " + a + "expert_count (" + std::to_string(hp.n_expert) + ")");
     }
-    MOE_RETURN_IF_ERROR(read_head_dim(f, a, hp));
+    if (hp.arch == Arch::GLM4MOE) {
+        MOE_RETURN_IF_ERROR(read_glm4moe(f, a, hp));
+    } else {
+        MOE_RETURN_IF_ERROR(read_head_dim(f, a, hp));
+    }
     MOE_RETURN_IF_ERROR(read_real(f, a + "attention.layer_norm_rms_epsilon", 0.0, false, &hp.rms_eps));
     MOE_RETURN_IF_ERROR(read_real(f, a + "rope.freq_base", 0.0, true, &hp.rope_freq_base));
     if (hp.arch == Arch::GPT_OSS) {
@@ -183,6 +264,7 @@ StatusOr<HParams> read_hparams(const GgufFile& f) {
     }
     MOE_RETURN_IF_ERROR(read_rope_scaling(f, a, hp));
     MOE_RETURN_IF_ERROR(check_layers(f, a + "block_count", hp.n_layer));
+    if (hp.arch == Arch::GLM4MOE) MOE_RETURN_IF_ERROR(read_glm4moe_layers(f, a, hp));
 
     const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
     if (embd == nullptr) return data_corrupt("missing tensor 'token_embd.weight'");

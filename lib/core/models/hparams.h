@@ -8,7 +8,7 @@
 
 namespace moe {
 
-enum class Arch { QWEN3MOE, GPT_OSS };
+enum class Arch { QWEN3MOE, GPT_OSS, GLM4MOE };
 
 struct HParams {
     Arch arch = Arch::QWEN3MOE;

@@ -27,7 +27,7 @@ Tensor* build_moe(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* group
 
 RopeParams rope_params_for(const HParams& hp) {
     RopeParams p;
-    p.n_dims = hp.head_dim;
+    p.n_dims = hp.arch == Arch::GLM4MOE ? hp.rope_dims : hp.head_dim;  // glm4moe: partial rotary
     p.freq_base = hp.rope_freq_base;
     if (hp.rope_yarn_factor > 1.0f) {
         p.freq_scale = 1.0f / hp.rope_yarn_factor;
@@ -49,6 +49,11 @@ UbatchGraph build_model_graph(Graph& g, const HParams& hp, const ModelWeights& w
     if (any_split) out.expert_groups = g.input(Type::I32, {hp.n_expert, hp.n_layer}, "expert_groups");
 
     Tensor* cur = g.get_rows(w.tok_embd, out.tokens);  // [E, T]
+    if (hp.arch == Arch::GLM4MOE) {
+        cur = blocks::glm4moe_layers(s, w, out, split_layers, cur);
+        blocks::output_logits(g, hp, w, cur, n_tokens, logits, out);
+        return out;
+    }
     for (int il = 0; il < hp.n_layer; ++il) {
         g.set_layer(il);
         const LayerWeights& l = w.layers[static_cast<size_t>(il)];

@@ -78,7 +78,7 @@ public:
         const uint64_t row_b = row_bytes(t.type, len);
         const int64_t chunks_per_batch =
             std::max<int64_t>(1, static_cast<int64_t>(kBatchBytes / (row_b * static_cast<uint64_t>(cr))));
-        const bool routed = t.init == Init::ROUTER || t.init == Init::ROUTER_BIAS;
+        const bool routed = t.init == Init::ROUTER || t.init == Init::ROUTER_BIAS || t.init == Init::SELECTION_BIAS;
         const std::vector<int> ranks = routed ? synth::expert_ranks(c_.seed, t.layer, c_.n_expert) : std::vector<int>();
 
         for (int64_t c0 = 0; c0 < n_chunks; c0 += chunks_per_batch) {
@@ -145,12 +145,16 @@ Status synth_write(const std::string& path, const moe_synth_params& p) {
     MOE_ASSIGN_OR_RETURN(const Config c, synth::resolve_config(p));
     if (path.empty()) return invalid_argument("path: must not be empty");
 
-    std::vector<TensorSpec> tensors = c.arch == Arch::GPT_OSS ? synth::gpt_oss_tensors(c) : synth::qwen3moe_tensors(c);
+    std::vector<TensorSpec> tensors = c.arch == Arch::GPT_OSS   ? synth::gpt_oss_tensors(c)
+                                      : c.arch == Arch::GLM4MOE ? synth::glm4moe_tensors(c)
+                                                                : synth::qwen3moe_tensors(c);
     synth::apply_recipe(c, tensors);
     GgufWriter w;
     synth::common_metadata(w, c);
     if (c.arch == Arch::GPT_OSS) {
         synth::gpt_oss_metadata(w, c);
+    } else if (c.arch == Arch::GLM4MOE) {
+        synth::glm4moe_metadata(w, c);
     } else {
         synth::qwen3moe_metadata(w, c);
     }

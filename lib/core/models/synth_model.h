@@ -18,6 +18,17 @@ namespace moe::synth {
 // A mix of types by tensor role (synth_recipes.cpp); NONE: experts expert_type, the rest dense_type.
 enum class Recipe { NONE, Q4_K_M, Q5_K_M, Q3_K_XL, IQ4_XS };
 
+// glm4moe's shape beyond the common fields (a preset's; synth_glm4moe.cpp).
+struct Glm4moeShape {
+    int rope_dims = 0;  // of head_dim (partial rotary)
+    int n_layer_dense_lead = 0;
+    int n_ff = 0;       // the dense layers' FFN
+    int n_expert_shared = 0;
+    float weights_scale = 1.0f;
+    bool qk_norm = false;
+    int n_nextn = 0;    // NextN layers after the n_layer transformer layers
+};
+
 // Everything that decides the file's bytes, after presets and overrides are merged and validated.
 struct Config {
     Arch arch = Arch::QWEN3MOE;
@@ -44,6 +55,7 @@ struct Config {
     Recipe recipe = Recipe::NONE;  // overrides expert_type and dense_type by role
     uint64_t seed = 0;
     float routing_skew = 0.0f;
+    Glm4moeShape glm;   // glm4moe only
 };
 
 // Merges the preset with the fields of `p` inside p.struct_size and validates the result; every
@@ -56,6 +68,7 @@ enum class Init {
     EMBEDDING,    // UNIFORM with std 1; qwen3moe also sets channel 0 to 1 (the router's bias channel)
     ROUTER,       // rows (one per expert) of unit L2 norm; qwen3moe: channel 0 carries the skew offset
     ROUTER_BIAS,  // gpt-oss ffn_gate_inp.bias: the skew offsets
+    SELECTION_BIAS,  // deepseek2 exp_probs_b (sigmoid scores): U std 0.05 plus the skew offsets / 4 (score units)
 };
 
 struct TensorSpec {
@@ -80,6 +93,14 @@ std::vector<TensorSpec> qwen3moe_tensors(const Config& c);
 void qwen3moe_metadata(GgufWriter& w, const Config& c);
 std::vector<TensorSpec> gpt_oss_tensors(const Config& c);
 void gpt_oss_metadata(GgufWriter& w, const Config& c);
+
+std::vector<TensorSpec> glm4moe_tensors(const Config& c);
+void glm4moe_metadata(GgufWriter& w, const Config& c);
+// The glm4moe shape of `preset`; false for a preset that has none.
+bool glm4moe_shape(std::string_view preset, Glm4moeShape* out);
+// Leading dense layers of a model of n_layer layers cut from a preset of preset_layers layers with
+// `lead` of them.
+int scaled_dense_layers(int lead, int preset_layers, int n_layer);
 
 // ---- type recipes (synth_recipes.cpp) ----
 

@@ -33,9 +33,15 @@ constexpr Preset kPresets[] = {
     {"gpt-oss",  "gpt-oss-20b",    24, 2880, 201088, 64, 8, 64,  32,  4,  2880, 131072, 128, 150000.f, 1e-5f, 32.0f, 4096},
     {"gpt-oss",  "gpt-oss-120b",   36, 2880, 201088, 64, 8, 64,  128, 4,  2880, 131072, 128, 150000.f, 1e-5f, 32.0f, 4096},
     {"gpt-oss",  "tiny",           2,  64,   512,    4,  2, 16,  8,   2,  64,  131072, 8,   150000.f, 1e-5f, 32.0f, 4096},
+    // glm4moe: partial rotary, dense and shared-expert shapes in synth_glm4moe.cpp.
+    {"glm4moe",  "glm-4.5-air",    46, 4096, 151552, 96, 8, 128, 128, 8, 1408, 131072, 0,   1.0e6f,  1e-5f, 0.0f,  0},
+    {"glm4moe",  "glm-4.5",        92, 5120, 151552, 96, 8, 128, 160, 8, 1536, 131072, 0,   1.0e6f,  1e-5f, 0.0f,  0},
+    {"glm4moe",  "tiny",           3,  64,   512,    4,  2, 32,  16,  4, 32,   131072, 0,   1.0e6f,  1e-5f, 0.0f,  0},
+    {"glm4moe",  "tiny-air",       3,  64,   512,    4,  2, 32,  16,  4, 32,   131072, 0,   1.0e6f,  1e-5f, 0.0f,  0},
 };
 
-constexpr const char* kDefaultPreset[][2] = {{"qwen3moe", "qwen3-30b-a3b"}, {"gpt-oss", "gpt-oss-20b"}};
+constexpr const char* kDefaultPreset[][2] = {
+    {"qwen3moe", "qwen3-30b-a3b"}, {"gpt-oss", "gpt-oss-20b"}, {"glm4moe", "glm-4.5-air"}};
 
 // The smallest vocabulary of the synthetic tokenizer: <unk>, <s>, </s> and the 256 byte tokens.
 constexpr int kMinVocab = 3 + 256;
@@ -110,13 +116,30 @@ Status check_block(const char* type_field, Type type, const char* dim_field, int
     return Status::ok();
 }
 
+// glm4moe: the preset's dense, shared-expert and rotary shape, its dense layers scaled to n_layer.
+Status resolve_glm4moe(const Preset& pr, synth::Config& c) {
+    const bool found = synth::glm4moe_shape(pr.name, &c.glm);
+    MOE_ASSERT(found);
+    c.glm.n_layer_dense_lead = synth::scaled_dense_layers(c.glm.n_layer_dense_lead, pr.n_layer, c.n_layer);
+    if (c.head_dim < c.glm.rope_dims) {
+        return invalid_argument("head_dim: " + std::to_string(c.head_dim) + " is less than the preset's " +
+                                std::to_string(c.glm.rope_dims) + " rotary dims (glm4moe: partial rotary)");
+    }
+    if (c.recipe == synth::Recipe::NONE) {
+        MOE_RETURN_IF_ERROR(check_block("dense_type", c.dense_type, "n_ff (preset)", c.glm.n_ff));
+        MOE_RETURN_IF_ERROR(check_block("dense_type", c.dense_type, "n_ff_expert * shared experts",
+                                        int64_t{c.n_ff_expert} * c.glm.n_expert_shared));
+    }
+    return Status::ok();
+}
+
 }  // namespace
 
 Status synth_params_init(moe_synth_params* p, const char* arch) {
     if (p == nullptr) return invalid_argument("params: must not be NULL");
     const char* a = canonical_arch(arch != nullptr ? arch : "qwen3moe");
     if (a == nullptr) {
-        return invalid_argument(std::string("architecture: unknown '") + arch + "' (expected qwen3moe or gpt-oss)");
+        return invalid_argument(std::string("architecture: unknown '") + arch + "' (expected qwen3moe, gpt-oss or glm4moe)");
     }
     std::memset(p, 0, sizeof *p);
     p->struct_size = sizeof *p;
@@ -145,7 +168,7 @@ StatusOr<Config> resolve_config(const moe_synth_params& given) {
     moe_synth_params p;
     const char* arch_in = given.architecture != nullptr ? given.architecture : "qwen3moe";
     if (canonical_arch(arch_in) == nullptr) {
-        return invalid_argument(std::string("architecture: unknown '") + arch_in + "' (expected qwen3moe or gpt-oss)");
+        return invalid_argument(std::string("architecture: unknown '") + arch_in + "' (expected qwen3moe, gpt-oss or glm4moe)");
     }
     MOE_RETURN_IF_ERROR(synth_params_init(&p, arch_in));
     std::memcpy(&p, &given, std::min<size_t>(given.struct_size, sizeof p));
@@ -158,7 +181,7 @@ StatusOr<Config> resolve_config(const moe_synth_params& given) {
 
     Config c;
     c.arch_name = p.architecture;
-    c.arch = c.arch_name == "gpt-oss" ? Arch::GPT_OSS : Arch::QWEN3MOE;
+    c.arch = c.arch_name == "gpt-oss" ? Arch::GPT_OSS : c.arch_name == "glm4moe" ? Arch::GLM4MOE : Arch::QWEN3MOE;
     const Preset* pr = find_preset(c.arch_name, p.preset);
     if (pr == nullptr) {
         return invalid_argument(std::string("preset: unknown '") + p.preset + "' for architecture '" + c.arch_name +
@@ -222,6 +245,7 @@ StatusOr<Config> resolve_config(const moe_synth_params& given) {
     if (!std::isfinite(c.routing_skew) || c.routing_skew < 0.0f || c.routing_skew >= 1.0f) {
         return invalid_argument("routing_skew: " + std::to_string(c.routing_skew) + " is outside [0, 1)");
     }
+    if (c.arch == Arch::GLM4MOE) MOE_RETURN_IF_ERROR(resolve_glm4moe(*pr, c));
     return c;
 }
 

@@ -126,6 +126,16 @@ void fill_rows(const Config& c, const TensorSpec& t, const std::vector<int>& ran
             }
             break;
         }
+        case Init::SELECTION_BIAS: {
+            // Sigmoid scores move by ~1/4 of a logit change near 0, hence the skew offsets / 4; the
+            // random part makes the bias matter to the choice even without skew.
+            s.uniform(dst, n);
+            for (int64_t e = 0; e < n; ++e) {
+                dst[e] = 0.05f * kSqrt3 * dst[e] +
+                         0.25f * skew_offset(c.routing_skew, ranks[static_cast<size_t>(e)], c.n_expert);
+            }
+            break;
+        }
     }
 }
 

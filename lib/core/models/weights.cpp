@@ -50,6 +50,46 @@ private:
     const WeightLookup& lookup_;
 };
 
+// glm4moe (llama.cpp's llama_model_glm4_moe::load_arch_tensors): attention with q/k/v biases and, in
+// GLM-4.5 (not Air), per-head q/k norms; then a dense FFN in the leading layers, routed experts with the
+// selection bias plus the shared experts in the others. The trailing NextN layers are not bound.
+Status bind_glm4moe_layer(const HParams& hp, Binder& b, int il, LayerWeights& l) {
+    const int64_t E = hp.n_embd, H = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim;
+    const int64_t X = hp.n_expert, F = hp.n_ff_expert;
+    const std::string p = "blk." + std::to_string(il) + ".";
+    MOE_RETURN_IF_ERROR(b.get(p + "attn_norm.weight", {E}, Kind::FLOAT_VECTOR, &l.attn_norm));
+    MOE_RETURN_IF_ERROR(b.get(p + "attn_q.weight", {E, H * D}, Kind::MATRIX, &l.wq));
+    MOE_RETURN_IF_ERROR(b.get(p + "attn_k.weight", {E, Hkv * D}, Kind::MATRIX, &l.wk));
+    MOE_RETURN_IF_ERROR(b.get(p + "attn_v.weight", {E, Hkv * D}, Kind::MATRIX, &l.wv));
+    MOE_RETURN_IF_ERROR(b.get(p + "attn_output.weight", {H * D, E}, Kind::MATRIX, &l.wo));
+    MOE_RETURN_IF_ERROR(b.get(p + "attn_q.bias", {H * D}, Kind::FLOAT_VECTOR, &l.bq));
+    MOE_RETURN_IF_ERROR(b.get(p + "attn_k.bias", {Hkv * D}, Kind::FLOAT_VECTOR, &l.bk));
+    MOE_RETURN_IF_ERROR(b.get(p + "attn_v.bias", {Hkv * D}, Kind::FLOAT_VECTOR, &l.bv));
+    MOE_RETURN_IF_ERROR(b.get(p + "attn_q_norm.weight", {D}, Kind::FLOAT_VECTOR, &l.q_norm, true));
+    MOE_RETURN_IF_ERROR(b.get(p + "attn_k_norm.weight", {D}, Kind::FLOAT_VECTOR, &l.k_norm, true));
+    if ((l.q_norm == nullptr) != (l.k_norm == nullptr)) {
+        return not_found("model is missing tensor '" + p + (l.q_norm ? "attn_k_norm" : "attn_q_norm") +
+                         ".weight' (the q and k norms come together)");
+    }
+    MOE_RETURN_IF_ERROR(b.get(p + "post_attention_norm.weight", {E}, Kind::FLOAT_VECTOR, &l.ffn_norm));
+    if (il < hp.n_layer_dense_lead) {
+        const int64_t FF = hp.n_ff;
+        MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate.weight", {E, FF}, Kind::MATRIX, &l.ffn_gate));
+        MOE_RETURN_IF_ERROR(b.get(p + "ffn_up.weight", {E, FF}, Kind::MATRIX, &l.ffn_up));
+        return b.get(p + "ffn_down.weight", {FF, E}, Kind::MATRIX, &l.ffn_down);
+    }
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_inp.weight", {E, X}, Kind::MATRIX, &l.router));
+    MOE_RETURN_IF_ERROR(b.get(p + "exp_probs_b.bias", {X}, Kind::FLOAT_VECTOR, &l.exp_probs_b));
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_up_exps.weight", {E, F, X}, Kind::MATRIX, &l.up_exps));
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_exps.weight", {E, F, X}, Kind::MATRIX, &l.gate_exps));
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_down_exps.weight", {F, E, X}, Kind::MATRIX, &l.down_exps));
+    if (hp.n_expert_shared == 0) return Status::ok();
+    const int64_t S = F * hp.n_expert_shared;
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_shexp.weight", {E, S}, Kind::MATRIX, &l.gate_shexp));
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_up_shexp.weight", {E, S}, Kind::MATRIX, &l.up_shexp));
+    return b.get(p + "ffn_down_shexp.weight", {S, E}, Kind::MATRIX, &l.down_shexp);
+}
+
 }  // namespace
 
 StatusOr<ModelWeights> bind_weights(const HParams& hp, const WeightLookup& lookup) {
@@ -63,6 +103,12 @@ StatusOr<ModelWeights> bind_weights(const HParams& hp, const WeightLookup& looku
     MOE_RETURN_IF_ERROR(b.get("output_norm.weight", {E}, Kind::FLOAT_VECTOR, &w.output_norm));
     MOE_RETURN_IF_ERROR(b.get("output.weight", {E, V}, Kind::MATRIX, &w.output));
     w.layers.resize(static_cast<size_t>(hp.n_layer));
+    if (hp.arch == Arch::GLM4MOE) {
+        for (int il = 0; il < hp.n_layer; ++il) {
+            MOE_RETURN_IF_ERROR(bind_glm4moe_layer(hp, b, il, w.layers[static_cast<size_t>(il)]));
+        }
+        return w;
+    }
     for (int il = 0; il < hp.n_layer; ++il) {
         LayerWeights& l = w.layers[static_cast<size_t>(il)];
         const std::string p = "blk." + std::to_string(il) + ".";

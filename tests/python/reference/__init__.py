@@ -17,9 +17,9 @@ __all__ = ["HParams", "KVCache", "Model", "load", "forward_for"]
 
 def forward_for(model):
     """The forward function of `model`'s architecture (qwen3moe.forward or gpt_oss.forward)."""
-    from . import gpt_oss, qwen3moe
+    from . import glm4moe, gpt_oss, qwen3moe
 
-    by_arch = {qwen3moe.ARCH: qwen3moe.forward, gpt_oss.ARCH: gpt_oss.forward}
+    by_arch = {qwen3moe.ARCH: qwen3moe.forward, gpt_oss.ARCH: gpt_oss.forward, glm4moe.ARCH: glm4moe.forward}
     try:
         return by_arch[model.hparams.arch]
     except KeyError:

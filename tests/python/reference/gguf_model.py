@@ -23,7 +23,7 @@ class HParams:
     """Hyper-parameters read from GGUF metadata (<arch>.* keys, names as in llama.cpp's llama-arch.cpp)."""
 
     arch: str
-    n_layer: int
+    n_layer: int           # block_count less nextn_predict_layers (the layers a forward pass runs)
     n_embd: int
     n_head: int
     n_head_kv: int
@@ -167,7 +167,9 @@ def load(path: str | os.PathLike) -> Model:
     head_dim = m.get_int("attention.key_length", default=n_embd // n_head)
     hp = HParams(
         arch=arch,
-        n_layer=m.get_int("block_count"),
+        # The layers run: glm4moe (and deepseek2) files append nextn_predict_layers multi-token-prediction
+        # layers, counted in block_count, which llama.cpp loads but does not run.
+        n_layer=m.get_int("block_count") - m.get_int("nextn_predict_layers", default=0),
         n_embd=n_embd,
         n_head=n_head,
         n_head_kv=m.get_int("attention.head_count_kv", default=n_head),

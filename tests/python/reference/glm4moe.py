@@ -1,0 +1,142 @@
+"""glm4moe (GLM-4.5 / 4.6 / 4.5-Air) reference forward, float64.
+
+Written from Hugging Face transformers' modeling_glm4_moe.py (Glm4MoeAttention, Glm4MoeTopkRouter, Glm4MoeMoE,
+Glm4MoeMLP) with llama.cpp's GGUF names (llama_model_glm4_moe). Per layer:
+  h = RMSNorm(x; attn_norm)
+  q, k, v = Wq h + bq, Wk h + bk, Wv h + bv                (attention_bias)
+  q, k = per-head RMSNorm over head_dim where the file has attn_q_norm / attn_k_norm (use_qk_norm: GLM-4.5)
+  q, k = NeoX RoPE on the first rope.dimension_count dims of each head (partial_rotary_factor), the rest as is
+  a = softmax(q k^T / sqrt(head_dim), causal) v with GQA;   x += Wo a     (no output bias)
+  h = RMSNorm(x; post_attention_norm)
+  the first leading_dense_block_count layers:  x += down(silu(gate h) * up h)
+  the others:  s = sigmoid(W_router h);  experts = top-k of s + e_score_correction_bias (exp_probs_b; n_group 1)
+               w = s[experts] / (sum s[experts] + 1e-20) (norm_topk_prob) * routed_scaling_factor
+               x += sum_e w_e * down_e(silu(gate_e h) * up_e h) + shared(h)   (shared: a SwiGLU MLP of
+               n_ff_exp * expert_shared_count)
+logits = W_out RMSNorm(x; output_norm). The file's trailing NextN layers (nextn_predict_layers) are not run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .gguf_model import Model
+from .ops import KVCache, attention, check_tokens, default_inv_freq, linear, rms_norm, rope_neox, start_pass, top_k_desc
+
+ARCH = "glm4moe"
+
+
+def _meta(model: Model, key: str, default):
+    return model.metadata.get(f"{ARCH}.{key}", default)
+
+
+def _check_arch(model: Model) -> None:
+    if model.hparams.arch != ARCH:
+        raise ValueError(f"glm4moe.forward got a '{model.hparams.arch}' model")
+    if model.hparams.rope_scaling_type not in (None, "none"):
+        raise ValueError(f"{ARCH}.rope.scaling.type '{model.hparams.rope_scaling_type}' is not supported "
+                         "by the glm4moe reference")
+    if int(_meta(model, "expert_gating_func", 2)) not in (0, 2):
+        raise ValueError(f"{ARCH}.expert_gating_func must be 2 (sigmoid)")
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def selection_scores(model: Model, il: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sigmoid scores, scores + selection bias) of layer il's router for normed hidden states h, each [n, n_expert]."""
+    hp = model.hparams
+    scores = sigmoid(linear(h, model.blk(il, "ffn_gate_inp.weight", (hp.n_expert, hp.n_embd))))
+    return scores, scores + model.blk(il, "exp_probs_b.bias", (hp.n_expert,))
+
+
+def route(model: Model, il: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Router of layer il for normed hidden states h [n, n_embd]: (expert ids [n, k], weights [n, k])."""
+    hp = model.hparams
+    scores, choice = selection_scores(model, il, h)
+    ids = top_k_desc(choice, hp.n_expert_used)
+    w = np.take_along_axis(scores, ids, axis=-1)
+    if bool(_meta(model, "expert_weights_norm", False)):
+        w = w / (np.sum(w, axis=-1, keepdims=True) + 1e-20)
+    return ids, w * float(_meta(model, "expert_weights_scale", 1.0))
+
+
+def swiglu_mlp(h: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+    g = linear(h, gate)
+    return linear(g / (1.0 + np.exp(-g)) * linear(h, up), down)
+
+
+def moe(model: Model, il: int, h: np.ndarray, trace: dict | None = None) -> np.ndarray:
+    """Routed experts plus the shared experts of layer il on normed hidden states h [n, n_embd]."""
+    hp = model.hparams
+    exp_shape = (hp.n_expert, hp.n_ff_exp, hp.n_embd)
+    gate = model.blk(il, "ffn_gate_exps.weight", exp_shape)
+    up = model.blk(il, "ffn_up_exps.weight", exp_shape)
+    down = model.blk(il, "ffn_down_exps.weight", (hp.n_expert, hp.n_embd, hp.n_ff_exp))
+    ids, weights = route(model, il, h)
+    if trace is not None:
+        trace.setdefault("expert_ids", []).append(ids)
+        trace.setdefault("expert_weights", []).append(weights)
+    out = np.zeros_like(h)
+    for e in np.unique(ids):
+        rows, slot = np.nonzero(ids == e)
+        out[rows] += weights[rows, slot][:, None] * swiglu_mlp(h[rows], gate[e], up[e], down[e])
+    n_shared = int(_meta(model, "expert_shared_count", 0))
+    if n_shared > 0:
+        ff = hp.n_ff_exp * n_shared
+        out += swiglu_mlp(h, model.blk(il, "ffn_gate_shexp.weight", (ff, hp.n_embd)),
+                          model.blk(il, "ffn_up_shexp.weight", (ff, hp.n_embd)),
+                          model.blk(il, "ffn_down_shexp.weight", (hp.n_embd, ff)))
+    return out
+
+
+def dense(model: Model, il: int, h: np.ndarray) -> np.ndarray:
+    hp = model.hparams
+    ff = int(_meta(model, "feed_forward_length", 0))
+    return swiglu_mlp(h, model.blk(il, "ffn_gate.weight", (ff, hp.n_embd)), model.blk(il, "ffn_up.weight", (ff, hp.n_embd)),
+                      model.blk(il, "ffn_down.weight", (hp.n_embd, ff)))
+
+
+def forward(model: Model, tokens, positions=None, cache: KVCache | None = None,
+            trace: dict | None = None) -> np.ndarray:
+    """Logits [n_tokens, n_vocab] (float64) for `tokens`, attending to `cache` (extended in place).
+
+    positions default to the positions after the cached ones. `trace`, if given, receives per-layer lists
+    'layer_out' (hidden state after the layer) and 'expert_ids' / 'expert_weights' (MoE layers only).
+    """
+    _check_arch(model)
+    hp = model.hparams
+    tokens = check_tokens(tokens, hp.n_vocab)
+    n = tokens.shape[0]
+    cache, pos = start_pass(cache, hp.n_layer, n, positions)
+    k_pos = cache.key_positions(pos)
+    inv_freq = default_inv_freq(hp.rope_freq_base, hp.n_rot)
+    scale = 1.0 / np.sqrt(hp.head_dim)
+    n_dense = int(_meta(model, "leading_dense_block_count", 0))
+    D, H, Hkv = hp.head_dim, hp.n_head, hp.n_head_kv
+
+    x = model.get("token_embd.weight", (hp.n_vocab, hp.n_embd))[tokens]
+    for il in range(hp.n_layer):
+        h = rms_norm(x, model.blk(il, "attn_norm.weight", (hp.n_embd,)), hp.rms_eps)
+        q = linear(h, model.blk(il, "attn_q.weight", (H * D, hp.n_embd)), model.blk(il, "attn_q.bias", (H * D,)))
+        k = linear(h, model.blk(il, "attn_k.weight", (Hkv * D, hp.n_embd)), model.blk(il, "attn_k.bias", (Hkv * D,)))
+        v = linear(h, model.blk(il, "attn_v.weight", (Hkv * D, hp.n_embd)), model.blk(il, "attn_v.bias", (Hkv * D,)))
+        q, k, v = q.reshape(n, H, D), k.reshape(n, Hkv, D), v.reshape(n, Hkv, D)
+        if model.has(f"blk.{il}.attn_q_norm.weight"):
+            q = rms_norm(q, model.blk(il, "attn_q_norm.weight", (D,)), hp.rms_eps)
+            k = rms_norm(k, model.blk(il, "attn_k_norm.weight", (D,)), hp.rms_eps)
+        q = rope_neox(q, pos, inv_freq)
+        k = rope_neox(k, pos, inv_freq)
+        k_all, v_all = cache.extend(il, k, v)
+        a = attention(q, k_all, v_all, pos, k_pos, scale).reshape(n, H * D)
+        x = x + linear(a, model.blk(il, "attn_output.weight", (hp.n_embd, H * D)))
+
+        h = rms_norm(x, model.blk(il, "post_attention_norm.weight", (hp.n_embd,)), hp.rms_eps)
+        x = x + (dense(model, il, h) if il < n_dense else moe(model, il, h, trace))
+        if trace is not None:
+            trace.setdefault("layer_out", []).append(x.copy())
+    cache.commit(pos)
+
+    x = rms_norm(x, model.get("output_norm.weight", (hp.n_embd,)), hp.rms_eps)
+    return linear(x, model.output_weight())
