@@ -208,6 +208,27 @@ Tensor* Graph::swiglu_oai(Tensor* gate, Tensor* up, float alpha, float limit) {
     return t;
 }
 
+Tensor* Graph::concat(Tensor* a, Tensor* b) {
+    MOE_ASSERT(a->type == Type::F32 && b->type == Type::F32 && a->ne[3] == 1 && b->ne[3] == 1);
+    MOE_ASSERT(b->ne[2] == a->ne[2] && (b->ne[1] == a->ne[1] || b->ne[1] == 1));
+    return new_node(Op::CONCAT, Type::F32, {a->ne[0] + b->ne[0], a->ne[1], a->ne[2]}, {a, b});
+}
+
+Tensor* Graph::mul_mat_heads(Tensor* w, Tensor* x) {
+    MOE_ASSERT(x->type == Type::F32 && w->ne[0] == x->ne[0] && w->ne[2] == x->ne[1] && w->ne[3] == 1 && x->ne[3] == 1);
+    return new_node(Op::MUL_MAT_HEADS, Type::F32, {w->ne[1], x->ne[1], x->ne[2]}, {w, x});
+}
+
+Tensor* Graph::group_mask(Tensor* x, int32_t n_group, int32_t n_used, int32_t top_n) {
+    MOE_ASSERT(x->type == Type::F32 && x->ne[2] == 1 && n_group > 0 && x->ne[0] % n_group == 0);
+    MOE_ASSERT(n_used > 0 && n_used <= n_group && top_n > 0 && top_n <= x->ne[0] / n_group);
+    Tensor* t = new_node(Op::GROUP_MASK, Type::F32, {x->ne[0], x->ne[1]}, {x});
+    t->params.i[0] = n_group;
+    t->params.i[1] = n_used;
+    t->params.i[2] = top_n;
+    return t;
+}
+
 Tensor* Graph::cpy(Tensor* src, Tensor* dst_view) {
     MOE_ASSERT(src->type == Type::F32 && src->n_elements() == dst_view->n_elements());
     MOE_ASSERT(dst_view->type == Type::F32 || dst_view->type == Type::F16);

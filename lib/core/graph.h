@@ -49,6 +49,9 @@ public:
     Tensor* swiglu(Tensor* gate, Tensor* up);
     Tensor* swiglu_oai(Tensor* gate, Tensor* up, float alpha, float limit);
     Tensor* cpy(Tensor* src, Tensor* dst_view);
+    Tensor* concat(Tensor* a, Tensor* b);
+    Tensor* mul_mat_heads(Tensor* w, Tensor* x);
+    Tensor* group_mask(Tensor* x, int32_t n_group, int32_t n_used, int32_t top_n);
 
     // Marks the graph's result(s); nodes are computed in the order they were built.
     void set_output(Tensor* t) { t->is_output = true; outputs_.push_back(t); }

@@ -218,4 +218,39 @@ inline Status check_weighted_sum_ids(const Tensor& dst) {
     return Status::ok();
 }
 
+// CONCAT: src0 F32 [A, H, T], src1 F32 [B, H or 1, T], dst contiguous F32 [A + B, H, T].
+inline Status check_concat(const Tensor& dst) {
+    if (dst.op != Op::CONCAT) return invalid_argument(std::string("concat: dst.op is ") + op_name(dst.op));
+    MOE_RETURN_IF_ERROR(check_operand("CONCAT", "src0", dst.src[0], Type::F32));
+    MOE_RETURN_IF_ERROR(check_operand("CONCAT", "src1", dst.src[1], Type::F32));
+    MOE_RETURN_IF_ERROR(check_operand("CONCAT", "dst", &dst, Type::F32));
+    const Tensor& a = *dst.src[0];
+    const Tensor& b = *dst.src[1];
+    if (a.ne[3] != 1 || b.ne[3] != 1 || b.ne[2] != a.ne[2] || (b.ne[1] != a.ne[1] && b.ne[1] != 1) ||
+        dst.ne[0] != a.ne[0] + b.ne[0] || dst.ne[1] != a.ne[1] || dst.ne[2] != a.ne[2] || dst.ne[3] != 1) {
+        return invalid_argument("CONCAT: src0 " + shape_str(a) + ", src1 " + shape_str(b) + " and dst " +
+                                shape_str(dst) + " do not match ([A, H, T], [B, H or 1, T] -> [A + B, H, T])");
+    }
+    if (!dst.is_contiguous()) return unimplemented("CONCAT: dst must be contiguous");
+    return Status::ok();
+}
+
+// GROUP_MASK: src0 F32 [E, T], dst contiguous F32 [E, T]; i[0] groups dividing E, i[1] in [1, i[0]],
+// i[2] in [1, E / i[0]].
+inline Status check_group_mask(const Tensor& dst) {
+    if (dst.op != Op::GROUP_MASK) return invalid_argument(std::string("group_mask: dst.op is ") + op_name(dst.op));
+    MOE_RETURN_IF_ERROR(check_operand("GROUP_MASK", "src0", dst.src[0], Type::F32));
+    MOE_RETURN_IF_ERROR(check_operand("GROUP_MASK", "dst", &dst, Type::F32));
+    MOE_RETURN_IF_ERROR(check_same_shape("GROUP_MASK", "src0", *dst.src[0], dst));
+    if (dst.ne[2] != 1 || dst.ne[3] != 1) return invalid_argument("GROUP_MASK: dst must be [E, T], got " + shape_str(dst));
+    const int32_t n_group = dst.params.i[0], n_used = dst.params.i[1], top_n = dst.params.i[2];
+    if (n_group <= 0 || dst.ne[0] % n_group != 0 || n_used <= 0 || n_used > n_group || top_n <= 0 ||
+        top_n > dst.ne[0] / n_group) {
+        return invalid_argument("GROUP_MASK: " + std::to_string(n_group) + " groups (params.i[0]), " +
+                                std::to_string(n_used) + " used (i[1]) and top " + std::to_string(top_n) +
+                                " (i[2]) do not fit " + std::to_string(dst.ne[0]) + " experts");
+    }
+    return Status::ok();
+}
+
 }  // namespace moe::op_checks

@@ -31,6 +31,9 @@ const char* op_name(Op op) {
         case Op::CPY: return "CPY";
         case Op::SIGMOID: return "SIGMOID";
         case Op::NORM_SCALE: return "NORM_SCALE";
+        case Op::CONCAT: return "CONCAT";
+        case Op::MUL_MAT_HEADS: return "MUL_MAT_HEADS";
+        case Op::GROUP_MASK: return "GROUP_MASK";
         case Op::COUNT: break;
     }
     return "?";
@@ -62,6 +65,7 @@ RopeParams Tensor::rope_params() const {
     p.beta_fast = params.f[4];
     p.beta_slow = params.f[5];
     p.yarn_truncate = params.i[2] != 0;
+    p.interleaved = params.i[3] != 0;
     return p;
 }
 
@@ -75,6 +79,7 @@ void Tensor::set_rope_params(const RopeParams& p) {
     params.f[4] = p.beta_fast;
     params.f[5] = p.beta_slow;
     params.i[2] = p.yarn_truncate ? 1 : 0;
+    params.i[3] = p.interleaved ? 1 : 0;
 }
 
 YarnRamp yarn_ramp(const RopeParams& p) {

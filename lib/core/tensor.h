@@ -58,6 +58,15 @@ enum class Op : int32_t {
     SIGMOID,      // 1 / (1 + exp(-x)): the expert scores of sigmoid routers (glm4moe, deepseek2 V3)
     NORM_SCALE,   // src0 F32 [n, ...] -> same shape: each row times f[0], divided first by (its sum + 1e-20)
                   // when i[0] != 0 (Hugging Face's normalised top-k weights times routed_scaling_factor)
+    CONCAT,       // src0 F32 [A, H, T], src1 F32 [B, H or 1, T] -> [A + B, H, T]: each row of src0 followed by
+                  // the row of src1 (src1's one row per token repeated over H when its ne[1] = 1); both may
+                  // be strided views (multi-head latent attention: q = [W_UK q_nope, q_rope])
+    MUL_MAT_HEADS,  // src0 weight [K, N, H] any matmul type, src1 F32 [K, H, T] (rows may be strided)
+                    // -> [N, H, T]: dst[:, h, t] = src0[:, :, h] . src1[:, h, t], one matrix per head
+                    // (multi-head latent attention's absorbed W_UK and W_UV)
+    GROUP_MASK,   // src0 F32 [E, T] -> [E, T]: the E experts form i[0] groups of consecutive experts, each
+                  // scored by the sum of its i[2] largest entries; entries outside the i[1] best groups
+                  // (ties to the lower group) become -inf (group-limited routing of DeepSeek-V2/V3)
     COUNT,
 };
 
@@ -70,7 +79,7 @@ const char* op_name(Op op);
 enum class Activation : int32_t { SILU = 0, SWIGLU_OAI = 1 };
 
 // ROPE parameters (stored in op_params.f / .i): NeoX layout (rotate the two halves of the first
-// n_dims elements). YaRN: ext_factor > 0 blends interpolation and extrapolation per dimension
+// n_dims elements) unless `interleaved`. YaRN: ext_factor > 0 blends interpolation and extrapolation per dimension
 // between the correction dims of beta_fast and beta_slow; mscale = attn_factor * (1 + 0.1 ln(1/freq_scale))
 // scales cos and sin. ggml rounds the correction dims to integers (floor/ceil); Hugging Face does so
 // only when the model's rope config says truncate=true, and gpt-oss says false.
@@ -84,6 +93,9 @@ struct RopeParams {
     float beta_fast = 32.0f;
     float beta_slow = 1.0f;
     bool yarn_truncate = false;  // round the correction dims (ggml); false = HF with truncate=false
+    // Rotate adjacent pairs (2i, 2i + 1) instead of the NeoX halves: ggml's NORM mode, which DeepSeek's
+    // interleaved rotary (HF deepseek_v2/v3 apply_rotary_pos_emb) equals.
+    bool interleaved = false;
 };
 
 // The YaRN ramp over pair indices i: ramp(i) = 1 - clamp((i - lo) / den, 0, 1). One definition for

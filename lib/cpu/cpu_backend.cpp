@@ -36,6 +36,7 @@ bool CpuBackend::supports_op(const Tensor& node) const {
         case Op::MUL_MAT:
         case Op::MUL_MAT_ID:
         case Op::MOE_UP_GATE:
+        case Op::MUL_MAT_HEADS:
             return supports_matmul_type(node.src[0]->type);
         case Op::COUNT:
             return false;
@@ -70,6 +71,9 @@ Status CpuBackend::compute_node(Tensor& node) {
         case Op::SWIGLU:
         case Op::SWIGLU_OAI: return glu(node);
         case Op::CPY: return cpy(node);
+        case Op::CONCAT: return concat(node);
+        case Op::MUL_MAT_HEADS: return mul_mat_heads(node, scratch_);
+        case Op::GROUP_MASK: return group_mask(node);
         case Op::COUNT: break;
     }
     return unimplemented(std::string("cpu backend: op ") + op_name(node.op));

@@ -47,5 +47,8 @@ Status unary(Tensor& dst);  // SILU, SIGMOID
 Status norm_scale(Tensor& dst);
 Status glu(Tensor& dst);    // SWIGLU, SWIGLU_OAI
 Status cpy(Tensor& dst);
+Status concat(Tensor& dst);                         // CONCAT (cpu/ops_heads.cpp)
+Status mul_mat_heads(Tensor& dst, Scratch& scratch);  // MUL_MAT_HEADS (cpu/ops_heads.cpp)
+Status group_mask(Tensor& dst);                      // GROUP_MASK (cpu/ops_group_mask.cpp)
 
 }  // namespace moe::cpu

@@ -1,5 +1,5 @@
-// ROPE, NeoX layout: the pairs are (i, i + n_dims/2) for i < n_dims/2; elements from n_dims on pass
-// through. theta_i = pos * freq_base^(-2i/n_dims), with ggml's YaRN (rope_yarn): the interpolated angle
+// ROPE, NeoX layout: the pairs are (i, i + n_dims/2) for i < n_dims/2 (interleaved: (2i, 2i + 1));
+// elements from n_dims on pass through. theta_i = pos * freq_base^(-2i/n_dims), with ggml's YaRN (rope_yarn): the interpolated angle
 // freq_scale * theta is blended with the extrapolated one per pair by a ramp between the correction
 // dims (core's yarn_ramp(): rounded to integers only with yarn_truncate), and cos/sin are scaled by
 // mscale = attn_factor * (1 + 0.1 ln(1/freq_scale)) when YaRN is on.
@@ -70,11 +70,14 @@ Status rope(Tensor& dst) {
                               for (int64_t h = 0; h < n_head; ++h) {
                                   const auto* xs = reinterpret_cast<const float*>(x.row(h, t));
                                   auto* d = reinterpret_cast<float*>(dst.row(h, t));
+                                  // Pair i is (i, i + half), or (2i, 2i + 1) when interleaved.
+                                  const int64_t step = p.interleaved ? 2 : 1;
+                                  const int64_t other = p.interleaved ? 1 : half;
                                   for (int64_t i = 0; i < half; ++i) {
-                                      const float x0 = xs[i];
-                                      const float x1 = xs[i + half];
-                                      d[i] = x0 * cosv[i] - x1 * sinv[i];
-                                      d[i + half] = x0 * sinv[i] + x1 * cosv[i];
+                                      const float x0 = xs[i * step];
+                                      const float x1 = xs[i * step + other];
+                                      d[i * step] = x0 * cosv[i] - x1 * sinv[i];
+                                      d[i * step + other] = x0 * sinv[i] + x1 * cosv[i];
                                   }
                                   if (d != xs) {
                                       for (int64_t i = p.n_dims; i < d_all; ++i) d[i] = xs[i];

@@ -165,7 +165,8 @@ CudaBackend::~CudaBackend() {
 namespace {
 
 // Head sizes ops_attention.cu has kernels for.
-bool attention_head_size_ok(int64_t d) { return d == 32 || d == 64 || d == 96 || d == 128 || d == 256; }
+// 576: deepseek2's absorbed attention (kv_lora_rank 512 + 64 rope dims).
+bool attention_head_size_ok(int64_t d) { return d == 32 || d == 64 || d == 96 || d == 128 || d == 256 || d == 576; }
 
 bool get_rows_type_ok(Type t) {
     switch (t) {
@@ -190,7 +191,8 @@ bool CudaBackend::supports_op(const Tensor& node) const {
         case Op::VIEW: return true;
         case Op::MUL_MAT:
         case Op::MUL_MAT_ID:
-        case Op::MOE_UP_GATE: return s0 != nullptr && supports_matmul_type(s0->type);
+        case Op::MOE_UP_GATE:
+        case Op::MUL_MAT_HEADS: return s0 != nullptr && supports_matmul_type(s0->type);
         case Op::GET_ROWS: return s0 != nullptr && get_rows_type_ok(s0->type);
         case Op::ATTENTION: {
             const Tensor* k = node.src[1];
@@ -212,7 +214,9 @@ bool CudaBackend::supports_op(const Tensor& node) const {
         case Op::SIGMOID:
         case Op::NORM_SCALE:
         case Op::SWIGLU:
-        case Op::SWIGLU_OAI: return true;
+        case Op::SWIGLU_OAI:
+        case Op::CONCAT: return true;
+        case Op::GROUP_MASK: return node.params.i[0] <= 64;  // groups one thread holds (ops_heads.cu)
         case Op::COUNT: break;
     }
     return false;
@@ -277,6 +281,7 @@ size_t CudaBackend::scratch_bytes(const Tensor& node) const {
         case Op::MOE_UP_GATE: return matmul_scratch_bytes(node);
         case Op::ATTENTION: return attention_scratch_bytes(node, n_sm_);
         default: return 0;
+        case Op::MUL_MAT_HEADS: return mul_mat_heads_scratch_bytes(node);
     }
 }
 
@@ -307,6 +312,9 @@ Status dispatch(Tensor& node, const OpContext& ctx) {
         case Op::SWIGLU_OAI: return glu(node, ctx);
         case Op::CPY: return cpy(node, ctx);
         case Op::COUNT: break;
+        case Op::CONCAT: return concat(node, ctx);
+        case Op::MUL_MAT_HEADS: return mul_mat_heads(node, ctx);
+        case Op::GROUP_MASK: return group_mask(node, ctx);
     }
     return unimplemented(std::string("cuda backend: op ") + op_name(node.op));
 }

@@ -79,6 +79,12 @@ Status unary(Tensor& dst, const OpContext& ctx);  // SILU, SIGMOID
 Status norm_scale(Tensor& dst, const OpContext& ctx);
 Status glu(Tensor& dst, const OpContext& ctx);    // SWIGLU, SWIGLU_OAI
 Status cpy(Tensor& dst, const OpContext& ctx);
+// deepseek2 (ops_heads.cu): CONCAT, GROUP_MASK, and MUL_MAT_HEADS with the scratch it needs (its
+// head ids, then the expert product's).
+Status concat(Tensor& dst, const OpContext& ctx);
+Status group_mask(Tensor& dst, const OpContext& ctx);
+Status mul_mat_heads(Tensor& dst, const OpContext& ctx);
+size_t mul_mat_heads_scratch_bytes(const Tensor& node);
 // Copies the device regions back to back into dst_dev (ops_copy.cu): a block per region, a launch per
 // kMaxGatherRegions of them.
 Status gather_regions(std::span<const DeviceRegion> regions, uint8_t* dst_dev, cudaStream_t stream);

@@ -359,8 +359,9 @@ bool match_attn_prep(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
     int64_t rows = 0, floats = t * d;  // the cos / sin tables
     for (int k = 0; k < nr; ++k) {
         const Tensor& r = *ropes[k];
-        if (!op_checks::check_rope(r).is_ok() || r.rope_params().n_dims != d || r.src[0]->ne[0] != d ||
-            r.src[0]->ne[2] != t || !same_rope(r, *ropes[0])) {
+        // The fused kernel rotates NeoX halves only.
+        if (!op_checks::check_rope(r).is_ok() || r.rope_params().n_dims != d || r.rope_params().interleaved ||
+            r.src[0]->ne[0] != d || r.src[0]->ne[2] != t || !same_rope(r, *ropes[0])) {
             return false;
         }
         if (nn > 0) {

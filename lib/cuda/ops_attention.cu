@@ -28,7 +28,8 @@
 // registers. Where the output projection is a GEMV, the kernel also writes its result as that GEMV's
 // Q8 activation rows (fusion_plan.h), which saves the projection's quantisation launch.
 //
-// Supported head sizes: D in {32, 64, 96, 128, 256}; K and V of one type (F16 or F32).
+// Supported head sizes: D in {32, 64, 96, 128, 256, 576 (deepseek2's latent attention)}; K and V of one type
+// (F16 or F32).
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -510,10 +511,11 @@ Status launch_d(int64_t d, AttnArgs a, const Plan& plan, int64_t n_head_kv, cuda
         case 96: return launch<96, KV>(a, plan, n_head_kv, stream);
         case 128: return launch<128, KV>(a, plan, n_head_kv, stream);
         case 256: return launch<256, KV>(a, plan, n_head_kv, stream);
+        case 576: return launch<576, KV>(a, plan, n_head_kv, stream);
         default: break;
     }
     return unimplemented("ATTENTION: head size D = " + std::to_string(d) +
-                         " has no CUDA kernel (supported: 32, 64, 96, 128, 256)");
+                         " has no CUDA kernel (supported: 32, 64, 96, 128, 256, 576)");
 }
 
 Status check_inputs(const Tensor& dst) {

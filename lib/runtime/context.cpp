@@ -86,13 +86,23 @@ Status check_weight_types(const moe_context& ctx, const std::vector<Side>& sides
     return Status::ok();
 }
 
-Tensor kv_prototype(const moe_context& ctx) {
-    const HParams& hp = ctx.model->hparams;
-    const int64_t ne[3] = {hp.head_dim, hp.n_head_kv, ctx.params.n_ctx};
+// One layer's K (or V) cache tensor; an architecture without a V cache (deepseek2's latent cache)
+// gets an empty V prototype.
+Tensor kv_prototype(const moe_context& ctx, bool v = false) {
+    const KvLayout layout = kv_layout(ctx.model->hparams);
+    const int64_t ne[3] = {v ? layout.v_row : layout.k_row, v ? layout.v_heads : layout.k_heads, ctx.params.n_ctx};
     Tensor proto;
     set_shape(proto, Type::F16, 3, ne);
     return proto;
 }
+
+// Bytes of one layer's KV cache.
+uint64_t kv_layer_bytes(const moe_context& ctx) {
+    return kv_prototype(ctx).n_bytes() + kv_prototype(ctx, true).n_bytes();
+}
+
+// Cache tensors per layer: K, and V unless the architecture has none.
+int kv_tensors_per_layer(const moe_context& ctx) { return kv_layout(ctx.model->hparams).v_row > 0 ? 2 : 1; }
 
 // Activation arena of the largest ubatch at the deepest position (what the default budget keeps free);
 // split: every expert block built in two parts (the expert split's graphs need more room).
@@ -101,10 +111,9 @@ size_t estimate_arena_bytes(const moe_context& ctx, bool split) {
     std::deque<Tensor> cache;
     KvCache kv;
     kv.n_ctx = ctx.params.n_ctx;
-    const Tensor proto = kv_prototype(ctx);
     for (int il = 0; il < hp.n_layer; ++il) {
-        kv.k.push_back(&cache.emplace_back(proto));
-        kv.v.push_back(&cache.emplace_back(proto));
+        kv.k.push_back(&cache.emplace_back(kv_prototype(ctx)));
+        if (kv_tensors_per_layer(ctx) == 2) kv.v.push_back(&cache.emplace_back(kv_prototype(ctx, true)));
     }
     const int n = std::min(ctx.params.n_ubatch, ctx.params.n_ctx);
     Graph g;
@@ -116,14 +125,14 @@ size_t estimate_arena_bytes(const moe_context& ctx, bool split) {
 // The side of layer il's attention (its KV cache lives there).
 // REQUIRES: the weights are registered with the scheduler.
 Side attention_side(const moe_context& ctx, int il) {
-    return ctx.sched->weight_copies(ctx.weights.layers[static_cast<size_t>(il)].wq)->home;
+    return ctx.sched->weight_copies(attention_anchor(ctx.weights.layers[static_cast<size_t>(il)]))->home;
 }
 
 // The KV cache's buffers, for the attention of each layer on `attention_sides[il]`.
 Status allocate_kv_buffers(moe_context& ctx, const std::vector<Side>& attention_sides) {
-    const size_t per_tensor = kv_prototype(ctx).n_bytes();
+    const size_t per_tensor = kv_prototype(ctx).n_bytes();  // V, where there is one, is as large as K
     size_t count[sched::kSides] = {};
-    for (Side side : attention_sides) count[static_cast<int>(side)] += 2;
+    for (Side side : attention_sides) count[static_cast<int>(side)] += static_cast<size_t>(kv_tensors_per_layer(ctx));
     for (int s = 0; s < sched::kSides; ++s) {
         if (count[s] == 0) continue;
         Backend& be = s == static_cast<int>(Side::DEVICE) ? *ctx.device : *ctx.host;
@@ -138,15 +147,14 @@ Status allocate_kv_buffers(moe_context& ctx, const std::vector<Side>& attention_
 // REQUIRES: the weights are registered with the scheduler, on the sides the buffers were sized for.
 void bind_kv_cache(moe_context& ctx) {
     const HParams& hp = ctx.model->hparams;
-    const Tensor proto = kv_prototype(ctx);
-    const size_t per_tensor = proto.n_bytes();
+    const size_t per_tensor = kv_prototype(ctx).n_bytes();
     size_t used[sched::kSides] = {};
     ctx.kv.n_ctx = ctx.params.n_ctx;
     for (int il = 0; il < hp.n_layer; ++il) {
         const int s = static_cast<int>(attention_side(ctx, il));
-        for (int kv = 0; kv < 2; ++kv) {
+        for (int kv = 0; kv < kv_tensors_per_layer(ctx); ++kv) {
             MOE_ASSERT(ctx.kv_buffer[s] && (used[s] + 1) * per_tensor <= ctx.kv_buffer[s]->size());
-            Tensor& t = ctx.kv_tensors.emplace_back(proto);
+            Tensor& t = ctx.kv_tensors.emplace_back(kv_prototype(ctx, kv == 1));
             t.data = static_cast<uint8_t*>(ctx.kv_buffer[s]->data()) + used[s]++ * per_tensor;
             t.buffer = ctx.kv_buffer[s].get();
             t.name = std::string(kv == 0 ? "cache_k." : "cache_v.") + std::to_string(il);
@@ -203,7 +211,7 @@ StatusOr<std::vector<Side>> decide_sides(const moe_context& ctx, const std::vect
         // reserve; if the weights do not all fit, also less the slots offloaded experts go through and,
         // where the policy may split expert blocks, the split graph's larger activations (a model that
         // fits whole never splits, so it does not pay for them).
-        const uint64_t kv = kv_prototype(ctx).n_bytes() * 2 * static_cast<uint64_t>(hp.n_layer);
+        const uint64_t kv = kv_layer_bytes(ctx) * static_cast<uint64_t>(hp.n_layer);
         const uint64_t arena = estimate_arena_bytes(ctx, false);
         const uint64_t need = kv + arena + kVramReserve;
         const uint64_t free = ctx.device->free_memory();
@@ -259,13 +267,13 @@ uint64_t device_weight_bytes(const moe_context& ctx, const std::vector<Tensor*>&
     return n;
 }
 
-// The side of each layer's attention (that of its wq) with the weights on `sides`.
+// The side of each layer's attention (that of its attention_anchor) with the weights on `sides`.
 std::vector<Side> attention_sides(const moe_context& ctx, const std::vector<Tensor*>& ws, const std::vector<Side>& sides) {
     std::unordered_map<const Tensor*, Side> side_of;
     for (size_t i = 0; i < ws.size(); ++i) side_of[ws[i]] = sides[i];
     std::vector<Side> out;
     for (const LayerWeights& l : ctx.weights.layers) {
-        const auto it = side_of.find(l.wq);
+        const auto it = side_of.find(attention_anchor(l));
         MOE_ASSERT(it != side_of.end());
         out.push_back(it->second);
     }
@@ -317,7 +325,7 @@ StatusOr<std::vector<Side>> place_and_allocate(moe_context& ctx, const std::vect
         // What the attempt needed on the device against what is free now that it is released.
         uint64_t placed = 0, needed = device_weight_bytes(ctx, ws, *sides);
         for (size_t i = 0; i < ws.size(); ++i) placed += (*sides)[i] == Side::DEVICE ? aligned(ws[i]->n_bytes()) : 0;
-        for (Side side : attention_sides(ctx, ws, *sides)) needed += side == Side::DEVICE ? 2 * kv_prototype(ctx).n_bytes() : 0;
+        for (Side side : attention_sides(ctx, ws, *sides)) needed += side == Side::DEVICE ? kv_layer_bytes(ctx) : 0;
         const uint64_t free = ctx.device->free_memory();
         const uint64_t shortfall = needed > free ? needed - free : 1;
         cap = placed > shortfall ? placed - shortfall : 0;

@@ -60,9 +60,16 @@ Tensor* attention(BuildState& s, const LayerWeights& l, int il, Tensor* x) {
     return add_opt(g, g.mul_mat(l.wo, att), l.bo);
 }
 
-Routing route_biased_sigmoid(Graph& g, Tensor* logits, Tensor* bias, int k, bool normalize, float scale) {
+Tensor* limit_groups(Graph& g, Tensor* x, GroupLimit groups, int top_n) {
+    if (groups.n_used >= groups.n_group) return x;
+    return g.group_mask(x, groups.n_group, groups.n_used, top_n);
+}
+
+Routing route_biased_sigmoid(Graph& g, Tensor* logits, Tensor* bias, int k, bool normalize, float scale,
+                             GroupLimit groups) {
     Tensor* scores = g.sigmoid(logits);                        // [n_expert, T]
-    Tensor* ids = g.topk(add_opt(g, scores, bias), k);         // the bias steers the choice only
+    Tensor* choice = limit_groups(g, add_opt(g, scores, bias), groups, 2);
+    Tensor* ids = g.topk(choice, k);                           // the bias steers the choice only
     Tensor* weights = g.norm_scale(g.gather(scores, ids), normalize, scale);
     return {ids, weights};
 }

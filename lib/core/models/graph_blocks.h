@@ -35,7 +35,19 @@ struct Routing {
     Tensor* ids;      // I32 [k, T]
     Tensor* weights;  // F32 [k, T]
 };
-Routing route_biased_sigmoid(Graph& g, Tensor* logits, Tensor* bias, int k, bool normalize, float scale);
+// Group-limited routing (deepseek2): the experts form n_group groups of consecutive experts, and only
+// those of the n_used best groups may be chosen. {1, 1}: no limit.
+struct GroupLimit {
+    int n_group = 1;
+    int n_used = 1;
+};
+// x [n_expert, T] with the entries outside each token's best groups set to -inf (a group scores the sum
+// of its top_n entries); x itself when `groups` sets no limit.
+Tensor* limit_groups(Graph& g, Tensor* x, GroupLimit groups, int top_n);
+
+// With a group limit, the biased scores choose the groups too, each scored by its two best (DeepSeek-V3).
+Routing route_biased_sigmoid(Graph& g, Tensor* logits, Tensor* bias, int k, bool normalize, float scale,
+                             GroupLimit groups = {});
 
 // A SwiGLU feed-forward block: down (silu(gate x) * up x). The leading dense layers and the shared
 // experts are this block.
@@ -60,5 +72,10 @@ void output_logits(Graph& g, const HParams& hp, const ModelWeights& w, Tensor* c
 // state. split_layers as build_model_graph's (the leading dense layers have no expert block to split).
 Tensor* glm4moe_layers(BuildState& s, const ModelWeights& w, const UbatchGraph& out,
                        const std::vector<uint8_t>& split_layers, Tensor* cur);
+
+// The layers of a deepseek2 model (graph_deepseek2.cpp) on the embeddings cur; returns the last
+// hidden state. split_layers as build_model_graph's.
+Tensor* deepseek2_layers(BuildState& s, const ModelWeights& w, const UbatchGraph& out,
+                         const std::vector<uint8_t>& split_layers, Tensor* cur);
 
 }  // namespace moe::blocks

@@ -98,10 +98,10 @@ Status read_rope_scaling(const GgufFile& f, const std::string& a, HParams& hp) {
     if (f.find(type_key) != nullptr) {
         MOE_ASSIGN_OR_RETURN(type, f.get_string(type_key));
     }
-    const bool yarn = type == "yarn" && hp.arch == Arch::GPT_OSS;
+    const bool yarn = type == "yarn" && (hp.arch == Arch::GPT_OSS || hp.arch == Arch::DEEPSEEK2);
     auto refuse = [&](const std::string& key, const std::string& value) {
         return unimplemented("metadata '" + key + "' = " + value + ": RoPE scaling '" + type +
-                             "' is not implemented for " + hp.arch_name + " (only YaRN, for gpt-oss)");
+                             "' is not implemented for " + hp.arch_name + " (only YaRN, for gpt-oss and deepseek2)");
     };
     if (!yarn && type != "none" && type != "linear") return refuse(type_key, "'" + type + "'");
     MOE_RETURN_IF_ERROR(read_real(f, factor_key, 1.0, false, &hp.rope_yarn_factor));
@@ -136,6 +136,93 @@ Status read_head_dim(const GgufFile& f, const std::string& a, HParams& hp) {
         }
     }
     return Status::ok();
+}
+
+// deepseek2: MLA head sizes, leading dense layers, shared experts, routing, YaRN's attention scale.
+// Files converted since llama.cpp split attn_kv_b into attn_k_b / attn_v_b give key_length =
+// kv_lora_rank + rope dims and value_length = kv_lora_rank (the latent attention's sizes) and the
+// per-head sizes in key_length_mla / value_length_mla; older files give the per-head sizes in
+// key_length / value_length. Either way head_dim / head_dim_v here are the per-head sizes.
+Status read_deepseek2(const GgufFile& f, const std::string& a, HParams& hp) {
+    MOE_RETURN_IF_ERROR(read_count(f, a + "attention.kv_lora_rank", true, &hp.kv_lora_rank));
+    MOE_RETURN_IF_ERROR(read_count(f, a + "attention.q_lora_rank", false, &hp.q_lora_rank));
+    MOE_RETURN_IF_ERROR(read_count(f, a + "rope.dimension_count", true, &hp.rope_dims));
+    const std::string key_length = a + "attention.key_length", value_length = a + "attention.value_length";
+    int k_len = 0, v_len = 0;
+    MOE_RETURN_IF_ERROR(read_count(f, key_length, true, &k_len));
+    MOE_RETURN_IF_ERROR(read_count(f, value_length, true, &v_len));
+    const std::string k_mla = a + "attention.key_length_mla", v_mla = a + "attention.value_length_mla";
+    const bool mla_keys = f.find(k_mla) != nullptr || f.find(v_mla) != nullptr;
+    std::string head_key = key_length;
+    hp.head_dim = k_len;
+    hp.head_dim_v = v_len;
+    if (mla_keys) {
+        MOE_RETURN_IF_ERROR(read_count(f, k_mla, true, &hp.head_dim));
+        MOE_RETURN_IF_ERROR(read_count(f, v_mla, true, &hp.head_dim_v));
+        head_key = k_mla;
+        if (k_len != hp.kv_lora_rank + hp.rope_dims) {
+            return bad_value(key_length, std::to_string(k_len),
+                             "must be " + a + "attention.kv_lora_rank + " + a + "rope.dimension_count (" +
+                                 std::to_string(hp.kv_lora_rank + hp.rope_dims) + ") in a file with " + k_mla);
+        }
+        if (v_len != hp.kv_lora_rank) {
+            return bad_value(value_length, std::to_string(v_len),
+                             "must be " + a + "attention.kv_lora_rank (" + std::to_string(hp.kv_lora_rank) +
+                                 ") in a file with " + v_mla);
+        }
+    }
+    if (hp.rope_dims % 2 != 0 || hp.rope_dims >= hp.head_dim) {
+        return bad_value(a + "rope.dimension_count", std::to_string(hp.rope_dims),
+                         "must be even and less than " + head_key + " (" + std::to_string(hp.head_dim) + ")");
+    }
+    if (hp.n_head_kv != 1 && hp.n_head_kv != hp.n_head) {
+        return bad_value(a + "attention.head_count_kv", std::to_string(hp.n_head_kv),
+                         "must be 1 or " + a + "attention.head_count (" + std::to_string(hp.n_head) + ")");
+    }
+
+    MOE_RETURN_IF_ERROR(read_count(f, a + "feed_forward_length", false, &hp.n_ff));
+    if (f.find(a + "leading_dense_block_count") != nullptr) {
+        MOE_ASSIGN_OR_RETURN(const int64_t lead, f.get_int(a + "leading_dense_block_count"));
+        if (lead < 0 || lead > hp.n_layer) {
+            return bad_value(a + "leading_dense_block_count", std::to_string(lead),
+                             "must be in [0, " + a + "block_count (" + std::to_string(hp.n_layer) + ")]");
+        }
+        hp.n_layer_dense_lead = static_cast<int>(lead);
+    }
+    if (hp.n_layer_dense_lead > 0 && hp.n_ff == 0) return missing(a + "feed_forward_length");
+    MOE_RETURN_IF_ERROR(read_count(f, a + "expert_shared_count", true, &hp.n_expert_shared));
+    if (f.find(a + "expert_weights_norm") != nullptr) {
+        MOE_ASSIGN_OR_RETURN(const int64_t norm, f.get_int(a + "expert_weights_norm"));
+        hp.expert_weights_norm = norm != 0;
+    }
+    MOE_RETURN_IF_ERROR(read_real(f, a + "expert_weights_scale", 0.0, true, &hp.expert_weights_scale));
+    if (f.find(a + "expert_gating_func") != nullptr) {
+        // llama.cpp's llama_expert_gating_func_type; files from before the key are softmax (V2).
+        MOE_ASSIGN_OR_RETURN(const int64_t func, f.get_int(a + "expert_gating_func"));
+        if (func != 1 && func != 2) {
+            return bad_value(a + "expert_gating_func", std::to_string(func), "must be 1 (softmax) or 2 (sigmoid)");
+        }
+        hp.expert_gating_sigmoid = func == 2;
+    }
+    MOE_RETURN_IF_ERROR(read_count(f, a + "expert_group_count", false, &hp.n_expert_group));
+    MOE_RETURN_IF_ERROR(read_count(f, a + "expert_group_used_count", false, &hp.n_expert_group_used));
+    if (hp.n_expert % hp.n_expert_group != 0) {
+        return bad_value(a + "expert_group_count", std::to_string(hp.n_expert_group),
+                         "does not divide " + a + "expert_count (" + std::to_string(hp.n_expert) + ")");
+    }
+    if (hp.n_expert_group_used > hp.n_expert_group) {
+        return bad_value(a + "expert_group_used_count", std::to_string(hp.n_expert_group_used),
+                         "exceeds " + a + "expert_group_count (" + std::to_string(hp.n_expert_group) + ")");
+    }
+    const int64_t selectable = int64_t{hp.n_expert_group_used} * (hp.n_expert / hp.n_expert_group);
+    if (hp.n_expert_used > selectable) {
+        return bad_value(a + "expert_used_count", std::to_string(hp.n_expert_used),
+                         "exceeds the " + std::to_string(selectable) + " experts of the " +
+                             std::to_string(hp.n_expert_group_used) + " groups a token may use");
+    }
+    MOE_RETURN_IF_ERROR(read_real(f, a + "rope.scaling.yarn_log_multiplier", 0.0, false, &hp.rope_yarn_log_mul));
+    MOE_RETURN_IF_ERROR(read_real(f, a + "rope.scaling.yarn_beta_fast", 0.0, true, &hp.rope_yarn_beta_fast));
+    return read_real(f, a + "rope.scaling.yarn_beta_slow", 0.0, true, &hp.rope_yarn_beta_slow);
 }
 
 // glm4moe (GLM-4.5 / 4.6 / 4.5-Air; llama.cpp's llama_model_glm4_moe): one head size for keys and values,
@@ -227,11 +314,13 @@ StatusOr<HParams> read_hparams(const GgufFile& f) {
         hp.arch = Arch::QWEN3MOE;
     } else if (hp.arch_name == "gpt-oss") {
         hp.arch = Arch::GPT_OSS;
+    } else if (hp.arch_name == "deepseek2") {
+        hp.arch = Arch::DEEPSEEK2;
     } else if (hp.arch_name == "glm4moe") {
         hp.arch = Arch::GLM4MOE;
     } else {
         return unimplemented("general.architecture: '" + hp.arch_name +
-                             "' is not supported (supported: qwen3moe, gpt-oss, glm4moe)");
+                             "' is not supported (supported: qwen3moe, gpt-oss, deepseek2, glm4moe)");
     }
     if (const GgufValue* v = f.find("general.name"); v && v->type == GgufValueType::STRING) hp.name = v->s;
 
@@ -252,7 +341,9 @@ StatusOr<HParams> read_hparams(const GgufFile& f) {
         return bad_value(a + "expert_used_count", std::to_string(hp.n_expert_used),
                          "exceeds " + a + "expert_count (" + std::to_string(hp.n_expert) + ")");
     }
-    if (hp.arch == Arch::GLM4MOE) {
+    if (hp.arch == Arch::DEEPSEEK2) {
+        MOE_RETURN_IF_ERROR(read_deepseek2(f, a, hp));
+    } else if (hp.arch == Arch::GLM4MOE) {
         MOE_RETURN_IF_ERROR(read_glm4moe(f, a, hp));
     } else {
         MOE_RETURN_IF_ERROR(read_head_dim(f, a, hp));

@@ -8,7 +8,7 @@
 
 namespace moe {
 
-enum class Arch { QWEN3MOE, GPT_OSS, GLM4MOE };
+enum class Arch { QWEN3MOE, GPT_OSS, DEEPSEEK2, GLM4MOE };
 
 struct HParams {
     Arch arch = Arch::QWEN3MOE;
@@ -37,6 +37,17 @@ struct HParams {
     bool expert_weights_norm = false;  // the top-k weights divided by their sum
     float expert_weights_scale = 1.0f; // then times this
     int n_nextn_layer = 0;             // nextn_predict_layers: trailing MTP layers of the file, not run
+    // deepseek2: routing and multi-head latent attention (MLA). head_dim is the query/key head size
+    // (qk_nope + qk_rope, key_length_mla), rope_dims the rope part of it (qk_rope).
+    bool expert_gating_sigmoid = false;  // expert_gating_func 2 (V3, Kimi-K2); else softmax (V2)
+    int n_expert_group = 1;              // expert_group_count: top-k only within the best groups
+    int n_expert_group_used = 1;         // expert_group_used_count
+    int q_lora_rank = 0;                 // attention.q_lora_rank; 0 = a plain attn_q (V2-Lite)
+    int kv_lora_rank = 0;                // attention.kv_lora_rank: the cached latent's size
+    int head_dim_v = 0;                  // value head size (value_length_mla)
+    float rope_yarn_log_mul = 0.0f;      // rope.scaling.yarn_log_multiplier (0.1 * HF mscale_all_dim)
+    float rope_yarn_beta_fast = 32.0f;   // rope.scaling.yarn_beta_fast
+    float rope_yarn_beta_slow = 1.0f;    // rope.scaling.yarn_beta_slow
 };
 
 // Reads and validates every hyper-parameter, so that a bad file fails at load rather than at the

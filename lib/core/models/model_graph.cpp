@@ -23,7 +23,28 @@ Tensor* build_moe(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* group
     return blocks::routed_experts(s, l, x, ids, weights, groups);
 }
 
+// qwen3moe and gpt-oss: pre-norm attention and pre-norm MoE in every layer.
+Tensor* moe_layers(BuildState& s, const ModelWeights& w, const UbatchGraph& out, const std::vector<uint8_t>& split_layers,
+                   Tensor* cur) {
+    Graph& g = s.g;
+    const HParams& hp = s.hp;
+    for (int il = 0; il < hp.n_layer; ++il) {
+        g.set_layer(il);
+        const LayerWeights& l = w.layers[static_cast<size_t>(il)];
+        cur = g.add(cur, blocks::attention(s, l, il, g.rms_norm(cur, l.attn_norm, hp.rms_eps)));
+        Tensor* groups = blocks::layer_groups(g, out, split_layers, il);
+        cur = g.add(cur, build_moe(s, l, g.rms_norm(cur, l.ffn_norm, hp.rms_eps), groups));
+    }
+    g.set_layer(-1);
+    return cur;
+}
+
 }  // namespace
+
+KvLayout kv_layout(const HParams& hp) {
+    if (hp.arch == Arch::DEEPSEEK2) return {hp.kv_lora_rank + hp.rope_dims, 1, 0, 0};
+    return {hp.head_dim, hp.n_head_kv, hp.head_dim, hp.n_head_kv};
+}
 
 RopeParams rope_params_for(const HParams& hp) {
     RopeParams p;
@@ -49,19 +70,13 @@ UbatchGraph build_model_graph(Graph& g, const HParams& hp, const ModelWeights& w
     if (any_split) out.expert_groups = g.input(Type::I32, {hp.n_expert, hp.n_layer}, "expert_groups");
 
     Tensor* cur = g.get_rows(w.tok_embd, out.tokens);  // [E, T]
-    if (hp.arch == Arch::GLM4MOE) {
+    if (hp.arch == Arch::DEEPSEEK2) {
+        cur = blocks::deepseek2_layers(s, w, out, split_layers, cur);
+    } else if (hp.arch == Arch::GLM4MOE) {
         cur = blocks::glm4moe_layers(s, w, out, split_layers, cur);
-        blocks::output_logits(g, hp, w, cur, n_tokens, logits, out);
-        return out;
+    } else {
+        cur = moe_layers(s, w, out, split_layers, cur);
     }
-    for (int il = 0; il < hp.n_layer; ++il) {
-        g.set_layer(il);
-        const LayerWeights& l = w.layers[static_cast<size_t>(il)];
-        cur = g.add(cur, blocks::attention(s, l, il, g.rms_norm(cur, l.attn_norm, hp.rms_eps)));
-        Tensor* groups = blocks::layer_groups(g, out, split_layers, il);
-        cur = g.add(cur, build_moe(s, l, g.rms_norm(cur, l.ffn_norm, hp.rms_eps), groups));
-    }
-    g.set_layer(-1);
     blocks::output_logits(g, hp, w, cur, n_tokens, logits, out);
     return out;
 }

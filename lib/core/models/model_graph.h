@@ -25,6 +25,11 @@ struct LayerWeights {
     Tensor* exp_probs_b = nullptr;  // sigmoid routers (glm4moe, deepseek2): the experts' selection bias [n_expert]
     Tensor *up_shexp = nullptr, *gate_shexp = nullptr, *down_shexp = nullptr;  // shared experts (dense)
     Tensor *ffn_up = nullptr, *ffn_gate = nullptr, *ffn_down = nullptr;        // a leading dense layer's FFN
+    // deepseek2 multi-head latent attention: q through a LoRA (wq_a, q_a_norm, wq_b) or wq; the latent and
+    // the rope key from wkv_a; the per-head up-projections of the latent as wk_b / wv_b (split files)
+    // or wkv_b (older files).
+    Tensor *wq_a = nullptr, *q_a_norm = nullptr, *wq_b = nullptr;
+    Tensor *wkv_a = nullptr, *kv_a_norm = nullptr, *wk_b = nullptr, *wv_b = nullptr, *wkv_b = nullptr;
 };
 
 struct ModelWeights {
@@ -41,7 +46,9 @@ using WeightLookup = std::function<Tensor*(const std::string& name)>;
 // wrong shape or type -> DATA_CORRUPT naming the tensor, the expected and the actual shape.
 StatusOr<ModelWeights> bind_weights(const HParams& hp, const WeightLookup& lookup);
 
-// The KV cache the graphs read and write: per layer K and V of shape [head_dim, n_head_kv, n_ctx].
+// The KV cache the graphs read and write: per layer K and V of shape [head_dim, n_head_kv, n_ctx];
+// deepseek2 keeps per layer only K = [kv_lora_rank + rope dims, 1, n_ctx] (the latent and the rope key,
+// which the absorbed attention reads as both its keys and its values), and v is empty.
 struct KvCache {
     std::vector<Tensor*> k;
     std::vector<Tensor*> v;
@@ -71,5 +78,14 @@ UbatchGraph build_model_graph(Graph& g, const HParams& hp, const ModelWeights& w
 
 // The RoPE parameters of an architecture.
 RopeParams rope_params_for(const HParams& hp);
+
+// The shape of one layer's K and V cache rows: [row, heads] each; a V row of 0 means no V cache.
+struct KvLayout {
+    int64_t k_row, k_heads, v_row, v_heads;
+};
+KvLayout kv_layout(const HParams& hp);
+
+// The weight whose placement decides where layer l's attention (and its KV cache) runs.
+inline Tensor* attention_anchor(const LayerWeights& l) { return l.wq != nullptr ? l.wq : l.wq_a; }
 
 }  // namespace moe

@@ -145,14 +145,17 @@ Status synth_write(const std::string& path, const moe_synth_params& p) {
     MOE_ASSIGN_OR_RETURN(const Config c, synth::resolve_config(p));
     if (path.empty()) return invalid_argument("path: must not be empty");
 
-    std::vector<TensorSpec> tensors = c.arch == Arch::GPT_OSS   ? synth::gpt_oss_tensors(c)
-                                      : c.arch == Arch::GLM4MOE ? synth::glm4moe_tensors(c)
-                                                                : synth::qwen3moe_tensors(c);
+    std::vector<TensorSpec> tensors = c.arch == Arch::GPT_OSS     ? synth::gpt_oss_tensors(c)
+                                      : c.arch == Arch::DEEPSEEK2 ? synth::deepseek2_tensors(c)
+                                      : c.arch == Arch::GLM4MOE   ? synth::glm4moe_tensors(c)
+                                                                  : synth::qwen3moe_tensors(c);
     synth::apply_recipe(c, tensors);
     GgufWriter w;
     synth::common_metadata(w, c);
     if (c.arch == Arch::GPT_OSS) {
         synth::gpt_oss_metadata(w, c);
+    } else if (c.arch == Arch::DEEPSEEK2) {
+        synth::deepseek2_metadata(w, c);
     } else if (c.arch == Arch::GLM4MOE) {
         synth::glm4moe_metadata(w, c);
     } else {

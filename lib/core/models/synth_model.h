@@ -18,6 +18,25 @@ namespace moe::synth {
 // A mix of types by tensor role (synth_recipes.cpp); NONE: experts expert_type, the rest dense_type.
 enum class Recipe { NONE, Q4_K_M, Q5_K_M, Q3_K_XL, IQ4_XS };
 
+// deepseek2's shape beyond the common fields (a preset's; synth_deepseek2.cpp).
+struct Deepseek2Shape {
+    int q_lora_rank = 0;  // 0: a plain attn_q
+    int kv_lora_rank = 0;
+    int rope_dims = 0;    // of head_dim (qk_nope + qk_rope)
+    int head_dim_v = 0;
+    int n_layer_dense_lead = 0;
+    int n_ff = 0;         // the dense layers' FFN
+    int n_expert_shared = 0;
+    int n_expert_group = 1;
+    int n_expert_group_used = 1;
+    bool gating_sigmoid = false;
+    bool weights_norm = false;
+    float weights_scale = 1.0f;
+    float yarn_log_mul = 0.0f;
+    float yarn_beta_fast = 32.0f;
+    float yarn_beta_slow = 1.0f;
+};
+
 // glm4moe's shape beyond the common fields (a preset's; synth_glm4moe.cpp).
 struct Glm4moeShape {
     int rope_dims = 0;  // of head_dim (partial rotary)
@@ -55,6 +74,7 @@ struct Config {
     Recipe recipe = Recipe::NONE;  // overrides expert_type and dense_type by role
     uint64_t seed = 0;
     float routing_skew = 0.0f;
+    Deepseek2Shape ds;  // deepseek2 only
     Glm4moeShape glm;   // glm4moe only
 };
 
@@ -93,6 +113,12 @@ std::vector<TensorSpec> qwen3moe_tensors(const Config& c);
 void qwen3moe_metadata(GgufWriter& w, const Config& c);
 std::vector<TensorSpec> gpt_oss_tensors(const Config& c);
 void gpt_oss_metadata(GgufWriter& w, const Config& c);
+std::vector<TensorSpec> deepseek2_tensors(const Config& c);
+void deepseek2_metadata(GgufWriter& w, const Config& c);
+// The deepseek2 shape of `preset`; false for a preset that has none.
+bool deepseek2_shape(std::string_view preset, Deepseek2Shape* out);
+// Leading dense layers of a model of n_layer layers of a preset of preset_layers layers.
+int deepseek2_dense_layers(const Deepseek2Shape& s, int preset_layers, int n_layer);
 
 std::vector<TensorSpec> glm4moe_tensors(const Config& c);
 void glm4moe_metadata(GgufWriter& w, const Config& c);

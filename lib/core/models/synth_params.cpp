@@ -33,6 +33,12 @@ constexpr Preset kPresets[] = {
     {"gpt-oss",  "gpt-oss-20b",    24, 2880, 201088, 64, 8, 64,  32,  4,  2880, 131072, 128, 150000.f, 1e-5f, 32.0f, 4096},
     {"gpt-oss",  "gpt-oss-120b",   36, 2880, 201088, 64, 8, 64,  128, 4,  2880, 131072, 128, 150000.f, 1e-5f, 32.0f, 4096},
     {"gpt-oss",  "tiny",           2,  64,   512,    4,  2, 16,  8,   2,  64,  131072, 8,   150000.f, 1e-5f, 32.0f, 4096},
+    // deepseek2: head_dim is qk_nope + qk_rope (192); the MLA shape is in synth_deepseek2.cpp.
+    {"deepseek2", "deepseek-v3",      61, 7168, 129280, 128, 1, 192, 256, 8, 2048, 163840, 0, 10000.f, 1e-6f, 40.0f, 4096},
+    {"deepseek2", "kimi-k2",          61, 7168, 163840, 64,  1, 192, 384, 8, 2048, 131072, 0, 50000.f, 1e-6f, 32.0f, 4096},
+    {"deepseek2", "deepseek-v2-lite", 27, 2048, 102400, 16,  1, 192, 64,  6, 1408, 163840, 0, 10000.f, 1e-6f, 40.0f, 4096},
+    {"deepseek2", "tiny",             3,  64,   512,    4,   1, 64,  16,  4, 32,   163840, 0, 10000.f, 1e-6f, 40.0f, 4096},
+    {"deepseek2", "tiny-lite",        3,  64,   512,    4,   1, 64,  16,  4, 32,   163840, 0, 10000.f, 1e-6f, 40.0f, 4096},
     // glm4moe: partial rotary, dense and shared-expert shapes in synth_glm4moe.cpp.
     {"glm4moe",  "glm-4.5-air",    46, 4096, 151552, 96, 8, 128, 128, 8, 1408, 131072, 0,   1.0e6f,  1e-5f, 0.0f,  0},
     {"glm4moe",  "glm-4.5",        92, 5120, 151552, 96, 8, 128, 160, 8, 1536, 131072, 0,   1.0e6f,  1e-5f, 0.0f,  0},
@@ -41,7 +47,15 @@ constexpr Preset kPresets[] = {
 };
 
 constexpr const char* kDefaultPreset[][2] = {
-    {"qwen3moe", "qwen3-30b-a3b"}, {"gpt-oss", "gpt-oss-20b"}, {"glm4moe", "glm-4.5-air"}};
+    {"qwen3moe", "qwen3-30b-a3b"}, {"gpt-oss", "gpt-oss-20b"}, {"deepseek2", "deepseek-v3"}, {"glm4moe", "glm-4.5-air"}};
+
+// "qwen3moe, gpt-oss or ...": the architectures, for error messages.
+std::string arch_names() {
+    std::string s;
+    const size_t n = std::size(kDefaultPreset);
+    for (size_t i = 0; i < n; ++i) s += std::string(i == 0 ? "" : i + 1 == n ? " or " : ", ") + kDefaultPreset[i][0];
+    return s;
+}
 
 // The smallest vocabulary of the synthetic tokenizer: <unk>, <s>, </s> and the 256 byte tokens.
 constexpr int kMinVocab = 3 + 256;
@@ -116,6 +130,40 @@ Status check_block(const char* type_field, Type type, const char* dim_field, int
     return Status::ok();
 }
 
+// deepseek2: the preset's MLA and routing shape, its dense layers scaled to n_layer, and the checks
+// its extra dimensions need.
+Status resolve_deepseek2(const Preset& pr, synth::Config& c) {
+    const bool found = synth::deepseek2_shape(pr.name, &c.ds);
+    MOE_ASSERT(found);
+    c.ds.n_layer_dense_lead = synth::deepseek2_dense_layers(c.ds, pr.n_layer, c.n_layer);
+    if (c.head_dim <= c.ds.rope_dims) {
+        return invalid_argument("head_dim: " + std::to_string(c.head_dim) + " must exceed the preset's " +
+                                std::to_string(c.ds.rope_dims) + " rope dims (deepseek2: qk_nope + qk_rope)");
+    }
+    if (c.n_head_kv != 1) {
+        return invalid_argument("n_head_kv: " + std::to_string(c.n_head_kv) +
+                                " must be 1 for deepseek2 (its latent attention has one KV head)");
+    }
+    const int64_t group_size = c.n_expert / c.ds.n_expert_group;
+    if (c.n_expert % c.ds.n_expert_group != 0 || c.n_expert_used > group_size * c.ds.n_expert_group_used) {
+        return invalid_argument("n_expert: " + std::to_string(c.n_expert) + " with n_expert_used " +
+                                std::to_string(c.n_expert_used) + " does not fit the preset's " +
+                                std::to_string(c.ds.n_expert_group) + " expert groups (" +
+                                std::to_string(c.ds.n_expert_group_used) + " used per token)");
+    }
+    if (c.recipe == synth::Recipe::NONE) {
+        const int64_t dense_rows[][2] = {{c.ds.q_lora_rank, 0}, {c.ds.kv_lora_rank, 1}, {c.head_dim - c.ds.rope_dims, 2},
+                                         {int64_t{c.n_head} * c.ds.head_dim_v, 3}, {c.ds.n_ff, 4},
+                                         {int64_t{c.n_ff_expert} * c.ds.n_expert_shared, 5}};
+        const char* what[] = {"q_lora_rank (preset)", "kv_lora_rank (preset)", "head_dim - rope dims",
+                              "n_head * value head size", "n_ff (preset)", "n_ff_expert * shared experts"};
+        for (const auto& r : dense_rows) {
+            if (r[0] > 0) MOE_RETURN_IF_ERROR(check_block("dense_type", c.dense_type, what[r[1]], r[0]));
+        }
+    }
+    return Status::ok();
+}
+
 // glm4moe: the preset's dense, shared-expert and rotary shape, its dense layers scaled to n_layer.
 Status resolve_glm4moe(const Preset& pr, synth::Config& c) {
     const bool found = synth::glm4moe_shape(pr.name, &c.glm);
@@ -139,7 +187,7 @@ Status synth_params_init(moe_synth_params* p, const char* arch) {
     if (p == nullptr) return invalid_argument("params: must not be NULL");
     const char* a = canonical_arch(arch != nullptr ? arch : "qwen3moe");
     if (a == nullptr) {
-        return invalid_argument(std::string("architecture: unknown '") + arch + "' (expected qwen3moe, gpt-oss or glm4moe)");
+        return invalid_argument(std::string("architecture: unknown '") + arch + "' (expected " + arch_names() + ")");
     }
     std::memset(p, 0, sizeof *p);
     p->struct_size = sizeof *p;
@@ -168,7 +216,7 @@ StatusOr<Config> resolve_config(const moe_synth_params& given) {
     moe_synth_params p;
     const char* arch_in = given.architecture != nullptr ? given.architecture : "qwen3moe";
     if (canonical_arch(arch_in) == nullptr) {
-        return invalid_argument(std::string("architecture: unknown '") + arch_in + "' (expected qwen3moe, gpt-oss or glm4moe)");
+        return invalid_argument(std::string("architecture: unknown '") + arch_in + "' (expected " + arch_names() + ")");
     }
     MOE_RETURN_IF_ERROR(synth_params_init(&p, arch_in));
     std::memcpy(&p, &given, std::min<size_t>(given.struct_size, sizeof p));
@@ -181,7 +229,10 @@ StatusOr<Config> resolve_config(const moe_synth_params& given) {
 
     Config c;
     c.arch_name = p.architecture;
-    c.arch = c.arch_name == "gpt-oss" ? Arch::GPT_OSS : c.arch_name == "glm4moe" ? Arch::GLM4MOE : Arch::QWEN3MOE;
+    c.arch = c.arch_name == "gpt-oss"     ? Arch::GPT_OSS
+             : c.arch_name == "deepseek2" ? Arch::DEEPSEEK2
+             : c.arch_name == "glm4moe"   ? Arch::GLM4MOE
+                                          : Arch::QWEN3MOE;
     const Preset* pr = find_preset(c.arch_name, p.preset);
     if (pr == nullptr) {
         return invalid_argument(std::string("preset: unknown '") + p.preset + "' for architecture '" + c.arch_name +
@@ -245,6 +296,7 @@ StatusOr<Config> resolve_config(const moe_synth_params& given) {
     if (!std::isfinite(c.routing_skew) || c.routing_skew < 0.0f || c.routing_skew >= 1.0f) {
         return invalid_argument("routing_skew: " + std::to_string(c.routing_skew) + " is outside [0, 1)");
     }
+    if (c.arch == Arch::DEEPSEEK2) MOE_RETURN_IF_ERROR(resolve_deepseek2(*pr, c));
     if (c.arch == Arch::GLM4MOE) MOE_RETURN_IF_ERROR(resolve_glm4moe(*pr, c));
     return c;
 }

@@ -86,7 +86,8 @@ void fill_rows(const Config& c, const TensorSpec& t, const std::vector<int>& ran
     Stream s(stream_seed(c.seed, t.name, static_cast<uint64_t>(row0 / chunk_rows(t))));
     // qwen3moe has no router bias: channel 0 of every token embedding is a constant 1, and router
     // row e holds expert e's skew offset in that channel, so the router adds it to every token's logit.
-    const bool bias_channel = c.arch == Arch::QWEN3MOE;
+    // So has deepseek2 with softmax routing (its sigmoid routers carry the skew in exp_probs_b).
+    const bool bias_channel = c.arch == Arch::QWEN3MOE || (c.arch == Arch::DEEPSEEK2 && !c.ds.gating_sigmoid);
 
     switch (t.init) {
         case Init::UNIFORM: {

@@ -50,6 +50,54 @@ private:
     const WeightLookup& lookup_;
 };
 
+// deepseek2 (llama.cpp's llama_model_deepseek2::load_arch_tensors): MLA attention, then a dense FFN in
+// the leading layers, routed plus shared experts in the others.
+Status bind_deepseek2_layer(const HParams& hp, Binder& b, int il, LayerWeights& l) {
+    const int64_t E = hp.n_embd, H = hp.n_head, Dk = hp.head_dim, Dv = hp.head_dim_v, R = hp.rope_dims;
+    const int64_t C = hp.kv_lora_rank, Q = hp.q_lora_rank, X = hp.n_expert, F = hp.n_ff_expert;
+    const std::string p = "blk." + std::to_string(il) + ".";
+    MOE_RETURN_IF_ERROR(b.get(p + "attn_norm.weight", {E}, Kind::FLOAT_VECTOR, &l.attn_norm));
+    if (Q > 0) {
+        MOE_RETURN_IF_ERROR(b.get(p + "attn_q_a.weight", {E, Q}, Kind::MATRIX, &l.wq_a));
+        MOE_RETURN_IF_ERROR(b.get(p + "attn_q_a_norm.weight", {Q}, Kind::FLOAT_VECTOR, &l.q_a_norm));
+        MOE_RETURN_IF_ERROR(b.get(p + "attn_q_b.weight", {Q, H * Dk}, Kind::MATRIX, &l.wq_b));
+    } else {
+        MOE_RETURN_IF_ERROR(b.get(p + "attn_q.weight", {E, H * Dk}, Kind::MATRIX, &l.wq));
+    }
+    MOE_RETURN_IF_ERROR(b.get(p + "attn_kv_a_mqa.weight", {E, C + R}, Kind::MATRIX, &l.wkv_a));
+    MOE_RETURN_IF_ERROR(b.get(p + "attn_kv_a_norm.weight", {C}, Kind::FLOAT_VECTOR, &l.kv_a_norm));
+    MOE_RETURN_IF_ERROR(b.get(p + "attn_k_b.weight", {Dk - R, C, H}, Kind::MATRIX, &l.wk_b, true));
+    if (l.wk_b == nullptr) {
+        // Files converted before llama.cpp split it hold the joint up-projection only.
+        MOE_RETURN_IF_ERROR(b.get(p + "attn_kv_b.weight", {C, H * (Dk - R + Dv)}, Kind::MATRIX, &l.wkv_b, true));
+        if (l.wkv_b == nullptr) {
+            return not_found("model is missing tensor '" + p + "attn_k_b.weight' (or the older '" + p +
+                             "attn_kv_b.weight')");
+        }
+        return unimplemented("tensor '" + p + "attn_kv_b.weight': files with the joint K/V up-projection are not " +
+                             "supported yet; convert the model with a llama.cpp from after the attn_k_b / attn_v_b " +
+                             "split (2025-04)");
+    }
+    MOE_RETURN_IF_ERROR(b.get(p + "attn_v_b.weight", {C, Dv, H}, Kind::MATRIX, &l.wv_b));
+    MOE_RETURN_IF_ERROR(b.get(p + "attn_output.weight", {H * Dv, E}, Kind::MATRIX, &l.wo));
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_norm.weight", {E}, Kind::FLOAT_VECTOR, &l.ffn_norm));
+    if (il < hp.n_layer_dense_lead) {
+        const int64_t FF = hp.n_ff;
+        MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate.weight", {E, FF}, Kind::MATRIX, &l.ffn_gate));
+        MOE_RETURN_IF_ERROR(b.get(p + "ffn_up.weight", {E, FF}, Kind::MATRIX, &l.ffn_up));
+        return b.get(p + "ffn_down.weight", {FF, E}, Kind::MATRIX, &l.ffn_down);
+    }
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_inp.weight", {E, X}, Kind::MATRIX, &l.router));
+    MOE_RETURN_IF_ERROR(b.get(p + "exp_probs_b.bias", {X}, Kind::FLOAT_VECTOR, &l.exp_probs_b, true));
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_up_exps.weight", {E, F, X}, Kind::MATRIX, &l.up_exps));
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_exps.weight", {E, F, X}, Kind::MATRIX, &l.gate_exps));
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_down_exps.weight", {F, E, X}, Kind::MATRIX, &l.down_exps));
+    const int64_t S = F * hp.n_expert_shared;
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_shexp.weight", {E, S}, Kind::MATRIX, &l.gate_shexp));
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_up_shexp.weight", {E, S}, Kind::MATRIX, &l.up_shexp));
+    return b.get(p + "ffn_down_shexp.weight", {S, E}, Kind::MATRIX, &l.down_shexp);
+}
+
 // glm4moe (llama.cpp's llama_model_glm4_moe::load_arch_tensors): attention with q/k/v biases and, in
 // GLM-4.5 (not Air), per-head q/k norms; then a dense FFN in the leading layers, routed experts with the
 // selection bias plus the shared experts in the others. The trailing NextN layers are not bound.
@@ -103,6 +151,12 @@ StatusOr<ModelWeights> bind_weights(const HParams& hp, const WeightLookup& looku
     MOE_RETURN_IF_ERROR(b.get("output_norm.weight", {E}, Kind::FLOAT_VECTOR, &w.output_norm));
     MOE_RETURN_IF_ERROR(b.get("output.weight", {E, V}, Kind::MATRIX, &w.output));
     w.layers.resize(static_cast<size_t>(hp.n_layer));
+    if (hp.arch == Arch::DEEPSEEK2) {
+        for (int il = 0; il < hp.n_layer; ++il) {
+            MOE_RETURN_IF_ERROR(bind_deepseek2_layer(hp, b, il, w.layers[static_cast<size_t>(il)]));
+        }
+        return w;
+    }
     if (hp.arch == Arch::GLM4MOE) {
         for (int il = 0; il < hp.n_layer; ++il) {
             MOE_RETURN_IF_ERROR(bind_glm4moe_layer(hp, b, il, w.layers[static_cast<size_t>(il)]));

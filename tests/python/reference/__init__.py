@@ -17,9 +17,10 @@ __all__ = ["HParams", "KVCache", "Model", "load", "forward_for"]
 
 def forward_for(model):
     """The forward function of `model`'s architecture (qwen3moe.forward or gpt_oss.forward)."""
-    from . import glm4moe, gpt_oss, qwen3moe
+    from . import deepseek2, glm4moe, gpt_oss, qwen3moe
 
-    by_arch = {qwen3moe.ARCH: qwen3moe.forward, gpt_oss.ARCH: gpt_oss.forward, glm4moe.ARCH: glm4moe.forward}
+    by_arch = {qwen3moe.ARCH: qwen3moe.forward, gpt_oss.ARCH: gpt_oss.forward, deepseek2.ARCH: deepseek2.forward,
+               glm4moe.ARCH: glm4moe.forward}
     try:
         return by_arch[model.hparams.arch]
     except KeyError:
