@@ -1,6 +1,6 @@
 // The expert split's planning (Scheduler members): which layers split, and which experts of each the
-// host computes, from measured costs; the execution side (eager downloads, the look-ahead) is in
-// scheduler.cpp with the rest of run().
+// host computes, from measured costs; the execution side is in scheduler.cpp (eager downloads) and
+// transfers.cpp (the look-ahead's uploads).
 #include <algorithm>
 #include <cmath>
 
@@ -8,43 +8,6 @@
 #include "sched/scheduler.h"
 
 namespace moe::sched {
-
-std::vector<uint8_t> Scheduler::device_experts(int layer) const {
-    std::vector<uint8_t> on_device(static_cast<size_t>(n_expert_));
-    const int32_t* g = split_.groups.data() + static_cast<size_t>(layer) * static_cast<size_t>(n_expert_);
-    for (size_t e = 0; e < on_device.size(); ++e) on_device[e] = g[e] == kDeviceExpertGroup;
-    return on_device;
-}
-
-bool Scheduler::splittable_layer(int layer) const {
-    if (expert_matrices_.empty() || expert_matrices_[static_cast<size_t>(layer)].empty()) return false;
-    for (const Tensor* w : expert_matrices_[static_cast<size_t>(layer)]) {
-        const WeightCopies& c = weights_.at(w);
-        if (c.home != Side::HOST || c.device != nullptr) return false;
-    }
-    return true;
-}
-
-// Times one upload of the largest host-resident weight into a slot (the link as the uploads see it).
-StatusOr<double> Scheduler::upload_seconds_per_byte() {
-    if (split_upload_s_per_byte_ > 0.0) return split_upload_s_per_byte_;
-    const Tensor* largest = nullptr;
-    const void* src = nullptr;
-    for (const auto& [w, c] : weights_) {
-        if (c.home == Side::HOST && c.host != nullptr && (largest == nullptr || w->n_bytes() > largest->n_bytes())) {
-            largest = w;
-            src = c.host;
-        }
-    }
-    if (largest == nullptr) return internal_error("scheduler: no host-resident weight to time an upload with");
-    MOE_RETURN_IF_ERROR(ensure_slots());
-    MOE_RETURN_IF_ERROR(device_->synchronize());  // slot 0 may still be in use
-    const Clock::time_point t0 = Clock::now();
-    MOE_RETURN_IF_ERROR(device_->upload(slot_buffer_->data(), src, largest->n_bytes(), 0));
-    MOE_RETURN_IF_ERROR(device_->synchronize());
-    split_upload_s_per_byte_ = std::max(seconds_since(t0), 1e-9) / static_cast<double>(largest->n_bytes());
-    return split_upload_s_per_byte_;
-}
 
 // How many experts of `layer` the host takes (order: the layer's experts, fewest expected tokens
 // first): the count that minimises the slower of the two parts, the host's (the device's latency and
@@ -80,7 +43,7 @@ int Scheduler::choose_host_experts(int layer, int n_tokens, std::vector<int32_t>
 
     size_t bytes = 0;
     double flops = 0.0;
-    for (const Tensor* w : expert_matrices_[static_cast<size_t>(layer)]) {
+    for (const Tensor* w : weights_.expert_matrices(layer)) {
         bytes += w->nb[2];
         flops += 2.0 * static_cast<double>(w->ne[0]) * static_cast<double>(w->ne[1]);
     }
@@ -131,8 +94,10 @@ StatusOr<ExpertSplitPlan> Scheduler::plan_expert_split(int n_tokens) {
     std::vector<LayerChoice> choices;
     int wanted = 0;
     for (int il = 0; il < n_layer_; ++il) {
-        if (!splittable_layer(il)) continue;
-        if (policy_.expert_split == kExpertSplitAuto) MOE_RETURN_IF_ERROR(upload_seconds_per_byte().status());
+        if (!weights_.experts_host_only(il)) continue;
+        if (policy_.expert_split == kExpertSplitAuto) {
+            MOE_ASSIGN_OR_RETURN(split_upload_s_per_byte_, transfers_.upload_seconds_per_byte());
+        }
         LayerChoice c{il, 0, {}, 0.0};
         c.m = choose_host_experts(il, n_tokens, c.order, &c.pairs);
         wanted += c.m > 0;

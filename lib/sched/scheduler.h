@@ -24,30 +24,16 @@
 
 #include "core/backend.h"
 #include "core/graph.h"
+#include "sched/expert_plan.h"
 #include "sched/placement.h"
 #include "sched/policy.h"
+#include "sched/run_state.h"
 #include "sched/split_trial.h"
 #include "sched/stats.h"
+#include "sched/transfers.h"
+#include "sched/weight_table.h"
 
 namespace moe::sched {
-
-// The copies of one weight. The weight tensor's own data/buffer are the copy on its home side.
-struct WeightCopies {
-    void* host = nullptr;  // host RAM: the model's bytes in place (the file mapping, or the file read in)
-    // The page-locked registration holding `host` (Backend::register_host), or nullptr where it is
-    // pageable: uploads from pageable memory are staged by the device backend (slower, same bytes).
-    Buffer* host_buffer = nullptr;
-    void* device = nullptr;  // device memory
-    Buffer* device_buffer = nullptr;
-    Side home = Side::HOST;
-    // The copy on the side other than home exists for bias duplication: used only while the policy's
-    // bias_dup is on.
-    bool duplicate = false;
-};
-
-// Upload slots when the policy leaves offload_vram_budget at 0 (context creation reserves as many):
-// two layers of up, gate and down in flight, and with the expert split two more for its look-ahead.
-inline int auto_upload_slots(const Policy& p) { return p.expert_split != 0 ? 8 : 6; }
 
 struct HostInput {
     Tensor* tensor;
@@ -59,24 +45,23 @@ struct HostOutput {
     void* data;  // receives tensor->n_bytes() bytes
 };
 
-// The expert groups of a split expert block (MASK_IDS keep values): the host computes group 0, the
-// device group 1.
-constexpr int32_t kHostExpertGroup = 0;
-constexpr int32_t kDeviceExpertGroup = 1;
-
-// Which expert blocks of the next ubatch are split, and the group of every expert of those layers.
-struct ExpertSplitPlan {
-    std::vector<uint8_t> layers;  // per layer: 1 = split; empty when no layer is
-    std::vector<int32_t> groups;  // [n_layer][n_expert] kHostExpertGroup / kDeviceExpertGroup
-    uint64_t n_layers = 0;        // split layers
-    uint64_t n_host_experts = 0;  // experts left to the host, summed over them
-};
-
 struct OpTime {
     int64_t count = 0;
     double seconds = 0.0;
 };
 using OpTimes = std::array<std::array<OpTime, static_cast<size_t>(Op::COUNT)>, kSides>;
+
+// What run() decides from a graph's structure alone, reused for later graphs of the same shape
+// (TG rebuilds the same graph every token; only KV-cache view lengths change).
+struct CachedPlan {
+    std::vector<Side> sides;            // per node
+    std::vector<uint8_t> eager;         // per node: copy its output to the host as soon as it is queued
+    std::vector<int64_t> node_offset;   // per node: arena offset, -1 without arena memory
+    std::vector<int64_t> input_offset;  // per input
+    size_t arena_size = 0;
+    std::array<uint64_t, kOffloadOps> offloaded{};
+    std::array<uint64_t, kOffloadOps> kept_host{};
+};
 
 class Scheduler {
 public:
@@ -128,21 +113,6 @@ public:
     bool has_device() const { return device_ != nullptr; }
 
 private:
-    struct Slot {
-        uint64_t fence = 0;  // compute fence after the last use of this slot
-    };
-    struct RunState;
-    // What run() decides from a graph's structure alone, reused for later graphs of the same shape
-    // (TG rebuilds the same graph every token; only KV-cache view lengths change).
-    struct CachedPlan {
-        std::vector<Side> sides;            // per node
-        std::vector<uint8_t> eager;         // per node: copy its output to the host as soon as it is queued
-        std::vector<int64_t> node_offset;   // per node: arena offset, -1 without arena memory
-        std::vector<int64_t> input_offset;  // per input
-        size_t arena_size = 0;
-        std::array<uint64_t, kOffloadOps> offloaded{};
-        std::array<uint64_t, kOffloadOps> kept_host{};
-    };
     // A graph planned ahead (prepare()).
     struct Prepared {
         uint64_t graph = 0;  // Graph::serial()
@@ -159,42 +129,16 @@ private:
     void keep_expert_ids(const Graph& graph, RunState& rs);
     bool arenas_hold(size_t size) const;
 
-    Side side_of_storage(const Tensor* storage, const RunState& rs) const;
     Side assign(const Tensor& node, const RunState& rs);
     Status ensure_arenas(size_t size);
     void bind(Graph& graph, RunState& rs);
     Status prepare_operands(Tensor& node, Side side, RunState& rs);
-    StatusOr<Tensor*> weight_operand(Tensor& node, int src_index, Side side, RunState& rs);
-    Status prefetch_experts(Tensor& node, int src_index, RunState& rs);
-    bool splits_experts_of(const Tensor& node, int src_index) const;
-    std::vector<uint8_t> device_experts(int layer) const;
-    Status look_ahead_split(const std::vector<Tensor*>& nodes, const std::vector<Side>& sides, size_t from,
-                            RunState& rs);
-    Status early_upload(Tensor& node, int src_index, const void* host, std::vector<uint8_t> experts, RunState& rs);
-    StatusOr<size_t> take_slot(RunState& rs);
-    StatusOr<size_t> upload_experts(uint8_t* dst, const uint8_t* src, size_t per_expert,
-                                    const std::vector<uint8_t>& experts, uint64_t after);
-    size_t largest_host_weight() const;
-    bool uploads_active_experts(const Tensor& node, int src_index) const;
-    StatusOr<Tensor*> activation_operand(Tensor* src, Side side, RunState& rs);
-    StatusOr<const std::vector<int32_t>*> read_ids(const Tensor* ids, RunState& rs);
     Status flush(RunState& rs);
-    Status wait_for_device(RunState& rs);
-    Status wait_host_fence(RunState& rs);
-    Status mark_copy(RunState& rs);
     std::vector<uint8_t> eager_downloads(const Graph& graph, const std::vector<Side>& sides) const;
-    bool splittable_layer(int layer) const;
-    StatusOr<double> upload_seconds_per_byte();
     int choose_host_experts(int layer, int n_tokens, std::vector<int32_t>& order, double* expected_pairs) const;
     void learn_split_costs(const RunState& rs);
-    Status ensure_slots();
-    // The ubatch's expert ids: fetch_expert_ids queues the copies of those only on the device (before
-    // the outputs' copies, so that a blocking output copy does not hold them up) and says where each
-    // set of ids will be; count_experts waits for the device and tallies them.
-    using IdSources = std::vector<std::pair<const Tensor*, const int32_t*>>;
-    StatusOr<IdSources> fetch_expert_ids(RunState& rs);
-    Status count_experts(const IdSources& sources, int n_tokens);
-    Tensor* substitute(RunState& rs, const Tensor& like, void* data, Buffer* buffer);
+    // Waits for the device and tallies the ubatch's expert ids (Transfers::fetch_expert_ids).
+    Status count_experts(const Transfers::IdSources& sources, int n_tokens);
 
     Backend& host_;
     Backend* device_;
@@ -203,21 +147,13 @@ private:
     int n_expert_used_;
     Policy policy_;
 
-    std::unordered_map<const Tensor*, WeightCopies> weights_;
-    std::vector<std::vector<const Tensor*>> expert_matrices_;  // per layer (empty: none registered)
-    std::unordered_map<const Tensor*, std::unique_ptr<Buffer>> download_buffers_;  // device-only weights used on host
-    std::unique_ptr<Buffer> ids_staging_;  // page-locked: where fetch_expert_ids gathers the device's expert ids
-
+    WeightTable weights_;
     std::unique_ptr<Buffer> arena_[kSides];
-    std::unique_ptr<Buffer> slot_buffer_;
-    size_t slot_size_ = 0;
-    std::vector<Slot> slots_;
-    size_t next_slot_ = 0;
 
     // Expert split: the groups of the ubatch being planned/run ([n_layer][n_expert], empty when off),
     // the measured costs it balances, and the last ubatch's activation counts it predicts from.
     ExpertSplitPlan split_;
-    double split_upload_s_per_byte_ = 0.0;  // measured once, on first use
+    double split_upload_s_per_byte_ = 0.0;  // Transfers::upload_seconds_per_byte, once measured
     double split_host_s_per_pair_ = 0.0;    // host seconds per expected (token, expert) pair of a host part
     double split_expected_pairs_ = 0.0;     // of the planned ubatch's host parts
     double split_host_serial_s_ = 0.0;      // per split layer: the host side's cost besides its pairs
@@ -228,8 +164,6 @@ private:
     bool split_timed_on_ = false;           // ... run split
     bool allocated_in_run_ = false;         // the running ubatch allocated arenas or upload slots
 
-    // ACTIVE_PREFETCH: per expert tensor, the experts selected the last time it was uploaded.
-    std::unordered_map<const Tensor*, std::vector<uint8_t>> last_selected_;
     std::unordered_map<uint64_t, CachedPlan> plans_;  // by graph signature; cleared by set_policy
     std::unique_ptr<Prepared> prepared_;  // prepare()'s graph, for the next run()
     // The last run's state (maps and operand stand-ins), freed while the device computes the next ubatch:
@@ -239,6 +173,8 @@ private:
     Stats stats_;
     bool profiling_ = false;
     OpTimes op_times_{};
+    // Declared last: it holds references to the members above.
+    Transfers transfers_;
 };
 
 }  // namespace moe::sched

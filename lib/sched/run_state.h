@@ -1,0 +1,68 @@
+// The state of one ubatch's run, shared by the scheduler's parts: what the plan placed where, the
+// nodes waiting to be handed to a backend, and the copies made so far (by sched/transfers.h).
+#pragma once
+
+#include <map>
+#include <set>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/backend.h"
+#include "core/stable_arena.h"
+#include "sched/clock.h"
+#include "sched/weight_table.h"
+
+namespace moe::sched {
+
+struct CachedPlan;
+
+struct RunState {
+    // --- the plan (sched/plan_cache.h) ---
+    std::unordered_map<const Tensor*, Side> produced;  // arena storage (inputs and nodes) -> side
+    AllocPlan plan;
+    uint8_t* base[kSides] = {};   // the activation arenas this run binds to
+    Buffer* arena[kSides] = {};
+    std::vector<uint8_t> eager;  // per node (see CachedPlan::eager)
+    const CachedPlan* cached = nullptr;  // the plan came from the cache (its counts go to the stats at run)
+    std::vector<const Tensor*> moe_ids;  // expert ids tensors, for the counts
+
+    // --- the nodes not yet handed to a backend ---
+    std::vector<Tensor*> pending;
+    Side pending_side = Side::HOST;
+    std::vector<size_t> pending_slots;  // upload slots the pending nodes read
+    std::vector<size_t> node_slots;     // ... the node being prepared reads
+
+    // --- copies (sched/transfers.h) ---
+    StableArena<Tensor> subs;                                  // operand stand-ins of this ubatch
+    std::map<std::pair<const Tensor*, int>, Tensor*> shadows;  // (tensor, side) -> its copy there
+    std::unordered_map<const Tensor*, std::vector<int32_t>> ids_on_host;
+    // Host compute must first wait for queued device copies: until fence host_fence (0: for the whole
+    // device, where copies do not mark fences).
+    bool host_waits = false;
+    uint64_t host_fence = 0;
+    struct Prefetch {
+        size_t slot;
+        std::vector<uint8_t> uploaded;  // experts already on their way
+    };
+    std::map<std::pair<const Tensor*, int>, Prefetch> prefetched;  // (node, operand) -> its early upload
+    std::set<size_t> reserved_slots;  // slots of early uploads not consumed yet: no other upload may take them
+
+    // --- the expert split, measured for ExpertSplitter::learn ---
+    double split_host_seconds = 0.0;
+    double split_wait_seconds = 0.0;
+    double split_min_wait_seconds = 0.0;  // the shortest wait: the device's own latency, no upload in it
+    int split_host_flushes = 0;
+    Clock::time_point split_first_start, split_last_end;  // from the first host part's wait to the last's end
+    int split_first_layer = 0, split_last_layer = 0;      // ... and their layers
+    int split_host_layers = 0;                            // distinct layers among the host parts
+
+    // A stand-in for `like` over other memory (a weight's copy, an activation's copy on the other side).
+    Tensor* substitute(const Tensor& like, void* data, Buffer* buffer);
+    // The side a tensor's storage is on during this run: where the plan put it, a weight's home, or
+    // its buffer's side.
+    Side side_of_storage(const Tensor* storage, const WeightTable& weights) const;
+};
+
+}  // namespace moe::sched

@@ -1,0 +1,387 @@
+#include "sched/transfers.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "core/allocator.h"
+#include "sched/clock.h"
+#include "sched/expert_runs.h"
+#include "sched/graph_ops.h"
+
+namespace moe::sched {
+namespace {
+
+// Bytes from a tensor's first to its last element (strided views included).
+size_t byte_extent(const Tensor& t) {
+    if (t.is_contiguous()) return t.n_bytes();
+    size_t extent = static_cast<size_t>(row_bytes(t.type, t.ne[0]));
+    for (int d = 1; d < 4; ++d) extent += static_cast<size_t>(t.ne[d] - 1) * t.nb[d];
+    return extent;
+}
+
+// Unmarks the experts an early upload already sent; returns the bytes that upload sent.
+size_t drop_uploaded(std::vector<uint8_t>& experts, const std::vector<uint8_t>& uploaded, size_t per_expert) {
+    size_t bytes = 0;
+    for (size_t e = 0; e < experts.size(); ++e) {
+        if (uploaded[e]) {
+            experts[e] = 0;
+            bytes += per_expert;
+        }
+    }
+    return bytes;
+}
+
+}  // namespace
+
+Transfers::Transfers(Backend* device, const WeightTable& weights, const Policy& policy, const ExpertSplitPlan& split,
+                     Stats& stats, int n_layer, int n_expert, Flush flush)
+    : device_(device),
+      weights_(weights),
+      policy_(policy),
+      split_(split),
+      stats_(stats),
+      n_layer_(n_layer),
+      n_expert_(n_expert),
+      flush_(std::move(flush)) {}
+
+Transfers::~Transfers() = default;
+
+Status Transfers::set_policy(const Policy& policy) {
+    const size_t largest = weights_.largest_host_bytes();
+    size_t n_slots = 0;
+    if (largest > 0 && device_ != nullptr) {
+        n_slots = policy.offload_vram_budget == 0 ? static_cast<size_t>(auto_upload_slots(policy))
+                                                  : policy.offload_vram_budget / largest;
+        if (n_slots < kMinSlots) {
+            return invalid_argument("offload_vram_budget of " + std::to_string(policy.offload_vram_budget) +
+                                    " bytes holds fewer than " + std::to_string(kMinSlots) +
+                                    " upload slots of the largest host-resident weight (" + std::to_string(largest) +
+                                    " bytes); give at least " + std::to_string(kMinSlots * largest) + " bytes or 0");
+        }
+    }
+    if (n_slots != slots_.size() || largest != slot_size_) {
+        if (device_ != nullptr) MOE_RETURN_IF_ERROR(device_->synchronize());  // queued uploads may use the ring
+        slot_buffer_.reset();
+        slots_.assign(n_slots, Slot{});
+        slot_size_ = largest;
+        next_slot_ = 0;
+    }
+    last_selected_.clear();
+    return Status::ok();
+}
+
+Status Transfers::ensure_ring() {
+    if (slots_.empty()) return internal_error("scheduler: an upload is needed but no upload slots are configured");
+    if (slot_buffer_) return Status::ok();
+    StatusOr<std::unique_ptr<Buffer>> b = device_->alloc_buffer(slots_.size() * slot_size_);
+    if (!b.is_ok()) return b.status().with_context("allocating " + std::to_string(slots_.size()) + " upload slots");
+    slot_buffer_ = std::move(b).value();
+    allocated_ = true;
+    return Status::ok();
+}
+
+uint8_t* Transfers::slot_data(size_t slot) { return static_cast<uint8_t*>(slot_buffer_->data()) + slot * slot_size_; }
+
+void Transfers::fence_slots(const std::vector<size_t>& slots, uint64_t fence) {
+    for (size_t s : slots) slots_[s].fence = fence;
+}
+
+Status Transfers::wait_for_device(RunState& rs) {
+    const Clock::time_point t0 = Clock::now();
+    MOE_RETURN_IF_ERROR(device_->synchronize());
+    stats_.seconds_wait += seconds_since(t0);
+    rs.host_waits = false;
+    return Status::ok();
+}
+
+Status Transfers::wait_host_fence(RunState& rs) {
+    if (!rs.host_waits) return Status::ok();
+    if (rs.host_fence == 0) return wait_for_device(rs);
+    const Clock::time_point t0 = Clock::now();
+    MOE_RETURN_IF_ERROR(device_->wait_fence(rs.host_fence));
+    stats_.seconds_wait += seconds_since(t0);
+    rs.host_waits = false;
+    rs.host_fence = 0;
+    return Status::ok();
+}
+
+// Marks the copies queued so far as what the host must wait for before its next compute.
+Status Transfers::mark_copy(RunState& rs) {
+    MOE_ASSIGN_OR_RETURN(rs.host_fence, device_->mark_compute());
+    rs.host_waits = true;
+    return Status::ok();
+}
+
+StatusOr<Tensor*> Transfers::activation_operand(Tensor* src, Side side, RunState& rs) {
+    const Tensor* st = storage_of(src);
+    const Side from = rs.side_of_storage(st, weights_);
+    if (from == side) return src;
+    auto key = std::make_pair(static_cast<const Tensor*>(src), static_cast<int>(side));
+    if (auto it = rs.shadows.find(key); it != rs.shadows.end()) return it->second;
+    if (!rs.plan.offsets.count(st)) {
+        return internal_error("scheduler: '" + src->name + "' lives outside the activation arenas on the " +
+                              side_name(from) + " but is needed on the " + side_name(side));
+    }
+    MOE_RETURN_IF_ERROR(flush_(rs));
+    const size_t n = byte_extent(*src);
+    auto* src_bytes = static_cast<uint8_t*>(src->data);
+    uint8_t* dst = rs.base[static_cast<int>(side)] + (src_bytes - rs.base[static_cast<int>(from)]);
+    if (side == Side::DEVICE) {
+        MOE_RETURN_IF_ERROR(device_->copy_to_device(dst, src_bytes, n));
+    } else {
+        MOE_RETURN_IF_ERROR(device_->copy_to_host(dst, src_bytes, n));
+    }
+    // D2H: the host reads it; H2D: the host must not reuse the source before.
+    MOE_RETURN_IF_ERROR(mark_copy(rs));
+    stats_.bytes_activations += n;
+    ++stats_.n_activation_copies;
+    Tensor* shadow = rs.substitute(*src, dst, rs.arena[static_cast<int>(side)]);
+    rs.shadows[key] = shadow;
+    return shadow;
+}
+
+StatusOr<const std::vector<int32_t>*> Transfers::read_ids(const Tensor* ids, RunState& rs) {
+    const Tensor* st = storage_of(ids);
+    if (auto it = rs.ids_on_host.find(st); it != rs.ids_on_host.end()) return &it->second;
+    if (!ids->is_contiguous() || ids->type != Type::I32) {
+        return internal_error("scheduler: expert ids '" + ids->name + "' must be contiguous I32");
+    }
+    std::vector<int32_t> v(static_cast<size_t>(ids->n_elements()));
+    MOE_RETURN_IF_ERROR(flush_(rs));
+    if (rs.side_of_storage(st, weights_) == Side::HOST) {
+        MOE_RETURN_IF_ERROR(wait_host_fence(rs));
+        std::memcpy(v.data(), ids->data, v.size() * sizeof(int32_t));
+    } else {
+        const Clock::time_point t0 = Clock::now();
+        MOE_RETURN_IF_ERROR(device_->read_now(v.data(), ids->data, v.size() * sizeof(int32_t)));
+        stats_.seconds_wait += seconds_since(t0);
+        ++stats_.n_id_readbacks;
+    }
+    return &(rs.ids_on_host[st] = std::move(v));
+}
+
+StatusOr<Tensor*> Transfers::weight_operand(Tensor& node, int src_index, Side side, RunState& rs) {
+    Tensor* w = node.src[src_index];
+    const std::optional<WeightCopies> c = weights_.usable(w, policy_.bias_dup);
+    if (!c) return internal_error("scheduler: weight '" + w->name + "' was not registered");
+    const size_t n = w->n_bytes();
+    if (side == Side::HOST) {
+        if (c->host != nullptr) return c->host == w->data ? w : rs.substitute(*w, c->host, c->host_buffer);
+        // A weight that lives only in device memory, read on the host: fetched for this use (what bias
+        // duplication avoids).
+        std::unique_ptr<Buffer>& buf = download_buffers_[w];
+        if (!buf) {
+            MOE_ASSIGN_OR_RETURN(buf, device_->alloc_host_buffer(n));
+        }
+        MOE_RETURN_IF_ERROR(flush_(rs));
+        MOE_RETURN_IF_ERROR(device_->copy_to_host(buf->data(), c->device, n));
+        MOE_RETURN_IF_ERROR(mark_copy(rs));
+        stats_.bytes_weights_full += n;
+        ++stats_.n_weight_copies;
+        return rs.substitute(*w, buf->data(), buf.get());
+    }
+    if (c->device != nullptr) return c->device == w->data ? w : rs.substitute(*w, c->device, c->device_buffer);
+
+    // Host-resident weight used on the device: upload it into the next slot of the ring (or the slot
+    // its prefetch already took).
+    MOE_RETURN_IF_ERROR(ensure_ring());
+    MOE_RETURN_IF_ERROR(flush_(rs));
+    const auto pre = rs.prefetched.find({&node, src_index});
+    size_t slot = 0;
+    if (pre != rs.prefetched.end()) {
+        slot = pre->second.slot;
+        rs.reserved_slots.erase(slot);
+    } else {
+        MOE_ASSIGN_OR_RETURN(slot, take_slot(rs));
+    }
+    rs.node_slots.push_back(slot);
+    uint8_t* dst = slot_data(slot);
+    const auto* src = static_cast<const uint8_t*>(c->host);
+    const uint64_t after = slots_[slot].fence;
+    if (splits_experts_of(node, src_index)) {
+        // The device part of a split expert block: only the device group's experts (unless the
+        // look-ahead already sent them).
+        std::vector<uint8_t> on_device = device_experts(node.layer);
+        const size_t prefetched = pre != rs.prefetched.end() ? drop_uploaded(on_device, pre->second.uploaded, w->nb[2]) : 0;
+        MOE_ASSIGN_OR_RETURN(const size_t sent, upload_experts(dst, src, w->nb[2], on_device, after));
+        stats_.bytes_weights_skipped += n - sent - prefetched;
+    } else if (uploads_active_experts(node, src_index)) {
+        MOE_ASSIGN_OR_RETURN(const std::vector<int32_t>* ids, read_ids(expert_ids_of(node), rs));
+        MOE_ASSIGN_OR_RETURN(std::vector<uint8_t> selected, selected_experts(*ids, n_expert_));
+        const size_t per_expert = w->nb[2];
+        size_t prefetched = 0;  // bytes uploaded before the readback (counted then)
+        std::vector<uint8_t> missing = selected;
+        if (pre != rs.prefetched.end()) {
+            prefetched = drop_uploaded(missing, pre->second.uploaded, per_expert);
+            last_selected_[w] = std::move(selected);
+        }
+        MOE_ASSIGN_OR_RETURN(const size_t sent, upload_experts(dst, src, per_expert, missing, after));
+        stats_.bytes_weights_skipped += n - prefetched - sent;
+    } else {
+        MOE_RETURN_IF_ERROR(device_->upload(dst, src, n, after));
+        stats_.bytes_weights_full += n;
+        ++stats_.n_weight_copies;
+    }
+    // Compute from here on waits for the uploads queued so far: this node's (early ones included) and
+    // earlier ones. Until now it did not, so the look-ahead's uploads for the next split layer hold up
+    // neither this layer's host part's inputs nor its result's way back.
+    MOE_RETURN_IF_ERROR(device_->order_after_uploads());
+    return rs.substitute(*w, dst, slot_buffer_.get());
+}
+
+// Uploads the marked experts of an expert tensor (src) into its slot (dst), one copy per run of
+// adjacent experts, at their own offsets; returns the bytes sent (counted in bytes_weights_experts).
+StatusOr<size_t> Transfers::upload_experts(uint8_t* dst, const uint8_t* src, size_t per_expert,
+                                           const std::vector<uint8_t>& experts, uint64_t after) {
+    size_t sent = 0;
+    for (const ExpertRun& r : coalesce_runs(experts)) {
+        const size_t offset = static_cast<size_t>(r.first) * per_expert;
+        const size_t bytes = static_cast<size_t>(r.count) * per_expert;
+        MOE_RETURN_IF_ERROR(device_->upload(dst + offset, src + offset, bytes, after));
+        sent += bytes;
+        ++stats_.n_weight_copies;
+    }
+    stats_.bytes_weights_experts += sent;
+    return sent;
+}
+
+bool Transfers::uploads_active_experts(const Tensor& node, int src_index) const {
+    return policy_.expert_copy != ExpertCopy::FULL && node.expert_group < 0 && is_expert_matrix(node, src_index) &&
+           node.src[src_index]->ne[2] == n_expert_;
+}
+
+// The next slot of the ring that neither an early upload nor the node being prepared holds.
+StatusOr<size_t> Transfers::take_slot(RunState& rs) {
+    for (size_t tries = 0; tries < slots_.size(); ++tries) {
+        const size_t s = next_slot_++ % slots_.size();
+        if (!rs.reserved_slots.count(s) && std::find(rs.node_slots.begin(), rs.node_slots.end(), s) == rs.node_slots.end()) {
+            return s;
+        }
+    }
+    return internal_error("scheduler: every upload slot is held by an early upload");
+}
+
+bool Transfers::splits_experts_of(const Tensor& node, int src_index) const {
+    return node.expert_group == kDeviceExpertGroup && is_expert_matrix(node, src_index) && !split_.groups.empty() &&
+           node.layer >= 0 && node.layer < n_layer_ && node.src[src_index]->ne[2] == n_expert_;
+}
+
+std::vector<uint8_t> Transfers::device_experts(int layer) const {
+    std::vector<uint8_t> on_device(static_cast<size_t>(n_expert_));
+    const int32_t* g = split_.groups.data() + static_cast<size_t>(layer) * static_cast<size_t>(n_expert_);
+    for (size_t e = 0; e < on_device.size(); ++e) on_device[e] = g[e] == kDeviceExpertGroup;
+    return on_device;
+}
+
+// The look-ahead keeps the copy engine streaming (and the device computes layer L+1's part as soon as
+// the host's result of L arrives) instead of waiting for the host to reach those nodes.
+Status Transfers::look_ahead_split(const std::vector<Tensor*>& nodes, const std::vector<Side>& sides, size_t from,
+                                   RunState& rs) {
+    int layer = -1;
+    // Only with slots to spare: the held slots wait for their nodes, and the nodes in between (biases,
+    // offloaded dense weights) must still find kMinSlots free.
+    constexpr size_t kHeld = 3;  // up, gate and down of one layer
+    if (slots_.size() < rs.reserved_slots.size() + kHeld + kMinSlots) return Status::ok();
+    for (size_t j = from; j < nodes.size(); ++j) {
+        Tensor& n = *nodes[j];
+        if (n.expert_group != kDeviceExpertGroup || (n.op != Op::MOE_UP_GATE && n.op != Op::MUL_MAT_ID) ||
+            sides[j] != Side::DEVICE) {
+            continue;
+        }
+        if (n.layer == nodes[from]->layer) continue;  // this layer's part is already on its way
+        if (layer >= 0 && n.layer != layer) break;
+        layer = n.layer;
+        for (int k = 0; k < kMaxSrc; ++k) {
+            if (n.src[k] == nullptr || !n.src[k]->is_weight || !splits_experts_of(n, k)) continue;
+            if (rs.prefetched.count({&n, k})) continue;
+            const std::optional<WeightCopies> c = weights_.usable(n.src[k], policy_.bias_dup);
+            if (!c || c->device != nullptr) continue;
+            if (rs.reserved_slots.size() + kMinSlots >= slots_.size()) return Status::ok();
+            MOE_RETURN_IF_ERROR(early_upload(n, k, c->host, device_experts(n.layer), rs));
+        }
+    }
+    return Status::ok();
+}
+
+// Queued before the router's choices are read back, so that it overlaps the compute already queued.
+Status Transfers::prefetch_experts(Tensor& node, int src_index, RunState& rs) {
+    const Tensor* w = node.src[src_index];
+    const std::optional<WeightCopies> c = weights_.usable(w, policy_.bias_dup);
+    if (!c || c->device != nullptr || !uploads_active_experts(node, src_index)) return Status::ok();
+    MOE_RETURN_IF_ERROR(flush_(rs));
+    std::vector<uint8_t> experts(static_cast<size_t>(n_expert_), 0);
+    if (auto it = last_selected_.find(w); it != last_selected_.end()) experts = it->second;
+    return early_upload(node, src_index, c->host, std::move(experts), rs);
+}
+
+// Uploads the marked experts of operand src_index of node into a slot held until the node takes it
+// (weight_operand then sends only what is still missing). REQUIRES: nothing pending.
+Status Transfers::early_upload(Tensor& node, int src_index, const void* host, std::vector<uint8_t> experts,
+                               RunState& rs) {
+    MOE_RETURN_IF_ERROR(ensure_ring());
+    MOE_ASSIGN_OR_RETURN(const size_t slot, take_slot(rs));
+    rs.reserved_slots.insert(slot);
+    MOE_RETURN_IF_ERROR(upload_experts(slot_data(slot), static_cast<const uint8_t*>(host), node.src[src_index]->nb[2],
+                                       experts, slots_[slot].fence)
+                            .status());
+    rs.prefetched[{&node, src_index}] = RunState::Prefetch{slot, std::move(experts)};
+    return Status::ok();
+}
+
+Status Transfers::download_output(void* out, const Tensor& tensor) {
+    return device_->copy_to_host(out, tensor.data, tensor.n_bytes());
+}
+
+StatusOr<Transfers::IdSources> Transfers::fetch_expert_ids(RunState& rs) {
+    // Ids still only on the device are gathered into page-locked staging in one transfer (a copy per
+    // layer costs a few microseconds of device time each: ~0.2 ms per token on 48 layers).
+    IdSources sources;
+    std::vector<const Tensor*> fetched;
+    std::vector<DeviceRegion> regions;
+    size_t fetch_bytes = 0;
+    for (const Tensor* ids : rs.moe_ids) {
+        if (auto it = rs.ids_on_host.find(ids); it != rs.ids_on_host.end()) {
+            sources.emplace_back(ids, it->second.data());
+        } else if (rs.side_of_storage(ids, weights_) == Side::HOST) {
+            sources.emplace_back(ids, ids->as<int32_t>());
+        } else if (auto sh = rs.shadows.find({ids, static_cast<int>(Side::HOST)}); sh != rs.shadows.end()) {
+            sources.emplace_back(ids, sh->second->as<int32_t>());
+        } else {
+            fetched.push_back(ids);
+            const size_t n = static_cast<size_t>(ids->n_elements()) * sizeof(int32_t);
+            regions.push_back(DeviceRegion{ids->data, n});
+            fetch_bytes += n;
+        }
+    }
+    if (fetch_bytes == 0) return sources;
+    if (!ids_staging_ || ids_staging_->size() < fetch_bytes) {
+        ids_staging_.reset();
+        MOE_ASSIGN_OR_RETURN(ids_staging_, device_->alloc_host_buffer(fetch_bytes));
+    }
+    auto* staging = static_cast<uint8_t*>(ids_staging_->data());
+    MOE_RETURN_IF_ERROR(device_->gather_to_host(staging, regions));
+    size_t offset = 0;
+    for (size_t i = 0; i < fetched.size(); ++i) {
+        sources.emplace_back(fetched[i], reinterpret_cast<const int32_t*>(staging + offset));
+        offset += regions[i].n;
+    }
+    return sources;
+}
+
+// The link as the uploads see it: one upload of the largest host-resident weight into slot 0.
+StatusOr<double> Transfers::upload_seconds_per_byte() {
+    if (upload_s_per_byte_ > 0.0) return upload_s_per_byte_;
+    const Tensor* largest = weights_.largest_host_weight();
+    if (largest == nullptr) return internal_error("scheduler: no host-resident weight to time an upload with");
+    const void* src = weights_.usable(largest, true)->host;
+    MOE_RETURN_IF_ERROR(ensure_ring());
+    MOE_RETURN_IF_ERROR(device_->synchronize());  // slot 0 may still be in use
+    const Clock::time_point t0 = Clock::now();
+    MOE_RETURN_IF_ERROR(device_->upload(slot_buffer_->data(), src, largest->n_bytes(), 0));
+    MOE_RETURN_IF_ERROR(device_->synchronize());
+    upload_s_per_byte_ = std::max(seconds_since(t0), 1e-9) / static_cast<double>(largest->n_bytes());
+    return upload_s_per_byte_;
+}
+
+}  // namespace moe::sched

@@ -1,0 +1,121 @@
+// Which bytes cross PCIe, and when: every copy between host and device that the scheduler makes.
+// - Weights: a host-resident weight used on the device goes through the upload ring (a fixed set of
+//   slots, each reused once the compute that read it is done). Expert matrices go whole (FULL), as
+//   the experts the router picked (ACTIVE_ONLY, after reading its ids back), those it picked last
+//   time ahead of the readback (ACTIVE_PREFETCH), or the device group of a split expert block (queued
+//   a layer ahead by the split's look-ahead). A device-only weight read on the host is fetched into a
+//   host buffer of its own (what bias duplication avoids).
+// - Activations: a tensor needed on the other side is copied to the same offset of that side's arena.
+// - Expert ids: read back for ACTIVE_ONLY, and gathered at the end of a ubatch for the counts.
+// - Outputs computed on the device are downloaded into the caller's memory.
+// Ordering: an upload waits only for the fence of the last compute that read its slot; the host waits
+// for the copies it reads (wait_host_fence), not for compute queued after them.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/backend.h"
+#include "sched/expert_plan.h"
+#include "sched/policy.h"
+#include "sched/run_state.h"
+#include "sched/stats.h"
+#include "sched/weight_table.h"
+
+namespace moe::sched {
+
+// Upload slots when the policy leaves offload_vram_budget at 0 (context creation reserves as many):
+// two layers of up, gate and down in flight, and with the expert split two more for its look-ahead.
+inline int auto_upload_slots(const Policy& p) { return p.expert_split != 0 ? 8 : 6; }
+
+// One node may upload up to four operands (up, gate and their biases).
+constexpr int kMinSlots = 4;
+
+class Transfers {
+public:
+    // Hands the run's pending nodes to their backend; every copy is queued behind them.
+    using Flush = std::function<Status(RunState&)>;
+    // policy and split are the scheduler's, read at each call. REQUIRES: device != nullptr for every
+    // call but the constructor and resize_ring.
+    Transfers(Backend* device, const WeightTable& weights, const Policy& policy, const ExpertSplitPlan& split,
+              Stats& stats, int n_layer, int n_expert, Flush flush);
+    ~Transfers();
+    Transfers(const Transfers&) = delete;
+    Transfers& operator=(const Transfers&) = delete;
+
+    // Sizes the upload ring for `policy` (allocated at first use). Forgets what ACTIVE_PREFETCH learned.
+    Status set_policy(const Policy& policy);
+    // Whether the last calls allocated device memory (the ring); clears the flag.
+    bool take_allocated() { return std::exchange(allocated_, false); }
+
+    // The operand src_index of `node` (a weight) as read on `side`: its copy there, uploaded or fetched
+    // for this use when it has none. REQUIRES: the node's ids operand not yet rewritten.
+    StatusOr<Tensor*> weight_operand(Tensor& node, int src_index, Side side, RunState& rs);
+    // An activation as read on `side`: itself, or its copy at the same arena offset there.
+    StatusOr<Tensor*> activation_operand(Tensor* src, Side side, RunState& rs);
+    // ACTIVE_PREFETCH: queues the upload of the experts this operand needed last time.
+    Status prefetch_experts(Tensor& node, int src_index, RunState& rs);
+    // Before the host blocks in the host part of split layer L (nodes[from]): queues the uploads of
+    // the device part of the next split layer.
+    Status look_ahead_split(const std::vector<Tensor*>& nodes, const std::vector<Side>& sides, size_t from,
+                            RunState& rs);
+    // Downloads an output computed on the device into out (tensor->n_bytes() bytes).
+    Status download_output(void* out, const Tensor& tensor);
+
+    // The ubatch's expert ids: fetch_expert_ids queues the copies of those only on the device (before
+    // the outputs' copies, so that a blocking output copy does not hold them up) and says where each
+    // set of ids will be, valid once the device is synchronised.
+    using IdSources = std::vector<std::pair<const Tensor*, const int32_t*>>;
+    StatusOr<IdSources> fetch_expert_ids(RunState& rs);
+
+    // The host waits for the copies it is about to read or overwrite (not for compute queued after).
+    Status wait_host_fence(RunState& rs);
+    // The slots the pending nodes read are reused only after `fence` (their compute).
+    void fence_slots(const std::vector<size_t>& slots, uint64_t fence);
+    // Seconds per byte of an upload into a slot, timed once on the largest host-resident weight.
+    StatusOr<double> upload_seconds_per_byte();
+
+private:
+    struct Slot {
+        uint64_t fence = 0;  // compute fence after the last use of this slot
+    };
+    Status ensure_ring();
+    StatusOr<size_t> take_slot(RunState& rs);
+    uint8_t* slot_data(size_t slot);
+    StatusOr<size_t> upload_experts(uint8_t* dst, const uint8_t* src, size_t per_expert,
+                                    const std::vector<uint8_t>& experts, uint64_t after);
+    Status early_upload(Tensor& node, int src_index, const void* host, std::vector<uint8_t> experts, RunState& rs);
+    bool uploads_active_experts(const Tensor& node, int src_index) const;
+    bool splits_experts_of(const Tensor& node, int src_index) const;
+    std::vector<uint8_t> device_experts(int layer) const;
+    StatusOr<const std::vector<int32_t>*> read_ids(const Tensor* ids, RunState& rs);
+    Status wait_for_device(RunState& rs);
+    Status mark_copy(RunState& rs);
+
+    Backend* device_;
+    const WeightTable& weights_;
+    const Policy& policy_;
+    const ExpertSplitPlan& split_;
+    Stats& stats_;
+    int n_layer_;
+    int n_expert_;
+    Flush flush_;
+
+    // The upload ring.
+    std::unique_ptr<Buffer> slot_buffer_;
+    size_t slot_size_ = 0;
+    std::vector<Slot> slots_;
+    size_t next_slot_ = 0;
+    bool allocated_ = false;
+    double upload_s_per_byte_ = 0.0;  // measured once, on first use
+
+    // ACTIVE_PREFETCH: per expert tensor, the experts selected the last time it was uploaded.
+    std::unordered_map<const Tensor*, std::vector<uint8_t>> last_selected_;
+    std::unordered_map<const Tensor*, std::unique_ptr<Buffer>> download_buffers_;  // device-only weights used on host
+    std::unique_ptr<Buffer> ids_staging_;  // page-locked: where fetch_expert_ids gathers the device's expert ids
+};
+
+}  // namespace moe::sched
