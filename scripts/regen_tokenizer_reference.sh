@@ -23,16 +23,6 @@ out_dir=${3:-tests/python/reference/tokenizer}
 build=${BUILD_DIR:-build-tokref}
 commit=${LLAMA_COMMIT:-$(basename "$src" | grep -oE '[0-9a-f]{7,40}' | head -1 || true)}
 [ -n "$commit" ] || { echo "set LLAMA_COMMIT: no commit in the name '$src'" >&2; exit 2; }
-mkdir -p "$build"
-if [ -f "$src" ]; then
-  rm -rf "$build/src" && mkdir -p "$build/src"
-  tar xf "$src" -C "$build/src"
-  src=$(dirname "$(find "$build/src" -maxdepth 3 -path '*/include/llama.h' | head -1)")/..
-fi
-src=$(cd "$src" && pwd)
-gen=()
-command -v ninja >/dev/null && gen=(-G Ninja)
-cmake -S scripts/reference -B "$build/ref" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DLLAMA_SRC="$src" ${REF_CMAKE_ARGS:-} >/dev/null
-cmake --build "$build/ref" --target llama_tokenize_ref -j"${JOBS:-$(nproc)}"
-python3 scripts/reference/tokenizer_expected.py --ref "$build/ref/llama_tokenize_ref" --vocab-dir "$vocab_dir" \
+ref=$(scripts/reference/build_ref.sh "$src" "$build" llama_tokenize_ref)
+python3 scripts/reference/tokenizer_expected.py --ref "$ref" --vocab-dir "$vocab_dir" \
   --strings tests/python/reference/tokenizer/strings.json --out "$out_dir" --llama-commit "$commit" ${RAW_DIR:+--raw "$RAW_DIR"}
