@@ -16,6 +16,7 @@ Scheduler::Scheduler(Backend& host, Backend* device, int n_layer, int n_expert, 
       n_expert_(n_expert),
       n_expert_used_(n_expert_used),
       weights_(n_layer, n_expert),
+      assignment_(host, device, weights_, policy_, n_expert, n_expert_used),
       transfers_(device, weights_, policy_, split_, stats_, n_layer, n_expert,
                  [this](RunState& rs) { return flush(rs); }) {
     stats_.expert_counts.assign(static_cast<size_t>(std::max(n_layer, 0)) * static_cast<size_t>(std::max(n_expert, 0)), 0);
@@ -32,7 +33,7 @@ std::optional<WeightCopies> Scheduler::weight_copies(const Tensor* weight) const
     return weights_.usable(weight, policy_.bias_dup);
 }
 
-int32_t Scheduler::min_batch(OffloadOp op) const { return resolved_min_batch(policy_, op, n_expert_, n_expert_used_); }
+int32_t Scheduler::min_batch(OffloadOp op) const { return assignment_.min_batch(op); }
 
 Status Scheduler::set_policy(const Policy& policy) {
     MOE_RETURN_IF_ERROR(validate_policy(policy));
@@ -57,52 +58,6 @@ void Scheduler::set_profiling(bool on) {
     op_times_ = OpTimes{};
 }
 
-
-Side Scheduler::assign(const Tensor& node, const RunState& rs) {
-    if (device_ == nullptr) return Side::HOST;
-    switch (node.op) {
-        case Op::VIEW: return rs.side_of_storage(storage_of(&node), weights_);
-        case Op::CPY:  // writes the KV cache: runs where the cache is, as does attention reading it
-        case Op::ATTENTION: return rs.side_of_storage(storage_of(node.src[1]), weights_);
-        default: break;
-    }
-    if (node.expert_group >= 0) {
-        // A part of a split expert block runs where its group's experts are computed, whole.
-        const std::optional<OffloadOp> kind = offload_op_of(node.op);
-        const bool on_device = node.expert_group == kDeviceExpertGroup && device_->supports_op(node);
-        if (kind) ++(on_device ? stats_.n_offloaded : stats_.n_kept_host)[static_cast<size_t>(*kind)];
-        return on_device ? Side::DEVICE : Side::HOST;
-    }
-    const std::optional<OffloadOp> kind = offload_op_of(node.op);
-    if (kind && node.src[0] != nullptr && node.src[0]->is_weight) {
-        const std::optional<WeightCopies> w = weight_copies(node.src[0]);
-        if (w && w->device != nullptr) return Side::DEVICE;
-        const OffloadRule& rule = policy_.rule(*kind);
-        const int k = static_cast<int>(*kind);
-        if (rule.enabled && op_tokens(node) >= min_batch(*kind) && device_->supports_op(node)) {
-            ++stats_.n_offloaded[static_cast<size_t>(k)];
-            return Side::DEVICE;
-        }
-        ++stats_.n_kept_host[static_cast<size_t>(k)];
-        return Side::HOST;
-    }
-    // Weights available on one side only pin the op there.
-    for (const Tensor* s : node.src) {
-        if (s == nullptr || !s->is_weight) continue;
-        const std::optional<WeightCopies> w = weight_copies(s);
-        if (!w) continue;
-        if (w->host == nullptr) return Side::DEVICE;
-        if (w->device == nullptr) return Side::HOST;
-    }
-    // The rest follow their operands, preferring the device.
-    const bool host_ok = host_.supports_op(node);
-    if (!device_->supports_op(node)) return Side::HOST;
-    if (!host_ok) return Side::DEVICE;
-    for (const Tensor* s : node.src) {
-        if (s != nullptr && !s->is_weight && rs.side_of_storage(storage_of(s), weights_) == Side::DEVICE) return Side::DEVICE;
-    }
-    return Side::HOST;
-}
 
 Status Scheduler::ensure_arenas(size_t size) {
     for (int s = 0; s < kSides; ++s) {
@@ -292,7 +247,7 @@ Status Scheduler::plan(Graph& graph, std::span<const HostInput> inputs, RunState
     std::copy(std::begin(stats_.n_kept_host), std::end(stats_.n_kept_host), kept_before.begin());
     sides.resize(nodes.size());
     for (size_t i = 0; i < nodes.size(); ++i) {
-        sides[i] = assign(*nodes[i], rs);
+        sides[i] = assignment_.side_of(*nodes[i], rs, stats_);
         if (nodes[i]->view_src == nullptr) rs.produced[nodes[i]] = sides[i];
     }
     rs.plan = plan_allocation(graph);

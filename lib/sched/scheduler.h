@@ -1,16 +1,15 @@
 // The hybrid scheduler: runs a ubatch graph over a host backend and (optionally) a device backend.
-//
-// Per node it picks a side: weights pin the ops that read them (an op whose weights are only in host
-// RAM runs on the device if the policy offloads it at this batch size, uploading the weights into
-// staging slots), KV-cache ops run where the cache is, and the rest follow their operands, preferring
-// the device. Consecutive nodes on one side form a split. Activations live in two arenas of the same
-// layout, one per side: a tensor needed on the other side is copied to the same offset there, which
-// is free for the tensor's whole lifetime by construction of the allocation plan.
-//
-// Ordering: compute on the device is asynchronous; uploads of weights wait only for the fence of the
-// last compute that used their slot, so they run ahead of compute; the host waits for the device only
-// before a host split that needs device data, to read router choices (ACTIVE_ONLY), and at the end of
-// the ubatch. Nothing here knows an architecture.
+// It orchestrates objects with one job each:
+// - assignment.h: does this op run on the GPU (the side of every node);
+// - transfers.h: which bytes cross PCIe (the upload ring, ACTIVE/PREFETCH expert copies, activation
+//   copies, weights fetched back, expert id readback);
+// - weight_table.h: the copies of every weight.
+// Consecutive nodes on one side form a split, handed to that side's backend at once. Activations live
+// in two arenas of the same layout, one per side: a tensor needed on the other side is copied to the
+// same offset there, which is free for the tensor's whole lifetime by construction of the allocation
+// plan. Compute on the device is asynchronous; the host waits for the device only before a host split
+// that needs device data, to read router choices (ACTIVE_ONLY), and at the end of the ubatch. Nothing
+// here knows an architecture.
 #pragma once
 
 #include <array>
@@ -24,6 +23,7 @@
 
 #include "core/backend.h"
 #include "core/graph.h"
+#include "sched/assignment.h"
 #include "sched/expert_plan.h"
 #include "sched/placement.h"
 #include "sched/policy.h"
@@ -129,7 +129,6 @@ private:
     void keep_expert_ids(const Graph& graph, RunState& rs);
     bool arenas_hold(size_t size) const;
 
-    Side assign(const Tensor& node, const RunState& rs);
     Status ensure_arenas(size_t size);
     void bind(Graph& graph, RunState& rs);
     Status prepare_operands(Tensor& node, Side side, RunState& rs);
@@ -148,6 +147,7 @@ private:
     Policy policy_;
 
     WeightTable weights_;
+    Assignment assignment_;  // after weights_ and policy_, which it reads
     std::unique_ptr<Buffer> arena_[kSides];
 
     // Expert split: the groups of the ubatch being planned/run ([n_layer][n_expert], empty when off),

@@ -1,0 +1,59 @@
+#include "sched/assignment.h"
+
+#include "core/allocator.h"
+#include "sched/expert_plan.h"
+#include "sched/graph_ops.h"
+
+namespace moe::sched {
+
+int32_t Assignment::min_batch(OffloadOp op) const { return resolved_min_batch(policy_, op, n_expert_, n_expert_used_); }
+
+Side Assignment::side_of(const Tensor& node, const RunState& rs, Stats& stats) const {
+    if (device_ == nullptr) return Side::HOST;
+    switch (node.op) {
+        case Op::VIEW: return rs.side_of_storage(storage_of(&node), weights_);
+        case Op::CPY:  // writes the KV cache: runs where the cache is, as does attention reading it
+        case Op::ATTENTION: return rs.side_of_storage(storage_of(node.src[1]), weights_);
+        default: break;
+    }
+    if (node.expert_group >= 0) {
+        // A part of a split expert block runs where its group's experts are computed, whole.
+        const std::optional<OffloadOp> kind = offload_op_of(node.op);
+        const bool on_device = node.expert_group == kDeviceExpertGroup && device_->supports_op(node);
+        if (kind) ++(on_device ? stats.n_offloaded : stats.n_kept_host)[static_cast<size_t>(*kind)];
+        return on_device ? Side::DEVICE : Side::HOST;
+    }
+    const std::optional<OffloadOp> kind = offload_op_of(node.op);
+    if (kind && node.src[0] != nullptr && node.src[0]->is_weight) {
+        const std::optional<WeightCopies> w = weights_.usable(node.src[0], policy_.bias_dup);
+        if (w && w->device != nullptr) return Side::DEVICE;
+        const OffloadRule& rule = policy_.rule(*kind);
+        const auto k = static_cast<size_t>(*kind);
+        if (rule.enabled && op_tokens(node) >= min_batch(*kind) && device_->supports_op(node)) {
+            ++stats.n_offloaded[k];
+            return Side::DEVICE;
+        }
+        ++stats.n_kept_host[k];
+        return Side::HOST;
+    }
+    // Weights available on one side only pin the op there.
+    for (const Tensor* s : node.src) {
+        if (s == nullptr || !s->is_weight) continue;
+        const std::optional<WeightCopies> w = weights_.usable(s, policy_.bias_dup);
+        if (!w) continue;
+        if (w->host == nullptr) return Side::DEVICE;
+        if (w->device == nullptr) return Side::HOST;
+    }
+    // The rest follow their operands, preferring the device.
+    const bool host_ok = host_.supports_op(node);
+    if (!device_->supports_op(node)) return Side::HOST;
+    if (!host_ok) return Side::DEVICE;
+    for (const Tensor* s : node.src) {
+        if (s != nullptr && !s->is_weight && rs.side_of_storage(storage_of(s), weights_) == Side::DEVICE) {
+            return Side::DEVICE;
+        }
+    }
+    return Side::HOST;
+}
+
+}  // namespace moe::sched
