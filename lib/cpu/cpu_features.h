@@ -25,4 +25,12 @@ const char* cpu_isa_name();
 enum class IsaCap { kNone, kAvx2, kScalar };
 void set_cpu_isa_cap_for_testing(IsaCap cap);
 
+// Where the matrix products take the BF16 path (cpu/matmul_bf16_path.h) on a CPU with AVX-512 BF16:
+// kAuto (the default) where it is measured to beat the integer path, kAlways / kNever for tests and
+// benchmarks of either path. Without AVX-512 BF16 (or under an ISA cap) it is never taken.
+// REQUIRES: no kernel is running while it changes.
+enum class Bf16Path { kAuto, kAlways, kNever };
+void set_bf16_path_for_testing(Bf16Path path);
+Bf16Path bf16_path();
+
 }  // namespace moe::cpu

@@ -25,6 +25,9 @@
 // - MOE_UP_GATE reads the prepared activations once for both projections: a job computes the up and
 //   the gate tile of the same rows and tokens, adds the biases and applies the activation on the way
 //   out. SWIGLU_OAI takes alpha and limit from params.f[0] / f[1], 0 meaning gpt-oss's 1.702 / 7.
+// - Where many tokens share each weight row (prefill, large batches) and the CPU has AVX-512 BF16,
+//   quantised weights may take the BF16 path instead (cpu/matmul_bf16_path.h): weights decoded once
+//   per job to BF16, dot products in F32 (bf16path::wanted decides per op).
 // - Ids are validated (0 <= id < E) before anything is computed; a bad one is INVALID_ARGUMENT naming
 //   its position and value.
 #include <tbb/blocked_range.h>
@@ -37,6 +40,7 @@
 
 #include "cpu/cpu_features.h"
 #include "cpu/cpu_ops.h"
+#include "cpu/matmul_bf16_path.h"
 #include "cpu/matmul_kernels.h"
 #include "cpu/ops_common.h"
 
@@ -331,6 +335,15 @@ struct Glu {
     }
 };
 
+// Writes a BF16-path tile of a plain product: pair i goes to out row out_idx[i] (or i).
+void store_tile(const bf16path::Tile& t, const int32_t* out_idx, float* out, int64_t n) {
+    for (int64_t c = 0; c < t.nc; ++c) {
+        const int64_t pair = t.first + c;
+        float* o = out + (out_idx ? out_idx[pair] : pair) * n + t.r0;
+        for (int64_t r = 0; r < t.nr; ++r) o[r] = t.acc[0][r * t.stride + c];
+    }
+}
+
 }  // namespace
 
 bool supports_matmul_type(Type weight_type) { return weight_kind(weight_type) >= 0; }
@@ -354,8 +367,30 @@ Status mul_mat(Tensor& dst, Scratch& scratch) {
     const int64_t m = x.n_rows();
     if (m == 0 || n == 0) return Status::ok();
 
-    const KernelTable& kt = active_kernels();
     const int kind = weight_kind(w.type);
+    auto* out = dst.as<float>();
+    if (bf16path::wanted(kind, m, 1)) {
+        ScratchPlan plan;
+        const size_t offsets_off = plan.add(2 * sizeof(int32_t));
+        const size_t bf16_off = plan.add(bf16path::scratch_bytes(k, n, 1, m));
+        uint8_t* base = plan.commit(scratch);
+        auto* offsets = reinterpret_cast<int32_t*>(base + offsets_off);
+        offsets[0] = 0;
+        offsets[1] = static_cast<int32_t>(m);
+        bf16path::Problem p{};
+        p.w[0] = {static_cast<const uint8_t*>(w.data), w.nb[1], 0, kind};
+        p.n_w = 1;
+        p.k = k;
+        p.n_rows = n;
+        p.n_expert = 1;
+        p.offsets = offsets;
+        p.act_row = [&](int64_t i) { return reinterpret_cast<const float*>(ops::row_ptr(x, i)); };
+        p.store = [&](const bf16path::Tile& t) { store_tile(t, nullptr, out, n); };
+        bf16path::run(p, base + bf16_off);
+        return Status::ok();
+    }
+
+    const KernelTable& kt = active_kernels();
     const ActLayout layout = act_layout(kind, k);
     ScratchPlan plan;
     const size_t acts_off = plan.add(layout.stride * static_cast<size_t>(m));
@@ -366,7 +401,6 @@ Status mul_mat(Tensor& dst, Scratch& scratch) {
     const ColBlocks cb = col_blocks(m);
     const int64_t rb = rows_per_job(n, cb.count);
     const int64_t n_rb = ceil_div(n, rb);
-    auto* out = dst.as<float>();
     const mm::GemmFn gemm = kt.gemm[kind];
     const auto* w_data = static_cast<const uint8_t*>(w.data);
     auto job_w = [&](int64_t j) { return w_data + (j / cb.count) * rb * w.nb[1]; };
@@ -421,8 +455,10 @@ Status mul_mat_id(Tensor& dst, Scratch& scratch) {
     const ActLayout layout = act_layout(kind, k);
     const int64_t n_act = x.ne[1] * n_tokens;
     const int64_t n_pairs = n_used * n_tokens;
+    const bool bf16 = bf16path::wanted(kind, n_pairs, n_expert);
     ScratchPlan plan;
-    const size_t acts_off = plan.add(layout.stride * static_cast<size_t>(n_act));
+    const size_t acts_off = plan.add(bf16 ? bf16path::scratch_bytes(k, n, n_expert, n_pairs)
+                                          : layout.stride * static_cast<size_t>(n_act));
     const size_t offsets_off = plan.add(sizeof(int32_t) * static_cast<size_t>(n_expert + 1));
     const size_t cursor_off = plan.add(sizeof(int32_t) * static_cast<size_t>(n_expert));
     const size_t act_idx_off = plan.add(sizeof(int32_t) * static_cast<size_t>(n_pairs));
@@ -434,14 +470,27 @@ Status mul_mat_id(Tensor& dst, Scratch& scratch) {
                    reinterpret_cast<int32_t*>(base + out_idx_off)};
     group_by_expert(ids, n_expert, x.ne[1] == 1, g, reinterpret_cast<int32_t*>(base + cursor_off));
     uint8_t* acts = base + acts_off;
-    prepare_acts(kt, layout, k, n_act, acts, [&](int64_t i) {
-        return reinterpret_cast<const float*>(x.row(i % x.ne[1], i / x.ne[1]));
-    });
+    auto act_row = [&](int64_t i) { return reinterpret_cast<const float*>(x.row(i % x.ne[1], i / x.ne[1])); };
+    auto* out = dst.as<float>();
+    if (bf16) {
+        bf16path::Problem p{};
+        p.w[0] = {static_cast<const uint8_t*>(w.data), w.nb[1], w.nb[2], kind};
+        p.n_w = 1;
+        p.k = k;
+        p.n_rows = n;
+        p.n_expert = n_expert;
+        p.offsets = g.offsets;
+        p.act_idx = g.act_idx;
+        p.act_row = act_row;
+        p.store = [&](const bf16path::Tile& t) { store_tile(t, g.out_idx, out, n); };
+        bf16path::run(p, acts);
+        return Status::ok();
+    }
+    prepare_acts(kt, layout, k, n_act, acts, act_row);
 
     const int64_t rb = rows_per_job(n, total_col_blocks(g, n_expert));
     auto* jobs = reinterpret_cast<Job*>(base + jobs_off);
     const int64_t n_jobs = plan_expert_jobs(g, n_expert, n, rb, jobs);
-    auto* out = dst.as<float>();
     const mm::GemmFn gemm = kt.gemm[kind];
     const auto* w_data = static_cast<const uint8_t*>(w.data);
     auto job_w = [&](int64_t j) { return w_data + jobs[j].expert * w.nb[2] + jobs[j].r0 * w.nb[1]; };
@@ -513,10 +562,12 @@ Status moe_up_gate(Tensor& dst, Scratch& scratch) {
     const int gate_kind = weight_kind(gate.type);
     const ActLayout up_layout = act_layout(up_kind, k);
     const ActLayout gate_layout = act_layout(gate_kind, k);
-    const bool shared_acts = same_layout(up_layout, gate_layout);
     const int64_t n_pairs = n_used * n_tokens;
+    const bool bf16 = bf16path::wanted(up_kind, n_pairs, n_expert) && bf16path::wanted(gate_kind, n_pairs, n_expert);
+    const bool shared_acts = bf16 || same_layout(up_layout, gate_layout);
     ScratchPlan plan;
-    const size_t up_acts_off = plan.add(up_layout.stride * static_cast<size_t>(n_tokens));
+    const size_t up_acts_off = plan.add(bf16 ? bf16path::scratch_bytes(k, f, n_expert, n_pairs)
+                                             : up_layout.stride * static_cast<size_t>(n_tokens));
     const size_t gate_acts_off =
         shared_acts ? up_acts_off : plan.add(gate_layout.stride * static_cast<size_t>(n_tokens));
     const size_t offsets_off = plan.add(sizeof(int32_t) * static_cast<size_t>(n_expert + 1));
@@ -532,15 +583,41 @@ Status moe_up_gate(Tensor& dst, Scratch& scratch) {
     auto x_row = [&](int64_t t) { return reinterpret_cast<const float*>(x.row(t)); };
     uint8_t* up_acts = base + up_acts_off;
     uint8_t* gate_acts = base + gate_acts_off;
+    auto* out = dst.as<float>();
+    const Tensor* up_bias = dst.src[4];
+    const Tensor* gate_bias = dst.src[5];
+    if (bf16) {
+        bf16path::Problem p{};
+        p.w[0] = {static_cast<const uint8_t*>(up.data), up.nb[1], up.nb[2], up_kind};
+        p.w[1] = {static_cast<const uint8_t*>(gate.data), gate.nb[1], gate.nb[2], gate_kind};
+        p.n_w = 2;
+        p.k = k;
+        p.n_rows = f;
+        p.n_expert = n_expert;
+        p.offsets = g.offsets;
+        p.act_idx = g.act_idx;
+        p.act_row = x_row;
+        p.store = [&](const bf16path::Tile& t) {
+            const float* bu = up_bias ? reinterpret_cast<const float*>(up_bias->row(t.expert)) + t.r0 : nullptr;
+            const float* bg = gate_bias ? reinterpret_cast<const float*>(gate_bias->row(t.expert)) + t.r0 : nullptr;
+            for (int64_t c = 0; c < t.nc; ++c) {
+                float* o = out + static_cast<int64_t>(g.out_idx[t.first + c]) * f + t.r0;
+                for (int64_t r = 0; r < t.nr; ++r) {
+                    const float uv = t.acc[0][r * t.stride + c] + (bu ? bu[r] : 0.0f);
+                    const float gv = t.acc[1][r * t.stride + c] + (bg ? bg[r] : 0.0f);
+                    o[r] = glu(gv, uv);
+                }
+            }
+        };
+        bf16path::run(p, up_acts);
+        return Status::ok();
+    }
     prepare_acts(kt, up_layout, k, n_tokens, up_acts, x_row);
     if (!shared_acts) prepare_acts(kt, gate_layout, k, n_tokens, gate_acts, x_row);
 
     const int64_t rb = rows_per_job(f, total_col_blocks(g, n_expert));
     auto* jobs = reinterpret_cast<Job*>(base + jobs_off);
     const int64_t n_jobs = plan_expert_jobs(g, n_expert, f, rb, jobs);
-    auto* out = dst.as<float>();
-    const Tensor* up_bias = dst.src[4];
-    const Tensor* gate_bias = dst.src[5];
     const auto* up_data = static_cast<const uint8_t*>(up.data);
     const auto* gate_data = static_cast<const uint8_t*>(gate.data);
     auto up_w = [&](int64_t j) { return up_data + jobs[j].expert * up.nb[2] + jobs[j].r0 * up.nb[1]; };

@@ -11,8 +11,12 @@
 // decoding. --hot instead reuses one layer and one draw of ids: the weights then come from the caches,
 // which measures the kernels' compute speed.
 //
-// Usage: moeinfer_bench_matmul [--threads N] [--types q8_0,q4_0,mxfp4,bf16,f16,f32] [--shapes q30,g20]
-//                              [--tokens 1,512] [--layers L] [--min-time SECONDS] [--hot]
+// --bf16 always|never forces the BF16 path of quantised weights on or off (where the CPU has AVX-512
+// BF16); the default, auto, is the library's own choice.
+//
+// Usage: moeinfer_bench_matmul [--threads N] [--types q8_0,q4_0,mxfp4,q4_k,q6_k,bf16,f16,f32]
+//                              [--shapes q30,g20] [--tokens 1,512] [--layers L] [--min-time SECONDS] [--hot]
+//                              [--bf16 auto|always|never]
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
@@ -24,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -65,6 +70,7 @@ struct Options {
     int layers = 0;  // 0: enough copies for kColdBytes
     double min_time = 1.0;
     bool hot = false;
+    moe::cpu::Bf16Path bf16 = moe::cpu::Bf16Path::kAuto;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -96,10 +102,17 @@ bool parse_args(int argc, char** argv, Options& o) {
             o.min_time = std::atof(argv[++i]);
         } else if (a == "--hot") {
             o.hot = true;
+        } else if (a == "--bf16" && has_value && (std::strcmp(argv[i + 1], "auto") == 0 ||
+                                                  std::strcmp(argv[i + 1], "always") == 0 ||
+                                                  std::strcmp(argv[i + 1], "never") == 0)) {
+            const std::string v = argv[++i];
+            o.bf16 = v == "always" ? moe::cpu::Bf16Path::kAlways
+                     : v == "never" ? moe::cpu::Bf16Path::kNever
+                                    : moe::cpu::Bf16Path::kAuto;
         } else {
             std::fprintf(stderr,
                          "usage: %s [--threads N] [--types q8_0,q4_0,mxfp4,bf16,f16,f32] [--shapes q30,g20] "
-                         "[--tokens 1,512] [--layers L] [--min-time S] [--hot]\n",
+                         "[--tokens 1,512] [--layers L] [--min-time S] [--hot] [--bf16 auto|always|never]\n",
                          argv[0]);
             return false;
         }
@@ -149,6 +162,16 @@ void fill_weights(HostTensor& h, uint64_t seed) {
                     std::memcpy(p, &h16, 2);
                     break;
                 case Type::MXFP4: p[0] = static_cast<uint8_t>(118 + (words[0] & 7)); break;
+                case Type::Q4_K:
+                case Type::Q5_K:  // d, dmin first
+                    h16 = moe::fp32_to_fp16(0.01f);
+                    std::memcpy(p, &h16, 2);
+                    std::memcpy(p + 2, &h16, 2);
+                    break;
+                case Type::Q6_K:  // d last
+                    h16 = moe::fp32_to_fp16(0.01f);
+                    std::memcpy(p + block - 2, &h16, 2);
+                    break;
                 case Type::F16:
                     h16 = static_cast<uint16_t>((words[0] & 0x83FF) | 0x2000);  // |v| in [2^-7, 2^-6)
                     std::memcpy(p, &h16, 2);
@@ -205,9 +228,18 @@ struct Layer {
 
 struct Timing {
     double up_gate_s = 0, down_s = 0;
+    double up_gate_cpu_s = 0, down_cpu_s = 0;  // CPU time of the process (all threads)
     double up_gate_bytes = 0, down_bytes = 0;  // weight bytes of the distinct experts touched, per step
     int reps = 0;
 };
+
+// On a shared machine the wall time depends on the other load; with --threads 1 the process's CPU
+// time measures the kernels' own work.
+double process_cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -256,11 +288,14 @@ bool run_case(const Shape& s, Type type, int64_t n_tokens, const Options& o, std
         dn.src[1] = &mid.t;
         dn.src[2] = &ids_t;
 
+        const double c0 = process_cpu_seconds();
         const auto t0 = std::chrono::steady_clock::now();
         const moe::Status st1 = moe::cpu::moe_up_gate(ug, scratch);
         const auto t1 = std::chrono::steady_clock::now();
+        const double c1 = process_cpu_seconds();
         const moe::Status st2 = moe::cpu::mul_mat_id(dn, scratch);
         const auto t2 = std::chrono::steady_clock::now();
+        const double c2 = process_cpu_seconds();
         if (!st1.is_ok() || !st2.is_ok()) {
             std::fprintf(stderr, "error: %s%s\n", st1.message().c_str(), st2.message().c_str());
             return false;
@@ -268,6 +303,8 @@ bool run_case(const Shape& s, Type type, int64_t n_tokens, const Options& o, std
         if (rep < 2) continue;  // warm-up: first touch of scratch and of every layer copy
         tm.up_gate_s += std::chrono::duration<double>(t1 - t0).count();
         tm.down_s += std::chrono::duration<double>(t2 - t1).count();
+        tm.up_gate_cpu_s += c1 - c0;
+        tm.down_cpu_s += c2 - c1;
         tm.up_gate_bytes += n_distinct * expert_bytes_ug;
         tm.down_bytes += n_distinct * expert_bytes_down;
         ++tm.reps;
@@ -284,10 +321,10 @@ bool run_case(const Shape& s, Type type, int64_t n_tokens, const Options& o, std
     const double per_s_16 = static_cast<double>(n_tokens) / (layer_s * 16);
     const double per_s_model = static_cast<double>(n_tokens) / (layer_s * s.layers_in_model);
     std::printf("%-4s %-6s %5lld | up_gate %8.3f ms %7.1f GB/s %7.1f GFLOP/s | down %8.3f ms %7.1f GB/s %7.1f GFLOP/s"
-                " | %8.1f t/s per 16 layers, %8.1f t/s per %d layers  (%d reps)\n",
+                " | %8.1f t/s per 16 layers, %8.1f t/s per %d layers | cpu up_gate %8.3f ms down %8.3f ms  (%d reps)\n",
                 s.name, moe::type_name(type), static_cast<long long>(n_tokens), ug_s * 1e3, ug_gbs,
                 ug_flop / ug_s * 1e-9, dn_s * 1e3, dn_gbs, dn_flop / dn_s * 1e-9, per_s_16, per_s_model,
-                s.layers_in_model, tm.reps);
+                s.layers_in_model, tm.up_gate_cpu_s / tm.reps * 1e3, tm.down_cpu_s / tm.reps * 1e3, tm.reps);
     std::fflush(stdout);
     return true;
 }
@@ -298,7 +335,10 @@ int main(int argc, char** argv) {
     Options o;
     if (!parse_args(argc, argv, o)) return 2;
     if (o.threads <= 0) o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    std::printf("moeinfer_bench_matmul: %d threads, kernels: %s, weights %s\n", o.threads, moe::cpu::cpu_isa_name(),
+    moe::cpu::set_bf16_path_for_testing(o.bf16);
+    const char* bf16_names[] = {"auto", "always", "never"};
+    std::printf("moeinfer_bench_matmul: %d threads, kernels: %s, BF16 path: %s, weights %s\n", o.threads,
+                moe::cpu::cpu_isa_name(), bf16_names[static_cast<int>(o.bf16)],
                 o.hot ? "hot (one layer, fixed ids: from the caches)" : "cold (layer copies cycled: from DRAM)");
     std::printf("GB/s = weight bytes of the distinct experts touched / time; t/s = tokens / (up_gate + down) "
                 "time of that many expert layers (experts only)\n");

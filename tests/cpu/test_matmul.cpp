@@ -11,6 +11,11 @@
 // - The super-block types (Q2_K .. Q6_K, IQ4_XS): the same with blocks of 256 (Q8K activations).
 // - Different kernel families agree within the float summation term alone (their integer block dots
 //   are exact, and the quantised activations are bit-identical, which is tested directly).
+// - The BF16 path (quantised weights, AVX-512 BF16; forced on as its own family "avx512_bf16"):
+//   weights and activations are rounded to BF16 (nearest even, subnormals flushed), their products
+//   are exact in F32, and the k F32 additions of each dot product round. So it is compared with a
+//   second reference: the float64 sum of the BF16-rounded products, within (k + 2) * 2^-24 * sum of
+//   their magnitudes (the F32 summation bound), plus k * 2^-110 for flushed subnormal products.
 #include <catch2/catch.hpp>
 
 #include <tbb/task_arena.h>
@@ -43,6 +48,7 @@ struct Isa {
     const char* name;
     cpu::IsaCap cap;
     const moe::cpu::mm::KernelTable* table;
+    bool bf16 = false;  // the BF16 path forced on (quantised weights); off for the other families
 };
 
 std::vector<Isa> available_isas() {
@@ -51,14 +57,25 @@ std::vector<Isa> available_isas() {
     std::vector<Isa> isas = {{"scalar", cpu::IsaCap::kScalar, &moe::cpu::mm::kScalarKernels}};
     if (f.avx2) isas.push_back({"avx2", cpu::IsaCap::kAvx2, &moe::cpu::mm::kAvx2Kernels});
     if (f.avx512 && f.avx512_vnni) isas.push_back({"avx512", cpu::IsaCap::kNone, &moe::cpu::mm::kAvx512Kernels});
+    if (f.avx512 && f.avx512_vnni && f.avx512_bf16) {
+        isas.push_back({"avx512_bf16", cpu::IsaCap::kNone, &moe::cpu::mm::kAvx512Kernels, true});
+    } else {
+        WARN("skipped: the BF16 path (this CPU has no AVX-512 BF16)");
+    }
     return isas;
 }
 
 // Selects a kernel family for the scope.
 class IsaScope {
 public:
-    explicit IsaScope(const Isa& isa) { cpu::set_cpu_isa_cap_for_testing(isa.cap); }
-    ~IsaScope() { cpu::set_cpu_isa_cap_for_testing(cpu::IsaCap::kNone); }
+    explicit IsaScope(const Isa& isa) {
+        cpu::set_cpu_isa_cap_for_testing(isa.cap);
+        cpu::set_bf16_path_for_testing(isa.bf16 ? cpu::Bf16Path::kAlways : cpu::Bf16Path::kNever);
+    }
+    ~IsaScope() {
+        cpu::set_cpu_isa_cap_for_testing(cpu::IsaCap::kNone);
+        cpu::set_bf16_path_for_testing(cpu::Bf16Path::kAuto);
+    }
     IsaScope(const IsaScope&) = delete;
     IsaScope& operator=(const IsaScope&) = delete;
 };
@@ -212,14 +229,25 @@ struct Ref {
     double value;
     double tol;        // against the reference
     double sum_tol;    // float-summation part only (for comparing kernel families)
+    double bf16_value = 0.0;  // the BF16 path's reference (quantised weights)
+    double bf16_tol = 0.0;
 };
 
+// v rounded to BF16 as the AVX-512 BF16 conversions do: subnormals flushed, then nearest even.
+double bf16_round(float v) {
+    if (std::fabs(v) < std::numeric_limits<float>::min()) return 0.0;
+    return moe::bf16_to_fp32(moe::fp32_to_bf16(v));
+}
+
 Ref ref_dot(Type type, const std::vector<float>& w, const float* x) {
-    double dot = 0.0, mag = 0.0, qerr = 0.0;
+    double dot = 0.0, mag = 0.0, qerr = 0.0, bdot = 0.0, bmag = 0.0;
     const int64_t k = static_cast<int64_t>(w.size());
     for (int64_t i = 0; i < k; ++i) {
         dot += static_cast<double>(w[i]) * x[i];
         mag += std::fabs(static_cast<double>(w[i]) * x[i]);
+        const double bp = bf16_round(w[i]) * bf16_round(x[i]);
+        bdot += bp;
+        bmag += std::fabs(bp);
     }
     if (const int64_t bs = act_block(type); bs > 0) {
         for (int64_t b = 0; b < k / bs; ++b) {
@@ -232,7 +260,16 @@ Ref ref_dot(Type type, const std::vector<float>& w, const float* x) {
         }
     }
     const double sum_tol = 1e-5 * mag + 1e-30;
-    return {dot, qerr + sum_tol, sum_tol};
+    const double bf16_tol = static_cast<double>(k + 2) * (std::ldexp(bmag, -24) + std::ldexp(1.0, -110));
+    return {dot, qerr + sum_tol, sum_tol, bdot, bf16_tol};
+}
+
+// The reference of a kernel family: the BF16 one where the BF16 path computes (quantised weights).
+std::vector<Ref> for_family(const std::vector<Ref>& ref, const Isa& isa, bool quantized) {
+    if (!isa.bf16 || !quantized) return ref;
+    std::vector<Ref> out(ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) out[i] = {ref[i].bf16_value, ref[i].bf16_tol, ref[i].bf16_tol};
+    return out;
 }
 
 void fill_nan(HostTensor& h) {
@@ -294,10 +331,11 @@ void run_mul_mat_case(Type type, MatShape s, const std::vector<Isa>& isas) {
         INFO("mul_mat " << moe::type_name(type) << " " << isa.name << " K=" << s.k << " N=" << s.n << " M=" << s.m);
         REQUIRE(st.is_ok());
         outs.push_back(as_vector(dst));
-        CHECK(check_close(isa.name, outs.back(), ref) == 0);
+        CHECK(check_close(isa.name, outs.back(), for_family(ref, isa, moe::is_quantized(type))) == 0);
     }
     // Kernel families agree within float summation error around each other: compare with the first.
     for (size_t i = 1; i < outs.size(); ++i) {
+        if (isas[i].bf16) continue;  // rounds differently: checked against its own reference above
         std::vector<Ref> around(ref.size());
         for (size_t j = 0; j < ref.size(); ++j) around[j] = {outs[0][j], ref[j].sum_tol, ref[j].sum_tol};
         INFO("mul_mat " << moe::type_name(type) << " " << isas[i].name << " vs " << isas[0].name << " K=" << s.k
@@ -474,7 +512,7 @@ TEST_CASE("matmul: MUL_MAT with batched, strided activations", "[matmul]") {
                 }
             }
             INFO(moe::type_name(type) << " " << isa.name);
-            CHECK(check_close(isa.name, got, ref) == 0);
+            CHECK(check_close(isa.name, got, for_family(ref, isa, moe::is_quantized(type))) == 0);
         }
     }
 }
@@ -518,7 +556,7 @@ void run_mul_mat_id_case(Type type, int64_t k, int64_t n, int64_t n_tokens, bool
         INFO("mul_mat_id " << moe::type_name(type) << " " << isa.name << " K=" << k << " N=" << n << " T=" << n_tokens
                            << " B=" << b << ": " << st.message());
         REQUIRE(st.is_ok());
-        CHECK(check_close(isa.name, as_vector(dst), ref) == 0);
+        CHECK(check_close(isa.name, as_vector(dst), for_family(ref, isa, moe::is_quantized(type))) == 0);
     }
 }
 
@@ -570,12 +608,21 @@ void run_up_gate_case(Type up_type, Type gate_type, Activation act, bool biases,
                     u.value += reinterpret_cast<const float*>(up_bias.t.row(e))[r];
                     g.value += reinterpret_cast<const float*>(gate_bias.t.row(e))[r];
                 }
-                const double out = act_ref(act, g.value, u.value);
+                if (biases) {
+                    u.bf16_value += reinterpret_cast<const float*>(up_bias.t.row(e))[r];
+                    g.bf16_value += reinterpret_cast<const float*>(gate_bias.t.row(e))[r];
+                }
                 // |d out/d u| <= |g| (SILU: |silu(g)| <= |g|; OAI: |x sigmoid| <= |x|); |d out/d g| <= 1.1 |u (+1)|.
-                const double du = std::fabs(g.value) + g.tol;
-                const double dg = 1.1 * (std::fabs(u.value) + u.tol + (act == Activation::SWIGLU_OAI ? 1.0 : 0.0));
-                const double tol = du * u.tol + dg * g.tol + 1e-5 * std::fabs(out) + 1e-6;
-                ref[static_cast<size_t>((t * n_used + j) * f + r)] = {out, tol, tol};
+                auto propagate = [&](double uv, double ut, double gv, double gt, double& out, double& tol) {
+                    out = act_ref(act, gv, uv);
+                    const double du = std::fabs(gv) + gt;
+                    const double dg = 1.1 * (std::fabs(uv) + ut + (act == Activation::SWIGLU_OAI ? 1.0 : 0.0));
+                    tol = du * ut + dg * gt + 1e-5 * std::fabs(out) + 1e-6;
+                };
+                Ref& o = ref[static_cast<size_t>((t * n_used + j) * f + r)];
+                propagate(u.value, u.tol, g.value, g.tol, o.value, o.tol);
+                o.sum_tol = o.tol;
+                propagate(u.bf16_value, u.bf16_tol, g.bf16_value, g.bf16_tol, o.bf16_value, o.bf16_tol);
             }
         }
     }
@@ -603,7 +650,8 @@ void run_up_gate_case(Type up_type, Type gate_type, Activation act, bool biases,
                                << static_cast<int>(act) << " biases " << biases << " " << isa.name << " K=" << k
                                << " F=" << f << " T=" << n_tokens << ": " << st.message());
         REQUIRE(st.is_ok());
-        CHECK(check_close(isa.name, as_vector(dst), ref) == 0);
+        const bool quantized = moe::is_quantized(up_type) && moe::is_quantized(gate_type);
+        CHECK(check_close(isa.name, as_vector(dst), for_family(ref, isa, quantized)) == 0);
     }
 }
 
@@ -659,13 +707,30 @@ TEST_CASE("matmul: bad expert ids are INVALID_ARGUMENT and leave dst alone", "[m
     }
 }
 
+namespace {
+
+// Forces the BF16 path on or off for the scope.
+class PathScope {
+public:
+    explicit PathScope(cpu::Bf16Path path) { cpu::set_bf16_path_for_testing(path); }
+    ~PathScope() { cpu::set_bf16_path_for_testing(cpu::Bf16Path::kAuto); }
+    PathScope(const PathScope&) = delete;
+    PathScope& operator=(const PathScope&) = delete;
+};
+
+}  // namespace
+
 TEST_CASE("matmul: kNoExpert ids leave their rows unwritten and the other rows as they were", "[matmul]") {
     // The parts of a split expert block: every row of the masked op is either the unmasked op's row
     // (bit for bit: the same kernel on the same pairs) or untouched (still the NaN poison).
     const int64_t k = 64, n = 24, f = 96, n_expert = 6, n_used = 3, n_tokens = 37;
     cpu::Scratch scratch;
-    for (Type type : {Type::Q8_0, Type::MXFP4, Type::F32}) {
-        INFO("type " << type_name(type));
+    // Both paths (the BF16 one where the CPU has it; elsewhere kAlways changes nothing).
+    for (auto [type, path] : {std::pair{Type::Q8_0, cpu::Bf16Path::kNever}, std::pair{Type::MXFP4, cpu::Bf16Path::kNever},
+                              std::pair{Type::F32, cpu::Bf16Path::kNever}, std::pair{Type::Q8_0, cpu::Bf16Path::kAlways},
+                              std::pair{Type::MXFP4, cpu::Bf16Path::kAlways}}) {
+        const PathScope path_scope(path);
+        INFO("type " << type_name(type) << " bf16 path " << (path == cpu::Bf16Path::kAlways));
         HostTensor down = random_weights(type, f, n, n_expert);
         HostTensor up = random_weights(type, k, f, n_expert);
         HostTensor gate = random_weights(type, k, f, n_expert);
@@ -708,6 +773,39 @@ TEST_CASE("matmul: kNoExpert ids leave their rows unwritten and the other rows a
                     }
                 }
             }
+        }
+    }
+}
+
+TEST_CASE("matmul: by default the BF16 path takes Q8_0, Q4_0 and MXFP4 products from 64 pairs per expert", "[matmul]") {
+    cpu::set_cpu_isa_cap_for_testing(cpu::IsaCap::kNone);
+    if (!cpu::cpu_features().avx512_bf16) {
+        WARN("skipped: the BF16 path (this CPU has no AVX-512 BF16)");
+        return;
+    }
+    // The default must equal one of the forced paths bit for bit (the two round differently).
+    const int64_t k = 256, n = 16;
+    for (Type type : {Type::Q8_0, Type::Q4_0, Type::MXFP4, Type::Q4_K}) {
+        HostTensor w = random_weights(type, k, n);
+        for (int64_t m : {32, 64}) {
+            HostTensor x = random_acts({k, m});
+            auto run = [&](cpu::Bf16Path path) {
+                const PathScope scope(path);
+                HostTensor dst = make_tensor(Type::F32, {n, m});
+                dst.t.op = Op::MUL_MAT;
+                dst.t.src[0] = &w.t;
+                dst.t.src[1] = &x.t;
+                cpu::Scratch scratch;
+                REQUIRE(cpu::mul_mat(dst.t, scratch).is_ok());
+                return as_vector(dst);
+            };
+            const std::vector<float> deflt = run(cpu::Bf16Path::kAuto);
+            const std::vector<float> bf16 = run(cpu::Bf16Path::kAlways);
+            const std::vector<float> integer = run(cpu::Bf16Path::kNever);
+            const bool want_bf16 = m >= 64 && type != Type::Q4_K;
+            INFO(moe::type_name(type) << " M=" << m);
+            REQUIRE(bf16 != integer);
+            CHECK(deflt == (want_bf16 ? bf16 : integer));
         }
     }
 }
