@@ -11,7 +11,7 @@
 // accumulated in float with d * d_x (and dmin * d_x): results equal the scalar path to float rounding.
 //
 // Micro-kernel: up to 4 weight rows x 2 tokens; per super-block a row's chunks are unpacked once and
-// used for every token.
+// used for every token (the loop is matmul_q8k_driver.h's, shared with the AVX-512 kernels).
 #include <immintrin.h>
 
 #include <bit>
@@ -21,6 +21,7 @@
 #include "core/quant_blocks.h"
 #include "core/quant_k_layout.h"
 #include "cpu/matmul_kernels.h"
+#include "cpu/matmul_q8k_driver.h"
 
 namespace moe::cpu::mm::avx2 {
 namespace {
@@ -44,11 +45,6 @@ inline float hsum(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
-}
-
-inline void prefetch_ahead(const uint8_t* p, intptr_t pf) {
-    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(pf)),
-                 _MM_HINT_T0);
 }
 
 // Byte b of every 16-bit lane pair of `v`, (v >> shift) & mask per byte (shift < 8: 16-bit shifts
@@ -217,63 +213,42 @@ struct Iq4_XSW {
     }
 };
 
-template <class W, int R, int C>
-void micro(const uint8_t* w, size_t ws, intptr_t pf, const uint8_t* const* x, float* const* out, int64_t k) {
-    const int64_t nb = k / 256;
-    __m256 acc[R][C];
-    for (int r = 0; r < R; ++r) {
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-    }
-    for (int64_t b = 0; b < nb; ++b) {
-        __m256i bs[C];
-        float dx[C];
-        for (int c = 0; c < C; ++c) {
-            bs[c] = loadu256(x[c] + nb * 260 + 32 * b);
-            dx[c] = reinterpret_cast<const float*>(x[c] + nb * 256)[b];
-        }
-        for (int r = 0; r < R; ++r) {
-            const uint8_t* wp = w + r * ws + b * W::kBytes;
-            for (size_t line = 0; line < W::kBytes; line += 64) prefetch_ahead(wp + line, pf);
-            Unpacked u;
-            W::unpack(wp, u);
-            for (int c = 0; c < C; ++c) {
-                const uint8_t* xq = x[c] + 256 * b;
-                __m256i isum = _mm256_madd_epi16(u.corr, bs[c]);
+// The AVX2 side of the shared loop (matmul_q8k_driver.h).
+struct Avx2 {
+    static constexpr int kRows = kRowsMax;
+    static constexpr int kCols = kColsMax;
+    using Unpacked = avx2::Unpacked;
+    using Acc = __m256;
+    using BSums = __m256i;
+    static Acc zero() { return _mm256_setzero_ps(); }
+    static BSums load_bsums(const uint8_t* p) { return loadu256(p); }
+    static float reduce(Acc acc) { return hsum(acc); }
+    template <class W>
+    static Acc block(const Unpacked& u, const uint8_t* xq, BSums bs, float dx, Acc acc) {
+        __m256i isum = _mm256_madd_epi16(u.corr, bs);
 #pragma GCC unroll 8
-                for (int j = 0; j < 8; ++j) {
-                    const __m256i xv = _mm256_load_si256(reinterpret_cast<const __m256i*>(xq + 32 * j));
-                    __m256i d16;
-                    if constexpr (W::kSigned) {
-                        d16 = _mm256_maddubs_epi16(_mm256_abs_epi8(u.v[j]), _mm256_sign_epi8(xv, u.v[j]));
-                    } else {
-                        d16 = _mm256_maddubs_epi16(u.v[j], xv);
-                    }
-                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(d16, u.sc[j]));
-                }
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(u.d * dx[c]), acc[r][c]);
-                if constexpr (W::kMin) {
-                    const __m256i msum = _mm256_madd_epi16(u.mins, bs[c]);
-                    acc[r][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(u.dmin * dx[c]), acc[r][c]);
-                }
+        for (int j = 0; j < 8; ++j) {
+            const __m256i xv = _mm256_load_si256(reinterpret_cast<const __m256i*>(xq + 32 * j));
+            __m256i d16;
+            if constexpr (W::kSigned) {
+                d16 = _mm256_maddubs_epi16(_mm256_abs_epi8(u.v[j]), _mm256_sign_epi8(xv, u.v[j]));
+            } else {
+                d16 = _mm256_maddubs_epi16(u.v[j], xv);
             }
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(d16, u.sc[j]));
         }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(u.d * dx), acc);
+        if constexpr (W::kMin) {
+            const __m256i msum = _mm256_madd_epi16(u.mins, bs);
+            acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(u.dmin * dx), acc);
+        }
+        return acc;
     }
-    for (int r = 0; r < R; ++r) {
-        for (int c = 0; c < C; ++c) out[c][r] = hsum(acc[r][c]);
-    }
-}
-
-template <class W>
-constexpr MicroFn kMicro[kRowsMax][kColsMax] = {
-    {micro<W, 1, 1>, micro<W, 1, 2>},
-    {micro<W, 2, 1>, micro<W, 2, 2>},
-    {micro<W, 3, 1>, micro<W, 3, 2>},
-    {micro<W, 4, 1>, micro<W, 4, 2>},
 };
 
 template <class W>
 void gemm(const GemmArgs& a) {
-    tile_gemm(a, kMicro<W>);
+    q8k_gemm<Avx2, W>(a);
 }
 
 }  // namespace

@@ -14,7 +14,7 @@
 // equal the scalar path to float rounding.
 //
 // Micro-kernel: up to 4 weight rows x 4 tokens; per super-block a row's chunks are unpacked once and
-// used for every token.
+// used for every token (the loop is matmul_q8k_driver.h's, shared with the AVX2 kernels).
 
 // GCC 12 warns about the deliberately undefined vectors inside its own AVX-512 intrinsics (GCC bug
 // 105593, fixed in 13); the warning points into the header, so it is silenced for the header only.
@@ -31,6 +31,7 @@
 #include "core/quant_blocks.h"
 #include "core/quant_k_layout.h"
 #include "cpu/matmul_kernels.h"
+#include "cpu/matmul_q8k_driver.h"
 
 namespace moe::cpu::mm::avx512 {
 namespace {
@@ -46,11 +47,6 @@ inline uint16_t load_u16(const uint8_t* p) {
 }
 inline float fp16(const uint8_t* p) { return _cvtsh_ss(load_u16(p)); }
 inline __m256i loadu256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-
-inline void prefetch_ahead(const uint8_t* p, intptr_t pf) {
-    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(pf)),
-                 _MM_HINT_T0);
-}
 
 // (v >> shift) & mask per byte (shift < 8: a 16-bit shift moves no bit of a byte's neighbour below
 // the mask).
@@ -238,59 +234,38 @@ struct Iq4_XSW {
     }
 };
 
-template <class W, int R, int C>
-void micro(const uint8_t* w, size_t ws, intptr_t pf, const uint8_t* const* x, float* const* out, int64_t k) {
-    const int64_t nb = k / 256;
-    __m512 acc[R][C];
-    for (int r = 0; r < R; ++r) {
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-    }
-    for (int64_t b = 0; b < nb; ++b) {
-        __m256i bs[C];
-        float dx[C];
-        for (int c = 0; c < C; ++c) {
-            bs[c] = loadu256(x[c] + nb * 260 + 32 * b);
-            dx[c] = reinterpret_cast<const float*>(x[c] + nb * 256)[b];
-        }
-        for (int r = 0; r < R; ++r) {
-            const uint8_t* wp = w + r * ws + b * W::kBytes;
-            for (size_t line = 0; line < W::kBytes; line += 64) prefetch_ahead(wp + line, pf);
-            Unpacked u;
-            W::unpack(wp, u);
-            for (int c = 0; c < C; ++c) {
-                const uint8_t* xq = x[c] + 256 * b;
-                __m512i isum = _mm512_zextsi256_si512(_mm256_madd_epi16(u.corr, bs[c]));
+// The AVX-512 side of the shared loop (matmul_q8k_driver.h).
+struct Avx512 {
+    static constexpr int kRows = kRowsMax;
+    static constexpr int kCols = kColsMax;
+    using Unpacked = avx512::Unpacked;
+    using Acc = __m512;
+    using BSums = __m256i;
+    static Acc zero() { return _mm512_setzero_ps(); }
+    static BSums load_bsums(const uint8_t* p) { return loadu256(p); }
+    static float reduce(Acc acc) { return _mm512_reduce_add_ps(acc); }
+    template <class W>
+    static Acc block(const Unpacked& u, const uint8_t* xq, BSums bs, float dx, Acc acc) {
+        __m512i isum = _mm512_zextsi256_si512(_mm256_madd_epi16(u.corr, bs));
 #pragma GCC unroll 4
-                for (int q = 0; q < 4; ++q) {
-                    __m512i xv = _mm512_load_si512(xq + 64 * q);
-                    if constexpr (W::kSigned) xv = _mm512_mask_sub_epi8(xv, u.neg[q], _mm512_setzero_si512(), xv);
-                    const __m512i d16 = _mm512_maddubs_epi16(u.v[q], xv);
-                    isum = _mm512_add_epi32(isum, _mm512_madd_epi16(d16, u.sc[q]));
-                }
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(u.d * dx[c]), acc[r][c]);
-                if constexpr (W::kMin) {
-                    const __m512i msum = _mm512_zextsi256_si512(_mm256_madd_epi16(u.mins, bs[c]));
-                    acc[r][c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_set1_ps(u.dmin * dx[c]), acc[r][c]);
-                }
-            }
+        for (int q = 0; q < 4; ++q) {
+            __m512i xv = _mm512_load_si512(xq + 64 * q);
+            if constexpr (W::kSigned) xv = _mm512_mask_sub_epi8(xv, u.neg[q], _mm512_setzero_si512(), xv);
+            const __m512i d16 = _mm512_maddubs_epi16(u.v[q], xv);
+            isum = _mm512_add_epi32(isum, _mm512_madd_epi16(d16, u.sc[q]));
         }
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(u.d * dx), acc);
+        if constexpr (W::kMin) {
+            const __m512i msum = _mm512_zextsi256_si512(_mm256_madd_epi16(u.mins, bs));
+            acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_set1_ps(u.dmin * dx), acc);
+        }
+        return acc;
     }
-    for (int r = 0; r < R; ++r) {
-        for (int c = 0; c < C; ++c) out[c][r] = _mm512_reduce_add_ps(acc[r][c]);
-    }
-}
-
-template <class W>
-constexpr MicroFn kMicro[kRowsMax][kColsMax] = {
-    {micro<W, 1, 1>, micro<W, 1, 2>, micro<W, 1, 3>, micro<W, 1, 4>},
-    {micro<W, 2, 1>, micro<W, 2, 2>, micro<W, 2, 3>, micro<W, 2, 4>},
-    {micro<W, 3, 1>, micro<W, 3, 2>, micro<W, 3, 3>, micro<W, 3, 4>},
-    {micro<W, 4, 1>, micro<W, 4, 2>, micro<W, 4, 3>, micro<W, 4, 4>},
 };
 
 template <class W>
 void gemm(const GemmArgs& a) {
-    tile_gemm(a, kMicro<W>);
+    q8k_gemm<Avx512, W>(a);
 }
 
 }  // namespace
