@@ -205,9 +205,9 @@ MOE_API void moe_model_free(moe_model* model);
  * valid until moe_model_free. Fields an architecture does not use are 0. */
 typedef struct moe_model_info {
     uint32_t struct_size;
-    const char* architecture; /* "qwen3moe", "gpt-oss" */
+    const char* architecture; /* "qwen3moe", "gpt-oss", "glm4moe" */
     const char* name;         /* general.name, "" when absent */
-    int32_t n_layer;
+    int32_t n_layer;          /* layers run: glm4moe's trailing NextN layers (nextn_predict_layers) not counted */
     int32_t n_embd;
     int32_t n_vocab;
     int32_t n_head;
@@ -578,11 +578,13 @@ MOE_API moe_status moe_context_get_profile(const moe_context* ctx, moe_op_profil
 
 typedef struct moe_synth_params {
     uint32_t struct_size;
-    /* "qwen3moe" or "gpt-oss". Borrowed during the call. Default: "qwen3moe". */
+    /* "qwen3moe", "gpt-oss" or "glm4moe". Borrowed during the call. Default: "qwen3moe". */
     const char* architecture;
-    /* Preset shape: "qwen3-30b-a3b", "gpt-oss-20b", "gpt-oss-120b", or "tiny" (a few-KB model for
-     * unit tests). Shape fields below that are > 0 override the preset. Default: "qwen3-30b-a3b"
-     * for qwen3moe, "gpt-oss-20b" for gpt-oss. */
+    /* Preset shape: "qwen3-30b-a3b", "gpt-oss-20b", "gpt-oss-120b", "glm-4.5-air", "glm-4.5", or "tiny"
+     * (a few-KB model for unit tests; glm4moe also "tiny-air", without q/k norms). Shape fields below
+     * that are > 0 override the preset. glm4moe files also hold the NextN layer converted GLM files
+     * carry. Default: "qwen3-30b-a3b" for qwen3moe, "gpt-oss-20b" for gpt-oss, "glm-4.5-air" for
+     * glm4moe. */
     const char* preset;
     int32_t n_layer;        /* Default: 0 (preset) */
     int32_t n_embd;         /* Default: 0 (preset) */
@@ -616,7 +618,7 @@ typedef struct moe_synth_params {
     const char* recipe;
 } moe_synth_params;
 
-/* Fills defaults for `architecture` ("qwen3moe" or "gpt-oss"; NULL means "qwen3moe"). */
+/* Fills defaults for `architecture` ("qwen3moe", "gpt-oss" or "glm4moe"; NULL means "qwen3moe"). */
 MOE_API moe_status moe_synth_params_init(moe_synth_params* params, const char* architecture);
 
 /* Writes a synthetic model to `path`, streaming (constant memory whatever the size). */

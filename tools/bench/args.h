@@ -173,8 +173,8 @@ inline std::vector<Option> make_options(Config& c) {
              return std::nullopt;
          }},
         {"", "--synthetic", "SPEC",
-         "synthetic model ARCH[:key=value...], ARCH = qwen3moe or gpt-oss, keys: preset, layers, experts, dense, "
-         "embd, n_expert, n_expert_used, ff, vocab, n_head, n_head_kv, head_dim, seed, skew (e.g. "
+         "synthetic model ARCH[:key=value...], ARCH = qwen3moe, gpt-oss or glm4moe, keys: preset, layers, experts, "
+         "dense, embd, n_expert, n_expert_used, ff, vocab, n_head, n_head_kv, head_dim, seed, skew (e.g. "
          "qwen3moe:preset=tiny, qwen3moe:layers=4:experts=q8_0); written once into --synthetic-dir and reused",
          "", model,
          [&c](const std::string& v) -> std::optional<std::string> {

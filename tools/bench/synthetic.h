@@ -140,8 +140,9 @@ inline std::optional<std::string> parse_synthetic_spec(const std::string& text, 
         pos = colon + 1;
     }
     spec.arch = parts[0];
-    if (spec.arch != "qwen3moe" && spec.arch != "gpt-oss") {
-        return "unknown architecture '" + spec.arch + "' in '" + text + "' (expected qwen3moe or gpt-oss)";
+    if (spec.arch != "qwen3moe" && spec.arch != "gpt-oss" && spec.arch != "glm4moe") {
+        return "unknown architecture '" + spec.arch + "' in '" + text +
+               "' (expected qwen3moe, gpt-oss or glm4moe)";
     }
     std::vector<std::string> seen;
     for (size_t i = 1; i < parts.size(); ++i) {

@@ -166,7 +166,7 @@ void bind_model(py::module_& m) {
     using namespace pybind11::literals;
 
     py::class_<ModelInfo>(m, "ModelInfo", "Hyper-parameters of a loaded model (Model.info).")
-        .def_readonly("architecture", &ModelInfo::architecture_str, "\"qwen3moe\" or \"gpt-oss\"")
+        .def_readonly("architecture", &ModelInfo::architecture_str, "\"qwen3moe\", \"gpt-oss\" or \"glm4moe\"")
         .def_readonly("name", &ModelInfo::name_str, "general.name, \"\" when absent")
         .def_readonly("n_layer", &ModelInfo::n_layer)
         .def_readonly("n_embd", &ModelInfo::n_embd)

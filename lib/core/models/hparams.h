@@ -51,11 +51,12 @@ struct HParams {
 };
 
 // Reads and validates every hyper-parameter, so that a bad file fails at load rather than at the
-// first decode (or never). Unknown architecture, or RoPE scaling other than gpt-oss's YaRN ->
-// UNIMPLEMENTED; a key missing, of the wrong type, out of range (counts in [1, 2^30], floats finite:
-// freq_base > 0, rms epsilon >= 0, YaRN factor >= 1) or inconsistent with another (head counts,
-// expert counts, head sizes, block_count against the file's blk.N tensors) -> DATA_CORRUPT naming the
-// full key and the value.
+// first decode (or never). n_layer is the layers a forward pass runs: block_count less glm4moe's
+// nextn_predict_layers (multi-token-prediction layers the file holds after them, never run).
+// Unknown architecture, or RoPE scaling other than gpt-oss's YaRN -> UNIMPLEMENTED; a key missing,
+// of the wrong type, out of range (counts in [1, 2^30], floats finite: freq_base > 0, rms epsilon
+// >= 0, YaRN factor >= 1) or inconsistent with another (head counts, expert counts, head sizes,
+// block_count against the file's blk.N tensors) -> DATA_CORRUPT naming the full key and the value.
 StatusOr<HParams> read_hparams(const GgufFile& file);
 
 // True for expert tensors (blk.N.ffn_{gate,up,down}_exps.{weight,bias}).
