@@ -11,7 +11,7 @@
 #include "core/allocator.h"
 #include "core/backend.h"
 #include "core/stable_arena.h"
-#include "sched/clock.h"
+#include "sched/expert_plan.h"
 #include "sched/weight_table.h"
 
 namespace moe::sched {
@@ -49,14 +49,8 @@ struct RunState {
     std::map<std::pair<const Tensor*, int>, Prefetch> prefetched;  // (node, operand) -> its early upload
     std::set<size_t> reserved_slots;  // slots of early uploads not consumed yet: no other upload may take them
 
-    // --- the expert split, measured for ExpertSplitter::learn ---
-    double split_host_seconds = 0.0;
-    double split_wait_seconds = 0.0;
-    double split_min_wait_seconds = 0.0;  // the shortest wait: the device's own latency, no upload in it
-    int split_host_flushes = 0;
-    Clock::time_point split_first_start, split_last_end;  // from the first host part's wait to the last's end
-    int split_first_layer = 0, split_last_layer = 0;      // ... and their layers
-    int split_host_layers = 0;                            // distinct layers among the host parts
+    // --- the expert split's host parts, measured (ExpertSplitter::finish) ---
+    SplitTiming split_timing;
 
     // A stand-in for `like` over other memory (a weight's copy, an activation's copy on the other side).
     Tensor* substitute(const Tensor& like, void* data, Buffer* buffer);

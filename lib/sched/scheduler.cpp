@@ -17,7 +17,8 @@ Scheduler::Scheduler(Backend& host, Backend* device, int n_layer, int n_expert, 
       n_expert_used_(n_expert_used),
       weights_(n_layer, n_expert),
       assignment_(host, device, weights_, policy_, n_expert, n_expert_used),
-      transfers_(device, weights_, policy_, split_, stats_, n_layer, n_expert,
+      splitter_(device != nullptr, weights_, policy_, assignment_, n_layer, n_expert, n_expert_used),
+      transfers_(device, weights_, policy_, splitter_.current(), stats_, n_layer, n_expert,
                  [this](RunState& rs) { return flush(rs); }) {
     stats_.expert_counts.assign(static_cast<size_t>(std::max(n_layer, 0)) * static_cast<size_t>(std::max(n_expert, 0)), 0);
 }
@@ -35,13 +36,17 @@ std::optional<WeightCopies> Scheduler::weight_copies(const Tensor* weight) const
 
 int32_t Scheduler::min_batch(OffloadOp op) const { return assignment_.min_batch(op); }
 
+StatusOr<ExpertSplitPlan> Scheduler::plan_expert_split(int n_tokens) {
+    return splitter_.plan(n_tokens, profiling_, transfers_);
+}
+
 Status Scheduler::set_policy(const Policy& policy) {
     MOE_RETURN_IF_ERROR(validate_policy(policy));
     MOE_RETURN_IF_ERROR(transfers_.set_policy(policy));
     policy_ = policy;
     plans_.clear();  // sides depend on the policy
     prepared_.reset();
-    split_trials_.clear();
+    splitter_.clear_trials();
     return Status::ok();
 }
 
@@ -104,21 +109,7 @@ Status Scheduler::flush(RunState& rs) {
         MOE_RETURN_IF_ERROR(host_.compute(nodes));
         const double host_seconds = seconds_since(t0);
         stats_.seconds_host_compute += host_seconds;
-        if (split_part) {
-            const double wait = std::chrono::duration<double>(t0 - t_wait).count();
-            rs.split_min_wait_seconds = rs.split_host_flushes == 0 ? wait : std::min(rs.split_min_wait_seconds, wait);
-            const int layer = nodes.front()->layer;
-            if (rs.split_host_flushes == 0) {
-                rs.split_first_start = t_wait;
-                rs.split_first_layer = layer;
-            }
-            if (rs.split_host_flushes == 0 || layer != rs.split_last_layer) ++rs.split_host_layers;
-            rs.split_last_end = Clock::now();
-            rs.split_last_layer = layer;
-            rs.split_wait_seconds += wait;
-            rs.split_host_seconds += host_seconds;
-            ++rs.split_host_flushes;
-        }
+        if (split_part) rs.split_timing.record(t_wait, t0, host_seconds, nodes.front()->layer);
     } else {
         const Clock::time_point t0 = Clock::now();
         MOE_RETURN_IF_ERROR(device_->compute(nodes));
@@ -175,42 +166,9 @@ Status Scheduler::count_experts(const Transfers::IdSources& sources, int n_token
         }
     }
     for (size_t i = 0; i < counts.size(); ++i) stats_.expert_counts[i] += counts[i];
-    // The expert split predicts the next prompt ubatch's counts from this one (not from decode steps).
-    if (n_tokens >= n_expert_) {
-        last_counts_ = std::move(counts);
-        last_counts_tokens_ = n_tokens;
-    }
+    splitter_.observe_counts(std::move(counts), n_tokens);
     return Status::ok();
 }
-
-namespace {
-
-// FNV-1a over what the plan depends on: ops, layers, and the shapes of tensors that own memory.
-uint64_t graph_signature(const Graph& graph, size_t n_inputs) {
-    uint64_t h = 1469598103934665603ull;
-    auto mix = [&h](uint64_t v) {
-        h ^= v;
-        h *= 1099511628211ull;
-    };
-    mix(graph.nodes().size());
-    mix(n_inputs);
-    for (const Tensor* n : graph.nodes()) {
-        mix(static_cast<uint64_t>(n->op));
-        mix(static_cast<uint64_t>(n->layer + 1));
-        if (n->view_src == nullptr) {
-            for (int64_t d : n->ne) mix(static_cast<uint64_t>(d));
-            mix(static_cast<uint64_t>(n->type));
-        }
-        for (const Tensor* s : n->src) {
-            if (s != nullptr && s->op == Op::NONE) {
-                for (int64_t d : s->ne) mix(static_cast<uint64_t>(d));
-            }
-        }
-    }
-    return h;
-}
-
-}  // namespace
 
 // Sides for every node and arena offsets: from the cache, or decided now (nodes in order, so each
 // node's operands are placed before it) and cached.
@@ -218,9 +176,9 @@ bool Scheduler::apply_cached_plan(Graph& graph, std::span<const HostInput> input
                                   std::vector<Side>& sides) {
     const std::vector<Tensor*>& nodes = graph.nodes();
     for (const HostInput& in : inputs) rs.produced[in.tensor] = Side::HOST;
-    const auto it = plans_.find(key);
-    if (it == plans_.end() || it->second.sides.size() != nodes.size()) return false;
-    const CachedPlan& c = it->second;
+    const CachedPlan* cached = plans_.find(key, nodes.size());
+    if (cached == nullptr) return false;
+    const CachedPlan& c = *cached;
     sides = c.sides;
     rs.eager = c.eager;
     rs.plan.arena_size = c.arena_size;
@@ -239,7 +197,7 @@ bool Scheduler::apply_cached_plan(Graph& graph, std::span<const HostInput> input
 
 Status Scheduler::plan(Graph& graph, std::span<const HostInput> inputs, RunState& rs, std::vector<Side>& sides) {
     const std::vector<Tensor*>& nodes = graph.nodes();
-    const uint64_t key = graph_signature(graph, inputs.size());
+    const uint64_t key = PlanCache::signature(graph, inputs.size());
     if (apply_cached_plan(graph, inputs, key, rs, sides)) return Status::ok();
 
     std::array<uint64_t, kOffloadOps> offloaded_before, kept_before;
@@ -251,7 +209,7 @@ Status Scheduler::plan(Graph& graph, std::span<const HostInput> inputs, RunState
         if (nodes[i]->view_src == nullptr) rs.produced[nodes[i]] = sides[i];
     }
     rs.plan = plan_allocation(graph);
-    rs.eager = eager_downloads(graph, sides);
+    rs.eager = transfers_.eager_downloads(graph, sides);
 
     CachedPlan c;
     c.sides = sides;
@@ -277,7 +235,7 @@ Status Scheduler::plan(Graph& graph, std::span<const HostInput> inputs, RunState
         c.kept_host[static_cast<size_t>(k)] = stats_.n_kept_host[static_cast<size_t>(k)] - kept_before[static_cast<size_t>(k)];
     }
     // Cache only plans that the indices describe completely (no planned leaf other than the inputs).
-    if (found == rs.plan.offsets.size()) plans_[key] = std::move(c);
+    if (found == rs.plan.offsets.size()) plans_.store(key, std::move(c));
     return Status::ok();
 }
 
@@ -312,7 +270,7 @@ void Scheduler::prepare(Graph& graph, std::span<Tensor* const> input_tensors) {
     for (Tensor* t : input_tensors) inputs.push_back({t, nullptr});
     keep_expert_ids(graph, *p->rs);
     // The arenas may be in use by the device: a plan that would grow them waits for its run().
-    if (!apply_cached_plan(graph, inputs, graph_signature(graph, inputs.size()), *p->rs, p->sides) ||
+    if (!apply_cached_plan(graph, inputs, PlanCache::signature(graph, inputs.size()), *p->rs, p->sides) ||
         !arenas_hold(p->rs->plan.arena_size)) {
         return;
     }
@@ -430,64 +388,13 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
     }();
     if (!status.is_ok() && device_ != nullptr) (void)device_->synchronize();  // leave nothing in flight
     if (status.is_ok()) {
-        learn_split_costs(rs);
-        if (split_timed_) {
-            // A ubatch that allocated arenas or slots paid one-off costs: not a fair sample (the trial
-            // asks for the same side again).
-            allocated_in_run_ = transfers_.take_allocated() || allocated_in_run_;
-            if (!allocated_in_run_) split_trials_.record(n_tokens, split_timed_on_, seconds_since(t_start));
-            ++stats_.n_split_trials;
-        }
-        // Counted once the split ran (the graph of the plan), not when it was planned.
-        stats_.n_split_layers += split_.n_layers;
-        stats_.n_split_host_experts += split_.n_host_experts;
-        split_.n_layers = split_.n_host_experts = 0;
+        allocated_in_run_ = transfers_.take_allocated() || allocated_in_run_;
+        splitter_.finish(rs.split_timing, n_tokens, seconds_since(t_start), !allocated_in_run_, profiling_, stats_);
     }
     ++stats_.n_ubatches;
     stats_.seconds_total += seconds_since(t_start);
     retired_ = std::move(owned);
     return status;
-}
-
-// Device nodes whose output a host part of a split expert block reads.
-std::vector<uint8_t> Scheduler::eager_downloads(const Graph& graph, const std::vector<Side>& sides) const {
-    const std::vector<Tensor*>& nodes = graph.nodes();
-    std::vector<uint8_t> eager(nodes.size(), 0);
-    std::unordered_map<const Tensor*, size_t> index;
-    for (size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = i;
-    for (size_t i = 0; i < nodes.size(); ++i) {
-        if (nodes[i]->expert_group != kHostExpertGroup || sides[i] != Side::HOST) continue;
-        for (const Tensor* s : nodes[i]->src) {
-            if (s == nullptr || s->is_weight) continue;
-            const auto it = index.find(storage_of(s));
-            if (it != index.end() && sides[it->second] == Side::DEVICE && nodes[it->second]->op != Op::VIEW) {
-                eager[it->second] = 1;
-            }
-        }
-    }
-    return eager;
-}
-
-// Folds this ubatch's host-part measurements into the costs the next split balances.
-void Scheduler::learn_split_costs(const RunState& rs) {
-    // Per-op synchronisation (profiling) would skew every term.
-    if (profiling_ || rs.split_host_flushes == 0 || split_expected_pairs_ <= 0.0) return;
-    const double per_pair = rs.split_host_seconds / split_expected_pairs_;
-    // What the host's side of a split layer costs besides its expert pairs: the device's latency from
-    // the host's result to the next layer's inputs (the shortest wait: the longer ones also wait for
-    // uploads, which the balance counts on the other side) and the host's own work between two host
-    // parts (queueing the device's nodes and uploads, bookkeeping), which no wait shows.
-    // The second term only over consecutive split layers (a layer that does not split in between adds
-    // device work that is not the host's); a layer's host part may take several flushes.
-    double serial = rs.split_min_wait_seconds;
-    const int layers = rs.split_host_layers;
-    if (layers >= 2 && rs.split_last_layer - rs.split_first_layer == layers - 1) {
-        const double span = std::chrono::duration<double>(rs.split_last_end - rs.split_first_start).count();
-        serial += std::max(0.0, span - rs.split_host_seconds - rs.split_wait_seconds) / (layers - 1);
-    }
-    const bool first = split_host_s_per_pair_ <= 0.0;
-    split_host_s_per_pair_ = first ? per_pair : 0.5 * (split_host_s_per_pair_ + per_pair);
-    split_host_serial_s_ = first ? serial : 0.5 * (split_host_serial_s_ + serial);
 }
 
 }  // namespace moe::sched

@@ -3,13 +3,18 @@
 // - assignment.h: does this op run on the GPU (the side of every node);
 // - transfers.h: which bytes cross PCIe (the upload ring, ACTIVE/PREFETCH expert copies, activation
 //   copies, weights fetched back, expert id readback);
+// - plan_cache.h: sides and arena offsets of a graph's shape, decided once and reused;
+// - expert_splitter.h: which experts of a prompt ubatch the host computes while the device computes
+//   the rest, learned from measured costs;
 // - weight_table.h: the copies of every weight.
-// Consecutive nodes on one side form a split, handed to that side's backend at once. Activations live
-// in two arenas of the same layout, one per side: a tensor needed on the other side is copied to the
-// same offset there, which is free for the tensor's whole lifetime by construction of the allocation
-// plan. Compute on the device is asynchronous; the host waits for the device only before a host split
-// that needs device data, to read router choices (ACTIVE_ONLY), and at the end of the ubatch. Nothing
-// here knows an architecture.
+// What stays here: the activation arenas, handing runs of nodes on one side (splits) to their backend,
+// planning a decode step ahead (prepare), the expert activation counts and per-op profiling.
+//
+// Activations live in two arenas of the same layout, one per side: a tensor needed on the other side
+// is copied to the same offset there, which is free for the tensor's whole lifetime by construction of
+// the allocation plan. Compute on the device is asynchronous; the host waits for the device only before
+// a host split that needs device data, to read router choices (ACTIVE_ONLY), and at the end of the
+// ubatch. Nothing here knows an architecture.
 #pragma once
 
 #include <array>
@@ -25,10 +30,11 @@
 #include "core/graph.h"
 #include "sched/assignment.h"
 #include "sched/expert_plan.h"
+#include "sched/expert_splitter.h"
 #include "sched/placement.h"
+#include "sched/plan_cache.h"
 #include "sched/policy.h"
 #include "sched/run_state.h"
-#include "sched/split_trial.h"
 #include "sched/stats.h"
 #include "sched/transfers.h"
 #include "sched/weight_table.h"
@@ -50,18 +56,6 @@ struct OpTime {
     double seconds = 0.0;
 };
 using OpTimes = std::array<std::array<OpTime, static_cast<size_t>(Op::COUNT)>, kSides>;
-
-// What run() decides from a graph's structure alone, reused for later graphs of the same shape
-// (TG rebuilds the same graph every token; only KV-cache view lengths change).
-struct CachedPlan {
-    std::vector<Side> sides;            // per node
-    std::vector<uint8_t> eager;         // per node: copy its output to the host as soon as it is queued
-    std::vector<int64_t> node_offset;   // per node: arena offset, -1 without arena memory
-    std::vector<int64_t> input_offset;  // per input
-    size_t arena_size = 0;
-    std::array<uint64_t, kOffloadOps> offloaded{};
-    std::array<uint64_t, kOffloadOps> kept_host{};
-};
 
 class Scheduler {
 public:
@@ -133,9 +127,6 @@ private:
     void bind(Graph& graph, RunState& rs);
     Status prepare_operands(Tensor& node, Side side, RunState& rs);
     Status flush(RunState& rs);
-    std::vector<uint8_t> eager_downloads(const Graph& graph, const std::vector<Side>& sides) const;
-    int choose_host_experts(int layer, int n_tokens, std::vector<int32_t>& order, double* expected_pairs) const;
-    void learn_split_costs(const RunState& rs);
     // Waits for the device and tallies the ubatch's expert ids (Transfers::fetch_expert_ids).
     Status count_experts(const Transfers::IdSources& sources, int n_tokens);
 
@@ -145,36 +136,23 @@ private:
     int n_expert_;
     int n_expert_used_;
     Policy policy_;
-
+    Stats stats_;
+    // The parts, in this order: each holds references to those above it.
     WeightTable weights_;
-    Assignment assignment_;  // after weights_ and policy_, which it reads
+    Assignment assignment_;
+    ExpertSplitter splitter_;
+    Transfers transfers_;
+    PlanCache plans_;  // cleared by set_policy
+
     std::unique_ptr<Buffer> arena_[kSides];
-
-    // Expert split: the groups of the ubatch being planned/run ([n_layer][n_expert], empty when off),
-    // the measured costs it balances, and the last ubatch's activation counts it predicts from.
-    ExpertSplitPlan split_;
-    double split_upload_s_per_byte_ = 0.0;  // Transfers::upload_seconds_per_byte, once measured
-    double split_host_s_per_pair_ = 0.0;    // host seconds per expected (token, expert) pair of a host part
-    double split_expected_pairs_ = 0.0;     // of the planned ubatch's host parts
-    double split_host_serial_s_ = 0.0;      // per split layer: the host side's cost besides its pairs
-    std::vector<uint32_t> last_counts_;     // [n_layer][n_expert] of the last ubatch
-    int last_counts_tokens_ = 0;
-    SplitTrials split_trials_;              // automatic split: timed ubatches with and without
-    bool split_timed_ = false;              // the planned ubatch is a sample for split_trials_
-    bool split_timed_on_ = false;           // ... run split
-    bool allocated_in_run_ = false;         // the running ubatch allocated arenas or upload slots
-
-    std::unordered_map<uint64_t, CachedPlan> plans_;  // by graph signature; cleared by set_policy
+    bool allocated_in_run_ = false;  // the running ubatch allocated arenas or upload slots
     std::unique_ptr<Prepared> prepared_;  // prepare()'s graph, for the next run()
     // The last run's state (maps and operand stand-ins), freed while the device computes the next ubatch:
     // freed at the end of a run, it and the step's graph took 0.02-0.14 ms per token with the device idle.
     std::unique_ptr<RunState> retired_;
 
-    Stats stats_;
     bool profiling_ = false;
     OpTimes op_times_{};
-    // Declared last: it holds references to the members above.
-    Transfers transfers_;
 };
 
 }  // namespace moe::sched

@@ -329,6 +329,24 @@ Status Transfers::early_upload(Tensor& node, int src_index, const void* host, st
     return Status::ok();
 }
 
+std::vector<uint8_t> Transfers::eager_downloads(const Graph& graph, const std::vector<Side>& sides) {
+    const std::vector<Tensor*>& nodes = graph.nodes();
+    std::vector<uint8_t> eager(nodes.size(), 0);
+    std::unordered_map<const Tensor*, size_t> index;
+    for (size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = i;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+        if (nodes[i]->expert_group != kHostExpertGroup || sides[i] != Side::HOST) continue;
+        for (const Tensor* s : nodes[i]->src) {
+            if (s == nullptr || s->is_weight) continue;
+            const auto it = index.find(storage_of(s));
+            if (it != index.end() && sides[it->second] == Side::DEVICE && nodes[it->second]->op != Op::VIEW) {
+                eager[it->second] = 1;
+            }
+        }
+    }
+    return eager;
+}
+
 Status Transfers::download_output(void* out, const Tensor& tensor) {
     return device_->copy_to_host(out, tensor.data, tensor.n_bytes());
 }

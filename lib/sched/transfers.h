@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/graph.h"
 #include "sched/expert_plan.h"
 #include "sched/policy.h"
 #include "sched/run_state.h"
@@ -62,6 +63,9 @@ public:
     // the device part of the next split layer.
     Status look_ahead_split(const std::vector<Tensor*>& nodes, const std::vector<Side>& sides, size_t from,
                             RunState& rs);
+    // Per node of a planned graph: whether its output goes to the host as soon as it is queued (device
+    // nodes whose output a host part of a split expert block reads).
+    static std::vector<uint8_t> eager_downloads(const Graph& graph, const std::vector<Side>& sides);
     // Downloads an output computed on the device into out (tensor->n_bytes() bytes).
     Status download_output(void* out, const Tensor& tensor);
 
