@@ -8,7 +8,7 @@
 # Usage: scripts/regen_forward_reference.sh LLAMA_SRC [ARCH ...]
 #   LLAMA_SRC: a llama.cpp source tree or a .tar.xz / .tar.gz of one (the files of record came from
 #              commit 0c1e570, the one llama-cpp-python 0.3.36 vendors: shared/peers/llama.cpp-0c1e570-src.tar.xz)
-#   ARCH:      the architectures to write (default: every one moeinfer-synth knows that has cases)
+#   ARCH:      the architectures to write (default: all that scripts/reference/forward_expected.py lists)
 # Environment: LLAMA_COMMIT (recorded in each file; default: the 7 hex digits in LLAMA_SRC's name),
 #   BUILD_DIR (default build-fwdref; a build of scripts/reference made for the tokenizer serves too),
 #   MOEINFER_BUILD (a moeinfer build holding tools/moeinfer-synth, default build), JOBS (default nproc),

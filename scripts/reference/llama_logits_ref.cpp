@@ -102,7 +102,8 @@ void write_npy(const std::string& path, const std::vector<float>& data, size_t r
     FILE* f = std::fopen(path.c_str(), "wb");
     if (f == nullptr) throw std::runtime_error(path + ": cannot open for writing");
     const uint16_t header_len = static_cast<uint16_t>(header.size());
-    const unsigned char preamble[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, static_cast<unsigned char>(header_len & 0xff),
+    const unsigned char preamble[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
+                                        static_cast<unsigned char>(header_len & 0xff),
                                         static_cast<unsigned char>(header_len >> 8)};
     // The data is written as the host's floats: the .npy says little-endian, as every host llama.cpp runs on.
     const bool ok = std::fwrite(preamble, 1, sizeof(preamble), f) == sizeof(preamble) &&

@@ -41,6 +41,10 @@ from .ops import KVCache, attention, check_tokens, default_inv_freq, linear, rms
     start_pass, top_k_desc, yarn_inv_freq
 
 ARCH = "deepseek2"
+# How a softmax-gated (V2) router scores an expert group: "max", its best expert (HF DeepSeek-V2 MoEGate,
+# topk_method "group_limited_greedy"), or "top2_sum", V3's sum of its two best, which llama.cpp (0c1e570,
+# build_moe_ffn) applies to every deepseek2 file; tests set it to compare with llama.cpp.
+SOFTMAX_GROUP_SCORE = "max"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +139,7 @@ def route(model: Model, p: MlaParams, il: int, h: np.ndarray, trace: dict | None
     margin = np.full(n, np.inf)
     if p.n_group_used < p.n_group:
         grouped = choice.reshape(n, p.n_group, -1)
-        if p.sigmoid:
+        if p.sigmoid or SOFTMAX_GROUP_SCORE == "top2_sum":
             group_score = np.sum(-np.sort(-grouped, axis=-1)[..., :2], axis=-1)
         else:
             group_score = np.max(grouped, axis=-1)
