@@ -28,13 +28,19 @@ const char* kUsage =
     "\n"
     "options:\n"
     "  -o, --output PATH     file to write (required); written as PATH.tmp, renamed when complete\n"
-    "  --arch ARCH           qwen3moe | gpt-oss | glm4moe (default: qwen3moe, or the preset's architecture)\n"
-    "  --preset NAME         qwen3-30b-a3b | gpt-oss-20b | gpt-oss-120b | glm-4.5-air | glm-4.5 | tiny\n"
-    "                        (glm4moe also tiny-air: no q/k norms, scale 1, as GLM-4.5-Air)\n"
+    "  --arch ARCH           qwen3moe | gpt-oss | glm4moe | deepseek2 (default: qwen3moe, or the preset's\n"
+    "                        architecture)\n"
+    "  --preset NAME         qwen3-30b-a3b | gpt-oss-20b | gpt-oss-120b | glm-4.5-air | glm-4.5 |\n"
+    "                        deepseek-v3 | kimi-k2 | deepseek-v2-lite | tiny\n"
+    "                        (glm4moe also tiny-air: no q/k norms, scale 1, as GLM-4.5-Air; deepseek2 also\n"
+    "                        tiny-lite: V2-like, plain q and softmax routing; deepseek2's tiny is V3-like)\n"
     "                        (default: qwen3-30b-a3b for qwen3moe, gpt-oss-20b for gpt-oss,\n"
-    "                        glm-4.5-air for glm4moe; tiny = 2 or 3 layers, n_embd 64: a few hundred KB,\n"
+    "                        glm-4.5-air for glm4moe, deepseek-v3 for deepseek2; tiny = 2 or 3 layers,\n"
+    "                        n_embd 64: a few hundred KB,\n"
     "                        for tests; glm4moe files also hold the NextN layer real files have)\n"
-    "  --layers N            number of layers (default: the preset's: 48, 24 or 36)\n"
+    "  --layers N            number of layers (default: the preset's: 48, 24 or 36); deepseek2 keeps the\n"
+    "                        preset's share of leading dense layers, at least one dense and one MoE layer\n"
+    "                        (deepseek-v3 --layers 4: 1 dense + 3 MoE)\n"
     "  --experts TYPE|RECIPE expert tensor type: f16 | bf16 | f32 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 |\n"
     "                        iq4_nl | mxfp4 | q2_K | q3_K | q4_K | q5_K | q6_K | iq4_xs\n"
     "                        (default: q8_0 for qwen3moe, mxfp4 for gpt-oss); the K-quants and iq4_xs\n"
@@ -194,6 +200,10 @@ int main(int argc, char** argv) {
     if (out == nullptr) usage_error("no output file: give -o PATH");
     if (arch == nullptr && preset != nullptr && std::strncmp(preset, "gpt-oss", 7) == 0) arch = "gpt-oss";
     if (arch == nullptr && preset != nullptr && std::strncmp(preset, "glm-4", 5) == 0) arch = "glm4moe";
+    if (arch == nullptr && preset != nullptr &&
+        (std::strncmp(preset, "deepseek-", 9) == 0 || std::strcmp(preset, "kimi-k2") == 0)) {
+        arch = "deepseek2";
+    }
 
     moe_synth_params p;
     if (moe_synth_params_init(&p, arch) != MOE_STATUS_OK) usage_error(std::string("--arch: ") + moe_last_error());

@@ -578,13 +578,15 @@ MOE_API moe_status moe_context_get_profile(const moe_context* ctx, moe_op_profil
 
 typedef struct moe_synth_params {
     uint32_t struct_size;
-    /* "qwen3moe", "gpt-oss" or "glm4moe". Borrowed during the call. Default: "qwen3moe". */
+    /* "qwen3moe", "gpt-oss", "glm4moe" or "deepseek2". Borrowed during the call. Default: "qwen3moe". */
     const char* architecture;
     /* Preset shape: "qwen3-30b-a3b", "gpt-oss-20b", "gpt-oss-120b", "glm-4.5-air", "glm-4.5", or "tiny"
      * (a few-KB model for unit tests; glm4moe also "tiny-air", without q/k norms). Shape fields below
      * that are > 0 override the preset. glm4moe files also hold the NextN layer converted GLM files
-     * carry. Default: "qwen3-30b-a3b" for qwen3moe, "gpt-oss-20b" for gpt-oss, "glm-4.5-air" for
-     * glm4moe. */
+     * carry. deepseek2: "deepseek-v3", "kimi-k2", "deepseek-v2-lite", "tiny" (V3-like) and "tiny-lite"
+     * (V2-like); n_layer below the preset's keeps its share of leading dense layers, at least one dense
+     * and one MoE layer. Default: "qwen3-30b-a3b" for qwen3moe, "gpt-oss-20b" for gpt-oss, "glm-4.5-air"
+     * for glm4moe, "deepseek-v3" for deepseek2. */
     const char* preset;
     int32_t n_layer;        /* Default: 0 (preset) */
     int32_t n_embd;         /* Default: 0 (preset) */
@@ -618,7 +620,8 @@ typedef struct moe_synth_params {
     const char* recipe;
 } moe_synth_params;
 
-/* Fills defaults for `architecture` ("qwen3moe", "gpt-oss" or "glm4moe"; NULL means "qwen3moe"). */
+/* Fills defaults for `architecture` ("qwen3moe", "gpt-oss", "glm4moe" or "deepseek2"; NULL means
+ * "qwen3moe"). */
 MOE_API moe_status moe_synth_params_init(moe_synth_params* params, const char* architecture);
 
 /* Writes a synthetic model to `path`, streaming (constant memory whatever the size). */

@@ -60,6 +60,15 @@ Status bind_model_weights(moe_context& ctx) {
         t.name = info.name;
         ctx.weight_by_name[info.name] = &t;
     }
+    // deepseek2 files from before the attn_k_b / attn_v_b split: the split, made here.
+    MOE_ASSIGN_OR_RETURN(ctx.derived_weights, split_kv_b(ctx.model->hparams, file));
+    for (DerivedWeight& d : ctx.derived_weights) {
+        Tensor& t = ctx.weight_tensors.emplace_back();
+        set_shape(t, d.type, 3, d.ne);
+        t.data = d.data.data();
+        t.name = d.name;
+        ctx.weight_by_name[d.name] = &t;
+    }
     StatusOr<ModelWeights> w = bind_weights(ctx.model->hparams, [&](const std::string& name) -> Tensor* {
         auto it = ctx.weight_by_name.find(name);
         return it == ctx.weight_by_name.end() ? nullptr : it->second;

@@ -59,8 +59,9 @@ void bind_synth(py::module_& m) {
         "recipe"_a = py::none(), "seed"_a = 42, "routing_skew"_a = 0.0f, "progress"_a = py::none(),
         R"(Writes a synthetic model (valid GGUF; llama.cpp loads it too) to `path`.
 
-arch: "qwen3moe", "gpt-oss" or "glm4moe". preset: "qwen3-30b-a3b", "gpt-oss-20b", "gpt-oss-120b",
-"glm-4.5-air", "glm-4.5" or "tiny" (a few-KB model for tests; glm4moe also "tiny-air"); None takes
+arch: "qwen3moe", "gpt-oss", "glm4moe" or "deepseek2". preset: "qwen3-30b-a3b", "gpt-oss-20b",
+"gpt-oss-120b", "glm-4.5-air", "glm-4.5", "deepseek-v3", "kimi-k2", "deepseek-v2-lite" or "tiny" (a few-KB
+model for tests; glm4moe also "tiny-air", deepseek2 also "tiny-lite"); None takes
 the architecture's full-size preset. Shape arguments > 0 override the preset. expert_type /
 dense_type: type names ("q8_0", "mxfp4", "f16", "q4_K", "iq4_xs", ...); None takes the preset's. recipe: "q4_k_m", "q5_k_m", "q3_k_xl" or "iq4_xs",
 the type of every weight by its role as llama.cpp's presets choose (then leave expert_type and

@@ -160,20 +160,20 @@ Status read_deepseek2(const GgufFile& f, const std::string& a, HParams& hp) {
         MOE_RETURN_IF_ERROR(read_count(f, k_mla, true, &hp.head_dim));
         MOE_RETURN_IF_ERROR(read_count(f, v_mla, true, &hp.head_dim_v));
         head_key = k_mla;
-        if (k_len != hp.kv_lora_rank + hp.rope_dims) {
-            return bad_value(key_length, std::to_string(k_len),
-                             "must be " + a + "attention.kv_lora_rank + " + a + "rope.dimension_count (" +
-                                 std::to_string(hp.kv_lora_rank + hp.rope_dims) + ") in a file with " + k_mla);
-        }
-        if (v_len != hp.kv_lora_rank) {
-            return bad_value(value_length, std::to_string(v_len),
-                             "must be " + a + "attention.kv_lora_rank (" + std::to_string(hp.kv_lora_rank) +
-                                 ") in a file with " + v_mla);
-        }
     }
     if (hp.rope_dims % 2 != 0 || hp.rope_dims >= hp.head_dim) {
         return bad_value(a + "rope.dimension_count", std::to_string(hp.rope_dims),
                          "must be even and less than " + head_key + " (" + std::to_string(hp.head_dim) + ")");
+    }
+    if (mla_keys && k_len != hp.kv_lora_rank + hp.rope_dims) {
+        return bad_value(key_length, std::to_string(k_len),
+                         "must be " + a + "attention.kv_lora_rank + " + a + "rope.dimension_count (" +
+                             std::to_string(hp.kv_lora_rank + hp.rope_dims) + ") in a file with " + k_mla);
+    }
+    if (mla_keys && v_len != hp.kv_lora_rank) {
+        return bad_value(value_length, std::to_string(v_len),
+                         "must be " + a + "attention.kv_lora_rank (" + std::to_string(hp.kv_lora_rank) +
+                             ") in a file with " + v_mla);
     }
     if (hp.n_head_kv != 1 && hp.n_head_kv != hp.n_head) {
         return bad_value(a + "attention.head_count_kv", std::to_string(hp.n_head_kv),
@@ -355,7 +355,8 @@ StatusOr<HParams> read_hparams(const GgufFile& f) {
     }
     MOE_RETURN_IF_ERROR(read_rope_scaling(f, a, hp));
     MOE_RETURN_IF_ERROR(check_layers(f, a + "block_count", hp.n_layer));
-    if (hp.arch == Arch::GLM4MOE) MOE_RETURN_IF_ERROR(read_glm4moe_layers(f, a, hp));
+    // deepseek2 files converted with the MTP layers carry them the same way.
+    if (hp.arch == Arch::GLM4MOE || hp.arch == Arch::DEEPSEEK2) MOE_RETURN_IF_ERROR(read_glm4moe_layers(f, a, hp));
 
     const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
     if (embd == nullptr) return data_corrupt("missing tensor 'token_embd.weight'");

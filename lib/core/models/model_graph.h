@@ -26,10 +26,10 @@ struct LayerWeights {
     Tensor *up_shexp = nullptr, *gate_shexp = nullptr, *down_shexp = nullptr;  // shared experts (dense)
     Tensor *ffn_up = nullptr, *ffn_gate = nullptr, *ffn_down = nullptr;        // a leading dense layer's FFN
     // deepseek2 multi-head latent attention: q through a LoRA (wq_a, q_a_norm, wq_b) or wq; the latent and
-    // the rope key from wkv_a; the per-head up-projections of the latent as wk_b / wv_b (split files)
-    // or wkv_b (older files).
+    // the rope key from wkv_a; the per-head up-projections of the latent, wk_b / wv_b (older files' joint
+    // attn_kv_b is split at load: mla_split.h).
     Tensor *wq_a = nullptr, *q_a_norm = nullptr, *wq_b = nullptr;
-    Tensor *wkv_a = nullptr, *kv_a_norm = nullptr, *wk_b = nullptr, *wv_b = nullptr, *wkv_b = nullptr;
+    Tensor *wkv_a = nullptr, *kv_a_norm = nullptr, *wk_b = nullptr, *wv_b = nullptr;
 };
 
 struct ModelWeights {
