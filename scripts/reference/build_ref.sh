@@ -8,7 +8,7 @@
 # Environment: JOBS (default nproc), REF_CMAKE_ARGS (more cmake arguments, e.g. -DCMAKE_EXE_LINKER_FLAGS=-static
 #   for a program that runs on an older glibc).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+here=$(cd "$(dirname "$0")" && pwd)
 [ $# -eq 3 ] || { sed -n '2,10p' "$0" >&2; exit 2; }
 src=$1
 build=$2
@@ -22,6 +22,6 @@ fi
 src=$(cd "$src" && pwd)
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
-cmake -S scripts/reference -B "$build/ref" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DLLAMA_SRC="$src" ${REF_CMAKE_ARGS:-} >/dev/null
+cmake -S "$here" -B "$build/ref" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DLLAMA_SRC="$src" ${REF_CMAKE_ARGS:-} >/dev/null
 cmake --build "$build/ref" --target "$target" -j"${JOBS:-$(nproc)}" >&2
 echo "$build/ref/$target"
