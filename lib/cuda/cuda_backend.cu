@@ -7,6 +7,7 @@
 #include "core/backend_registry.h"
 #include "core/device_memory.h"
 #include "core/host_registry.h"
+#include "core/quant_decode.h"
 #include "cuda/bandwidth.cuh"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_common.cuh"
@@ -176,7 +177,7 @@ bool get_rows_type_ok(Type t) {
         case Type::Q8_0:
         case Type::Q4_0:
         case Type::MXFP4: return true;
-        default: return false;
+        default: return qd::decodes(t);  // Q4_1 .. IQ4_XS (core/quant_decode.h)
     }
 }
 

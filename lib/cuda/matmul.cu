@@ -5,6 +5,7 @@
 // Checks read only shapes, types and strides, never device data, so nothing here synchronises; ids
 // are validated by the kernels (kErrorBadIndex, NaN outputs). The scratch a node needs is computed
 // by the same layout code that carves it (mm::Carver), so matmul_scratch_bytes() and the kernels agree.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <limits>
@@ -55,7 +56,7 @@ using ops::type_str;
 
 bool kernel_type(Type t) {
     return t == Type::F32 || t == Type::F16 || t == Type::BF16 || t == Type::Q8_0 || t == Type::Q4_0 ||
-           t == Type::MXFP4;
+           t == Type::MXFP4 || qd::decodes(t);
 }
 
 Status check_weights(const char* op, const char* role, const Tensor* w, int max_dims) {
@@ -71,9 +72,14 @@ Status check_weights(const char* op, const char* role, const Tensor* w, int max_
                                     shape_str(*w));
         }
     }
-    if (w->ne[0] % kQK != 0) {
-        return unimplemented(who + " has " + std::to_string(w->ne[0]) +
-                             " elements per row; the CUDA kernels need a multiple of 32");
+    const int64_t per_block = traits(w->type).block_size;
+    if (w->ne[0] % kQK != 0 || w->ne[0] % per_block != 0) {
+        return unimplemented(who + " has " + std::to_string(w->ne[0]) + " elements per row; the CUDA kernels need a multiple of " +
+                             std::to_string(std::max<int64_t>(kQK, per_block)));
+    }
+    // The decoders read fp16 scales as 2-byte words (every decoded block size is even).
+    if (qd::decodes(w->type) && (reinterpret_cast<uintptr_t>(w->data) | w->nb[1] | w->nb[2]) % 2 != 0) {
+        return unimplemented(who + " (" + type_str(w->type) + ") data and row strides must be 2-byte aligned");
     }
     const size_t rb = static_cast<size_t>(row_bytes(w->type, w->ne[0]));
     if (w->nb[0] != static_cast<size_t>(traits(w->type).block_bytes) || (w->ne[1] > 1 && w->nb[1] < rb) ||
@@ -594,7 +600,8 @@ bool step_cut_after(const Tensor& node) {
 bool mul_mat_takes_row_kernel(const Tensor& node) {
     if (node.op != Op::MUL_MAT) return false;
     const StatusOr<DenseOp> d = parse_mul_mat(node);
-    return d.is_ok() && d->m == 1 && !mm::is_quant(d->w.type) && d->w.n > 0 && d->w.n <= mm::kRowKernelMaxRows;
+    return d.is_ok() && d->m == 1 && !mm::is_quant(d->w.type) && !qd::decodes(d->w.type) && d->w.n > 0 &&
+           d->w.n <= mm::kRowKernelMaxRows;
 }
 
 bool mul_mat_takes_gemv(const Tensor& node) {

@@ -6,6 +6,10 @@
 //                   into shared memory (dense or grouped by expert), and the cuBLAS paths
 //   matmul_moe.cu   MUL_MAT_ID / MOE_UP_GATE: routing on the device (count, scan, permutation) and
 //                   the per-expert products
+// The weight types of core/quant_decode.h (Q4_1, Q5_0, Q5_1, IQ4_NL, the K-quants, IQ4_XS: "decoded
+// types") take simpler paths: a GEMV that decodes whole groups of 32 with the host-tested decoders
+// against F32 activations, and for larger batches a dequantisation to BF16 rows followed by the BF16
+// products (cuBLAS dense, the tensor-core kernel for experts).
 // Everything here is asynchronous on the given stream; nothing synchronises with the host.
 #pragma once
 
@@ -17,6 +21,7 @@
 #include <string>
 #include <type_traits>
 
+#include "core/quant_decode.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "cuda/cuda_ops.cuh"
@@ -47,8 +52,8 @@ private:
     size_t off_ = 0;
 };
 
-// A weight tensor [K, N, E] as kernels read it: rows of K / 32 blocks, nb1 bytes apart, experts nb2
-// bytes apart; [data, end) are the tensor's bytes, which no load leaves.
+// A weight tensor [K, N, E] as kernels read it: rows of K / 32 blocks (K / 256 super-blocks for the
+// K-quants and IQ4_XS), nb1 bytes apart, experts nb2 bytes apart; [data, end) are the tensor's bytes, which no load leaves.
 struct WeightArg {
     const uint8_t* data = nullptr;
     const uint8_t* end = nullptr;
@@ -75,6 +80,24 @@ Status with_weight_type(Type t, F&& f) {
         default: break;
     }
     return unimplemented("cuda matmul: weight type id " + std::to_string(static_cast<int>(t)) + " has no kernel");
+}
+// with_weight_type for the decoded types (qd::decodes).
+template <typename F>
+Status with_decoded_type(Type t, F&& f) {
+    switch (t) {
+        case Type::Q4_1: return f(std::integral_constant<Type, Type::Q4_1>{});
+        case Type::Q5_0: return f(std::integral_constant<Type, Type::Q5_0>{});
+        case Type::Q5_1: return f(std::integral_constant<Type, Type::Q5_1>{});
+        case Type::IQ4_NL: return f(std::integral_constant<Type, Type::IQ4_NL>{});
+        case Type::Q2_K: return f(std::integral_constant<Type, Type::Q2_K>{});
+        case Type::Q3_K: return f(std::integral_constant<Type, Type::Q3_K>{});
+        case Type::Q4_K: return f(std::integral_constant<Type, Type::Q4_K>{});
+        case Type::Q5_K: return f(std::integral_constant<Type, Type::Q5_K>{});
+        case Type::Q6_K: return f(std::integral_constant<Type, Type::Q6_K>{});
+        case Type::IQ4_XS: return f(std::integral_constant<Type, Type::IQ4_XS>{});
+        default: break;
+    }
+    return internal_error("cuda matmul: weight type id " + std::to_string(static_cast<int>(t)) + " is not a decoded type");
 }
 RowsF32 rows_f32(const Tensor& x);
 
@@ -148,8 +171,12 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
 
 // Converts `rows` rows of x to BF16 rows of k elements, contiguous, into dst.
 Status prepare_bf16(const RowsF32& x, int64_t rows, int64_t k, void* dst, cudaStream_t stream);
-// Weight rows [r0, r0 + rows) of w (expert 0) -> BF16 rows of w.k at dst (decode_half_bf16).
+// Weight rows [r0, r0 + rows) of w (expert 0) -> BF16 rows of w.k at dst (decode_half_bf16, or
+// qd::decode32 for the decoded types).
 Status dequant_bf16(const WeightArg& w, int64_t r0, int64_t rows, void* dst, cudaStream_t stream);
+// Every expert of w (a decoded type) that counts[e] > 0 names -> BF16 rows [E][N][K] at dst; the rows of
+// other experts are not written. counts == nullptr: every expert.
+Status dequant_experts_bf16(const WeightArg& w, const int32_t* counts, void* dst, cudaStream_t stream);
 
 // Expert grouping for the grouped kernel: the pairs of expert e are perm[seg_off[e] .. seg_off[e+1])
 // and own column tiles tile_off[e] .. tile_off[e+1] of `bn` columns.

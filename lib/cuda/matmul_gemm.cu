@@ -554,6 +554,47 @@ __global__ void __launch_bounds__(128) dequant_bf16_kernel(const uint8_t* w, con
     }
 }
 
+// Decoded types (qd::decodes): a thread per group of 32 of rows [0, rows) of one or more experts of n_rows
+// rows each, decoded by qd::decode32 and stored as 32 BF16 values (64 contiguous bytes; a warp's stores
+// cover 2 KiB). Rows of experts whose counts entry is 0 are skipped (counts == nullptr: none are).
+template <Type W>
+__global__ void dequant_decode_bf16_kernel(const uint8_t* w, int64_t nb1, int64_t nb2, int64_t n_rows, int64_t rows,
+                                           int nblk, const int32_t* counts, __nv_bfloat16* dst) {
+    pdl_grid_sync();
+    constexpr int kGroups = qd::block_elems(W) / 32;
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= rows * nblk) return;
+    const int64_t r = i / nblk;
+    const int g = static_cast<int>(i - r * nblk);
+    const int64_t e = r / n_rows;
+    if (counts != nullptr && counts[e] == 0) return;
+    float v[32];
+    qd::decode32<W>(w + e * nb2 + (r - e * n_rows) * nb1 + static_cast<int64_t>(g / kGroups) * qd::block_bytes(W),
+                    g % kGroups, v);
+    uint32_t packed[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) packed[j] = pack_bf16x2(v[2 * j], v[2 * j + 1]);
+    auto* out = reinterpret_cast<uint4*>(dst + r * (static_cast<int64_t>(nblk) * 32) + 32 * static_cast<int64_t>(g));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = make_uint4(packed[4 * j], packed[4 * j + 1], packed[4 * j + 2], packed[4 * j + 3]);
+}
+
+// dequant_decode_bf16_kernel over `rows` rows from w (n_rows rows per expert).
+Status launch_dequant_decode(const WeightArg& w, const uint8_t* src, int64_t n_rows, int64_t rows, const int32_t* counts,
+                             void* dst, cudaStream_t stream) {
+    constexpr int kThreads = 256;
+    const int nblk = static_cast<int>(w.k / 32);
+    const int64_t n = rows * nblk;
+    if (n == 0) return Status::ok();
+    if ((n + kThreads - 1) / kThreads > int64_t{0x7FFFFFFF}) return unimplemented("cuda dequant_bf16: too many rows");
+    return with_decoded_type(w.type, [&](auto wt) -> Status {
+        constexpr Type W = decltype(wt)::value;
+        return launch_kernel("dequant_decode_bf16_kernel", dequant_decode_bf16_kernel<W>,
+                             static_cast<unsigned int>((n + kThreads - 1) / kThreads), kThreads, 0, stream, src, w.nb1,
+                             w.nb2, n_rows, rows, nblk, counts, static_cast<__nv_bfloat16*>(dst));
+    });
+}
+
 constexpr size_t kDequantTileBytes = size_t{64} << 20;
 
 // x as a column-major K x M F32 matrix without a copy: fully contiguous.
@@ -595,6 +636,7 @@ DenseLayout dense_layout(std::span<const WeightArg> ws, const Tensor& x, Carver&
 }  // namespace
 
 Status dequant_bf16(const WeightArg& w, int64_t r0, int64_t rows, void* dst, cudaStream_t stream) {
+    if (qd::decodes(w.type)) return launch_dequant_decode(w, w.data + r0 * w.nb1, rows, rows, nullptr, dst, stream);
     const int nblk = static_cast<int>(w.k / 32);
     return with_weight_type(w.type, [&](auto wt) -> Status {
         constexpr Type W = decltype(wt)::value;
@@ -604,8 +646,14 @@ Status dequant_bf16(const WeightArg& w, int64_t r0, int64_t rows, void* dst, cud
     });
 }
 
+Status dequant_experts_bf16(const WeightArg& w, const int32_t* counts, void* dst, cudaStream_t stream) {
+    if (!qd::decodes(w.type)) return internal_error("cuda dequant_experts_bf16: not a decoded weight type");
+    return launch_dequant_decode(w, w.data, w.n, w.n * w.n_expert, counts, dst, stream);
+}
+
+// The decoded types have no tensor-core decode: every batch past the GEMV's dequantises.
 bool gemm_dense_dequantises(Type w, int64_t m) {
-    return w != Type::F32 && w != Type::BF16 && m >= kCublasMinCols;
+    return w != Type::F32 && w != Type::BF16 && (m >= kCublasMinCols || (qd::decodes(w) && m > kGemvMaxCols));
 }
 
 int mma_tile_cols(double cols_per_group) {

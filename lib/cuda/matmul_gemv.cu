@@ -543,6 +543,102 @@ __global__ void __launch_bounds__(kRowThreads) gemv_rows_kernel(const GemvParams
     }
 }
 
+// Weights of the decoded types (qd::decodes: Q4_1 .. IQ4_XS) against F32 activations: a warp per row
+// (of each segment, or of each routed pair's expert), lane l taking the row's groups of 32 l, l + 32, ...,
+// each decoded by qd::decode32 (tested bit for bit against the CPU's dequantisation on the host) straight
+// from global memory. A first, simple design: no staging, no integer dot products. Outputs as
+// gemv_kernel's (segments with bias adds, routed pairs, MUL_MAT_ID bias rows, MOE_UP_GATE).
+template <Type W, int MC, bool FUSED>
+__global__ void __launch_bounds__(kGemvThreads) gemv_decode_kernel(const GemvParams p) {
+    pdl_grid_sync();
+    static_assert(qd::decodes(W), "decoded types only");
+    static_assert(!FUSED || MC == 1, "MOE_UP_GATE reads one activation row per routed pair");
+    constexpr int kGroups = qd::block_elems(W) / 32;  // groups of 32 per block
+    constexpr int kBB = qd::block_bytes(W);
+    constexpr int kNM = FUSED ? 2 : 1;
+    const int warp = static_cast<int>(threadIdx.x) >> 5;
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const GemvSeg seg = block_segment(p);
+    const int64_t row = (static_cast<int64_t>(blockIdx.x) - seg.blk0) * kGemvWarps + warp;
+    if (row >= seg.n_rows) return;
+    const int64_t dst_stride = seg.n_rows;
+
+    int64_t expert = 0, act_row = 0, out_col = 0;
+    int n_cols = p.n_cols;
+    if (p.ids != nullptr) {
+        const int64_t pair = blockIdx.y;
+        const int64_t t = pair / p.n_used;
+        const int32_t e = p.ids[t * p.ids_stride + (pair - t * p.n_used)];
+        if (e < 0 || e >= p.n_expert) {
+            if (lane == 0) write_missing_expert(e, seg.dst, p.ebias, p.error_flags, pair * dst_stride + row);
+            return;
+        }
+        expert = e;
+        act_row = p.b_rows == 1 ? t : pair;
+        out_col = pair;
+        n_cols = 1;
+    }
+    const uint8_t* wrow[kNM];
+    wrow[0] = seg.w + expert * p.nb2 + row * seg.nb1;
+    if constexpr (FUSED) wrow[1] = p.gate + expert * p.nb2 + row * seg.nb1;
+
+    float acc[kNM][MC];
+#pragma unroll
+    for (int m = 0; m < kNM; ++m) {
+#pragma unroll
+        for (int c = 0; c < MC; ++c) acc[m][c] = 0.0f;
+    }
+    for (int g = lane; g < p.nblk; g += 32) {
+#pragma unroll
+        for (int m = 0; m < kNM; ++m) {
+            float v[32];
+            qd::decode32<W>(wrow[m] + static_cast<int64_t>(g / kGroups) * kBB, g % kGroups, v);
+#pragma unroll
+            for (int mc = 0; mc < MC; ++mc) {
+                if (mc < n_cols) {
+                    const float4* xr =
+                        reinterpret_cast<const float4*>(p.acts + (act_row + mc) * p.act_stride) + 8 * static_cast<int64_t>(g);
+                    float sum = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        const float4 x = __ldg(xr + i);
+                        sum = fmaf(v[4 * i], x.x, sum);
+                        sum = fmaf(v[4 * i + 1], x.y, sum);
+                        sum = fmaf(v[4 * i + 2], x.z, sum);
+                        sum = fmaf(v[4 * i + 3], x.w, sum);
+                    }
+                    acc[m][mc] += sum;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < kNM; ++m) {
+#pragma unroll
+        for (int mc = 0; mc < MC; ++mc) acc[m][mc] = ops::warp_sum(acc[m][mc]);
+    }
+    if (lane != 0) return;
+    if constexpr (FUSED) {
+        float u = acc[0][0];
+        float g = acc[1][0];
+        if (p.glu.bias_up != nullptr) u += p.glu.bias_up[expert * p.glu.bias_stride + row];
+        if (p.glu.bias_gate != nullptr) g += p.glu.bias_gate[expert * p.glu.bias_stride + row];
+        seg.dst[out_col * dst_stride + row] = glu_apply(p.glu, g, u);
+    } else if (p.ebias.rows != nullptr) {  // routed (one column)
+        store_routed(p, seg, expert, out_col, row, acc[0][0]);
+    } else {
+        const float b = seg.bias != nullptr ? seg.bias[row] : 0.0f;
+#pragma unroll
+        for (int mc = 0; mc < MC; ++mc) {
+            if (mc < n_cols) {
+                const int64_t o = (out_col + mc) * dst_stride + row;
+                if (seg.dst != nullptr) seg.dst[o] = acc[0][mc];
+                if (seg.bias != nullptr) seg.dst2[o] = acc[0][mc] + b;
+            }
+        }
+    }
+}
+
 // One warp per (row, block of 32): lane j takes element j (one coalesced 128-byte load per warp), the
 // block's amax is a warp max, and lanes 0, 4, ... store the packed words. Q8 quantisation exactly as
 // the CPU's quantize_q8a.
@@ -624,6 +720,21 @@ Status launch_rows(const GemvParams& p, unsigned int grid, cudaStream_t stream) 
         kernel = gemv_rows_kernel<W, 4, -1, EARLY>;
     }
     return launch_kernel("gemv_rows_kernel", kernel, grid, kRowThreads, 0, stream, p);
+}
+
+// gemv_decode_kernel over p (a decoded weight type).
+Status launch_gemv_decode(Type w, const GemvParams& p, int64_t blocks, int64_t n_jobs, bool fused, cudaStream_t stream) {
+    const dim3 grid(static_cast<unsigned int>(blocks), static_cast<unsigned int>(n_jobs));
+    return with_decoded_type(w, [&](auto wt) -> Status {
+        constexpr Type W = decltype(wt)::value;
+        auto kernel = gemv_decode_kernel<W, 8, false>;  // 2 .. 8 columns: the column loop is guarded
+        if (fused) {
+            kernel = gemv_decode_kernel<W, 1, true>;
+        } else if (p.n_cols == 1) {
+            kernel = gemv_decode_kernel<W, 1, false>;
+        }
+        return launch_kernel("gemv_decode_kernel", kernel, grid, kGemvThreads, 0, stream, p);
+    });
 }
 
 // gemv_short_kernel over the routed pairs of p.
@@ -748,6 +859,7 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
     if (glu != nullptr) p.glu = *glu;
     const bool fused = gate != nullptr;
     if (fused && p.n_cols != 1) return internal_error("cuda gemv: up/gate pairs take one activation row each");
+    if (qd::decodes(w.type)) return launch_gemv_decode(w.type, p, blocks, n_jobs, fused, stream);
     // Float weights with few rows: a block per row (16-byte activation rows, aligned weight rows).
     if (route == nullptr && !is_quant(w.type) && reinterpret_cast<uintptr_t>(p.acts) % 16 == 0 &&
         p.act_stride % 16 == 0) {

@@ -14,6 +14,8 @@
 //   4. activations are converted to BF16 once (per token, or per pair row when B = n_used); the
 //      grouped tensor-core kernel gathers them through perm while loading its tiles and scatters the
 //      results straight into [N, n_used, T], so there is no separate gather or scatter pass.
+// Weights of the decoded types (qd::decodes: Q4_1 .. IQ4_XS) have no decode in the tensor-core kernel: the
+// experts that step 1 counted pairs for are dequantised to BF16 rows in scratch first, and step 4 reads those.
 // The grid of step 4 is sized on the host from an upper bound of the number of tiles; CTAs past the
 // real count exit at once.
 // Steps 1-3 depend only on the ids, so the down product of an expert block takes the route its up/gate
@@ -149,6 +151,18 @@ __global__ void route_bad_columns_kernel(const int32_t* pair_expert, int64_t n_p
 
 bool use_gemv(const MoeArgs& a) { return moe_takes_gemv(a); }
 
+// The BF16 rows [E][N][K] at data that dequant_experts_bf16 made of w.
+WeightArg bf16_experts(const WeightArg& w, void* data) {
+    WeightArg b = w;
+    b.type = Type::BF16;
+    b.data = static_cast<const uint8_t*>(data);
+    b.nb1 = 2 * w.k;
+    b.nb2 = b.nb1 * w.n;
+    b.end = b.data + b.nb2 * w.n_expert;
+    b.constant = false;
+    return b;
+}
+
 struct MoeLayout {
     void* acts = nullptr;
     int32_t* counts = nullptr;  // [2 E]: counts, then the scatter cursors
@@ -156,6 +170,8 @@ struct MoeLayout {
     int32_t* tile_off = nullptr;
     int32_t* pair_expert = nullptr;
     int32_t* perm = nullptr;
+    void* w_bf16 = nullptr;     // decoded types: the experts (and the gate's) as BF16 rows [E][N][K]
+    void* gate_bf16 = nullptr;
 };
 
 MoeLayout moe_layout(const MoeArgs& a, Carver& c) {
@@ -174,6 +190,11 @@ MoeLayout moe_layout(const MoeArgs& a, Carver& c) {
     l.pair_expert = c.take<int32_t>(pairs);
     l.perm = c.take<int32_t>(pairs);
     l.acts = c.take<uint16_t>(static_cast<size_t>(x_rows * a.w.k));
+    if (qd::decodes(a.w.type)) {
+        const size_t n = static_cast<size_t>(a.w.n_expert * a.w.n * a.w.k);
+        l.w_bf16 = c.take<uint16_t>(n);
+        if (a.fused) l.gate_bf16 = c.take<uint16_t>(n);
+    }
     return l;
 }
 
@@ -248,6 +269,17 @@ Status moe_run(const MoeArgs& a, const OpContext& ctx) {
                                           ctx.stream, l.pair_expert, n_pairs, l.seg_off, l.counts + n_expert, l.perm));
     }
     MOE_RETURN_IF_ERROR(prepare_bf16(a.x, x_rows, a.w.k, l.acts, ctx.stream));
+    // Decoded types: the routed experts' rows as BF16 first (the others are skipped), then the BF16 kernel.
+    WeightArg w = a.w;
+    WeightArg gw = a.gate;
+    if (qd::decodes(a.w.type)) {
+        MOE_RETURN_IF_ERROR(dequant_experts_bf16(a.w, l.counts, l.w_bf16, ctx.stream));
+        w = bf16_experts(a.w, l.w_bf16);
+        if (a.fused) {
+            MOE_RETURN_IF_ERROR(dequant_experts_bf16(a.gate, l.counts, l.gate_bf16, ctx.stream));
+            gw = bf16_experts(a.gate, l.gate_bf16);
+        }
+    }
 
     MmaRoute route;
     route.tile_off = l.tile_off;
@@ -259,7 +291,7 @@ Status moe_run(const MoeArgs& a, const OpContext& ctx) {
     // Each non-empty expert adds at most one partial tile.
     route.max_tiles = n_pairs / bn + std::min<int64_t>(n_expert, n_pairs) + 1;
     route.x_rows = x_rows;
-    return mma_gemm(a.w, gate, l.acts, 0, &route, bn, glu, a.dst, ctx.stream);
+    return mma_gemm(w, a.fused ? &gw : nullptr, l.acts, 0, &route, bn, glu, a.dst, ctx.stream);
 }
 
 }  // namespace moe::cuda::mm

@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "core/quant_decode.h"
 #include "cuda/launch.cuh"
 #include "cuda/ops_common.cuh"
 #include "cuda/topk_key.cuh"
@@ -54,6 +55,14 @@ __device__ __forceinline__ float load_elem(const unsigned char* row, int64_t i) 
         const unsigned int byte = b[2 + (j & 15)];
         const int q = static_cast<int>(j < 16 ? (byte & 15u) : (byte >> 4));
         return static_cast<float>(q - 8) * half_bits_to_float(b);
+    } else if constexpr (qd::decodes(T)) {
+        // The element's whole group of 32 decoded (core/quant_decode.h, bit for bit the CPU's): GET_ROWS
+        // moves one row per token, so the 32-fold decode is cheap next to a launch.
+        constexpr int kE = qd::block_elems(T);
+        const int r = static_cast<int>(i % kE);
+        float v[32];
+        qd::decode32<T>(row + (i / kE) * qd::block_bytes(T), r / 32, v);
+        return v[r % 32];
     } else {
         static_assert(T == Type::MXFP4, "unhandled GET_ROWS type");
         const unsigned char* b = row + (i / kQK) * sizeof(BlockMXFP4);
@@ -192,6 +201,9 @@ Status get_rows(Tensor& dst, const OpContext& ctx) {
         return invalid_argument("GET_ROWS: row length " + std::to_string(dst.ne[0]) + " is not a multiple of the " +
                                 tt->name + " block size");
     }
+    if (qd::decodes(w->type) && (reinterpret_cast<uintptr_t>(w->data) | w->nb[1]) % 2 != 0) {
+        return unimplemented("GET_ROWS: src0 (" + ops::type_str(w->type) + ") data and row stride must be 2-byte aligned");
+    }
     if (dst.n_elements() == 0) return Status::ok();
     switch (w->type) {
         case Type::F32: return launch_get_rows<Type::F32>(dst, *w, ids, ctx);
@@ -200,6 +212,16 @@ Status get_rows(Tensor& dst, const OpContext& ctx) {
         case Type::Q8_0: return launch_get_rows<Type::Q8_0>(dst, *w, ids, ctx);
         case Type::Q4_0: return launch_get_rows<Type::Q4_0>(dst, *w, ids, ctx);
         case Type::MXFP4: return launch_get_rows<Type::MXFP4>(dst, *w, ids, ctx);
+        case Type::Q4_1: return launch_get_rows<Type::Q4_1>(dst, *w, ids, ctx);
+        case Type::Q5_0: return launch_get_rows<Type::Q5_0>(dst, *w, ids, ctx);
+        case Type::Q5_1: return launch_get_rows<Type::Q5_1>(dst, *w, ids, ctx);
+        case Type::IQ4_NL: return launch_get_rows<Type::IQ4_NL>(dst, *w, ids, ctx);
+        case Type::Q2_K: return launch_get_rows<Type::Q2_K>(dst, *w, ids, ctx);
+        case Type::Q3_K: return launch_get_rows<Type::Q3_K>(dst, *w, ids, ctx);
+        case Type::Q4_K: return launch_get_rows<Type::Q4_K>(dst, *w, ids, ctx);
+        case Type::Q5_K: return launch_get_rows<Type::Q5_K>(dst, *w, ids, ctx);
+        case Type::Q6_K: return launch_get_rows<Type::Q6_K>(dst, *w, ids, ctx);
+        case Type::IQ4_XS: return launch_get_rows<Type::IQ4_XS>(dst, *w, ids, ctx);
         default: break;
     }
     return unimplemented("GET_ROWS: src0 type " + ops::type_str(w->type) + " has no CUDA kernel");

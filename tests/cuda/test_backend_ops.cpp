@@ -402,8 +402,11 @@ TEST_CASE("CUDA ROPE matches the CPU: NeoX, YaRN with and without truncation, pa
 TEST_CASE("CUDA GET_ROWS matches the CPU bit for bit for every weight type", "[gpu]") {
     MOE_GPU_OR_SKIP();
     auto rng = fresh_rng(5);
-    for (const Type type : {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q4_0, Type::MXFP4}) {
+    for (const Type type : {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q4_0, Type::MXFP4, Type::Q4_1, Type::Q5_0,
+                            Type::Q5_1, Type::IQ4_NL, Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K,
+                            Type::IQ4_XS}) {
         for (const int64_t K : {64, 2880, 4096}) {
+            if (K % moe::traits(type).block_size != 0) continue;  // the super-block types: K = 4096
             const int64_t R = 50, T = 13;
             TensorPool pool;
             Tensor* w = pool.make(type, {K, R});

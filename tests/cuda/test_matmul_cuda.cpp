@@ -3,10 +3,12 @@
 // GEMV / tensor-core switch, odd row counts, experts that get no tokens, B = 1 and B = n_used.
 //
 // Tolerances, per output element, with mag = sum_k |w_k x_k| (dequantised weights, F32 activations)
-// and qerr = the bound of the CPU's own error from quantising activations to Q8 for Q8_0 / Q4_0 /
-// MXFP4 weights (sum over blocks of sum|w| * amax(x) / 127 / 2; 0 for float weights):
+// and qerr = the bound of the CPU's own error from quantising activations to Q8 for quantised weights
+// (sum over blocks of sum|w| * amax(x) / 127 / 2, blocks of 32 values, of 256 for the super-block
+// types, whose CPU kernels take Q8K activations; 0 for float weights):
 // - GEMV path (<= 8 rows / tokens): the GPU quantises activations exactly as the CPU does and sums
-//   the same integer block dots, or multiplies F32 activations by exact weights: 2e-5 mag + qerr.
+//   the same integer block dots, or multiplies F32 activations by exact weights (float types, and the
+//   decoded types Q4_1 .. IQ4_XS, whose weights are decoded bit for bit as the CPU's): 2e-5 mag + qerr.
 // - Tensor-core path (BF16 weights and activations, F32 accumulation): 1e-2 mag + qerr.
 // - F32 weights of MUL_MAT with more than 8 rows run cuBLAS in FP32: 1e-4 mag (F32 experts take the
 //   tensor-core path).
@@ -60,6 +62,9 @@ using moe::Type;
     } while (0)
 
 const Type kAllTypes[] = {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q4_0, Type::MXFP4};
+// The types the CUDA kernels decode with core/quant_decode.h (the [decoded] cases).
+const Type kDecodedTypes[] = {Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::IQ4_NL, Type::Q2_K,
+                              Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K, Type::IQ4_XS};
 
 // ---- the device side ----
 
@@ -265,11 +270,13 @@ DotRef dot_ref(Type type, const float* w, const float* x, int64_t k) {
         r.mag += std::fabs(p);
     }
     if (moe::is_quantized(type)) {
-        for (int64_t b = 0; b < k / 32; ++b) {
+        // The CPU quantises activations per 32 values, per 256 (Q8K) for the super-block types.
+        const int64_t qb = moe::traits(type).block_size == 256 ? 256 : 32;
+        for (int64_t b = 0; b < k / qb; ++b) {
             double wsum = 0.0, amax = 0.0;
-            for (int j = 0; j < 32; ++j) {
-                wsum += std::fabs(static_cast<double>(w[b * 32 + j]));
-                amax = std::max(amax, std::fabs(static_cast<double>(x[b * 32 + j])));
+            for (int64_t j = 0; j < qb; ++j) {
+                wsum += std::fabs(static_cast<double>(w[b * qb + j]));
+                amax = std::max(amax, std::fabs(static_cast<double>(x[b * qb + j])));
             }
             r.qerr += wsum * amax / 127.0 * 0.5 * (1.0 + 1e-4);
         }
@@ -606,6 +613,75 @@ TEST_CASE("cuda MOE_UP_GATE matches the CPU backend (SILU, SWIGLU_OAI with biase
     }
 }
 
+// The decoded types (core/quant_decode.h, tested bit for bit on the host by tests/core/test_quant_decode.cpp):
+// GEMV at 1, 2, 7 rows / tokens (groups of 32 decoded per lane; rows of 9 super-blocks = 72 groups leave
+// the last lane pass partial), dequantisation to BF16 at 33 and 300+ (cuBLAS dense; the tensor-core kernel
+// for experts, after the routed experts' rows are dequantised).
+namespace {
+
+const int64_t kDecodedTokenCounts[] = {1, 2, 7, 33, 300};
+
+// A K that is whole blocks of t and not of the next larger block size where t allows it (25 groups of 32).
+int64_t odd_k(Type t) { return moe::traits(t).block_size == 256 ? 2304 : 800; }
+
+}  // namespace
+
+TEST_CASE("cuda MUL_MAT matches the CPU backend on the decoded weight types", "[gpu][cuda][matmul][decoded]") {
+    if (moe::cuda::device_count() == 0) {
+        WARN("skipped: no CUDA device");
+        return;
+    }
+    for (Type type : kDecodedTypes) {
+        for (int64_t rows : kDecodedTokenCounts) {
+            check_mul_mat(type, 256, 203, rows);
+            check_mul_mat(type, odd_k(type), 77, rows);
+        }
+        check_mul_mat(type, 512, 45, 3, 1, 5);  // activation rows of 517 values: copied for the GEMV
+        check_mul_mat(type, 512, 45, 6, 2);     // x [K, 3, 2]
+    }
+}
+
+TEST_CASE("cuda MUL_MAT_ID matches the CPU backend on the decoded weight types (idle and repeated experts)",
+          "[gpu][cuda][matmul][decoded]") {
+    if (moe::cuda::device_count() == 0) {
+        WARN("skipped: no CUDA device");
+        return;
+    }
+    for (Type type : kDecodedTypes) {
+        const MoeShape shapes[] = {
+            {6, 77, 512, 3, {0, 2, 3, 5}},     // experts 1 and 4 idle
+            {8, 40, odd_k(type), 2, {1, 4, 6}},  // 5 of 8 idle
+            {4, 45, 256, 3, {1, 2}},           // n_used 3 of 2 allowed: a token names one expert twice
+        };
+        for (const MoeShape& s : shapes) {
+            for (int64_t t : kDecodedTokenCounts) {
+                check_mul_mat_id(type, s, t, true);
+                check_mul_mat_id(type, s, t, false);
+            }
+        }
+    }
+}
+
+TEST_CASE("cuda MOE_UP_GATE matches the CPU backend on the decoded weight types (idle and repeated experts)",
+          "[gpu][cuda][matmul][decoded]") {
+    if (moe::cuda::device_count() == 0) {
+        WARN("skipped: no CUDA device");
+        return;
+    }
+    for (Type type : kDecodedTypes) {
+        const MoeShape shapes[] = {
+            {8, 93, 256, 2, {0, 1, 3, 4, 6}},  // experts 2, 5, 7 idle
+            {4, 40, odd_k(type), 3, {2, 3}},   // repeated experts
+        };
+        for (const MoeShape& s : shapes) {
+            for (int64_t t : kDecodedTokenCounts) {
+                check_moe_up_gate(type, s, t, Activation::SILU, false);
+                check_moe_up_gate(type, s, t, Activation::SWIGLU_OAI, true);
+            }
+        }
+    }
+}
+
 // Weights end where their tensor-core tiles end: a row count that is a multiple of the row tile (128,
 // 64 for the fused up / gate halves) and an odd block count (the last 2-block k-step has one block), so
 // the CTA of the last rows must fall back to guarded loads: its unguarded copy of the last step's words
@@ -633,7 +709,8 @@ TEST_CASE("cuda MUL_MAT_ID: out-of-range ids give NaN columns and raise kErrorBa
     // K = 2080: GEMV rows of 3 chunks of 32 blocks; Q4_0 at K = 256: the short-row GEMV (4 rows per warp).
     for (const auto& [type, k, n_tokens] :
          {std::tuple<Type, int64_t, int64_t>{Type::Q8_0, 256, 1}, {Type::Q8_0, 256, 33}, {Type::Q8_0, 2080, 1},
-          {Type::Q8_0, 2080, 3}, {Type::Q4_0, 256, 1}, {Type::Q4_0, 256, 3}}) {
+          {Type::Q8_0, 2080, 3}, {Type::Q4_0, 256, 1}, {Type::Q4_0, 256, 3}, {Type::Q4_K, 256, 1},
+          {Type::Q4_K, 512, 33}, {Type::IQ4_NL, 256, 3}}) {
         const HostTensor w = random_weights(type, k, n, n_expert);
         const HostTensor x = random_acts({k, 1, n_tokens});
         HostTensor ids = random_ids(n_used, n_tokens, {0, 1, 2, 3});
@@ -668,8 +745,9 @@ TEST_CASE("cuda expert products leave the rows of kNoExpert ids unwritten, witho
     }
     // The parts of a split expert block: a masked pair's rows keep the NaN poison, the others are what
     // the unmasked op gives (the same kernels on the same pairs), on the GEMV (T = 1) and tensor-core paths.
-    const int64_t k = 256, n = 96, f = 64, n_expert = 6, n_used = 3;
-    for (Type type : {Type::Q8_0, Type::MXFP4}) {
+    const int64_t k = 256, n = 96, n_expert = 6, n_used = 3;
+    for (Type type : {Type::Q8_0, Type::MXFP4, Type::Q4_1, Type::Q4_K, Type::IQ4_XS}) {
+        const int64_t f = moe::traits(type).block_size == 256 ? 256 : 64;  // the down product's K
         for (int64_t n_tokens : {int64_t{1}, int64_t{33}, int64_t{300}}) {
             const HostTensor down = random_weights(type, f, n, n_expert);
             const HostTensor up = random_weights(type, k, f, n_expert);
@@ -759,8 +837,66 @@ TEST_CASE("cuda matmul argument checks fail on the host, before any launch", "[c
         ug.src[3] = &ids.t;
         CHECK(moe::cuda::moe_up_gate(ug, ctx).code() == MOE_STATUS_UNIMPLEMENTED);
     }
+    SECTION("decoded weights at an odd address") {
+        HostTensor wq = random_weights(Type::Q4_K, 256, 8);
+        HostTensor x2 = random_acts({256, 3});
+        std::vector<uint8_t> shifted(wq.bytes.size() + 1);
+        std::memcpy(shifted.data() + 1, wq.bytes.data(), wq.bytes.size());
+        wq.t.data = shifted.data() + 1;
+        node.src[0] = &wq.t;
+        node.src[1] = &x2.t;
+        const moe::Status s = moe::cuda::mul_mat(node, ctx);
+        INFO(s.message());
+        CHECK(s.code() == MOE_STATUS_UNIMPLEMENTED);
+        CHECK(s.message().find("2-byte aligned") != std::string::npos);
+    }
     CHECK(moe::cuda::supports_matmul_type(Type::MXFP4));
+    for (Type t : kDecodedTypes) CHECK(moe::cuda::supports_matmul_type(t));
     CHECK_FALSE(moe::cuda::supports_matmul_type(Type::I32));
+    CHECK_FALSE(moe::cuda::supports_matmul_type(Type::IQ2_XXS));
+}
+
+TEST_CASE("cuda matmul scratch holds the BF16 rows of decoded weights past the GEMV", "[cuda][matmul][decoded]") {
+    // Host only: sizes from shapes. K = 512, N = 40, E = 6, 33 tokens (past the GEMV's 8).
+    const int64_t k = 512, n = 40, n_expert = 6, n_tokens = 33;
+    const size_t bf16_experts = static_cast<size_t>(n_expert * n * k) * 2;
+    for (Type type : kDecodedTypes) {
+        INFO(moe::type_name(type));
+        HostTensor w = random_weights(type, k, n, n_expert);
+        HostTensor gate = random_weights(type, k, n, n_expert);
+        HostTensor x = random_acts({k, n_tokens});
+        HostTensor x3 = random_acts({k, 1, n_tokens});
+        HostTensor ids = random_ids(2, n_tokens, {0, 1, 2, 3, 4, 5});
+        HostTensor out = make_tensor(Type::F32, {n, 2, n_tokens});
+        Tensor id_node = out.t;
+        id_node.op = Op::MUL_MAT_ID;
+        id_node.src[0] = &w.t;
+        id_node.src[1] = &x3.t;
+        id_node.src[2] = &ids.t;
+        CHECK(moe::cuda::matmul_scratch_bytes(id_node) >= bf16_experts + static_cast<size_t>(n_tokens * k) * 2);
+        Tensor ug = out.t;
+        ug.op = Op::MOE_UP_GATE;
+        ug.src[0] = &w.t;
+        ug.src[1] = &gate.t;
+        ug.src[2] = &x.t;
+        ug.src[3] = &ids.t;
+        CHECK(moe::cuda::matmul_scratch_bytes(ug) >= 2 * bf16_experts + static_cast<size_t>(n_tokens * k) * 2);
+        HostTensor w2 = random_weights(type, k, n);
+        HostTensor dst = make_tensor(Type::F32, {n, n_tokens});
+        Tensor mm = dst.t;
+        mm.op = Op::MUL_MAT;
+        mm.src[0] = &w2.t;
+        mm.src[1] = &x.t;
+        CHECK(moe::cuda::matmul_scratch_bytes(mm) >= static_cast<size_t>((n + n_tokens) * k) * 2);
+        // At 8 tokens the GEMV reads F32 activations and the weights as they are.
+        HostTensor x8 = random_acts({k, 8});
+        HostTensor dst8 = make_tensor(Type::F32, {n, 8});
+        Tensor mm8 = dst8.t;
+        mm8.op = Op::MUL_MAT;
+        mm8.src[0] = &w2.t;
+        mm8.src[1] = &x8.t;
+        CHECK(moe::cuda::matmul_scratch_bytes(mm8) == static_cast<size_t>(8 * k) * 4);
+    }
 }
 
 // ---- perf mode ----
