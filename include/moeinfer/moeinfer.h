@@ -220,7 +220,7 @@ typedef struct moe_model_info {
     int32_t sliding_window;   /* 0 when the architecture has none */
     int32_t n_tensors;
     uint64_t n_bytes;         /* bytes of all tensor data */
-    uint64_t n_expert_bytes;  /* bytes of the expert tensors (*_exps.*) */
+    uint64_t n_expert_bytes;  /* bytes of the expert tensors (*_exps.*) of the layers run */
 } moe_model_info;
 
 MOE_API void moe_model_info_init(moe_model_info* info);

@@ -31,7 +31,10 @@ StatusOr<std::unique_ptr<moe_model>> load_model(const std::string& path, const m
 
     for (const GgufTensorInfo& t : model->file->tensors()) {
         model->n_bytes += t.n_bytes;
-        if (is_expert_tensor_name(t.name)) model->n_expert_bytes += t.n_bytes;
+        // The experts of the layers run: glm4moe's NextN layers hold experts that are never loaded.
+        if (is_expert_tensor_name(t.name) && tensor_layer(t.name) < model->hparams.n_layer) {
+            model->n_expert_bytes += t.n_bytes;
+        }
     }
     MOE_RETURN_IF_ERROR(report(1.0f));
     return model;

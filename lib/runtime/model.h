@@ -13,7 +13,7 @@ struct moe_model {
     std::unique_ptr<moe::GgufFile> file;
     moe::HParams hparams;
     uint64_t n_bytes = 0;         // all tensor data
-    uint64_t n_expert_bytes = 0;  // expert tensors only
+    uint64_t n_expert_bytes = 0;  // expert tensors of the layers run only
     std::unique_ptr<moe::text::Vocab> vocab;  // nullptr when the file has no tokenizer
 };
 

@@ -78,6 +78,7 @@ def test_exps_override_keeps_shared_experts_and_dense_ffn_on_the_device(model):
     ctx = emulated(model, tensor_overrides="exps=CPU")
     n_layer = model.info.n_layer
     seen = {"shexp": 0, "dense": 0, "bias": 0, "routed": 0, "nextn": 0}
+    host = 0
     for t in model.tensors:
         if layer_of(t.name) >= n_layer:  # the NextN layer: not a weight of the model that runs
             with pytest.raises(KeyError, match=t.name.replace(".", r"\.")):
@@ -88,12 +89,15 @@ def test_exps_override_keeps_shared_experts_and_dense_ffn_on_the_device(model):
         routed = "_exps." in t.name
         assert where == ("host" if routed else "device"), t.name
         seen["routed"] += routed
+        host += t.n_bytes if routed else 0
         seen["shexp"] += "_shexp." in t.name
         seen["dense"] += t.name.endswith(("ffn_up.weight", "ffn_gate.weight", "ffn_down.weight"))
         seen["bias"] += "exp_probs_b" in t.name
     # Every kind present: 3 routed and 3 shared per MoE layer, 3 dense FFN matrices per dense layer.
     assert seen["routed"] == seen["shexp"] == 3 * n_moe_layers(model)
     assert seen["dense"] == 3 * N_DENSE and seen["bias"] == n_moe_layers(model) and seen["nextn"] > 0
+    # The model's expert bytes are those of the layers run: the NextN layer's experts are never loaded.
+    assert host == model.info.n_expert_bytes
 
 
 def test_shexp_override_moves_only_the_shared_experts(model):

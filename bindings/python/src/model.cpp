@@ -181,7 +181,7 @@ void bind_model(py::module_& m) {
         .def_readonly("sliding_window", &ModelInfo::sliding_window, "0 when the architecture has none")
         .def_readonly("n_tensors", &ModelInfo::n_tensors)
         .def_readonly("n_bytes", &ModelInfo::n_bytes, "bytes of all tensor data")
-        .def_readonly("n_expert_bytes", &ModelInfo::n_expert_bytes, "bytes of the expert tensors (*_exps.*)")
+        .def_readonly("n_expert_bytes", &ModelInfo::n_expert_bytes, "bytes of the expert tensors (*_exps.*) of the layers run")
         .def("__repr__", &info_repr);
 
     py::class_<TensorInfo>(m, "TensorInfo", "One tensor of a model (Model.tensors).")

@@ -307,6 +307,8 @@ bool is_expert_tensor_name(const std::string& name) {
     return std::regex_match(name, re);
 }
 
+int64_t tensor_layer(const std::string& name) { return layer_of(name); }
+
 StatusOr<HParams> read_hparams(const GgufFile& f) {
     HParams hp;
     MOE_ASSIGN_OR_RETURN(hp.arch_name, f.get_string("general.architecture"));

@@ -1,6 +1,7 @@
 // Hyper-parameters of the supported architectures, read from GGUF metadata and tensor shapes.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "core/gguf.h"
@@ -61,5 +62,8 @@ StatusOr<HParams> read_hparams(const GgufFile& file);
 
 // True for expert tensors (blk.N.ffn_{gate,up,down}_exps.{weight,bias}).
 bool is_expert_tensor_name(const std::string& name);
+
+// The layer N of a "blk.N.*" tensor; -1 for a tensor outside the layers.
+int64_t tensor_layer(const std::string& name);
 
 }  // namespace moe
