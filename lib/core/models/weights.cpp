@@ -50,11 +50,37 @@ private:
     const WeightLookup& lookup_;
 };
 
+// The FFN half of a layer of the architectures with leading dense layers (deepseek2, glm4moe): a dense
+// SwiGLU FFN in the first n_layer_dense_lead layers; in the others the router, its selection bias
+// exp_probs_b, the routed experts, and the shared experts when n_expert_shared > 0.
+enum class SelectionBias { REQUIRED, OPTIONAL };
+Status bind_dense_or_moe_ffn(const HParams& hp, Binder& b, int il, SelectionBias bias, LayerWeights& l) {
+    const int64_t E = hp.n_embd, X = hp.n_expert, F = hp.n_ff_expert;
+    const std::string p = "blk." + std::to_string(il) + ".";
+    if (il < hp.n_layer_dense_lead) {
+        const int64_t FF = hp.n_ff;
+        MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate.weight", {E, FF}, Kind::MATRIX, &l.ffn_gate));
+        MOE_RETURN_IF_ERROR(b.get(p + "ffn_up.weight", {E, FF}, Kind::MATRIX, &l.ffn_up));
+        return b.get(p + "ffn_down.weight", {FF, E}, Kind::MATRIX, &l.ffn_down);
+    }
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_inp.weight", {E, X}, Kind::MATRIX, &l.router));
+    MOE_RETURN_IF_ERROR(b.get(p + "exp_probs_b.bias", {X}, Kind::FLOAT_VECTOR, &l.exp_probs_b,
+                              bias == SelectionBias::OPTIONAL));
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_up_exps.weight", {E, F, X}, Kind::MATRIX, &l.up_exps));
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_exps.weight", {E, F, X}, Kind::MATRIX, &l.gate_exps));
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_down_exps.weight", {F, E, X}, Kind::MATRIX, &l.down_exps));
+    if (hp.n_expert_shared == 0) return Status::ok();
+    const int64_t S = F * hp.n_expert_shared;
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_shexp.weight", {E, S}, Kind::MATRIX, &l.gate_shexp));
+    MOE_RETURN_IF_ERROR(b.get(p + "ffn_up_shexp.weight", {E, S}, Kind::MATRIX, &l.up_shexp));
+    return b.get(p + "ffn_down_shexp.weight", {S, E}, Kind::MATRIX, &l.down_shexp);
+}
+
 // deepseek2 (llama.cpp's llama_model_deepseek2::load_arch_tensors): MLA attention, then a dense FFN in
 // the leading layers, routed plus shared experts in the others.
 Status bind_deepseek2_layer(const HParams& hp, Binder& b, int il, LayerWeights& l) {
     const int64_t E = hp.n_embd, H = hp.n_head, Dk = hp.head_dim, Dv = hp.head_dim_v, R = hp.rope_dims;
-    const int64_t C = hp.kv_lora_rank, Q = hp.q_lora_rank, X = hp.n_expert, F = hp.n_ff_expert;
+    const int64_t C = hp.kv_lora_rank, Q = hp.q_lora_rank;
     const std::string p = "blk." + std::to_string(il) + ".";
     MOE_RETURN_IF_ERROR(b.get(p + "attn_norm.weight", {E}, Kind::FLOAT_VECTOR, &l.attn_norm));
     if (Q > 0) {
@@ -76,21 +102,7 @@ Status bind_deepseek2_layer(const HParams& hp, Binder& b, int il, LayerWeights& 
     MOE_RETURN_IF_ERROR(b.get(p + "attn_v_b.weight", {C, Dv, H}, Kind::MATRIX, &l.wv_b));
     MOE_RETURN_IF_ERROR(b.get(p + "attn_output.weight", {H * Dv, E}, Kind::MATRIX, &l.wo));
     MOE_RETURN_IF_ERROR(b.get(p + "ffn_norm.weight", {E}, Kind::FLOAT_VECTOR, &l.ffn_norm));
-    if (il < hp.n_layer_dense_lead) {
-        const int64_t FF = hp.n_ff;
-        MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate.weight", {E, FF}, Kind::MATRIX, &l.ffn_gate));
-        MOE_RETURN_IF_ERROR(b.get(p + "ffn_up.weight", {E, FF}, Kind::MATRIX, &l.ffn_up));
-        return b.get(p + "ffn_down.weight", {FF, E}, Kind::MATRIX, &l.ffn_down);
-    }
-    MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_inp.weight", {E, X}, Kind::MATRIX, &l.router));
-    MOE_RETURN_IF_ERROR(b.get(p + "exp_probs_b.bias", {X}, Kind::FLOAT_VECTOR, &l.exp_probs_b, true));
-    MOE_RETURN_IF_ERROR(b.get(p + "ffn_up_exps.weight", {E, F, X}, Kind::MATRIX, &l.up_exps));
-    MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_exps.weight", {E, F, X}, Kind::MATRIX, &l.gate_exps));
-    MOE_RETURN_IF_ERROR(b.get(p + "ffn_down_exps.weight", {F, E, X}, Kind::MATRIX, &l.down_exps));
-    const int64_t S = F * hp.n_expert_shared;
-    MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_shexp.weight", {E, S}, Kind::MATRIX, &l.gate_shexp));
-    MOE_RETURN_IF_ERROR(b.get(p + "ffn_up_shexp.weight", {E, S}, Kind::MATRIX, &l.up_shexp));
-    return b.get(p + "ffn_down_shexp.weight", {S, E}, Kind::MATRIX, &l.down_shexp);
+    return bind_dense_or_moe_ffn(hp, b, il, SelectionBias::OPTIONAL, l);
 }
 
 // glm4moe (llama.cpp's llama_model_glm4_moe::load_arch_tensors): attention with q/k/v biases and, in
@@ -98,7 +110,6 @@ Status bind_deepseek2_layer(const HParams& hp, Binder& b, int il, LayerWeights& 
 // selection bias plus the shared experts in the others. The trailing NextN layers are not bound.
 Status bind_glm4moe_layer(const HParams& hp, Binder& b, int il, LayerWeights& l) {
     const int64_t E = hp.n_embd, H = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim;
-    const int64_t X = hp.n_expert, F = hp.n_ff_expert;
     const std::string p = "blk." + std::to_string(il) + ".";
     MOE_RETURN_IF_ERROR(b.get(p + "attn_norm.weight", {E}, Kind::FLOAT_VECTOR, &l.attn_norm));
     MOE_RETURN_IF_ERROR(b.get(p + "attn_q.weight", {E, H * D}, Kind::MATRIX, &l.wq));
@@ -115,22 +126,7 @@ Status bind_glm4moe_layer(const HParams& hp, Binder& b, int il, LayerWeights& l)
                          ".weight' (the q and k norms come together)");
     }
     MOE_RETURN_IF_ERROR(b.get(p + "post_attention_norm.weight", {E}, Kind::FLOAT_VECTOR, &l.ffn_norm));
-    if (il < hp.n_layer_dense_lead) {
-        const int64_t FF = hp.n_ff;
-        MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate.weight", {E, FF}, Kind::MATRIX, &l.ffn_gate));
-        MOE_RETURN_IF_ERROR(b.get(p + "ffn_up.weight", {E, FF}, Kind::MATRIX, &l.ffn_up));
-        return b.get(p + "ffn_down.weight", {FF, E}, Kind::MATRIX, &l.ffn_down);
-    }
-    MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_inp.weight", {E, X}, Kind::MATRIX, &l.router));
-    MOE_RETURN_IF_ERROR(b.get(p + "exp_probs_b.bias", {X}, Kind::FLOAT_VECTOR, &l.exp_probs_b));
-    MOE_RETURN_IF_ERROR(b.get(p + "ffn_up_exps.weight", {E, F, X}, Kind::MATRIX, &l.up_exps));
-    MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_exps.weight", {E, F, X}, Kind::MATRIX, &l.gate_exps));
-    MOE_RETURN_IF_ERROR(b.get(p + "ffn_down_exps.weight", {F, E, X}, Kind::MATRIX, &l.down_exps));
-    if (hp.n_expert_shared == 0) return Status::ok();
-    const int64_t S = F * hp.n_expert_shared;
-    MOE_RETURN_IF_ERROR(b.get(p + "ffn_gate_shexp.weight", {E, S}, Kind::MATRIX, &l.gate_shexp));
-    MOE_RETURN_IF_ERROR(b.get(p + "ffn_up_shexp.weight", {E, S}, Kind::MATRIX, &l.up_shexp));
-    return b.get(p + "ffn_down_shexp.weight", {S, E}, Kind::MATRIX, &l.down_shexp);
+    return bind_dense_or_moe_ffn(hp, b, il, SelectionBias::REQUIRED, l);
 }
 
 }  // namespace
