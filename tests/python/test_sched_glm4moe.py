@@ -197,3 +197,22 @@ def test_expert_split_matches_cpu_and_uploads_only_the_device_experts(model, rng
     assert s["n_kept_host"]["mul_mat_id"] == s["n_kept_host"]["moe_up_gate"] == split + 2 * n_moe
     assert s["bytes_weights_experts"] == split * (n_expert - 2) * (up_gate + down)
     assert s["bytes_weights_skipped"] == split * 2 * (up_gate + down)
+
+
+def test_expert_split_auto_and_off(model, rng):
+    """Automatic splits (whatever count the measured costs pick) still add up to the CPU path, and split only
+    MoE layers; 0 never splits."""
+    cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=8)
+    auto = emulated(model, moeinfer.Policy(expert_split=-1).parse_offload("all=3"), n_ubatch=8,
+                    tensor_overrides="exps=CPU")
+    off = emulated(model, moeinfer.Policy(expert_split=0).parse_offload("all=3"), n_ubatch=8,
+                   tensor_overrides="exps=CPU")
+    for n in (8, 8, 5):
+        tokens = rng.integers(0, model.info.n_vocab, size=n, dtype=np.int32)
+        want = cpu.decode(tokens, logits_all=True)
+        assert_logits_close(auto.decode(tokens, logits_all=True), want)
+        assert_logits_close(off.decode(tokens, logits_all=True), want)
+    s = auto.stats()
+    assert s["n_split_layers"] % n_moe_layers(model) == 0
+    assert s["n_split_layers"] <= s["n_split_host_experts"] <= s["n_split_layers"] * (model.info.n_expert - 1)
+    assert off.stats()["n_split_layers"] == 0
