@@ -99,3 +99,63 @@ def test_default_device_is_auto(tiny_qwen):
     assert moeinfer.Context(model, n_ctx=16, device="emulated").device == "emulated"
     with pytest.raises(ValueError, match="'auto', 'cpu', 'cuda' or 'emulated'"):
         moeinfer.Context(model, device="gpu")
+
+
+# --- llama.cpp's type mixes (K-quants, IQ4) on the GPU -----------------------------------------------------------
+
+# Rows of whole super-blocks (n_embd, n_head * head_dim and n_ff_expert 256), so the recipes' K-quant / IQ4_XS
+# types are what the file holds (q4_k_m: Q4_K and Q6_K; iq4_xs: IQ4_XS, Q5_K and Q6_K) and the CUDA kernels decode
+# them (core/quant_decode.h). Bounds as above: up to 8 tokens the GPU multiplies F32 activations by the exactly
+# decoded weights (the CPU quantises activations to 8 bits per 256, as ggml's Q8_K); past 8 the products run on
+# BF16 tensor cores.
+@pytest.fixture(scope="module", params=["q4_k_m", "iq4_xs"])
+def recipe_model(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("cuda") / f"qwen3moe-{request.param}.gguf"
+    moeinfer.synth_write(str(path), "qwen3moe", preset="tiny", recipe=request.param, n_embd=256, head_dim=64,
+                         n_ff_expert=256, seed=int(np.random.default_rng().integers(1 << 30)))
+    model = moeinfer.Model(str(path))
+    want = {"q4_k_m": {"q4_K", "q6_K"}, "iq4_xs": {"iq4_xs", "q6_K"}}[request.param]
+    assert want <= {t.type for t in model.tensors}
+    return model
+
+
+def _check_on_device(ctx, model) -> None:
+    """Every matrix product's weights stayed on the GPU: at most the token embedding (read by GET_ROWS, which
+    has no CUDA kernel for these types) is in host memory. Before the decoded types had CUDA kernels, every
+    K-quant weight was placed on the host."""
+    embd = sum(t.n_bytes for t in model.tensors if t.name.startswith("token_embd"))
+    assert ctx.stats()["weights_host_bytes"] <= embd + 4096
+
+
+@pytest.mark.parametrize("n_prompt", [1, 5, 40])
+def test_cuda_recipe_prompt_matches_cpu(recipe_model, rng, n_prompt):
+    tokens = rng.integers(0, recipe_model.info.n_vocab, size=n_prompt, dtype=np.int32)
+    gpu = _cuda_context(recipe_model, n_ctx=128, n_ubatch=32)
+    cpu = moeinfer.Context(recipe_model, device="cpu", n_ctx=128, n_ubatch=32)
+    _compare(gpu.decode(tokens, logits_all=True), cpu.decode(tokens, logits_all=True))
+    _check_on_device(gpu, recipe_model)
+
+
+def test_cuda_recipe_generation_matches_cpu(recipe_model, rng):
+    gpu = _cuda_context(recipe_model, n_ctx=128)
+    cpu = moeinfer.Context(recipe_model, device="cpu", n_ctx=128)
+    prompt = rng.integers(0, recipe_model.info.n_vocab, size=24, dtype=np.int32)
+    _compare(gpu.decode(prompt), cpu.decode(prompt))
+    for _ in range(8):
+        tok = rng.integers(0, recipe_model.info.n_vocab, size=1, dtype=np.int32)
+        _compare(gpu.decode(tok), cpu.decode(tok))
+
+
+# The hybrid path: experts in host RAM (exps=CPU), offloaded per ubatch as whole tensors (full) or as the selected
+# experts' slices (active), with and without the expert split (part of the experts computed on the host).
+@pytest.mark.parametrize("expert_copy", ["full", "active"])
+@pytest.mark.parametrize("expert_split", [0, 2])
+def test_cuda_recipe_hybrid_matches_cpu(recipe_model, rng, expert_copy, expert_split):
+    policy = moeinfer.Policy(expert_copy=expert_copy, expert_split=expert_split).parse_offload("all=3")
+    gpu = _cuda_context(recipe_model, n_ctx=128, n_ubatch=32, tensor_overrides="exps=CPU", policy=policy)
+    cpu = moeinfer.Context(recipe_model, device="cpu", n_ctx=128, n_ubatch=32)
+    for n in (20, 6, 1, 1):  # prefill (tensor cores), GEMV, and single tokens kept on the host
+        tokens = rng.integers(0, recipe_model.info.n_vocab, size=n, dtype=np.int32)
+        _compare(gpu.decode(tokens, logits_all=True), cpu.decode(tokens, logits_all=True))
+    s = gpu.stats()
+    assert sum(s["n_offloaded"].values()) > 0, s["n_offloaded"]
