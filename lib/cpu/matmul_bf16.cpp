@@ -51,13 +51,21 @@ bool wanted(int kind, int64_t n_pairs, int64_t n_expert) {
     if (!f.avx512_bf16 || mode == Bf16Path::kNever) return false;
     if (mm::bf16::kAvx512Bf16Kernels.decode[kind] == nullptr) return false;
     if (mode == Bf16Path::kAlways) return true;
-    // Measured with moeinfer_bench_matmul on a Zen 4 core (AVX-512 BF16, no AMX; docs/PERF.md): with
-    // 64 pairs per expert the BF16 path takes 15-25% less time than the VNNI one for Q8_0 and Q4_0
-    // (MXFP4 alike), with 32 they are even. The kinds decoded through to_float (the K-quants and the
-    // rest) lose at any size, so they stay on the integer path unless forced.
-    constexpr int64_t kMinPairsPerExpert = 64;
-    const bool fast_decode = kind == mm::kQ8_0 || kind == mm::kQ4_0 || kind == mm::kMXFP4;
-    return fast_decode && n_pairs >= kMinPairsPerExpert * std::min(n_expert, n_pairs);
+    // Pairs per expert from which the BF16 path is the faster one, measured with moeinfer_bench_matmul
+    // (Qwen3-30B-A3B expert shapes, one Zen 4 core: AVX-512 BF16, no AMX). Q8_0, Q4_0, MXFP4 and Q6_K:
+    // even at 32 pairs, 15-30% less time at 64. Q4_K (whose integer kernel unpacks each super-block
+    // for at most 4 tokens): 30% less time at 16, 2x less from 32. The kinds decoded through to_float
+    // lose at any size: they stay on the integer path unless forced.
+    int64_t min_pairs = 0;
+    switch (kind) {
+        case mm::kQ8_0:
+        case mm::kQ4_0:
+        case mm::kMXFP4:
+        case mm::kQ6_K: min_pairs = 64; break;
+        case mm::kQ4_K: min_pairs = 16; break;
+        default: return false;
+    }
+    return n_pairs >= min_pairs * std::min(n_expert, n_pairs);
 }
 
 size_t scratch_bytes(int64_t k, int64_t n_rows, int64_t n_expert, int64_t n_pairs) {

@@ -6,8 +6,8 @@
 // pair of each row from the decoded chunk (an embedded broadcast), so each activation load serves 8
 // rows and each broadcast 32 tokens. Tokens are the vector lanes, so no horizontal sums are needed.
 //
-// Decoded values equal the type table's to_float bit for bit before BF16 rounding: Q8_0, Q4_0 and
-// MXFP4 are decoded here with exact products (q * d with q of at most 8 bits), the other kinds
+// Decoded values equal the type table's to_float bit for bit before BF16 rounding: Q8_0, Q4_0, MXFP4,
+// Q4_K and Q6_K are decoded here with the same F32 operations in the same order, the other kinds
 // through to_float itself, so the path's only roundings are the BF16 conversions and the F32 sums.
 
 // GCC 12 warns about the deliberately undefined vectors inside its own AVX-512 intrinsics (GCC bug
@@ -18,8 +18,11 @@
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 
+#include <cstddef>
 #include <cstring>
 
+#include "core/quant_blocks.h"
+#include "core/quant_k_layout.h"
 #include "core/types.h"
 #include "cpu/matmul_bf16.h"
 
@@ -146,6 +149,75 @@ void decode_mxfp4(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t k
     }
 }
 
+// 16 unsigned bytes minus `offset`, as floats.
+inline __m512 u8_to_ps(__m128i v, int offset) {
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(v), _mm512_set1_epi32(offset)));
+}
+
+// Q4_K: group g (32 values) is the low (g even) or high nibbles of qs[32 (g / 2) ..]; x = d sc q - dmin m,
+// d sc q exact in F32 (17 + 4 bits), so the one rounding is the subtraction's, as in to_float.
+void decode_q4_k(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    for (int r = 0; r < n_rows; ++r) {
+        const uint8_t* p = w + r * ws + (k0 / kQK_K) * sizeof(BlockQ4_K);
+        uint16_t* d = dst + r * kChunk;
+        for (int64_t sb = 0; sb < kc / kQK_K; ++sb, p += sizeof(BlockQ4_K), d += kQK_K) {
+            for (size_t line = 0; line < sizeof(BlockQ4_K); line += 64) {
+                prefetch_next_chunk(p + line, kChunk / kQK_K * sizeof(BlockQ4_K));
+            }
+            const auto* b = reinterpret_cast<const BlockQ4_K*>(p);
+            const float dd = fp16_at(p + offsetof(BlockQ4_K, d));
+            const float dmin = fp16_at(p + offsetof(BlockQ4_K, dmin));
+            for (int g = 0; g < 8; ++g) {
+                int sc, m;
+                kq::scale_min_k4(b->scales, g, sc, m);
+                const __m512 dl = _mm512_set1_ps(dd * static_cast<float>(sc));
+                const __m512 ml = _mm512_set1_ps(dmin * static_cast<float>(m));
+                const uint8_t* q = b->qs + 32 * (g / 2);
+                const int shift = 4 * (g % 2);
+                const __m128i lo = _mm_and_si128(_mm_srli_epi16(loadu128(q), shift), nib);
+                const __m128i hi = _mm_and_si128(_mm_srli_epi16(loadu128(q + 16), shift), nib);
+                store_bf16(d + 32 * g, _mm512_sub_ps(_mm512_mul_ps(dl, u8_to_ps(lo, 0)), ml),
+                           _mm512_sub_ps(_mm512_mul_ps(dl, u8_to_ps(hi, 0)), ml));
+            }
+        }
+    }
+}
+
+// Q6_K: element 128 h + 64 a + m (m < 64) has its low nibble in half a of ql[64 h + m] and its top two
+// bits at 2 (2 a + m / 32) of qh[32 h + m % 32]; x = (d sc) (q - 32), both products rounded as in
+// to_float.
+void decode_q6_k(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    const __m128i two = _mm_set1_epi8(0x03);
+    for (int r = 0; r < n_rows; ++r) {
+        const uint8_t* p = w + r * ws + (k0 / kQK_K) * sizeof(BlockQ6_K);
+        uint16_t* d = dst + r * kChunk;
+        for (int64_t sb = 0; sb < kc / kQK_K; ++sb, p += sizeof(BlockQ6_K), d += kQK_K) {
+            for (size_t line = 0; line < sizeof(BlockQ6_K); line += 64) {
+                prefetch_next_chunk(p + line, kChunk / kQK_K * sizeof(BlockQ6_K));
+            }
+            const auto* b = reinterpret_cast<const BlockQ6_K*>(p);
+            const float dd = fp16_at(p + offsetof(BlockQ6_K, d));
+            for (int h = 0; h < 2; ++h) {
+                for (int a = 0; a < 2; ++a) {
+                    __m512 v[4];
+                    for (int j = 0; j < 4; ++j) {  // m = 16 j ..
+                        const __m128i lo = _mm_and_si128(_mm_srli_epi16(loadu128(b->ql + 64 * h + 16 * j), 4 * a), nib);
+                        const __m128i hi = _mm_and_si128(
+                            _mm_srli_epi16(loadu128(b->qh + 32 * h + 16 * (j % 2)), 2 * (2 * a + j / 2)), two);
+                        const int e0 = 128 * h + 64 * a + 16 * j;
+                        const __m512 dl = _mm512_set1_ps(dd * static_cast<float>(b->scales[e0 / 16]));
+                        v[j] = _mm512_mul_ps(dl, u8_to_ps(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), 32));
+                    }
+                    store_bf16(d + 128 * h + 64 * a, v[0], v[1]);
+                    store_bf16(d + 128 * h + 64 * a + 32, v[2], v[3]);
+                }
+            }
+        }
+    }
+}
+
 // The other quantised kinds: the type table's to_float, then BF16.
 template <Type kType>
 void decode_generic(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
@@ -220,9 +292,9 @@ constinit const Bf16Kernels kAvx512Bf16Kernels = {
         decode_generic<Type::IQ4_NL>,
         decode_generic<Type::Q2_K>,
         decode_generic<Type::Q3_K>,
-        decode_generic<Type::Q4_K>,
+        decode_q4_k,
         decode_generic<Type::Q5_K>,
-        decode_generic<Type::Q6_K>,
+        decode_q6_k,
         decode_generic<Type::IQ4_XS>,
     },
     tile,
