@@ -138,6 +138,16 @@ Status read_head_dim(const GgufFile& f, const std::string& a, HParams& hp) {
     return Status::ok();
 }
 
+// The routed experts' weighting (deepseek2, glm4moe): expert_weights_norm divides the top-k weights by
+// their sum, expert_weights_scale then multiplies them; absent, llama.cpp's defaults (no norm, scale 1).
+Status read_expert_weighting(const GgufFile& f, const std::string& a, HParams& hp) {
+    if (f.find(a + "expert_weights_norm") != nullptr) {
+        MOE_ASSIGN_OR_RETURN(const int64_t norm, f.get_int(a + "expert_weights_norm"));
+        hp.expert_weights_norm = norm != 0;
+    }
+    return read_real(f, a + "expert_weights_scale", 0.0, true, &hp.expert_weights_scale);
+}
+
 // deepseek2: MLA head sizes, leading dense layers, shared experts, routing, YaRN's attention scale.
 // Files converted since llama.cpp split attn_kv_b into attn_k_b / attn_v_b give key_length =
 // kv_lora_rank + rope dims and value_length = kv_lora_rank (the latent attention's sizes) and the
@@ -191,11 +201,7 @@ Status read_deepseek2(const GgufFile& f, const std::string& a, HParams& hp) {
     }
     if (hp.n_layer_dense_lead > 0 && hp.n_ff == 0) return missing(a + "feed_forward_length");
     MOE_RETURN_IF_ERROR(read_count(f, a + "expert_shared_count", true, &hp.n_expert_shared));
-    if (f.find(a + "expert_weights_norm") != nullptr) {
-        MOE_ASSIGN_OR_RETURN(const int64_t norm, f.get_int(a + "expert_weights_norm"));
-        hp.expert_weights_norm = norm != 0;
-    }
-    MOE_RETURN_IF_ERROR(read_real(f, a + "expert_weights_scale", 0.0, true, &hp.expert_weights_scale));
+    MOE_RETURN_IF_ERROR(read_expert_weighting(f, a, hp));
     if (f.find(a + "expert_gating_func") != nullptr) {
         // llama.cpp's llama_expert_gating_func_type; files from before the key are softmax (V2).
         MOE_ASSIGN_OR_RETURN(const int64_t func, f.get_int(a + "expert_gating_func"));
@@ -252,11 +258,7 @@ Status read_glm4moe(const GgufFile& f, const std::string& a, HParams& hp) {
     }
     MOE_RETURN_IF_ERROR(read_count(f, a + "expert_shared_count", false, &hp.n_expert_shared));
     MOE_RETURN_IF_ERROR(read_count(f, a + "feed_forward_length", false, &hp.n_ff));
-    if (f.find(a + "expert_weights_norm") != nullptr) {
-        MOE_ASSIGN_OR_RETURN(const int64_t norm, f.get_int(a + "expert_weights_norm"));
-        hp.expert_weights_norm = norm != 0;
-    }
-    MOE_RETURN_IF_ERROR(read_real(f, a + "expert_weights_scale", 0.0, true, &hp.expert_weights_scale));
+    MOE_RETURN_IF_ERROR(read_expert_weighting(f, a, hp));
     if (f.find(a + "expert_gating_func") != nullptr) {
         // llama.cpp's llama_expert_gating_func_type: 0 (none) reads as sigmoid there too.
         MOE_ASSIGN_OR_RETURN(const int64_t func, f.get_int(a + "expert_gating_func"));
