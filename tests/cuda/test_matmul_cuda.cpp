@@ -1073,6 +1073,12 @@ TEST_CASE("cuda matmul perf (set MOEINFER_GPU_PERF=1)", "[gpu][cuda][matmul][per
             perf_case(g20_down, type, t);
         }
         for (Type type : {Type::Q8_0, Type::BF16}) perf_case(dense, type, t);
+        // The decoded types of llama.cpp's Q4_K_M and IQ4_XS files (core/quant_decode.h's first kernels).
+        for (Type type : {Type::Q4_K, Type::Q6_K, Type::IQ4_XS}) {
+            perf_case(q30_up, type, t);
+            perf_case(q30_down, type, t);
+            perf_case(dense, type, t);
+        }
     }
     if (std::getenv("MOEINFER_GPU_PERF_T") == nullptr) perf_case(dense, Type::Q8_0, 128);  // the kernel's dense mode
 }
