@@ -94,6 +94,12 @@ Tensor* routed_experts(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* 
     return g.add(part[1], part[0]);
 }
 
+Tensor* routed_and_shared_experts(BuildState& s, const LayerWeights& l, Tensor* h, const Routing& r, Tensor* groups) {
+    Tensor* out = routed_experts(s, l, h, r.ids, r.weights, groups);
+    if (l.up_shexp == nullptr) return out;
+    return s.g.add(out, swiglu_ffn(s.g, l.up_shexp, l.gate_shexp, l.down_shexp, h));
+}
+
 Tensor* layer_groups(Graph& g, const UbatchGraph& out, const std::vector<uint8_t>& split_layers, int il) {
     if (out.expert_groups == nullptr || !split_layers[static_cast<size_t>(il)]) return nullptr;
     Tensor* all = out.expert_groups;

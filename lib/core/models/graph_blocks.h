@@ -60,6 +60,10 @@ Tensor* swiglu_ffn(Graph& g, Tensor* up, Tensor* gate, Tensor* down, Tensor* x);
 Tensor* routed_experts(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* ids, Tensor* weights,
                        Tensor* groups);
 
+// The routed experts chosen by r (as routed_experts) plus the shared experts where the layer has them
+// (deepseek2, glm4moe: one SwiGLU FFN on the same input h). Returns [n_embd, T].
+Tensor* routed_and_shared_experts(BuildState& s, const LayerWeights& l, Tensor* h, const Routing& r, Tensor* groups);
+
 // The view of layer il's row of the [n_expert, n_layer] expert-groups input, or nullptr when the layer
 // is not split.
 Tensor* layer_groups(Graph& g, const UbatchGraph& out, const std::vector<uint8_t>& split_layers, int il);

@@ -116,8 +116,7 @@ Tensor* deepseek2_layers(BuildState& s, const ModelWeights& w, const UbatchGraph
         }
         const blocks::Routing r = route(s, l, h);
         Tensor* groups = blocks::layer_groups(g, out, split_layers, il);
-        Tensor* routed = blocks::routed_experts(s, l, h, r.ids, r.weights, groups);
-        cur = g.add(cur, g.add(routed, blocks::swiglu_ffn(g, l.up_shexp, l.gate_shexp, l.down_shexp, h)));
+        cur = g.add(cur, blocks::routed_and_shared_experts(s, l, h, r, groups));
     }
     g.set_layer(-1);
     return cur;

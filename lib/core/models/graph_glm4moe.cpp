@@ -25,8 +25,7 @@ Tensor* glm4moe_layers(BuildState& s, const ModelWeights& w, const UbatchGraph& 
         } else {
             const Routing r = route_biased_sigmoid(g, g.mul_mat(l.router, h), l.exp_probs_b, hp.n_expert_used,
                                                    hp.expert_weights_norm, hp.expert_weights_scale);
-            ffn = routed_experts(s, l, h, r.ids, r.weights, layer_groups(g, out, split_layers, il));
-            if (l.up_shexp != nullptr) ffn = g.add(ffn, swiglu_ffn(g, l.up_shexp, l.gate_shexp, l.down_shexp, h));
+            ffn = routed_and_shared_experts(s, l, h, r, layer_groups(g, out, split_layers, il));
         }
         cur = g.add(cur, ffn);
     }
