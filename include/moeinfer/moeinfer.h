@@ -571,6 +571,34 @@ MOE_API moe_status moe_context_set_profiling(moe_context* ctx, int32_t enabled);
 MOE_API moe_status moe_context_get_profile(const moe_context* ctx, moe_op_profile* entries, int32_t capacity,
                                            int32_t* out_n);
 
+/* One ubatch of the timeline (moe_context_get_timeline): when it ran and how its time split, as the host
+ * sees it. Device work is asynchronous: what the device did (uploads, kernels) while the host had
+ * nothing else to do shows as seconds_wait; t_end - t_start minus the three parts is the scheduler's
+ * own work (planning, copies queued). */
+typedef struct moe_ubatch_timing {
+    int32_t n_tokens;
+    int32_t ok;                     /* 1, or 0 when the ubatch failed part-way */
+    double t_start;                 /* seconds since moe_context_set_timeline switched the record on */
+    double t_end;
+    double seconds_host_compute;    /* moe_sched_stats' counters over this ubatch */
+    double seconds_device_submit;
+    double seconds_wait;
+    uint64_t bytes_weights;         /* weights uploaded (bytes_weights_full + bytes_weights_experts) */
+    uint64_t bytes_activations;
+} moe_ubatch_timing;
+
+/* Records the last `capacity` ubatches from now on (0: off, the default), dropping what was recorded;
+ * t_start / t_end count from this call. moe_context_reset_stats leaves the record alone. Costs two
+ * snapshots of a few counters per ubatch and capacity * sizeof(moe_ubatch_timing) bytes.
+ * INVALID_ARGUMENT for capacity < 0 or > 1048576. */
+MOE_API moe_status moe_context_set_timeline(moe_context* ctx, int32_t capacity);
+
+/* Copies up to `capacity` of the recorded ubatches, oldest first, into `entries`; *out_n gets the number
+ * held (call with capacity 0 to size the array); *out_dropped (may be NULL) the ubatches recorded since
+ * moe_context_set_timeline that the ring no longer holds. */
+MOE_API moe_status moe_context_get_timeline(const moe_context* ctx, moe_ubatch_timing* entries, int32_t capacity,
+                                            int32_t* out_n, uint64_t* out_dropped);
+
 /* ---------------------------------------------------------------------------------------------
  * Synthetic models: valid GGUF files with real MoE shapes and random weights, for tests and
  * benchmarks (llama.cpp loads them too).

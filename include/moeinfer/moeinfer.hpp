@@ -624,6 +624,20 @@ public:
         return out;
     }
 
+    // Records the last `capacity` ubatches' timing from now on (0: off), dropping what was recorded.
+    void set_timeline(int32_t capacity) { check(moe_context_set_timeline(get(), capacity)); }
+
+    // The recorded ubatches, oldest first; `dropped` (if given) receives those the ring no longer holds.
+    std::vector<moe_ubatch_timing> timeline(uint64_t* dropped = nullptr) const {
+        int32_t n = 0;
+        check(moe_context_get_timeline(get(), nullptr, 0, &n, nullptr));
+        std::vector<moe_ubatch_timing> out(static_cast<size_t>(n));
+        int32_t got = 0;
+        check(moe_context_get_timeline(get(), out.data(), n, &got, dropped));
+        out.resize(static_cast<size_t>(std::min(n, got)));
+        return out;
+    }
+
     // Replaces the scheduling policy (from the next decode on).
     void set_policy(const moe_sched_policy& policy) { check(moe_context_set_policy(get(), &policy)); }
 

@@ -108,6 +108,17 @@ static_assert(offsetof(moe_op_profile, count) == 16);
 static_assert(offsetof(moe_op_profile, seconds) == 24);
 static_assert(sizeof(moe_op_profile) == 32);
 
+static_assert(offsetof(moe_ubatch_timing, n_tokens) == 0);
+static_assert(offsetof(moe_ubatch_timing, ok) == 4);
+static_assert(offsetof(moe_ubatch_timing, t_start) == 8);
+static_assert(offsetof(moe_ubatch_timing, t_end) == 16);
+static_assert(offsetof(moe_ubatch_timing, seconds_host_compute) == 24);
+static_assert(offsetof(moe_ubatch_timing, seconds_device_submit) == 32);
+static_assert(offsetof(moe_ubatch_timing, seconds_wait) == 40);
+static_assert(offsetof(moe_ubatch_timing, bytes_weights) == 48);
+static_assert(offsetof(moe_ubatch_timing, bytes_activations) == 56);
+static_assert(sizeof(moe_ubatch_timing) == 64);
+
 static_assert(offsetof(moe_synth_params, struct_size) == 0);
 static_assert(offsetof(moe_synth_params, architecture) == 8);
 static_assert(offsetof(moe_synth_params, preset) == 16);

@@ -1,12 +1,18 @@
-// C API: contexts, decoding, logits, profiling.
+// C API: contexts, decoding, logits, profiling, the ubatch timeline.
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "moeinfer/moeinfer.h"
 #include "runtime/c_api_guard.h"
 #include "runtime/c_api_structs.h"
 #include "runtime/context.h"
+
+namespace {
+constexpr int32_t kMaxTimeline = 1 << 20;  // 64 MiB of records: more is a mistake, not a longer plot
+}  // namespace
 
 extern "C" {
 
@@ -129,6 +135,37 @@ MOE_API moe_status moe_context_get_profile(const moe_context* ctx, moe_op_profil
         }
     }
     *out_n = n;
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+MOE_API moe_status moe_context_set_timeline(moe_context* ctx, int32_t capacity) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
+    MOE_CHECK_ARG(capacity >= 0 && capacity <= kMaxTimeline,
+                  "timeline capacity " + std::to_string(capacity) + " is outside [0, " + std::to_string(kMaxTimeline) + "]");
+    ctx->sched->timeline().enable(static_cast<size_t>(capacity));
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+MOE_API moe_status moe_context_get_timeline(const moe_context* ctx, moe_ubatch_timing* entries, int32_t capacity,
+                                            int32_t* out_n, uint64_t* out_dropped) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
+    MOE_CHECK_ARG(out_n != nullptr, "out_n is NULL");
+    MOE_CHECK_ARG(capacity >= 0, "capacity must be >= 0");
+    MOE_CHECK_ARG(capacity == 0 || entries != nullptr, "entries is NULL");
+    const moe::sched::Timeline& timeline = ctx->sched->timeline();
+    const std::vector<moe::sched::UbatchTiming> records = timeline.records();
+    for (size_t i = 0; i < records.size() && i < static_cast<size_t>(capacity); ++i) {
+        const moe::sched::UbatchTiming& r = records[i];
+        entries[i] = moe_ubatch_timing{r.n_tokens, r.ok ? 1 : 0, r.t_start, r.t_end, r.seconds_host_compute,
+                                       r.seconds_device_submit, r.seconds_wait, r.bytes_weights,
+                                       r.bytes_activations};
+    }
+    *out_n = static_cast<int32_t>(records.size());
+    if (out_dropped != nullptr) *out_dropped = timeline.dropped();
     return MOE_STATUS_OK;
     MOE_API_END
 }

@@ -285,6 +285,7 @@ void Scheduler::prepare(Graph& graph, std::span<Tensor* const> input_tensors) {
 Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inputs, std::span<const HostOutput> outputs,
                       const std::function<void()>& while_waiting) {
     const Clock::time_point t_start = Clock::now();
+    if (timeline_.on()) timeline_.begin(stats_, t_start);
     allocated_in_run_ = false;
     (void)transfers_.take_allocated();  // the split's planning timed an upload: not this run's
     const std::vector<Tensor*>& nodes = graph.nodes();
@@ -393,6 +394,7 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
     }
     ++stats_.n_ubatches;
     stats_.seconds_total += seconds_since(t_start);
+    if (timeline_.on()) timeline_.end(stats_, n_tokens, status.is_ok());
     retired_ = std::move(owned);
     return status;
 }

@@ -36,6 +36,7 @@
 #include "sched/policy.h"
 #include "sched/run_state.h"
 #include "sched/stats.h"
+#include "sched/timeline.h"
 #include "sched/transfers.h"
 #include "sched/weight_table.h"
 
@@ -103,6 +104,10 @@ public:
     void set_profiling(bool on);
     const OpTimes& op_times() const { return op_times_; }
 
+    // Per-ubatch timing for plots (off until enabled; not cleared by reset_stats).
+    Timeline& timeline() { return timeline_; }
+    const Timeline& timeline() const { return timeline_; }
+
     Backend& backend(Side s) { return s == Side::HOST ? host_ : *device_; }
     bool has_device() const { return device_ != nullptr; }
 
@@ -153,6 +158,7 @@ private:
 
     bool profiling_ = false;
     OpTimes op_times_{};
+    Timeline timeline_;
 };
 
 }  // namespace moe::sched

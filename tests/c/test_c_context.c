@@ -384,6 +384,64 @@ static void test_profiling(moe_model* model) {
     moe_context_free(ctx);
 }
 
+/* The ubatch timeline: off by default, the last `capacity` ubatches oldest first, the dropped count,
+ * argument checks. */
+static void test_timeline(moe_model* model) {
+    moe_context_params p;
+    moe_context* ctx = NULL;
+    moe_ubatch_timing t[4], one;
+    int32_t tokens[N_PROMPT], n = -1, got = -1, i;
+    uint64_t dropped = 99;
+    moe_model_info info;
+
+    moe_model_info_init(&info);
+    EXPECT_STATUS(moe_model_get_info(model, &info), MOE_STATUS_OK);
+    moe_context_params_init(&p);
+    p.n_ctx = 32;
+    p.n_ubatch = 4;
+    p.device = MOE_DEVICE_CPU;
+    EXPECT_STATUS(moe_context_create(model, &p, &ctx), MOE_STATUS_OK);
+    if (ctx == NULL) return;
+    random_tokens(tokens, N_PROMPT, info.n_vocab);
+
+    EXPECT_STATUS(moe_decode(ctx, tokens, NULL, 2, 0), MOE_STATUS_OK);
+    EXPECT_STATUS(moe_context_get_timeline(ctx, NULL, 0, &n, &dropped), MOE_STATUS_OK);
+    EXPECT(n == 0 && dropped == 0); /* off by default */
+
+    EXPECT_STATUS(moe_context_set_timeline(ctx, 3), MOE_STATUS_OK);
+    EXPECT_STATUS(moe_decode(ctx, tokens, NULL, 10, 0), MOE_STATUS_OK); /* ubatches of 4, 4, 2 */
+    EXPECT_STATUS(moe_decode(ctx, tokens + 10, NULL, 1, 0), MOE_STATUS_OK);
+    EXPECT_STATUS(moe_context_get_timeline(ctx, t, 4, &n, &dropped), MOE_STATUS_OK);
+    EXPECT(n == 3 && dropped == 1);
+    if (n == 3) {
+        EXPECT(t[0].n_tokens == 4 && t[1].n_tokens == 2 && t[2].n_tokens == 1);
+        for (i = 0; i < 3; ++i) {
+            EXPECT(t[i].ok == 1 && t[i].t_start >= 0.0 && t[i].t_end >= t[i].t_start);
+            EXPECT(t[i].seconds_host_compute > 0.0 && t[i].seconds_host_compute <= t[i].t_end - t[i].t_start);
+            EXPECT(t[i].bytes_weights == 0 && t[i].bytes_activations == 0); /* a CPU context copies nothing */
+            if (i > 0) EXPECT(t[i].t_start >= t[i - 1].t_end);
+        }
+    }
+    /* A smaller array gets the oldest entries; out_n still counts all of them. */
+    EXPECT_STATUS(moe_context_get_timeline(ctx, &one, 1, &got, NULL), MOE_STATUS_OK);
+    EXPECT(got == 3 && one.n_tokens == 4);
+
+    EXPECT_ERROR(moe_context_set_timeline(NULL, 4), MOE_STATUS_INVALID_ARGUMENT, "ctx");
+    EXPECT_ERROR(moe_context_set_timeline(ctx, -1), MOE_STATUS_INVALID_ARGUMENT, "timeline capacity -1");
+    EXPECT_ERROR(moe_context_set_timeline(ctx, (1 << 20) + 1), MOE_STATUS_INVALID_ARGUMENT, "timeline capacity");
+    EXPECT_ERROR(moe_context_get_timeline(NULL, t, 4, &n, NULL), MOE_STATUS_INVALID_ARGUMENT, "ctx");
+    EXPECT_ERROR(moe_context_get_timeline(ctx, t, 4, NULL, NULL), MOE_STATUS_INVALID_ARGUMENT, "out_n");
+    EXPECT_ERROR(moe_context_get_timeline(ctx, t, -1, &n, NULL), MOE_STATUS_INVALID_ARGUMENT, "capacity");
+    EXPECT_ERROR(moe_context_get_timeline(ctx, NULL, 4, &n, NULL), MOE_STATUS_INVALID_ARGUMENT, "entries");
+
+    /* Switched off, the record is dropped and nothing more is recorded. */
+    EXPECT_STATUS(moe_context_set_timeline(ctx, 0), MOE_STATUS_OK);
+    EXPECT_STATUS(moe_decode(ctx, tokens + 11, NULL, 1, 0), MOE_STATUS_OK);
+    EXPECT_STATUS(moe_context_get_timeline(ctx, NULL, 0, &n, &dropped), MOE_STATUS_OK);
+    EXPECT(n == 0 && dropped == 0);
+    moe_context_free(ctx);
+}
+
 /* The device a context was created for, through moe_context_get_device: explicit devices as given,
  * MOE_DEVICE_AUTO (the default) resolved to CUDA exactly when a CUDA context can be created here. */
 static void test_device_auto(moe_model* model) {
@@ -500,6 +558,7 @@ int main(void) {
         test_decode_and_logits(model, archs[a]);
         test_decode_errors(model);
         test_profiling(model);
+        test_timeline(model);
         test_device_auto(model);
         test_older_struct_sizes(model);
         moe_model_free(model);

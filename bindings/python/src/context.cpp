@@ -6,6 +6,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "bindings.h"
@@ -235,6 +236,40 @@ py::list profile(PyContext& self) {
     return out;
 }
 
+// The recorded ubatches as a dict of equal-length numpy arrays (one per moe_ubatch_timing field).
+py::dict timeline(PyContext& self) {
+    struct Record {
+        std::vector<moe_ubatch_timing> entries;
+        uint64_t dropped = 0;
+    };
+    const Record r = locked(self, [](moeinfer::Context& c) {
+        Record out;
+        out.entries = c.timeline(&out.dropped);
+        return out;
+    });
+    const auto n = static_cast<py::ssize_t>(r.entries.size());
+    py::dict d;
+    const auto column = [&](const char* name, auto field) {
+        using T = std::decay_t<decltype(r.entries[0].*field)>;
+        py::array_t<T> a(n);
+        for (py::ssize_t i = 0; i < n; ++i) a.mutable_data()[i] = r.entries[static_cast<size_t>(i)].*field;
+        d[name] = a;
+    };
+    column("n_tokens", &moe_ubatch_timing::n_tokens);
+    py::array_t<bool> ok(n);
+    for (py::ssize_t i = 0; i < n; ++i) ok.mutable_data()[i] = r.entries[static_cast<size_t>(i)].ok != 0;
+    d["ok"] = ok;
+    column("t_start", &moe_ubatch_timing::t_start);
+    column("t_end", &moe_ubatch_timing::t_end);
+    column("seconds_host_compute", &moe_ubatch_timing::seconds_host_compute);
+    column("seconds_device_submit", &moe_ubatch_timing::seconds_device_submit);
+    column("seconds_wait", &moe_ubatch_timing::seconds_wait);
+    column("bytes_weights", &moe_ubatch_timing::bytes_weights);
+    column("bytes_activations", &moe_ubatch_timing::bytes_activations);
+    d["dropped"] = r.dropped;
+    return d;
+}
+
 py::dict per_op(const uint64_t (&values)[MOE_OFFLOAD_OP_COUNT]) {
     py::dict d;
     for (int32_t op = 0; op < MOE_OFFLOAD_OP_COUNT; ++op) {
@@ -354,6 +389,20 @@ or a full context; n_past is unchanged after a failure.)")
         .def("_generate", &generate_ids, "prompt"_a, "sampler"_a = py::none(), "max_tokens"_a = 128,
              "stop"_a = std::vector<std::string>{}, "render_special"_a = false, "on_piece"_a = py::none(),
              "moe_generate on token ids; returns a dict of the generated ids and statistics (see Context.generate).")
+        .def(
+            "set_timeline",
+            [](PyContext& self, int32_t capacity) {
+                locked(self, [capacity](moeinfer::Context& c) { c.set_timeline(capacity); });
+            },
+            "capacity"_a,
+            "Records the timing of the last `capacity` ubatches from now on (0: off, the default), dropping what "
+            "was recorded; times count from this call. reset_stats() leaves the record alone. ValueError for a "
+            "capacity outside [0, 1048576].")
+        .def("timeline", &timeline,
+             "The recorded ubatches, oldest first: a dict of numpy arrays 'n_tokens', 'ok', 't_start', 't_end' "
+             "(seconds since set_timeline), 'seconds_host_compute', 'seconds_device_submit', 'seconds_wait' "
+             "(the host blocked on the device: its uploads and kernels), 'bytes_weights' (uploaded) and "
+             "'bytes_activations', plus 'dropped' (ubatches the ring no longer holds).")
         .def("profile", &profile,
              "Per op kind since profiling was turned on: a list of dicts with keys 'op' (e.g. \"MUL_MAT_ID\"), "
              "'backend' (\"cpu\", ...), 'count' (ops evaluated) and 'seconds' (wall time).")
