@@ -19,11 +19,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PYTHON=${PYTHON:-python3}
-if ! "$PYTHON" -c "import numpy, pytest, pybind11, gguf, tokenizers, sentencepiece, jinja2" >/dev/null 2>&1; then
-  echo "setup: installing Python packages: numpy pytest pybind11 gguf tokenizers sentencepiece jinja2"
+if ! "$PYTHON" -c "import numpy, pytest, pybind11, gguf, tokenizers, sentencepiece, jinja2, matplotlib" >/dev/null 2>&1; then
+  echo "setup: installing Python packages: numpy pytest pybind11 gguf tokenizers sentencepiece jinja2 matplotlib"
   # Debian's own python3 refuses pip installs into the system (PEP 668) unless told otherwise.
-  "$PYTHON" -m pip install -q numpy pytest pybind11 gguf tokenizers sentencepiece jinja2 2>/dev/null ||
-    "$PYTHON" -m pip install -q --break-system-packages numpy pytest pybind11 gguf tokenizers sentencepiece jinja2
+  "$PYTHON" -m pip install -q numpy pytest pybind11 gguf tokenizers sentencepiece jinja2 matplotlib 2>/dev/null ||
+    "$PYTHON" -m pip install -q --break-system-packages numpy pytest pybind11 gguf tokenizers sentencepiece jinja2 matplotlib
 fi
 
 BUILD_DIR=${BUILD_DIR:-build}

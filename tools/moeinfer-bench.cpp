@@ -19,6 +19,7 @@
 #include "bench/load_report.h"
 #include "bench/open.h"
 #include "bench/output.h"
+#include "bench/plot.h"
 #include "bench/runner.h"
 #include "bench/synthetic.h"
 #include "moeinfer/moeinfer.h"
@@ -47,7 +48,8 @@ void print_help(const std::vector<bench::Option>& options) {
         "  moeinfer-bench --synthetic qwen3moe:preset=tiny -c 1024 -ub 128      # a short sweep\n"
         "  moeinfer-bench -m model.gguf -p 512,2048 -n 128 -r 5 -o json\n"
         "  moeinfer-bench --bandwidth --device cuda -r 5                      # GB/s of RAM and PCIe\n"
-        "\nexit status: 0 on success, 1 when the library fails (its message is printed), 2 on bad arguments.\n");
+        "\nexit status: 0 on success, 1 when the library fails (its message is printed) or --plot could not write\n"
+        "its picture (the benchmark's output is complete then), 2 on bad arguments.\n");
 }
 
 // "qwen3moe 30.53B Q8_0": architecture, parameter count and expert type, like llama-bench's model column.
@@ -166,12 +168,20 @@ std::optional<Failure> run(Config& cfg) {
     const std::unique_ptr<bench::Printer> printer = bench::make_printer(cfg.output, stdout);
     bench::Progress progress(live);
     bench::Runner runner(ctx, info.n_vocab, cfg, run, *printer, progress);
+    if (!cfg.plot_path.empty()) {
+        if (auto f = bench::start_plot_timeline(ctx)) return f;
+    }
     if (auto f = cfg.mode == bench::Mode::sweep ? runner.sweep() : runner.tests()) return f;
     if (cfg.expert_counts) {
         // stdout would break CSV / JSON; text goes under the table.
         FILE* out = cfg.output == bench::OutputFormat::text ? stdout : stderr;
         std::fflush(stdout);
         bench::print_expert_counts(out, info.n_layer, info.n_expert, info.n_expert_used, runner.expert_counts());
+    }
+    if (!cfg.plot_path.empty()) {
+        const std::string data = bench::plot_data_path(cfg.plot_path);
+        if (auto f = bench::write_plot_data(ctx, info, run, runner.expert_counts(), data)) return f;
+        if (auto f = bench::render_plot(data, cfg.plot_path)) return f;
     }
     return std::nullopt;
 }

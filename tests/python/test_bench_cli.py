@@ -480,6 +480,67 @@ def test_expert_counts(cache_dir, fmt):
 
 
 # ---------------------------------------------------------------------------------------------
+# --plot (rendered by `python3 -m moeinfer.plot`, which needs matplotlib)
+# ---------------------------------------------------------------------------------------------
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", f"{path} is not a PNG"
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def test_plot_writes_picture_and_data(cache_dir, tmp_path):
+    pytest.importorskip("matplotlib")
+    reps, n_prompt, ub = 2, 16, 8
+    png = tmp_path / "run.png"
+    # --n-cpu-moe 1: layer 0's experts in host RAM, layer 1's resident on the device.
+    proc = run(*tiny(), "--device", "emulated", "--n-cpu-moe", "1", "-ub", str(ub), "-p", str(n_prompt), "-n", "0",
+               "-r", str(reps), "-o", "json", "--plot", str(png), cache=cache_dir)
+    assert len(json.loads(proc.stdout)) == 1  # stdout is the benchmark's, untouched
+    assert png_size(png) == (1600, 1000)
+    data = json.loads((tmp_path / "run.json").read_text())
+    counts = data["expert_counts"]
+    assert len(counts) == TINY_LAYERS and all(len(row) == TINY_EXPERTS for row in counts)
+    # Counts over the timed runs: every token picks TINY_TOP_K experts per layer.
+    assert all(sum(row) == reps * n_prompt * TINY_TOP_K for row in counts)
+    assert data["resident_layers"] == [False, True]
+    tl = data["timeline"]
+    # The whole run: the warm-up(s) and the timed runs, all in ubatches of `ub`.
+    assert set(tl["n_tokens"]) == {ub} and len(tl["n_tokens"]) >= (reps + 1) * n_prompt // ub
+    assert len(tl["n_tokens"]) % (n_prompt // ub) == 0 and all(tl["ok"])
+    assert all(b >= a for a, b in zip(tl["t_start"], tl["t_end"]))
+    assert data["timeline_dropped"] == 0
+
+
+def test_plot_without_matplotlib_keeps_the_benchmark_output(cache_dir, tmp_path):
+    fake = tmp_path / "fake" / "matplotlib"  # shadows the real one: as if it were not installed
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("No module named \'matplotlib\'")\n')
+    png = tmp_path / "run.png"
+    argv = [str(BIN), *tiny(), "-p", "8", "-n", "0", "-r", "1", "-o", "json", "--plot", str(png),
+            "--synthetic-dir", str(cache_dir)]
+    env = {**os.environ, "PYTHONPATH": str(fake.parent)}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 1
+    assert len(json.loads(proc.stdout)) == 1
+    assert "needs matplotlib" in proc.stderr and f"the data is in {tmp_path / 'run.json'}" in proc.stderr
+    assert not png.exists() and (tmp_path / "run.json").is_file()
+    # No interpreter at all: the same, naming it.
+    env = {**os.environ, "MOEINFER_PYTHON": str(tmp_path / "no-python3")}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 1 and len(json.loads(proc.stdout)) == 1
+    assert f"cannot run {tmp_path / 'no-python3'}" in proc.stderr
+
+
+def test_plot_argument_errors(cache_dir):
+    proc = run("--bandwidth", "--plot", "x.png", check=False)
+    assert proc.returncode == 2 and "--plot does not apply to --bandwidth" in proc.stderr
+    proc = run(*tiny(), "--plot", "", cache=cache_dir, check=False)
+    assert proc.returncode == 2 and "--plot" in proc.stderr and "expected a file name" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
 # --bandwidth (CPU: host read only; small buffers so that it runs in a moment)
 # ---------------------------------------------------------------------------------------------
 

@@ -202,6 +202,20 @@ def test_render_with_timeline_and_cli(matplotlib, tmp_path, rng):
             assert at(gap).min() > 0.9, at(gap)  # white
 
 
+def test_context_data_renders(matplotlib, tiny_model, tmp_path, rng):
+    # n_cpu_moe=1: layer 0's experts in host RAM, layer 1's resident on the (emulated) device.
+    ctx = moeinfer.Context(tiny_model, device="emulated", n_ctx=64, n_ubatch=8, n_cpu_moe=1)
+    ctx.set_timeline(16)
+    ctx.decode(rng.integers(0, 100, size=20).astype(np.int32))
+    data = mplot.context_data(ctx, title="tiny")
+    assert data["resident_layers"] == [False, True]
+    np.testing.assert_array_equal(np.array(data["expert_counts"]), ctx.expert_counts())
+    assert data["timeline"]["n_tokens"] == [8, 8, 4] and data["title"] == "tiny"
+    json.dumps(data)  # plain lists: what moeinfer-bench --plot writes too
+    mplot.render(data, tmp_path / "ctx.png", width=800, height=500)
+    assert read_png(tmp_path / "ctx.png").shape[:2] == (500, 800)
+
+
 def test_render_errors(matplotlib, tmp_path):
     with pytest.raises(ValueError, match="expert_counts"):
         mplot.render({}, tmp_path / "x.png")

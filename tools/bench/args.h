@@ -47,6 +47,7 @@ struct Config {
     uint64_t vram_budget = 0;
     moe_sched_policy policy = default_policy();
     bool expert_counts = false;
+    std::string plot_path;  // --plot: the PNG (its data goes to the same name with .json)
 
     // Sweep (llama-sweep-bench).
     int32_t sweep_pp = 0;  // 0 = n_ubatch
@@ -388,6 +389,18 @@ inline std::vector<Option> make_options(Config& c) {
          "after the run, print per layer how many experts the router used and the least and most tokens one "
          "expert got, over the timed runs (stdout after the table in text mode, stderr with csv / json)",
          "", out, switch_flag(c.expert_counts, true)},
+        {"", "--plot", "FILE.png",
+         "after the run, write the expert activation heat map (resident layers framed) and the per-ubatch "
+         "timeline of the whole run as FILE.png, their data as FILE.json; rendered by `python3 -m "
+         "moeinfer.plot`, which needs python3 with matplotlib and the moeinfer package (found next to this "
+         "tool in a build tree, else on PYTHONPATH); $MOEINFER_PYTHON names another interpreter. A failed "
+         "rendering leaves the benchmark's output as it is and exits with status 1",
+         "", out,
+         [&c](const std::string& v) -> std::optional<std::string> {
+             if (v.empty()) return std::string("expected a file name");
+             c.plot_path = v;
+             return std::nullopt;
+         }},
         {"", "--progress", "", "show a progress line on stderr", "on when stderr is a terminal", out,
          [&c](const std::string&) -> std::optional<std::string> {
              c.progress = true;

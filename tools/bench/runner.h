@@ -160,7 +160,7 @@ public:
     }
 
     // Tokens per (layer, expert) over every timed phase: counts[layer * n_expert + expert] (empty
-    // unless --expert-counts).
+    // unless --expert-counts or --plot).
     const std::vector<uint64_t>& expert_counts() const { return expert_counts_; }
 
 private:
@@ -267,7 +267,7 @@ private:
         s.struct_size = sizeof s;
         if (moe_context_get_stats(ctx_, &s) != MOE_STATUS_OK) return library_error("moe_context_get_stats");
         out.add(s);
-        if (!cfg_.expert_counts) return std::nullopt;
+        if (!cfg_.expert_counts && cfg_.plot_path.empty()) return std::nullopt;
         int64_t n = 0;
         if (moe_context_get_expert_counts(ctx_, nullptr, 0, &n) != MOE_STATUS_OK) {
             return library_error("moe_context_get_expert_counts");

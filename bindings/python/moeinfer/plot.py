@@ -125,7 +125,7 @@ def timeline(ax, tl: dict) -> None:
     up = ax.twinx()
     up.bar(start, mb, width=np.maximum(end - start, 1e-6), bottom=0, align="edge", alpha=0.35,
            color="black", label="weights uploaded (MB)")
-    up.set_ylim(0, max(mb.max(), 1e-9) * 2.1)  # the upload bars in the lower half, under the parts
+    up.set_ylim(0, (mb.max() if mb.max() > 0 else 1.0) * 2.1)  # the upload bars in the lower half, under the parts
     up.set_ylabel("MB uploaded")
     handles, labels = ax.get_legend_handles_labels()
     h2, l2 = up.get_legend_handles_labels()
