@@ -10,7 +10,9 @@
 using namespace moe::sched;
 
 TEST_CASE("timeline keeps the last ubatches with their counter deltas", "[sched][timeline]") {
-    std::mt19937_64 rng(Catch::rngSeed());
+    const unsigned seed = std::random_device{}();
+    CAPTURE(seed);
+    std::mt19937_64 rng(seed);
     const size_t capacity = GENERATE(1u, 3u, 8u);
     const int n_ubatches = GENERATE(0, 2, 3, 20);
     Timeline tl;
