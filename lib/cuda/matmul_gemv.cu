@@ -117,6 +117,34 @@ __device__ __forceinline__ void store_routed(const GemvParams& p, const GemvSeg&
     }
 }
 
+// The outputs of row `row` of a warp from its warp-summed products acc (called by lane 0): the expert
+// product(s) with bias and activation (FUSED: acc[0] up, acc[1] gate), a routed product with its expert's
+// bias row, or the dense products (n_cols columns from out_col) and their bias adds.
+template <bool FUSED, int MC>
+__device__ __forceinline__ void write_row(const GemvParams& p, const GemvSeg& seg, int64_t expert, int64_t out_col,
+                                          int n_cols, int64_t row, const float (&acc)[FUSED ? 2 : 1][MC]) {
+    const int64_t dst_stride = seg.n_rows;  // floats between output columns
+    if constexpr (FUSED) {
+        float u = acc[0][0];
+        float g = acc[1][0];
+        if (p.glu.bias_up != nullptr) u += p.glu.bias_up[expert * p.glu.bias_stride + row];
+        if (p.glu.bias_gate != nullptr) g += p.glu.bias_gate[expert * p.glu.bias_stride + row];
+        seg.dst[out_col * dst_stride + row] = glu_apply(p.glu, g, u);
+    } else if (p.ebias.rows != nullptr) {  // routed (one column)
+        store_routed(p, seg, expert, out_col, row, acc[0][0]);
+    } else {
+        const float b = seg.bias != nullptr ? seg.bias[row] : 0.0f;
+#pragma unroll
+        for (int mc = 0; mc < MC; ++mc) {
+            if (mc < n_cols) {
+                const int64_t o = (out_col + mc) * dst_stride + row;
+                if (seg.dst != nullptr) seg.dst[o] = acc[0][mc];  // nullptr: a product only its bias add reads
+                if (seg.bias != nullptr) seg.dst2[o] = acc[0][mc] + b;  // the ADD node's one rounding
+            }
+        }
+    }
+}
+
 // An activation load. After an early start (EARLY: weight loads before the PDL wait) it is a coherent
 // load (ld.global.ca): ptxas treats ld.global.nc data as fixed for the kernel's lifetime and moved such
 // loads above the wait (SASS of the router's row kernel), where they read the rows the previous kernel
@@ -323,26 +351,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 #pragma unroll
             for (int mc = 0; mc < MC; ++mc) acc[m][mc] = ops::warp_sum(acc[m][mc]);
         }
-        if (lane != 0) return;
-        if constexpr (FUSED) {
-            float u = acc[0][0];
-            float g = acc[1][0];
-            if (p.glu.bias_up != nullptr) u += p.glu.bias_up[expert * p.glu.bias_stride + row];
-            if (p.glu.bias_gate != nullptr) g += p.glu.bias_gate[expert * p.glu.bias_stride + row];
-            seg.dst[out_col * dst_stride + row] = glu_apply(p.glu, g, u);
-        } else if (p.ebias.rows != nullptr) {  // routed (one column)
-            store_routed(p, seg, expert, out_col, row, acc[0][0]);
-        } else {
-            const float b = seg.bias != nullptr ? seg.bias[row] : 0.0f;
-#pragma unroll
-            for (int mc = 0; mc < MC; ++mc) {
-                if (mc < n_cols) {
-                    const int64_t o = (out_col + mc) * dst_stride + row;
-                    if (seg.dst != nullptr) seg.dst[o] = acc[0][mc];  // nullptr: a product only its bias add reads
-                    if (seg.bias != nullptr) seg.dst2[o] = acc[0][mc] + b;  // the ADD node's one rounding
-                }
-            }
-        }
+        if (lane == 0) write_row<FUSED, MC>(p, seg, expert, out_col, n_cols, row, acc);
     };
 
     load_chunk(0, 0);
@@ -617,26 +626,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_decode_kernel(const GemvPar
 #pragma unroll
         for (int mc = 0; mc < MC; ++mc) acc[m][mc] = ops::warp_sum(acc[m][mc]);
     }
-    if (lane != 0) return;
-    if constexpr (FUSED) {
-        float u = acc[0][0];
-        float g = acc[1][0];
-        if (p.glu.bias_up != nullptr) u += p.glu.bias_up[expert * p.glu.bias_stride + row];
-        if (p.glu.bias_gate != nullptr) g += p.glu.bias_gate[expert * p.glu.bias_stride + row];
-        seg.dst[out_col * dst_stride + row] = glu_apply(p.glu, g, u);
-    } else if (p.ebias.rows != nullptr) {  // routed (one column)
-        store_routed(p, seg, expert, out_col, row, acc[0][0]);
-    } else {
-        const float b = seg.bias != nullptr ? seg.bias[row] : 0.0f;
-#pragma unroll
-        for (int mc = 0; mc < MC; ++mc) {
-            if (mc < n_cols) {
-                const int64_t o = (out_col + mc) * dst_stride + row;
-                if (seg.dst != nullptr) seg.dst[o] = acc[0][mc];
-                if (seg.bias != nullptr) seg.dst2[o] = acc[0][mc] + b;
-            }
-        }
-    }
+    if (lane == 0) write_row<FUSED, MC>(p, seg, expert, out_col, n_cols, row, acc);
 }
 
 // One warp per (row, block of 32): lane j takes element j (one coalesced 128-byte load per warp), the
