@@ -48,6 +48,7 @@ void print_help(const std::vector<bench::Option>& options) {
         "  moeinfer-bench --synthetic qwen3moe:preset=tiny -c 1024 -ub 128      # a short sweep\n"
         "  moeinfer-bench -m model.gguf -p 512,2048 -n 128 -r 5 -o json\n"
         "  moeinfer-bench --bandwidth --device cuda -r 5                      # GB/s of RAM and PCIe\n"
+        "  moeinfer-bench -m model.gguf -ot exps=CPU -p 512 -n 32 --plot run.png   # heat map + timeline\n"
         "\nexit status: 0 on success, 1 when the library fails (its message is printed) or --plot could not write\n"
         "its picture (the benchmark's output is complete then), 2 on bad arguments.\n");
 }
