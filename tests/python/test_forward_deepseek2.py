@@ -231,3 +231,32 @@ def test_files_with_the_joint_kv_b_load_and_match_split_files(tiny_f32, tmp_path
     assert old_model.info.n_head_kv == heads
     got = moeinfer.Context(old_model, device="cpu", n_ctx=32, n_ubatch=5).decode(tokens, logits_all=True)
     np.testing.assert_allclose(got, want, rtol=0, atol=UBATCH_TOL * np.abs(want).max())
+
+
+def test_trailing_mtp_layer_is_counted_out_and_not_run(tiny_f32, tmp_path, rng):
+    """Files converted with DeepSeek-V3's multi-token-prediction layer append it as blk.<n_layer> (its own
+    tensors and nextn.*) with block_count one larger and nextn_predict_layers = 1: moeinfer runs the other
+    layers only, so the logits are the original file's exactly (the MTP layer holds NaNs that any use spreads)."""
+    r = gguf.GGUFReader(str(tiny_f32))
+    n_layer = int(r.fields["deepseek2.block_count"].contents())
+    last = f"blk.{n_layer - 1}."
+    mtp = {t.name.replace(last, f"blk.{n_layer}."): np.full(np.asarray(t.data).shape, np.nan, np.float32)
+           for t in r.tensors if t.name.startswith(last)}
+    mtp[f"blk.{n_layer}.nextn.eh_proj.weight"] = np.full((64, 128), np.nan, np.float32)
+    path = edit(tiny_f32, tmp_path / "mtp.gguf", add=mtp, meta={
+        "deepseek2.block_count": n_layer + 1, "deepseek2.nextn_predict_layers": 1})
+    model = moeinfer.Model(path)
+    assert model.info.n_layer == n_layer
+    tokens = prompt(rng, model.info.n_vocab, 11)
+    want = moeinfer.Context(moeinfer.Model(tiny_f32), device="cpu", n_ctx=16).decode(tokens, logits_all=True)
+    np.testing.assert_array_equal(moeinfer.Context(model, device="cpu", n_ctx=16).decode(tokens, logits_all=True),
+                                  want)
+
+
+def test_synth_names_a_deepseek2_row_the_dense_type_cannot_hold(tmp_path):
+    with pytest.raises(ValueError, match=r"q_lora_rank \(preset\): 32 is not a multiple of 256.*q4_K"):
+        moeinfer.synth_write(tmp_path / "x.gguf", ARCH, preset="tiny", n_embd=256, dense_type="q4_K")
+    with pytest.raises(ValueError, match=r"n_head_kv: 2 must be 1 for deepseek2"):
+        moeinfer.synth_write(tmp_path / "x.gguf", ARCH, preset="tiny", n_head_kv=2)
+    with pytest.raises(ValueError, match=r"head_dim: 32 must exceed the preset's 32 rope dims"):
+        moeinfer.synth_write(tmp_path / "x.gguf", ARCH, preset="tiny", head_dim=32)

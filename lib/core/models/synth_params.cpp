@@ -152,13 +152,19 @@ Status resolve_deepseek2(const Preset& pr, synth::Config& c) {
                                 std::to_string(c.ds.n_expert_group_used) + " used per token)");
     }
     if (c.recipe == synth::Recipe::NONE) {
-        const int64_t dense_rows[][2] = {{c.ds.q_lora_rank, 0}, {c.ds.kv_lora_rank, 1}, {c.head_dim - c.ds.rope_dims, 2},
-                                         {int64_t{c.n_head} * c.ds.head_dim_v, 3}, {c.ds.n_ff, 4},
-                                         {int64_t{c.n_ff_expert} * c.ds.n_expert_shared, 5}};
-        const char* what[] = {"q_lora_rank (preset)", "kv_lora_rank (preset)", "head_dim - rope dims",
-                              "n_head * value head size", "n_ff (preset)", "n_ff_expert * shared experts"};
-        for (const auto& r : dense_rows) {
-            if (r[0] > 0) MOE_RETURN_IF_ERROR(check_block("dense_type", c.dense_type, what[r[1]], r[0]));
+        // The row lengths of the dense weights deepseek2 adds (attn_q_b, attn_v_b, attn_k_b, attn_output,
+        // ffn_down, ffn_down_shexp).
+        const struct {
+            const char* what;
+            int64_t len;
+        } rows[] = {{"q_lora_rank (preset)", c.ds.q_lora_rank},
+                    {"kv_lora_rank (preset)", c.ds.kv_lora_rank},
+                    {"head_dim - rope dims", c.head_dim - c.ds.rope_dims},
+                    {"n_head * value head size", int64_t{c.n_head} * c.ds.head_dim_v},
+                    {"n_ff (preset)", c.ds.n_ff},
+                    {"n_ff_expert * shared experts", int64_t{c.n_ff_expert} * c.ds.n_expert_shared}};
+        for (const auto& r : rows) {
+            if (r.len > 0) MOE_RETURN_IF_ERROR(check_block("dense_type", c.dense_type, r.what, r.len));
         }
     }
     return Status::ok();
