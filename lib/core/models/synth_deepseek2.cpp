@@ -7,7 +7,6 @@
 // test size: "tiny" is V3-like (q LoRA, sigmoid routing with a selection bias, 4 groups of which 2 are
 // used, YaRN; a latent attention row of 64 + 32, a head size the CUDA kernels have), "tiny-lite" V2-like
 // (plain q, softmax routing limited to the best groups by their maximum, two shared experts).
-#include <algorithm>
 #include <cmath>
 #include <string>
 #include <string_view>
@@ -47,13 +46,6 @@ bool deepseek2_shape(std::string_view preset, Deepseek2Shape* out) {
         }
     }
     return false;
-}
-
-int deepseek2_dense_layers(const Deepseek2Shape& s, int preset_layers, int n_layer) {
-    if (n_layer >= preset_layers) return s.n_layer_dense_lead;
-    // A truncated model keeps the preset's share of dense layers, and at least one layer of each kind.
-    const int share = static_cast<int>(std::lround(double{1.0} * s.n_layer_dense_lead * n_layer / preset_layers));
-    return std::clamp(share, std::min(1, s.n_layer_dense_lead), std::max(0, n_layer - 1));
 }
 
 std::vector<TensorSpec> deepseek2_tensors(const Config& c) {

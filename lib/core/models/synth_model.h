@@ -117,8 +117,6 @@ std::vector<TensorSpec> deepseek2_tensors(const Config& c);
 void deepseek2_metadata(GgufWriter& w, const Config& c);
 // The deepseek2 shape of `preset`; false for a preset that has none.
 bool deepseek2_shape(std::string_view preset, Deepseek2Shape* out);
-// Leading dense layers of a model of n_layer layers of a preset of preset_layers layers.
-int deepseek2_dense_layers(const Deepseek2Shape& s, int preset_layers, int n_layer);
 
 std::vector<TensorSpec> glm4moe_tensors(const Config& c);
 void glm4moe_metadata(GgufWriter& w, const Config& c);

@@ -135,7 +135,7 @@ Status check_block(const char* type_field, Type type, const char* dim_field, int
 Status resolve_deepseek2(const Preset& pr, synth::Config& c) {
     const bool found = synth::deepseek2_shape(pr.name, &c.ds);
     MOE_ASSERT(found);
-    c.ds.n_layer_dense_lead = synth::deepseek2_dense_layers(c.ds, pr.n_layer, c.n_layer);
+    c.ds.n_layer_dense_lead = synth::scaled_dense_layers(c.ds.n_layer_dense_lead, pr.n_layer, c.n_layer);
     if (c.head_dim <= c.ds.rope_dims) {
         return invalid_argument("head_dim: " + std::to_string(c.head_dim) + " must exceed the preset's " +
                                 std::to_string(c.ds.rope_dims) + " rope dims (deepseek2: qk_nope + qk_rope)");
