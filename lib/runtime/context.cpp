@@ -245,25 +245,11 @@ StatusOr<std::vector<Side>> decide_sides(const moe_context& ctx, const std::vect
     return sched::place_weights(desc, pp);
 }
 
-// Expert biases whose expert weights stay on the host get a copy on both sides (device contexts);
-// the policy's bias_dup decides whether ops use the second one.
+// Bias duplication (sched::duplicated_biases) in device contexts.
 std::vector<bool> duplicated_biases(const moe_context& ctx, const std::vector<Tensor*>& ws,
                                     const std::vector<Side>& sides) {
-    std::vector<bool> dup(ws.size(), false);
-    if (!ctx.device) return dup;
-    std::unordered_map<std::string, Side> side_by_name;
-    for (size_t i = 0; i < ws.size(); ++i) side_by_name[ws[i]->name] = sides[i];
-    const std::string suffix = ".bias";
-    for (size_t i = 0; i < ws.size(); ++i) {
-        const std::string& name = ws[i]->name;
-        if (!sched::is_expert_tensor(name) || name.size() < suffix.size() ||
-            name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
-            continue;
-        }
-        auto it = side_by_name.find(name.substr(0, name.size() - suffix.size()) + ".weight");
-        dup[i] = it != side_by_name.end() && it->second == Side::HOST;
-    }
-    return dup;
+    if (!ctx.device) return std::vector<bool>(ws.size(), false);
+    return sched::duplicated_biases(ws, sides);
 }
 
 // Bytes of device memory the weights take on `sides`: the device-side ones and the duplicates.
@@ -378,35 +364,15 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
         ctx.weights_host_locked_bytes = ctx.host_weights.locked_bytes();
     }
 
+    sched::WeightUpload up;
+    up.device = ctx.device.get();
+    up.device_weights = ctx.device_weights.get();
+    up.align = kWeightAlign;
+    up.host_buffer_of = [&ctx](const void* p, size_t n) { return ctx.host_weights.buffer_of(p, n); };
+    up.progress = [&progress](uint64_t n) { return progress.advance(n); };
+    MOE_ASSIGN_OR_RETURN(const std::vector<sched::WeightCopies> copies, sched::upload_weights(ws, sides, dup, up));
     ctx.sched = std::make_unique<sched::Scheduler>(*ctx.host, ctx.device.get(), hp.n_layer, hp.n_expert, hp.n_expert_used);
-    size_t device_off = 0;
-    for (size_t i = 0; i < ws.size(); ++i) {
-        Tensor& t = *ws[i];
-        const size_t n = t.n_bytes();
-        sched::WeightCopies c;
-        c.home = sides[i];
-        c.host = t.data;  // the model's bytes, in place
-        c.duplicate = dup[i];
-        if (sides[i] == Side::HOST && ctx.device) c.host_buffer = ctx.host_weights.buffer_of(t.data, n);
-        if (sides[i] == Side::DEVICE || dup[i]) {
-            auto* dst = static_cast<uint8_t*>(ctx.device_weights->data()) + device_off;
-            MOE_RETURN_IF_ERROR(ctx.device->copy_to_device(dst, c.host, n));
-            c.device = dst;
-            c.device_buffer = ctx.device_weights.get();
-            device_off += aligned(n);
-            MOE_RETURN_IF_ERROR(progress.advance(aligned(n)));
-        }
-        if (sides[i] == Side::DEVICE) {
-            t.data = c.device;
-            t.buffer = c.device_buffer;
-            if (!dup[i]) {
-                c.host = nullptr;  // the mapping is not a copy ops may use (no duplication)
-            }
-        } else {
-            t.buffer = c.host_buffer;
-        }
-        ctx.sched->add_weight(&t, c);
-    }
+    for (size_t i = 0; i < ws.size(); ++i) ctx.sched->add_weight(ws[i], copies[i]);
     if (ctx.device) MOE_RETURN_IF_ERROR(ctx.device->synchronize().with_context("uploading the weights"));
 
     bind_kv_cache(ctx);

@@ -34,6 +34,63 @@ size_t drop_uploaded(std::vector<uint8_t>& experts, const std::vector<uint8_t>& 
 
 }  // namespace
 
+std::vector<bool> duplicated_biases(std::span<Tensor* const> weights, std::span<const Side> sides) {
+    std::vector<bool> dup(weights.size(), false);
+    std::unordered_map<std::string, Side> side_by_name;
+    for (size_t i = 0; i < weights.size(); ++i) side_by_name[weights[i]->name] = sides[i];
+    const std::string suffix = ".bias";
+    for (size_t i = 0; i < weights.size(); ++i) {
+        const std::string& name = weights[i]->name;
+        if (!is_expert_tensor(name) || name.size() < suffix.size() ||
+            name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+            continue;
+        }
+        auto it = side_by_name.find(name.substr(0, name.size() - suffix.size()) + ".weight");
+        dup[i] = it != side_by_name.end() && it->second == Side::HOST;
+    }
+    return dup;
+}
+
+StatusOr<std::vector<WeightCopies>> upload_weights(std::span<Tensor* const> weights, std::span<const Side> sides,
+                                                   const std::vector<bool>& duplicated, const WeightUpload& up) {
+    std::vector<WeightCopies> copies(weights.size());
+    size_t device_off = 0;
+    for (size_t i = 0; i < weights.size(); ++i) {
+        Tensor& t = *weights[i];
+        const size_t n = t.n_bytes();
+        WeightCopies& c = copies[i];
+        c.home = sides[i];
+        c.host = t.data;  // the model's bytes, in place
+        c.duplicate = duplicated[i];
+        if (sides[i] == Side::HOST && up.device != nullptr) c.host_buffer = up.host_buffer_of(t.data, n);
+        if (sides[i] == Side::DEVICE || duplicated[i]) {
+            auto* dst = static_cast<uint8_t*>(up.device_weights->data()) + device_off;
+            if (Status s = up.device->copy_to_device(dst, c.host, n); !s.is_ok()) {
+                (void)up.device->synchronize();  // the copies queued before this one
+                return s;
+            }
+            c.device = dst;
+            c.device_buffer = up.device_weights;
+            const size_t padded = (n + up.align - 1) / up.align * up.align;
+            device_off += padded;
+            if (Status s = up.progress ? up.progress(padded) : Status::ok(); !s.is_ok()) {
+                // Cancelled: the queued copies still read the model and write device_weights, which the
+                // caller frees next.
+                (void)up.device->synchronize();
+                return s;
+            }
+        }
+        if (sides[i] == Side::DEVICE) {
+            t.data = c.device;
+            t.buffer = c.device_buffer;
+            if (!duplicated[i]) c.host = nullptr;  // the mapping is not a copy ops may use (no duplication)
+        } else {
+            t.buffer = c.host_buffer;
+        }
+    }
+    return copies;
+}
+
 Transfers::Transfers(Backend* device, const WeightTable& weights, const Policy& policy, const ExpertSplitPlan& split,
                      Stats& stats, int n_layer, int n_expert, Flush flush)
     : device_(device),

@@ -8,12 +8,14 @@
 // - Activations: a tensor needed on the other side is copied to the same offset of that side's arena.
 // - Expert ids: read back for ACTIVE_ONLY, and gathered at the end of a ubatch for the counts.
 // - Outputs computed on the device are downloaded into the caller's memory.
+// - At context creation: the weights placed on the device and the bias duplicates (upload_weights).
 // Ordering: an upload waits only for the fence of the last compute that read its slot; the host waits
 // for the copies it reads (wait_host_fence), not for compute queued after them.
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <span>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -27,6 +29,32 @@
 #include "sched/weight_table.h"
 
 namespace moe::sched {
+
+// --- Load time ---
+
+// Bias duplication: an expert bias whose expert weights stay in host RAM gets a copy on the device too
+// (ops use it while the policy's bias_dup is on), so neither side fetches it per use. Per weight of
+// `weights`, placed on `sides`: whether it is such a bias.
+std::vector<bool> duplicated_biases(std::span<Tensor* const> weights, std::span<const Side> sides);
+
+// Where the weights of a context go at creation.
+struct WeightUpload {
+    Backend* device = nullptr;        // nullptr: a CPU context (everything used in place)
+    Buffer* device_weights = nullptr;  // receives the device-side weights and duplicates, in order
+    size_t align = 1;                  // each at an offset aligned to this
+    // The page-locked registration holding a host-resident weight's bytes, or nullptr (pageable).
+    std::function<Buffer*(const void* data, size_t n)> host_buffer_of;
+    // Called with the bytes of each copy queued; an error (cancellation) stops the uploads.
+    std::function<Status(uint64_t bytes)> progress;
+};
+// Copies the weights whose home is the device, and the duplicates, into up.device_weights (queued:
+// synchronise before use) and points the device-home tensors there; host-home ones are used in place.
+// Returns each weight's copies, for Scheduler::add_weight. On failure (a copy refused, progress
+// cancelled) nothing is left in flight.
+StatusOr<std::vector<WeightCopies>> upload_weights(std::span<Tensor* const> weights, std::span<const Side> sides,
+                                                   const std::vector<bool>& duplicated, const WeightUpload& up);
+
+// --- Run time ---
 
 // Upload slots when the policy leaves offload_vram_budget at 0 (context creation reserves as many):
 // two layers of up, gate and down in flight, and with the expert split two more for its look-ahead.
