@@ -79,6 +79,26 @@ TEST_CASE("cuda contexts use host weights in place, registered or staged, with t
         Ctx second(m.get(), "exps=CPU");
         CHECK(registry.n_ranges() == ranges);
         CHECK(second.pinned_bytes() == experts);
+        {
+            // Other placements, whose runs overlap the held ones differently (part of a held run, and a
+            // run reaching past one): those stay pageable, the copies cross from locked into pageable
+            // pages, and the logits equal those of the same placement with nothing registered.
+            for (const char* other : {"blk\\.0\\.ffn_(up|gate)_exps=CPU", "blk\\.[01]\\..*=CPU"}) {
+                INFO(other);
+                registry.set_refuse(true);
+                std::vector<std::vector<float>> want;
+                {
+                    Ctx staged_other(m.get(), other);
+                    want = staged_other.run(batches);
+                }
+                registry.set_refuse(false);
+                Ctx overlapping(m.get(), other);
+                CHECK(registry.n_ranges() >= ranges);
+                const auto got_other = overlapping.run(batches);
+                for (size_t i = 0; i < batches.size(); ++i) CHECK(moe::test::bitwise_equal(got_other[i], want[i]));
+            }
+        }
+        CHECK(registry.n_ranges() == ranges);
         moe_model_params mp;
         moe_model_params_init(&mp);
         mp.use_mmap = 0;
