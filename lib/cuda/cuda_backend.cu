@@ -107,7 +107,15 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device) {
     MOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->copy_mark_, cudaEventDisableTiming));
     for (cudaEvent_t& e : b->fences_) MOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     MOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->readback_done_, cudaEventDisableTiming));
-    MOE_CUBLAS_RETURN_IF_ERROR(cublasCreate(&b->cublas_));
+    const cublasStatus_t created = cublasCreate(&b->cublas_);
+    if (created == CUBLAS_STATUS_ALLOC_FAILED) {
+        // cuBLAS allocates device memory of its own (not through us, so the bytes asked are unknown):
+        // say what is free, as for our own allocations.
+        cuda_meter().note_refused();
+        return resource_exhausted("cuda: out of device memory creating the cuBLAS handle (" +
+                                  std::to_string(cuda_meter().free_bytes(current_device_free())) + " bytes free)");
+    }
+    MOE_CUBLAS_RETURN_IF_ERROR(created);
     MOE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(b->cublas_, b->compute_stream_));
     // A workspace of our own (after cublasSetStream, which resets it): cuBLAS would otherwise allocate
     // one per captured graph.
@@ -281,8 +289,8 @@ size_t CudaBackend::scratch_bytes(const Tensor& node) const {
         case Op::MUL_MAT_ID:
         case Op::MOE_UP_GATE: return matmul_scratch_bytes(node);
         case Op::ATTENTION: return attention_scratch_bytes(node, n_sm_);
-        default: return 0;
         case Op::MUL_MAT_HEADS: return mul_mat_heads_scratch_bytes(node);
+        default: return 0;
     }
 }
 
@@ -312,10 +320,10 @@ Status dispatch(Tensor& node, const OpContext& ctx) {
         case Op::SWIGLU:
         case Op::SWIGLU_OAI: return glu(node, ctx);
         case Op::CPY: return cpy(node, ctx);
-        case Op::COUNT: break;
         case Op::CONCAT: return concat(node, ctx);
         case Op::MUL_MAT_HEADS: return mul_mat_heads(node, ctx);
         case Op::GROUP_MASK: return group_mask(node, ctx);
+        case Op::COUNT: break;
     }
     return unimplemented(std::string("cuda backend: op ") + op_name(node.op));
 }
@@ -512,8 +520,9 @@ Status CudaBackend::upload(void* dst_dev, const void* src_host, size_t n, uint64
     if (after >= next_fence_) return invalid_argument("upload: fence " + std::to_string(after) + " was never marked");
     MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     if (after != 0) MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, fences_[after % kFences], 0));
-    MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_dev, src_host, n, cudaMemcpyHostToDevice, copy_stream_));
-    return Status::ok();
+    // Weights at load and expert slices can lie across the border of a page-locked run of another
+    // context's placement (copy_host_range).
+    return copy_host_range(dst_dev, src_host, n, copy_stream_);
 }
 
 Status CudaBackend::order_after_uploads() {

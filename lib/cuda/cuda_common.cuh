@@ -21,7 +21,7 @@ inline Status cuda_status(cudaError_t err, const char* what) {
 
 inline Status cublas_status(cublasStatus_t st, const char* what) {
     if (st == CUBLAS_STATUS_SUCCESS) return Status::ok();
-    const std::string msg = std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(st));
+    const std::string msg = std::string(what) + ": " + cublasGetStatusName(st) + " (" + cublasGetStatusString(st) + ")";
     if (st == CUBLAS_STATUS_ALLOC_FAILED) return resource_exhausted(msg);
     return internal_error(msg);
 }

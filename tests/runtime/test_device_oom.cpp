@@ -457,7 +457,15 @@ TEST_CASE("cuda: the driver's own out-of-memory at creation and at run", "[gpu][
     Ctx refused;
     REQUIRE(refused.create(m, large_kv) == MOE_STATUS_RESOURCE_EXHAUSTED);
     WARN("creation: " << refused.message());
-    parse_refusal(refused.message(), "allocating");
+    if (refused.message().find("cannot allocate") != std::string::npos) {
+        parse_refusal(refused.message(), "allocating");
+    } else {
+        // The driver's own memory for a new backend (its streams, events, cuBLAS's handle) may run out
+        // first, how soon depending on the GPU and the driver: still RESOURCE_EXHAUSTED, saying so.
+        INFO(refused.message());
+        CHECK(refused.message().find("out of") != std::string::npos);
+        CHECK(refused.message().find("memory") != std::string::npos);
+    }
     CHECK(meter.live_bytes() == live0);
 
     REQUIRE(ctx.try_decode(big) == MOE_STATUS_RESOURCE_EXHAUSTED);
