@@ -80,9 +80,12 @@ def test_cuda_rejects_bad_tokens_without_touching_state(model):
     assert gpu.n_past == 3
 
 
-def test_default_device_is_auto(tiny_qwen):
+def test_default_device_is_auto(tmp_path):
     """device="auto" (the default) is "cuda" exactly when a device="cuda" context can be created here."""
-    model = moeinfer.Model(str(tiny_qwen))
+    path = tmp_path / "auto.gguf"
+    # head_dim 64, as above: the tiny preset's 16 is below what the CUDA attention kernels cover.
+    moeinfer.synth_write(str(path), "qwen3moe", preset="tiny", head_dim=64, seed=7)
+    model = moeinfer.Model(str(path))
     try:
         moeinfer.Context(model, n_ctx=16, device="cuda")
         want = "cuda"
