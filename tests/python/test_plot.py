@@ -65,11 +65,13 @@ def make_context(model, where: str, **kw):
 @pytest.mark.parametrize("where", list(CONTEXTS))
 def test_expert_counts_match_reference_routing(arch, where, tmp_path, rng):
     path = tmp_path / "m.gguf"
+    device = CONTEXTS[where][0]
+    # head_dim 64 on the GPU: the tiny preset's 16 is below what the CUDA attention kernels cover.
+    shape = {"head_dim": 64} if device == "cuda" else {}
     moeinfer.synth_write(path, arch, preset="tiny", expert_type="f32", dense_type="f32",
-                         seed=int(rng.integers(1 << 62)))
+                         seed=int(rng.integers(1 << 62)), **shape)
     model, ref = moeinfer.Model(path), load_reference(path)
     hp = ref.hparams
-    device = CONTEXTS[where][0]
     ctx = make_context(model, where, n_ctx=64, n_ubatch=8)
     # GPU kernels sum in other orders (and may round products to TF32): a wider band of near-ties.
     margin = MARGIN_CUDA if device == "cuda" else MARGIN
@@ -97,7 +99,7 @@ def test_expert_counts_match_reference_routing(arch, where, tmp_path, rng):
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     path = tmp_path_factory.mktemp("plot") / "tiny.gguf"
-    moeinfer.synth_write(path, "qwen3moe", preset="tiny", seed=11)
+    moeinfer.synth_write(path, "qwen3moe", preset="tiny", head_dim=64, seed=11)  # 64: the CUDA attention's sizes
     return moeinfer.Model(path)
 
 
