@@ -6,7 +6,6 @@
 
 #include <unistd.h>
 
-#include <deque>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "common/gguf_edit.h"
+#include "common/fake_weights.h"
 #include "core/gguf.h"
 #include "core/models/hparams.h"
 #include "core/models/model_graph.h"
@@ -21,6 +21,7 @@
 #include "moeinfer/moeinfer.h"
 
 using namespace moe;
+using moe::test::FakeModel;
 using moe::test::GgufEdit;
 using moe::test::GgufEditValue;
 
@@ -207,26 +208,6 @@ std::map<std::string, std::vector<int64_t>> expected_shapes(const HParams& hp, b
     }
     return m;
 }
-
-struct FakeModel {
-    std::deque<Tensor> tensors;
-    std::map<std::string, Tensor*> by_name;
-
-    explicit FakeModel(const std::map<std::string, std::vector<int64_t>>& shapes) {
-        for (const auto& [name, ne] : shapes) {
-            Tensor& t = tensors.emplace_back();
-            set_shape(t, Type::F32, static_cast<int>(ne.size()), ne.data());
-            t.name = name;
-            by_name[name] = &t;
-        }
-    }
-    WeightLookup lookup() {
-        return [this](const std::string& n) -> Tensor* {
-            auto it = by_name.find(n);
-            return it == by_name.end() ? nullptr : it->second;
-        };
-    }
-};
 
 }  // namespace
 

@@ -2,14 +2,15 @@
 // architecture gives a clear error naming the tensor or key, never a crash later.
 #include <catch2/catch.hpp>
 
-#include <deque>
 #include <map>
 #include <string>
 
+#include "common/fake_weights.h"
 #include "core/gguf_writer.h"
 #include "core/models/model_graph.h"
 
 using namespace moe;
+using moe::test::FakeModel;
 
 namespace {
 
@@ -66,26 +67,6 @@ std::map<std::string, std::vector<int64_t>> expected_shapes(const HParams& hp) {
     }
     return m;
 }
-
-struct FakeModel {
-    std::deque<Tensor> tensors;
-    std::map<std::string, Tensor*> by_name;
-
-    explicit FakeModel(const std::map<std::string, std::vector<int64_t>>& shapes) {
-        for (const auto& [name, ne] : shapes) {
-            Tensor& t = tensors.emplace_back();
-            set_shape(t, Type::F32, static_cast<int>(ne.size()), ne.data());
-            t.name = name;
-            by_name[name] = &t;
-        }
-    }
-    WeightLookup lookup() {
-        return [this](const std::string& n) -> Tensor* {
-            auto it = by_name.find(n);
-            return it == by_name.end() ? nullptr : it->second;
-        };
-    }
-};
 
 }  // namespace
 
