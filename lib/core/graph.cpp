@@ -32,6 +32,15 @@ Tensor* Graph::input(Type type, std::initializer_list<int64_t> ne, std::string n
     return t;
 }
 
+Tensor* Graph::input_like(const Tensor& t) {
+    Tensor& leaf = arena_.emplace_back();
+    set_shape(leaf, t.type, 4, t.ne);
+    leaf.name = t.name;
+    leaf.layer = t.layer;
+    leaf.is_input = true;
+    return &leaf;
+}
+
 Tensor* Graph::new_node(Op op, Type type, std::initializer_list<int64_t> ne, std::initializer_list<Tensor*> srcs) {
     Tensor* t = new_tensor(type, ne);
     t->op = op;

@@ -53,6 +53,13 @@ public:
     Tensor* mul_mat_heads(Tensor* w, Tensor* x);
     Tensor* group_mask(Tensor* x, int32_t n_group, int32_t n_used, int32_t top_n);
 
+    // A graph over part of another graph's nodes (a stage of a run over several devices): `node` joins
+    // this graph's nodes as it is. REQUIRES: the graph that made it outlives this one.
+    void adopt(Tensor* node) { nodes_.push_back(node); }
+    // A new input leaf of t's type and shape, contiguous (what a stage reads of a tensor computed in
+    // another stage, or its own copy of an input).
+    Tensor* input_like(const Tensor& t);
+
     // Marks the graph's result(s); nodes are computed in the order they were built.
     void set_output(Tensor* t) { t->is_output = true; outputs_.push_back(t); }
 

@@ -17,7 +17,8 @@ namespace moe::cpu {
 namespace {
 
 // The emulated card's size: MOEINFER_EMULATED_VRAM bytes if set (to test budgets), else 64 GiB. Every
-// emulated device of the process allocates from it, as contexts on one GPU share its memory.
+// emulated device of one ordinal in the process allocates from it, as contexts on one GPU share its
+// memory; each ordinal is a card of its own (a meter of its own).
 size_t emulated_vram() {
     if (const char* v = std::getenv("MOEINFER_EMULATED_VRAM")) {
         char* end = nullptr;
@@ -27,43 +28,50 @@ size_t emulated_vram() {
     return size_t{64} << 30;
 }
 
-DeviceMemoryMeter& emulated_meter() { return DeviceMemoryMeter::of("emulated"); }
+// The meter of emulated card `ordinal`: "emulated" for card 0 (the one-device contexts'), "emulatedN"
+// for card N.
+DeviceMemoryMeter& emulated_meter(int ordinal) {
+    return ordinal == 0 ? DeviceMemoryMeter::of("emulated") : DeviceMemoryMeter::of("emulated" + std::to_string(ordinal));
+}
 
-// The card's size less what the emulated devices hold (the test limit of the meter aside).
-size_t emulated_free() {
-    const size_t total = emulated_vram(), live = emulated_meter().live_bytes();
+// The card's size less what the emulated devices of that card hold (the test limit of the meter aside).
+size_t emulated_free(int ordinal) {
+    const size_t total = emulated_vram(), live = emulated_meter(ordinal).live_bytes();
     return total > live ? total - live : 0;
 }
 
 // Host memory that claims to be device memory, counted against the emulated card's size.
 class EmulatedDeviceBuffer final : public Buffer {
 public:
-    static StatusOr<std::unique_ptr<Buffer>> allocate(Backend* backend, size_t size) {
-        const size_t free = emulated_free();
+    static StatusOr<std::unique_ptr<Buffer>> allocate(Backend* backend, int ordinal, size_t size) {
+        DeviceMemoryMeter& meter = emulated_meter(ordinal);
+        const size_t free = emulated_free(ordinal);
         if (size > free) {
-            emulated_meter().note_refused();
-            return device_exhausted("emulated device", size, emulated_meter().free_bytes(free));
+            meter.note_refused();
+            return device_exhausted("emulated device", size, meter.free_bytes(free));
         }
-        MOE_RETURN_IF_ERROR(emulated_meter().acquire(size, free, "emulated device"));
+        MOE_RETURN_IF_ERROR(meter.acquire(size, free, "emulated device"));
         const size_t rounded = (std::max<size_t>(size, 1) + 63) & ~size_t{63};
         void* p = std::aligned_alloc(64, rounded);
         if (p == nullptr) {
-            emulated_meter().release(size);
-            emulated_meter().note_refused();
-            return device_exhausted("emulated device", size, emulated_meter().free_bytes(emulated_free()));
+            meter.release(size);
+            meter.note_refused();
+            return device_exhausted("emulated device", size, meter.free_bytes(emulated_free(ordinal)));
         }
-        return std::unique_ptr<Buffer>(new EmulatedDeviceBuffer(backend, p, size));
+        return std::unique_ptr<Buffer>(new EmulatedDeviceBuffer(backend, meter, p, size));
     }
     ~EmulatedDeviceBuffer() override {
         std::free(data_);
-        emulated_meter().release(size_);
+        meter_.release(size_);
     }
     void* data() override { return data_; }
     size_t size() const override { return size_; }
     bool is_host() const override { return false; }
 
 private:
-    EmulatedDeviceBuffer(Backend* b, void* data, size_t size) : Buffer(b), data_(data), size_(size) {}
+    EmulatedDeviceBuffer(Backend* b, DeviceMemoryMeter& meter, void* data, size_t size)
+        : Buffer(b), meter_(meter), data_(data), size_(size) {}
+    DeviceMemoryMeter& meter_;
     void* data_;
     size_t size_;
 };
@@ -115,15 +123,15 @@ NodeCopy host_view_of(const Tensor& n) {
 
 }  // namespace
 
-EmulatedDeviceBackend::EmulatedDeviceBackend(int n_threads, bool async)
-    : kernels_(n_threads), upload_bytes_per_second_(emulated_link_rate()) {
+EmulatedDeviceBackend::EmulatedDeviceBackend(int n_threads, bool async, int ordinal)
+    : kernels_(n_threads), ordinal_(ordinal), upload_bytes_per_second_(emulated_link_rate()) {
     if (async) streams_ = std::make_unique<AsyncStreams>();
 }
 
 EmulatedDeviceBackend::~EmulatedDeviceBackend() = default;  // the streams finish their tasks first
 
 StatusOr<std::unique_ptr<Buffer>> EmulatedDeviceBackend::alloc_buffer(size_t size) {
-    return EmulatedDeviceBuffer::allocate(this, size);
+    return EmulatedDeviceBuffer::allocate(this, ordinal_, size);
 }
 
 StatusOr<std::unique_ptr<Buffer>> EmulatedDeviceBackend::alloc_host_buffer(size_t size) {
@@ -148,7 +156,9 @@ StatusOr<std::unique_ptr<Buffer>> EmulatedDeviceBackend::register_host(void* p, 
     return HostRegistry::of("emulated").acquire(this, p, n, lock, [](void*, size_t) {});
 }
 
-size_t EmulatedDeviceBackend::free_memory() const { return emulated_meter().free_bytes(emulated_free()); }
+size_t EmulatedDeviceBackend::free_memory() const {
+    return emulated_meter(ordinal_).free_bytes(emulated_free(ordinal_));
+}
 
 Status EmulatedDeviceBackend::check_own_memory(const Tensor& node) const {
     auto own = [this](const Tensor* t) {
@@ -249,9 +259,14 @@ Status EmulatedDeviceBackend::wait_fence(uint64_t fence) {
 void register_emulated_backend() {
     register_backend_factory(BackendFactory{
         "emulated",
-        [] { return 1; },
+        [] { return kEmulatedDevices; },
         [](const BackendOptions& o) -> StatusOr<std::unique_ptr<Backend>> {
-            return std::unique_ptr<Backend>(std::make_unique<EmulatedDeviceBackend>(o.n_threads, async_requested()));
+            if (o.device < 0 || o.device >= kEmulatedDevices) {
+                return failed_precondition("emulated device " + std::to_string(o.device) + " is not available (" +
+                                           std::to_string(kEmulatedDevices) + " device(s) found)");
+            }
+            return std::unique_ptr<Backend>(
+                std::make_unique<EmulatedDeviceBackend>(o.n_threads, async_requested(), o.device));
         },
     });
 }

@@ -12,6 +12,11 @@
 // Host memory registered with it (register_host) is page-locked as far as the uploads know; uploads from
 // other host memory are pageable and behave like CUDA's: they return only once the bytes are copied.
 //
+// It plays up to kEmulatedDevices devices (BackendOptions::device, the ordinal): each ordinal is a card of
+// its own, with its own memory (MOEINFER_EMULATED_VRAM bytes each) and meter ("emulated" for card 0,
+// "emulatedN" for card N), and each backend its own streams, so contexts over several devices are
+// tested without GPUs.
+//
 // With MOEINFER_EMULATED_PCIE_GBPS=<GB/s> (read at creation) weight uploads take as long as they would
 // over a link of that bandwidth (the copy sleeps for the rest), so that the expert split's cost model,
 // which times an upload, sees a device worth splitting for.
@@ -26,9 +31,12 @@ namespace moe::cpu {
 
 class AsyncStreams;  // emulated_streams.h
 
+// The devices the emulated backend plays (ordinals 0 .. kEmulatedDevices - 1).
+constexpr int kEmulatedDevices = 8;
+
 class EmulatedDeviceBackend final : public Backend {
 public:
-    EmulatedDeviceBackend(int n_threads, bool async);
+    EmulatedDeviceBackend(int n_threads, bool async, int ordinal = 0);
     ~EmulatedDeviceBackend() override;
 
     const char* name() const override { return "emulated"; }
@@ -56,6 +64,7 @@ private:
     Status check_own_memory(const Tensor& node) const;
 
     CpuBackend kernels_;
+    int ordinal_;
     std::unique_ptr<AsyncStreams> streams_;  // null: synchronous
     double upload_bytes_per_second_ = 0.0;    // 0: as fast as memcpy
 };

@@ -19,6 +19,17 @@ std::string trim(const std::string& s) {
     return s.substr(b, e - b + 1);
 }
 
+// n of "<prefix>n" (n a decimal number below 1000), or -1.
+int device_suffix(const std::string& s, const std::string& prefix) {
+    if (s.size() <= prefix.size() || s.size() > prefix.size() + 3 || s.compare(0, prefix.size(), prefix) != 0) return -1;
+    int n = 0;
+    for (size_t i = prefix.size(); i < s.size(); ++i) {
+        if (!std::isdigit(static_cast<unsigned char>(s[i]))) return -1;
+        n = n * 10 + (s[i] - '0');
+    }
+    return n;
+}
+
 }  // namespace
 
 StatusOr<std::vector<OverrideRule>> parse_overrides(const std::string& spec) {
@@ -37,17 +48,20 @@ StatusOr<std::vector<OverrideRule>> parse_overrides(const std::string& spec) {
         }
         const std::string pattern = entry.substr(0, eq);
         const std::string backend = upper(entry.substr(eq + 1));
-        Side side;
+        Side side = Side::DEVICE;
+        int device = -1;
         if (backend == "CPU" || backend == "HOST") {
             side = Side::HOST;
-        } else if (backend == "GPU" || backend == "CUDA" || backend == "CUDA0" || backend == "DEVICE") {
-            side = Side::DEVICE;
+        } else if (backend == "GPU" || backend == "CUDA" || backend == "DEVICE") {
+            device = -1;
+        } else if (const int n = device_suffix(backend, "CUDA"); n >= 0) {
+            device = n;
         } else {
             return invalid_argument("tensor override '" + entry + "': unknown backend '" + entry.substr(eq + 1) +
-                                    "' (expected CPU, GPU, CUDA0 or DEVICE)");
+                                    "' (expected CPU, GPU, CUDA, CUDAn or DEVICE)");
         }
         try {
-            rules.push_back(OverrideRule{pattern, std::regex(pattern, std::regex::ECMAScript), side});
+            rules.push_back(OverrideRule{pattern, std::regex(pattern, std::regex::ECMAScript), side, device});
         } catch (const std::regex_error& e) {
             return invalid_argument("tensor override '" + entry + "': invalid regex '" + pattern + "': " + e.what());
         }

@@ -19,10 +19,15 @@ struct OverrideRule {
     std::string pattern;
     std::regex regex;
     Side side;
+    // For Side::DEVICE: the index of the device in the context's device list (CUDAn), or -1 for the
+    // device of the tensor's layer (GPU, CUDA, DEVICE).
+    int device = -1;
 };
 
-// Parses "regex=BACKEND[,regex=BACKEND...]" (llama.cpp -ot). BACKEND: CPU for host RAM; GPU, CUDA,
-// CUDA0 or DEVICE for device memory; case-insensitive. INVALID_ARGUMENT names a bad entry.
+// Parses "regex=BACKEND[,regex=BACKEND...]" (llama.cpp -ot). BACKEND: CPU for host RAM; GPU, CUDA or
+// DEVICE for the memory of the device that holds the tensor's layer; CUDAn for device n of the
+// context's device list (CUDA0 is the only device of a one-device context); case-insensitive.
+// INVALID_ARGUMENT names a bad entry (whether device n exists is the context's to check).
 StatusOr<std::vector<OverrideRule>> parse_overrides(const std::string& spec);
 
 struct WeightDesc {
