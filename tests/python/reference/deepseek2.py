@@ -119,11 +119,37 @@ def rope_deepseek(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) ->
     return rope_neox(x, positions, inv_freq)
 
 
+def router_gaps(logits: np.ndarray, choice: np.ndarray, sigmoid: bool):
+    """gap(a, b): how far apart two of a token's selection values (a choice, or a group's score) are, in units in
+    which the router's arithmetic noise is the same for every pair, relative to the token's RMS.
+
+    Sigmoid routers: the choices' own gap relative to their RMS (a score moves by at most a quarter of its logit's
+    error). Softmax routers: a probability moves by its logit's error times itself (dp = p dl), so near a tie
+    p_a - p_b ~ p (l_a - l_b), and probability gaps relative to their RMS overstate the margin of large
+    probabilities by p / rms(p) -- 2x to 3x for the groups' best experts, which decide V2's group limit, where a
+    group flip with Q8_0 dense weights passed a 1e-2 margin (token 10 of MOEINFER_TEST_SEED=2766577239: 1.03e-2
+    in probabilities, 3.4e-3 in logits). So softmax gaps are taken between log-probabilities (logit gaps, for a
+    group's best or its top-2 sum alike) relative to the RMS of the logits, as qwen3moe's router margins are
+    (test_forward_reference.router_margins), to which the same per-type bounds apply. -inf (a masked choice) or 0
+    for b: +inf.
+    """
+    if sigmoid:
+        rms = np.sqrt(np.mean(choice * choice, axis=-1))
+        return lambda a, b: (a - b) / rms
+    rms = np.sqrt(np.mean(logits * logits, axis=-1))
+
+    def gap(a, b):
+        ok = b > 0
+        return np.where(ok, (np.log(a) - np.log(np.where(ok, b, 1.0))) / rms, np.inf)
+
+    return gap
+
+
 def route(model: Model, p: MlaParams, il: int, h: np.ndarray, trace: dict | None = None):
     """(expert ids [n, k], weights [n, k]) of layer il for normed hidden states h [n, n_embd].
 
     With `trace`, appends the token's routing margins: the gap between the k-th and (k+1)-th choice, and
-    between the last kept and the first dropped group, each relative to the RMS of the choices.
+    between the last kept and the first dropped group (router_gaps).
     """
     hp = model.hparams
     logits = linear(h, model.blk(il, "ffn_gate_inp.weight", (hp.n_expert, hp.n_embd)))
@@ -135,7 +161,7 @@ def route(model: Model, p: MlaParams, il: int, h: np.ndarray, trace: dict | None
         scores = softmax(logits)
         choice = scores
     n = h.shape[0]
-    rms = np.sqrt(np.mean(choice * choice, axis=-1))
+    gap = router_gaps(logits, choice, p.sigmoid)
     margin = np.full(n, np.inf)
     if p.n_group_used < p.n_group:
         grouped = choice.reshape(n, p.n_group, -1)
@@ -148,11 +174,11 @@ def route(model: Model, p: MlaParams, il: int, h: np.ndarray, trace: dict | None
         np.put_along_axis(mask, kept, True, axis=-1)
         choice = np.where(np.repeat(mask, hp.n_expert // p.n_group, axis=-1), choice, -np.inf)
         gs = -np.sort(-group_score, axis=-1)
-        margin = np.minimum(margin, (gs[:, p.n_group_used - 1] - gs[:, p.n_group_used]) / rms)
+        margin = np.minimum(margin, gap(gs[:, p.n_group_used - 1], gs[:, p.n_group_used]))
     ids = top_k_desc(choice, hp.n_expert_used)
     k = hp.n_expert_used
     cs = -np.sort(-choice, axis=-1)
-    margin = np.minimum(margin, (cs[:, k - 1] - cs[:, k]) / rms)
+    margin = np.minimum(margin, gap(cs[:, k - 1], cs[:, k]))
     w = np.take_along_axis(scores, ids, axis=-1)
     if p.weights_norm:
         w = w / (np.sum(w, axis=-1, keepdims=True) + 1e-20)
