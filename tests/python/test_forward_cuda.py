@@ -52,24 +52,55 @@ def _compare(gpu: np.ndarray, cpu: np.ndarray) -> None:
     assert agree >= 0.9, agree
 
 
-@pytest.mark.parametrize("n_prompt", [1, 5, 40])
-def test_cuda_prompt_matches_cpu(model, rng, n_prompt):
+# --- the comparisons every architecture's GPU tests run (test_forward_cuda_*.py too) ----------------------------
+
+def compare_prompt(model, rng, n_prompt: int):
+    """A prompt of n_prompt random tokens (ubatches of 32), all logits, on the GPU and the CPU; returns the GPU
+    context."""
     tokens = rng.integers(0, model.info.n_vocab, size=n_prompt, dtype=np.int32)
     gpu = _cuda_context(model, n_ctx=128, n_ubatch=32)
     cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=32)
     _compare(gpu.decode(tokens, logits_all=True), cpu.decode(tokens, logits_all=True))
+    return gpu
 
 
-def test_cuda_generation_matches_cpu(model, rng):
-    """A prompt, then token-by-token decoding at growing depth (KV cache on the GPU)."""
+def compare_generation(model, rng, n_steps: int = 12):
+    """A 24-token prompt, then n_steps tokens one at a time at growing depth (KV cache on the GPU); returns the
+    GPU context."""
     gpu = _cuda_context(model, n_ctx=128)
     cpu = moeinfer.Context(model, device="cpu", n_ctx=128)
     prompt = rng.integers(0, model.info.n_vocab, size=24, dtype=np.int32)
     _compare(gpu.decode(prompt), cpu.decode(prompt))
-    for _ in range(12):
+    for _ in range(n_steps):
         tok = rng.integers(0, model.info.n_vocab, size=1, dtype=np.int32)
         _compare(gpu.decode(tok), cpu.decode(tok))
-    assert gpu.n_past == cpu.n_past == 36
+    assert gpu.n_past == cpu.n_past == 24 + n_steps
+    return gpu
+
+
+def compare_hybrid(model, rng, expert_copy: str, expert_split: int):
+    """The hybrid path: routed experts in host RAM (exps=CPU), offloaded per ubatch from 3 tokens as whole tensors
+    (full) or as the selected experts' slices (active), with or without the expert split (part of the experts
+    computed on the host). Batches of 20 (tensor cores), 6 (GEMV) and single tokens kept on the host, all logits
+    against the CPU; something must have been offloaded. Returns the GPU context."""
+    policy = moeinfer.Policy(expert_copy=expert_copy, expert_split=expert_split).parse_offload("all=3")
+    gpu = _cuda_context(model, n_ctx=128, n_ubatch=32, tensor_overrides="exps=CPU", policy=policy)
+    cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=32)
+    for n in (20, 6, 1, 1):
+        tokens = rng.integers(0, model.info.n_vocab, size=n, dtype=np.int32)
+        _compare(gpu.decode(tokens, logits_all=True), cpu.decode(tokens, logits_all=True))
+    s = gpu.stats()
+    assert sum(s["n_offloaded"].values()) > 0, s["n_offloaded"]
+    return gpu
+
+
+@pytest.mark.parametrize("n_prompt", [1, 5, 40])
+def test_cuda_prompt_matches_cpu(model, rng, n_prompt):
+    compare_prompt(model, rng, n_prompt)
+
+
+def test_cuda_generation_matches_cpu(model, rng):
+    compare_generation(model, rng)
 
 
 def test_cuda_rejects_bad_tokens_without_touching_state(model):
@@ -131,33 +162,14 @@ def _check_on_device(ctx, model) -> None:
 
 @pytest.mark.parametrize("n_prompt", [1, 5, 40])
 def test_cuda_recipe_prompt_matches_cpu(recipe_model, rng, n_prompt):
-    tokens = rng.integers(0, recipe_model.info.n_vocab, size=n_prompt, dtype=np.int32)
-    gpu = _cuda_context(recipe_model, n_ctx=128, n_ubatch=32)
-    cpu = moeinfer.Context(recipe_model, device="cpu", n_ctx=128, n_ubatch=32)
-    _compare(gpu.decode(tokens, logits_all=True), cpu.decode(tokens, logits_all=True))
-    _check_on_device(gpu, recipe_model)
+    _check_on_device(compare_prompt(recipe_model, rng, n_prompt), recipe_model)
 
 
 def test_cuda_recipe_generation_matches_cpu(recipe_model, rng):
-    gpu = _cuda_context(recipe_model, n_ctx=128)
-    cpu = moeinfer.Context(recipe_model, device="cpu", n_ctx=128)
-    prompt = rng.integers(0, recipe_model.info.n_vocab, size=24, dtype=np.int32)
-    _compare(gpu.decode(prompt), cpu.decode(prompt))
-    for _ in range(8):
-        tok = rng.integers(0, recipe_model.info.n_vocab, size=1, dtype=np.int32)
-        _compare(gpu.decode(tok), cpu.decode(tok))
+    compare_generation(recipe_model, rng, n_steps=8)
 
 
-# The hybrid path: experts in host RAM (exps=CPU), offloaded per ubatch as whole tensors (full) or as the selected
-# experts' slices (active), with and without the expert split (part of the experts computed on the host).
 @pytest.mark.parametrize("expert_copy", ["full", "active"])
 @pytest.mark.parametrize("expert_split", [0, 2])
 def test_cuda_recipe_hybrid_matches_cpu(recipe_model, rng, expert_copy, expert_split):
-    policy = moeinfer.Policy(expert_copy=expert_copy, expert_split=expert_split).parse_offload("all=3")
-    gpu = _cuda_context(recipe_model, n_ctx=128, n_ubatch=32, tensor_overrides="exps=CPU", policy=policy)
-    cpu = moeinfer.Context(recipe_model, device="cpu", n_ctx=128, n_ubatch=32)
-    for n in (20, 6, 1, 1):  # prefill (tensor cores), GEMV, and single tokens kept on the host
-        tokens = rng.integers(0, recipe_model.info.n_vocab, size=n, dtype=np.int32)
-        _compare(gpu.decode(tokens, logits_all=True), cpu.decode(tokens, logits_all=True))
-    s = gpu.stats()
-    assert sum(s["n_offloaded"].values()) > 0, s["n_offloaded"]
+    compare_hybrid(recipe_model, rng, expert_copy, expert_split)

@@ -26,16 +26,14 @@ import numpy as np
 import pytest
 
 import moeinfer
+import shared_expert_checks
 from reference import KVCache, deepseek2
-from reference import load as load_reference
-from test_forward_reference import (EXACT_REF_TOL, F32, QUANTISED, UBATCH_TOL, UNQUANTISED, F16KVCache, Weights,
-                                    check_close, per_token_error, prompt)
+from test_forward_reference import QUANTISED, UBATCH_TOL, UNQUANTISED, F16KVCache, Weights, prompt
 
 pytestmark = pytest.mark.fast
 
 ARCH = "deepseek2"
 PRESETS = ("tiny", "tiny-lite")
-N_TOKENS = 29
 WEIGHTS = UNQUANTISED + [QUANTISED[0], QUANTISED[1], QUANTISED[3]]
 
 
@@ -47,41 +45,19 @@ def reference(ref, tokens, f16_kv=True):
 
 
 def write_model(path, preset: str, w: Weights, rng: np.random.Generator, **kwargs):
-    moeinfer.synth_write(path, ARCH, preset=preset, expert_type=w.expert_type, dense_type=w.dense_type,
-                         seed=int(rng.integers(1 << 62)), **kwargs)
-    return path
+    return shared_expert_checks.write_model(path, ARCH, preset, w, rng, **kwargs)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("w", WEIGHTS, ids=lambda w: w.id)
 def test_logits_match_reference(preset, w, tmp_path, rng):
-    path = write_model(tmp_path / "m.gguf", preset, w, rng)
-    model = moeinfer.Model(path)
-    ref = load_reference(path)
-    tokens = prompt(rng, model.info.n_vocab, N_TOKENS)
-
-    got = moeinfer.Context(model, device="cpu", n_ctx=64).decode(tokens, logits_all=True)
-    want, margins = reference(ref, tokens)
-    err = check_close(got, want, margins, w, f"{preset} {w.id}")
-    print(f"deepseek2 {preset} {w.id}: max relative error {err:.2e} (bound {w.tol:g})")
-    if not w.quantised:
-        exact, exact_margins = reference(ref, tokens, f16_kv=False)
-        stable = exact_margins >= 1e-2
-        assert per_token_error(got, exact)[stable].max() <= EXACT_REF_TOL
+    shared_expert_checks.check_logits_match_reference(ARCH, preset, w, tmp_path, rng, reference)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_ubatch_splits_and_token_by_token_agree(preset, tmp_path, rng):
     model = moeinfer.Model(write_model(tmp_path / "m.gguf", preset, QUANTISED[0], rng))
-    tokens = prompt(rng, model.info.n_vocab, N_TOKENS)
-    whole = moeinfer.Context(model, device="cpu", n_ctx=64).decode(tokens, logits_all=True)
-    atol = UBATCH_TOL * np.abs(whole).max()
-    for n_ubatch in (3, 7):
-        split = moeinfer.Context(model, device="cpu", n_ctx=64, n_ubatch=n_ubatch).decode(tokens, logits_all=True)
-        np.testing.assert_allclose(split, whole, rtol=0, atol=atol, err_msg=f"n_ubatch={n_ubatch}")
-    ctx = moeinfer.Context(model, device="cpu", n_ctx=64)
-    one_by_one = np.concatenate([ctx.decode(tokens[i:i + 1], logits_all=True) for i in range(len(tokens))])
-    np.testing.assert_allclose(one_by_one, whole, rtol=0, atol=atol, err_msg="token by token")
+    shared_expert_checks.check_ubatch_splits_and_token_by_token_agree(model, rng)
 
 
 def test_truncated_presets_keep_dense_and_moe_layers(tmp_path):

@@ -39,6 +39,7 @@ import numpy as np
 from .gguf_model import Model
 from .ops import KVCache, attention, check_tokens, default_inv_freq, linear, rms_norm, rope_neox, softmax, \
     start_pass, top_k_desc, yarn_inv_freq
+from .qwen3moe import routed_experts, swiglu
 
 ARCH = "deepseek2"
 # How a softmax-gated (V2) router scores an expert group: "max", its best expert (HF DeepSeek-V2 MoEGate,
@@ -190,23 +191,11 @@ def route(model: Model, p: MlaParams, il: int, h: np.ndarray, trace: dict | None
     return ids, w
 
 
-def swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
-    g = linear(x, gate)
-    return linear(g / (1.0 + np.exp(-g)) * linear(x, up), down)
-
-
 def moe(model: Model, p: MlaParams, il: int, h: np.ndarray, trace: dict | None = None) -> np.ndarray:
     hp = model.hparams
-    ff = hp.n_ff_exp
-    gate = model.blk(il, "ffn_gate_exps.weight", (hp.n_expert, ff, hp.n_embd))
-    up = model.blk(il, "ffn_up_exps.weight", (hp.n_expert, ff, hp.n_embd))
-    down = model.blk(il, "ffn_down_exps.weight", (hp.n_expert, hp.n_embd, ff))
     ids, weights = route(model, p, il, h, trace)
-    out = np.zeros_like(h)
-    for e in np.unique(ids):
-        rows, slot = np.nonzero(ids == e)
-        out[rows] += weights[rows, slot][:, None] * swiglu(h[rows], gate[e], up[e], down[e])
-    sh = ff * p.n_shared
+    out = routed_experts(model, il, h, ids, weights)
+    sh = hp.n_ff_exp * p.n_shared
     return out + swiglu(h, model.blk(il, "ffn_gate_shexp.weight", (sh, hp.n_embd)),
                         model.blk(il, "ffn_up_shexp.weight", (sh, hp.n_embd)),
                         model.blk(il, "ffn_down_shexp.weight", (hp.n_embd, sh)))

@@ -21,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from .gguf_model import Model
-from .ops import KVCache, attention, check_tokens, default_inv_freq, linear, rms_norm, rope_neox, start_pass, top_k_desc
+from .ops import KVCache, linear, top_k_desc
+from .qwen3moe import forward_layers, routed_experts, swiglu
 
 ARCH = "glm4moe"
 
@@ -62,40 +63,28 @@ def route(model: Model, il: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return ids, w * float(_meta(model, "expert_weights_scale", 1.0))
 
 
-def swiglu_mlp(h: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
-    g = linear(h, gate)
-    return linear(g / (1.0 + np.exp(-g)) * linear(h, up), down)
-
-
 def moe(model: Model, il: int, h: np.ndarray, trace: dict | None = None) -> np.ndarray:
     """Routed experts plus the shared experts of layer il on normed hidden states h [n, n_embd]."""
     hp = model.hparams
-    exp_shape = (hp.n_expert, hp.n_ff_exp, hp.n_embd)
-    gate = model.blk(il, "ffn_gate_exps.weight", exp_shape)
-    up = model.blk(il, "ffn_up_exps.weight", exp_shape)
-    down = model.blk(il, "ffn_down_exps.weight", (hp.n_expert, hp.n_embd, hp.n_ff_exp))
     ids, weights = route(model, il, h)
     if trace is not None:
         trace.setdefault("expert_ids", []).append(ids)
         trace.setdefault("expert_weights", []).append(weights)
-    out = np.zeros_like(h)
-    for e in np.unique(ids):
-        rows, slot = np.nonzero(ids == e)
-        out[rows] += weights[rows, slot][:, None] * swiglu_mlp(h[rows], gate[e], up[e], down[e])
+    out = routed_experts(model, il, h, ids, weights)
     n_shared = int(_meta(model, "expert_shared_count", 0))
     if n_shared > 0:
         ff = hp.n_ff_exp * n_shared
-        out += swiglu_mlp(h, model.blk(il, "ffn_gate_shexp.weight", (ff, hp.n_embd)),
-                          model.blk(il, "ffn_up_shexp.weight", (ff, hp.n_embd)),
-                          model.blk(il, "ffn_down_shexp.weight", (hp.n_embd, ff)))
+        out += swiglu(h, model.blk(il, "ffn_gate_shexp.weight", (ff, hp.n_embd)),
+                      model.blk(il, "ffn_up_shexp.weight", (ff, hp.n_embd)),
+                      model.blk(il, "ffn_down_shexp.weight", (hp.n_embd, ff)))
     return out
 
 
 def dense(model: Model, il: int, h: np.ndarray) -> np.ndarray:
     hp = model.hparams
     ff = int(_meta(model, "feed_forward_length", 0))
-    return swiglu_mlp(h, model.blk(il, "ffn_gate.weight", (ff, hp.n_embd)), model.blk(il, "ffn_up.weight", (ff, hp.n_embd)),
-                      model.blk(il, "ffn_down.weight", (hp.n_embd, ff)))
+    return swiglu(h, model.blk(il, "ffn_gate.weight", (ff, hp.n_embd)), model.blk(il, "ffn_up.weight", (ff, hp.n_embd)),
+                  model.blk(il, "ffn_down.weight", (hp.n_embd, ff)))
 
 
 def forward(model: Model, tokens, positions=None, cache: KVCache | None = None,
@@ -103,40 +92,15 @@ def forward(model: Model, tokens, positions=None, cache: KVCache | None = None,
     """Logits [n_tokens, n_vocab] (float64) for `tokens`, attending to `cache` (extended in place).
 
     positions default to the positions after the cached ones. `trace`, if given, receives per-layer lists
-    'layer_out' (hidden state after the layer) and 'expert_ids' / 'expert_weights' (MoE layers only).
+    'layer_out' (hidden state after the layer) and 'expert_ids' / 'expert_weights' (MoE layers only). The layer
+    stack is qwen3moe's (forward_layers) with attention biases, q/k norms where the file has them, and the dense
+    FFN or the MoE block after post_attention_norm.
     """
     _check_arch(model)
-    hp = model.hparams
-    tokens = check_tokens(tokens, hp.n_vocab)
-    n = tokens.shape[0]
-    cache, pos = start_pass(cache, hp.n_layer, n, positions)
-    k_pos = cache.key_positions(pos)
-    inv_freq = default_inv_freq(hp.rope_freq_base, hp.n_rot)
-    scale = 1.0 / np.sqrt(hp.head_dim)
     n_dense = int(_meta(model, "leading_dense_block_count", 0))
-    D, H, Hkv = hp.head_dim, hp.n_head, hp.n_head_kv
 
-    x = model.get("token_embd.weight", (hp.n_vocab, hp.n_embd))[tokens]
-    for il in range(hp.n_layer):
-        h = rms_norm(x, model.blk(il, "attn_norm.weight", (hp.n_embd,)), hp.rms_eps)
-        q = linear(h, model.blk(il, "attn_q.weight", (H * D, hp.n_embd)), model.blk(il, "attn_q.bias", (H * D,)))
-        k = linear(h, model.blk(il, "attn_k.weight", (Hkv * D, hp.n_embd)), model.blk(il, "attn_k.bias", (Hkv * D,)))
-        v = linear(h, model.blk(il, "attn_v.weight", (Hkv * D, hp.n_embd)), model.blk(il, "attn_v.bias", (Hkv * D,)))
-        q, k, v = q.reshape(n, H, D), k.reshape(n, Hkv, D), v.reshape(n, Hkv, D)
-        if model.has(f"blk.{il}.attn_q_norm.weight"):
-            q = rms_norm(q, model.blk(il, "attn_q_norm.weight", (D,)), hp.rms_eps)
-            k = rms_norm(k, model.blk(il, "attn_k_norm.weight", (D,)), hp.rms_eps)
-        q = rope_neox(q, pos, inv_freq)
-        k = rope_neox(k, pos, inv_freq)
-        k_all, v_all = cache.extend(il, k, v)
-        a = attention(q, k_all, v_all, pos, k_pos, scale).reshape(n, H * D)
-        x = x + linear(a, model.blk(il, "attn_output.weight", (hp.n_embd, H * D)))
+    def ffn(il, h, tr):
+        return dense(model, il, h) if il < n_dense else moe(model, il, h, tr)
 
-        h = rms_norm(x, model.blk(il, "post_attention_norm.weight", (hp.n_embd,)), hp.rms_eps)
-        x = x + (dense(model, il, h) if il < n_dense else moe(model, il, h, trace))
-        if trace is not None:
-            trace.setdefault("layer_out", []).append(x.copy())
-    cache.commit(pos)
-
-    x = rms_norm(x, model.get("output_norm.weight", (hp.n_embd,)), hp.rms_eps)
-    return linear(x, model.output_weight())
+    return forward_layers(model, tokens, positions, cache, trace, "post_attention_norm.weight", ffn, qk_norm=None,
+                          biases=True)

@@ -40,25 +40,85 @@ def route(model: Model, il: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return ids, w / np.sum(w, axis=-1, keepdims=True)
 
 
-def moe(model: Model, il: int, h: np.ndarray, trace: dict | None = None) -> np.ndarray:
-    """Sparse MoE block of layer il on normed hidden states h [n, n_embd]."""
+def swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+    """down(silu(gate x) * up x)."""
+    g = linear(x, gate)
+    return linear(g / (1.0 + np.exp(-g)) * linear(x, up), down)
+
+
+def routed_experts(model: Model, il: int, h: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """sum over each token's chosen experts e of weights * down_e(silu(gate_e h) * up_e h), layer il's expert
+    tensors (shared by the SwiGLU-expert architectures)."""
     hp = model.hparams
     exp_shape = (hp.n_expert, hp.n_ff_exp, hp.n_embd)
     gate = model.blk(il, "ffn_gate_exps.weight", exp_shape)
     up = model.blk(il, "ffn_up_exps.weight", exp_shape)
     down = model.blk(il, "ffn_down_exps.weight", (hp.n_expert, hp.n_embd, hp.n_ff_exp))
+    out = np.zeros_like(h)
+    for e in np.unique(ids):
+        rows, slot = np.nonzero(ids == e)
+        out[rows] += weights[rows, slot][:, None] * swiglu(h[rows], gate[e], up[e], down[e])
+    return out
+
+
+def moe(model: Model, il: int, h: np.ndarray, trace: dict | None = None) -> np.ndarray:
+    """Sparse MoE block of layer il on normed hidden states h [n, n_embd]."""
     ids, weights = route(model, il, h)
     if trace is not None:
         trace.setdefault("expert_ids", []).append(ids)
         trace.setdefault("expert_weights", []).append(weights)
-    out = np.zeros_like(h)
-    for e in np.unique(ids):
-        rows, slot = np.nonzero(ids == e)
-        x = h[rows]
-        g = linear(x, gate[e])
-        act = g / (1.0 + np.exp(-g)) * linear(x, up[e])      # silu(gate) * up
-        out[rows] += weights[rows, slot][:, None] * linear(act, down[e])
-    return out
+    return routed_experts(model, il, h, ids, weights)
+
+
+def attention_block(model: Model, il: int, h: np.ndarray, pos: np.ndarray, k_pos: np.ndarray, cache: KVCache,
+                    inv_freq: np.ndarray, qk_norm: bool | None, biases: bool) -> np.ndarray:
+    """Layer il's GQA self-attention on normed h [n, n_embd], its output projection applied: q/k/v products (+ their
+    biases when `biases`), per-head q/k RMSNorm (qk_norm None: where the file has attn_q_norm), NeoX RoPE of the
+    first n_rot dims, causal softmax(q k^T / sqrt(head_dim)) v over `cache` (extended in place)."""
+    hp = model.hparams
+    n, D, Dv, H, Hkv = h.shape[0], hp.head_dim, hp.head_dim_v, hp.n_head, hp.n_head_kv
+
+    def proj(name, rows):
+        b = model.blk(il, f"{name}.bias", (rows,)) if biases else None
+        return linear(h, model.blk(il, f"{name}.weight", (rows, hp.n_embd)), b)
+
+    q = proj("attn_q", H * D).reshape(n, H, D)
+    k = proj("attn_k", Hkv * D).reshape(n, Hkv, D)
+    v = proj("attn_v", Hkv * Dv).reshape(n, Hkv, Dv)
+    if qk_norm or (qk_norm is None and model.has(f"blk.{il}.attn_q_norm.weight")):
+        q = rms_norm(q, model.blk(il, "attn_q_norm.weight", (D,)), hp.rms_eps)
+        k = rms_norm(k, model.blk(il, "attn_k_norm.weight", (D,)), hp.rms_eps)
+    q = rope_neox(q, pos, inv_freq)
+    k = rope_neox(k, pos, inv_freq)
+    k_all, v_all = cache.extend(il, k, v)
+    a = attention(q, k_all, v_all, pos, k_pos, 1.0 / np.sqrt(D)).reshape(n, H * Dv)
+    return linear(a, model.blk(il, "attn_output.weight", (hp.n_embd, H * Dv)))
+
+
+def forward_layers(model: Model, tokens, positions, cache: KVCache | None, trace: dict | None, ffn_norm: str,
+                   ffn, qk_norm: bool | None, biases: bool) -> np.ndarray:
+    """The pre-norm decoder stack of qwen3moe-like architectures: per layer x += attention_block(RMSNorm(x;
+    attn_norm)), x += ffn(il, RMSNorm(x; ffn_norm), trace); logits = W_out RMSNorm(x; output_norm). Appends each
+    layer's output to trace['layer_out']."""
+    hp = model.hparams
+    tokens = check_tokens(tokens, hp.n_vocab)
+    n = tokens.shape[0]
+    cache, pos = start_pass(cache, hp.n_layer, n, positions)
+    k_pos = cache.key_positions(pos)
+    inv_freq = default_inv_freq(hp.rope_freq_base, hp.n_rot)
+
+    x = model.get("token_embd.weight", (hp.n_vocab, hp.n_embd))[tokens]
+    for il in range(hp.n_layer):
+        h = rms_norm(x, model.blk(il, "attn_norm.weight", (hp.n_embd,)), hp.rms_eps)
+        x = x + attention_block(model, il, h, pos, k_pos, cache, inv_freq, qk_norm, biases)
+        h = rms_norm(x, model.blk(il, ffn_norm, (hp.n_embd,)), hp.rms_eps)
+        x = x + ffn(il, h, trace)
+        if trace is not None:
+            trace.setdefault("layer_out", []).append(x.copy())
+    cache.commit(pos)
+
+    x = rms_norm(x, model.get("output_norm.weight", (hp.n_embd,)), hp.rms_eps)
+    return linear(x, model.output_weight())
 
 
 def forward(model: Model, tokens, positions=None, cache: KVCache | None = None,
@@ -69,34 +129,5 @@ def forward(model: Model, tokens, positions=None, cache: KVCache | None = None,
     'layer_out' (hidden state after the layer) and 'expert_ids' / 'expert_weights'.
     """
     _check_arch(model)
-    hp = model.hparams
-    tokens = check_tokens(tokens, hp.n_vocab)
-    n = tokens.shape[0]
-    cache, pos = start_pass(cache, hp.n_layer, n, positions)
-    k_pos = cache.key_positions(pos)
-    inv_freq = default_inv_freq(hp.rope_freq_base, hp.n_rot)
-    scale = 1.0 / np.sqrt(hp.head_dim)
-    q_dim, kv_dim, v_dim = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim, hp.n_head_kv * hp.head_dim_v
-
-    x = model.get("token_embd.weight", (hp.n_vocab, hp.n_embd))[tokens]
-    for il in range(hp.n_layer):
-        h = rms_norm(x, model.blk(il, "attn_norm.weight", (hp.n_embd,)), hp.rms_eps)
-        q = linear(h, model.blk(il, "attn_q.weight", (q_dim, hp.n_embd))).reshape(n, hp.n_head, hp.head_dim)
-        k = linear(h, model.blk(il, "attn_k.weight", (kv_dim, hp.n_embd))).reshape(n, hp.n_head_kv, hp.head_dim)
-        v = linear(h, model.blk(il, "attn_v.weight", (v_dim, hp.n_embd))).reshape(n, hp.n_head_kv, hp.head_dim_v)
-        q = rms_norm(q, model.blk(il, "attn_q_norm.weight", (hp.head_dim,)), hp.rms_eps)
-        k = rms_norm(k, model.blk(il, "attn_k_norm.weight", (hp.head_dim,)), hp.rms_eps)
-        q = rope_neox(q, pos, inv_freq)
-        k = rope_neox(k, pos, inv_freq)
-        k_all, v_all = cache.extend(il, k, v)
-        a = attention(q, k_all, v_all, pos, k_pos, scale).reshape(n, hp.n_head * hp.head_dim_v)
-        x = x + linear(a, model.blk(il, "attn_output.weight", (hp.n_embd, hp.n_head * hp.head_dim_v)))
-
-        h = rms_norm(x, model.blk(il, "ffn_norm.weight", (hp.n_embd,)), hp.rms_eps)
-        x = x + moe(model, il, h, trace)
-        if trace is not None:
-            trace.setdefault("layer_out", []).append(x.copy())
-    cache.commit(pos)
-
-    x = rms_norm(x, model.get("output_norm.weight", (hp.n_embd,)), hp.rms_eps)
-    return linear(x, model.output_weight())
+    return forward_layers(model, tokens, positions, cache, trace, "ffn_norm.weight",
+                          lambda il, h, tr: moe(model, il, h, tr), qk_norm=True, biases=False)

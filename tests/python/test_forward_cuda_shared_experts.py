@@ -1,0 +1,66 @@
+"""glm4moe and deepseek2 on the GPU (device="cuda") against the CPU path: all-GPU and hybrid (experts in host RAM).
+
+Both are MoE architectures with a leading dense layer and shared experts next to the routed ones:
+* glm4moe "tiny" with head_dim 64 (the CUDA attention kernels cover 32..256; rotary over 16 of the 64 dims), the
+  sigmoid router with its selection bias;
+* deepseek2 "tiny" (V3-like: q LoRA, sigmoid routing with the selection bias over 2 of 4 expert groups, YaRN) and
+  "tiny-lite" (V2-like: plain q, softmax routing with the group limit); their latent attention rows are 64 + 32
+  (a head size the CUDA attention kernels have), so the absorbed attention (MUL_MAT_HEADS, CONCAT, interleaved
+  ROPE, ATTENTION over the latent cache) and GROUP_MASK run on the GPU.
+The sigmoid routers run as one fused launch on the GPU (ops_sigmoid_router.cu) where the batch allows.
+Bounds and the reasons for them are test_forward_cuda.py's (_compare: cosine > 0.999 and max |gpu - cpu| <=
+3e-2 * max |cpu| per token on 90% of the rows, argmax on 90%).
+
+Skipped with "skipped: no CUDA device" where the build has no CUDA or the machine no GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import moeinfer
+from test_forward_cuda import compare_generation, compare_hybrid, compare_prompt
+
+# (architecture, preset, expert type, dense type, synth_write overrides)
+MODELS = [("glm4moe", "tiny", "q8_0", "q8_0", {"head_dim": 64}), ("glm4moe", "tiny", "bf16", "f16", {"head_dim": 64}),
+          ("deepseek2", "tiny", "q8_0", "q8_0", {}), ("deepseek2", "tiny-lite", "bf16", "f16", {})]
+
+
+@pytest.fixture(scope="module", params=MODELS, ids=lambda p: "-".join(p[:4]))
+def model(request, tmp_path_factory):
+    arch, preset, expert_type, dense_type, extra = request.param
+    path = tmp_path_factory.mktemp("cuda") / f"{arch}-{preset}-{expert_type}.gguf"
+    moeinfer.synth_write(str(path), arch, preset=preset, expert_type=expert_type, dense_type=dense_type,
+                         seed=int(np.random.default_rng().integers(1 << 30)), **extra)
+    return moeinfer.Model(str(path))
+
+
+def on_device_always(model) -> list[str]:
+    """Weights every placement keeps on the GPU: a shared expert, the dense layer's FFN (and deepseek2's per-head
+    attention matrices)."""
+    names = ["blk.1.ffn_up_shexp.weight", "blk.0.ffn_up.weight"]
+    return names + (["blk.1.attn_k_b.weight"] if model.info.architecture == "deepseek2" else [])
+
+
+@pytest.mark.parametrize("n_prompt", [1, 5, 40])
+def test_cuda_prompt_matches_cpu(model, rng, n_prompt):
+    gpu = compare_prompt(model, rng, n_prompt)
+    for name in on_device_always(model):
+        assert gpu.tensor_location(name)[0] == "device", name
+
+
+def test_cuda_generation_matches_cpu(model, rng):
+    gpu = compare_generation(model, rng)
+    np.testing.assert_array_equal(gpu.expert_counts()[0], 0)  # the dense layer routes nothing
+
+
+@pytest.mark.parametrize("expert_copy", ["full", "active"])
+@pytest.mark.parametrize("expert_split", [0, 2])
+def test_cuda_hybrid_matches_cpu(model, rng, expert_copy, expert_split):
+    """exps=CPU: the routed experts in host RAM; the shared experts, the dense layer (and deepseek2's per-head
+    matrices) stay on the GPU."""
+    gpu = compare_hybrid(model, rng, expert_copy, expert_split)
+    assert gpu.tensor_location("blk.1.ffn_up_exps.weight")[0] == "host"
+    for name in on_device_always(model):
+        assert gpu.tensor_location(name)[0] == "device", name
