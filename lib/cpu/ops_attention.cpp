@@ -189,10 +189,20 @@ void load_rows(const attn::KernelTable& kern, const Tensor& kv, int64_t g, int64
 
 // Merges n parts (m_i, l_i, acc_i) and the optional sink logit into out = sum_i w_i acc_i / L.
 // The sink is one more logit in the denominator only. A row that sees no key and has no sink is 0.
+// A NaN score (the kernels' exp keeps it, so it reaches l_i) or a NaN sink makes the row NaN: the
+// maximum below would drop it, and a corrupt weight must not come out as plausible numbers.
 void finish_row(int64_t n, const float* m, const float* l, const float* const* acc, int64_t d, const float* sink,
                 float* out) {
     float mx = sink != nullptr ? *sink : kNegInf;
-    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, m[i]);
+    bool nan = std::isnan(mx);
+    for (int64_t i = 0; i < n; ++i) {
+        mx = std::max(mx, m[i]);
+        nan = nan || std::isnan(m[i]) || std::isnan(l[i]);
+    }
+    if (nan) {
+        std::fill(out, out + d, std::numeric_limits<float>::quiet_NaN());
+        return;
+    }
     if (mx == kNegInf) {
         std::fill(out, out + d, 0.0f);
         return;

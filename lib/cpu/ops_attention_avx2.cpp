@@ -35,12 +35,14 @@ inline __m128 hsum4(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
     return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
 }
 
-// e^x for x <= 0, 0 below -87.33: the Cephes reduction and polynomial of ops::exp_approx, with FMA.
+// e^x for x <= 0, 0 below -87.33, NaN for NaN: the Cephes reduction and polynomial of
+// ops::exp_approx, with FMA. A NaN score must reach the softmax sum (a corrupt weight shows as NaN
+// logits), so the clamp puts x second: max_ps returns its second operand when either is NaN.
 inline __m256 exp_nonpos(__m256 x) {
     const __m256 lo = _mm256_set1_ps(-87.33f);
     const __m256 round = _mm256_set1_ps(12582912.0f);  // 1.5 * 2^23
     const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    const __m256 xc = _mm256_max_ps(x, lo);
+    const __m256 xc = _mm256_max_ps(lo, x);
     const __m256 t = _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), round);
     const __m256 n = _mm256_sub_ps(t, round);
     const __m256i ni = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(round));

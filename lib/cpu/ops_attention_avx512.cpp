@@ -30,12 +30,15 @@ void f16_rows(const uint8_t* src, size_t stride, int64_t n_rows, int64_t d, floa
     }
 }
 
-// e^x for x <= 0, 0 below -87.33: the Cephes reduction and polynomial of ops::exp_approx, with FMA.
+// e^x for x <= 0, 0 below -87.33, NaN for NaN: the Cephes reduction and polynomial of
+// ops::exp_approx, with FMA. A NaN score must reach the softmax sum (a corrupt weight shows as NaN
+// logits), so NaN lanes are kept (unordered compare) and the clamp puts x second: max_ps returns its
+// second operand when either is NaN.
 inline __m512 exp_nonpos(__m512 x) {
     const __m512 lo = _mm512_set1_ps(-87.33f);
     const __m512 round = _mm512_set1_ps(12582912.0f);  // 1.5 * 2^23
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
-    const __m512 xc = _mm512_max_ps(x, lo);
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ);
+    const __m512 xc = _mm512_max_ps(lo, x);
     const __m512 t = _mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), round);
     const __m512 n = _mm512_sub_ps(t, round);
     const __m512i ni = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(round));

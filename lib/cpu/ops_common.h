@@ -7,8 +7,10 @@
 #include <tbb/parallel_for.h>
 
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "core/op_checks.h"
@@ -49,6 +51,11 @@ void for_each_row(const Tensor& dst, Fn&& fn) {
                           for (int64_t i = r.begin(); i < r.end(); ++i) fn(i);
                       });
 }
+
+// Ordering key of a router score (TOPK, GROUP_MASK): NaN ranks above every number and ties with +inf,
+// so the order stays a strict weak ordering and a NaN score is picked: its NaN weight then reaches
+// the output, where ranking it last would skip the expert and hide a corrupt weight.
+inline float rank_key(float v) { return std::isnan(v) ? std::numeric_limits<float>::infinity() : v; }
 
 // ---- scalar math for vectorisable loops ----
 

@@ -4,7 +4,6 @@
 // following TOPK picks only experts of the best groups.
 #include <algorithm>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -28,7 +27,10 @@ Status group_mask(Tensor& dst) {
             auto* d = reinterpret_cast<float*>(dst.row(t));
             for (int64_t gi = 0; gi < n_group; ++gi) {
                 const float* v = xs + gi * per_group;
-                std::partial_sort_copy(v, v + per_group, top.begin(), top.end(), std::greater<float>());
+                // NaN ranks first (ops::rank_key), so a group holding a NaN score is kept and the NaN
+                // reaches the output instead of being masked away.
+                std::partial_sort_copy(v, v + per_group, top.begin(), top.end(),
+                                       [](float a, float b) { return ops::rank_key(a) > ops::rank_key(b); });
                 float sum = 0.0f;
                 for (float e : top) sum += e;
                 score[static_cast<size_t>(gi)] = sum;
@@ -36,7 +38,7 @@ Status group_mask(Tensor& dst) {
             for (int64_t gi = 0; gi < n_group; ++gi) order[static_cast<size_t>(gi)] = gi;
             // The n_used best groups; ties go to the lower group (stable).
             std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-                return score[static_cast<size_t>(a)] > score[static_cast<size_t>(b)];
+                return ops::rank_key(score[static_cast<size_t>(a)]) > ops::rank_key(score[static_cast<size_t>(b)]);
             });
             for (int64_t k = 0; k < n_group; ++k) {
                 const int64_t gi = order[static_cast<size_t>(k)];

@@ -44,9 +44,14 @@ Status softmax(Tensor& dst) {
         auto* d = reinterpret_cast<float*>(dst.row(ri.i1, ri.i2, ri.i3));
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t i = 0; i < n; ++i) mx = xr[i] > mx ? xr[i] : mx;
-        // A row of -inf (fully masked) has no maximum to subtract: it becomes all zeros, not NaN.
+        // A row of -inf (fully masked) has no maximum to subtract: it becomes all zeros, not NaN. The
+        // maximum skips NaN, so a row of NaN (and -inf) lands here too: it stays NaN, as a NaN in a
+        // row with a maximum makes the sum, and so the whole row, NaN.
         if (mx == -std::numeric_limits<float>::infinity()) {
-            for (int64_t i = 0; i < n; ++i) d[i] = 0.0f;
+            bool nan = false;
+            for (int64_t i = 0; i < n; ++i) nan = nan || std::isnan(xr[i]);
+            const float fill = nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+            for (int64_t i = 0; i < n; ++i) d[i] = fill;
             return;
         }
         for (int64_t i = 0; i < n; ++i) d[i] = ops::exp_approx(xr[i] - mx);

@@ -38,9 +38,6 @@ Status check_2d(const char* op, const char* role, const Tensor& t) {
     return Status::ok();
 }
 
-// NaN ranks below every number (and ties with -inf), so the order stays a strict weak ordering.
-inline float rank_key(float v) { return std::isnan(v) ? -std::numeric_limits<float>::infinity() : v; }
-
 }  // namespace
 
 Status get_rows(Tensor& dst) {
@@ -107,7 +104,7 @@ Status topk(Tensor& dst) {
                               const auto* xr = reinterpret_cast<const float*>(x.row(t));
                               int32_t filled = 0;
                               for (int64_t e = 0; e < n; ++e) {
-                                  const float v = rank_key(xr[e]);
+                                  const float v = ops::rank_key(xr[e]);
                                   // Later indices lose ties, so only a strictly larger value enters a full list.
                                   if (filled == k && !(v > best_v[k - 1])) continue;
                                   int32_t pos = filled < k ? filled++ : k - 1;

@@ -274,3 +274,70 @@ TEST_CASE("ATTENTION rejects inconsistent operands", "[attention]") {
     CHECK(moe::cpu::attention_tuned(*s.dst, scratch, {.n_split = 65}).code() == MOE_STATUS_INVALID_ARGUMENT);
     CHECK(moe::cpu::attention(*s.dst, scratch).is_ok());
 }
+
+TEST_CASE("ATTENTION propagates a NaN in q, K, V or a sink as the float64 reference does", "[attention][nan]") {
+    // A corrupt weight upstream must come out as NaN, not as plausible numbers: a NaN score has to
+    // survive the running maximum, the clamped exp and the split-K merge. The reference propagates
+    // NaN by plain arithmetic: a NaN in q (or a sink) makes its whole output row NaN, a NaN in K every
+    // row that sees that key, a NaN in V that element of every row that sees that key. Outputs the
+    // NaN cannot reach keep the 2e-5 tolerance.
+    auto rng = make_rng(105);
+    const AttentionTuning tunings[] = {{}, {.key_block = 16, .query_tile = 2, .n_split = 1}, {.key_block = 16, .n_split = 3}};
+    moe::cpu::Scratch scratch;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (const int64_t D : {16, 20, 64}) {
+        for (const int where : {0, 1, 2, 3}) {  // q, K, V, sink
+            for (const Type kv_type : {Type::F16, Type::F32}) {
+                for (const int32_t window : {0, 8}) {
+                    const int64_t H = 4, Hkv = 2, T = 3;
+                    const int64_t n_kv = std::uniform_int_distribution<int64_t>(T + 1, 120)(rng);
+                    Setup s;
+                    build(s, rng, D, H, Hkv, T, n_kv, kv_type, where == 3, false, window);
+                    const int64_t i = std::uniform_int_distribution<int64_t>(0, D - 1)(rng);
+                    // A key the last query sees (window 8 included) and the earlier ones may not.
+                    const int64_t j = std::uniform_int_distribution<int64_t>(std::max<int64_t>(0, n_kv - 6), n_kv - 1)(rng);
+                    const int64_t h = std::uniform_int_distribution<int64_t>(0, H - 1)(rng);
+                    if (where == 0) *elem<float>(*s.q, i, h, T - 1) = nan;
+                    if (where == 1 || where == 2) {
+                        Tensor& c = where == 1 ? *s.k : *s.v;
+                        if (kv_type == Type::F16) {
+                            *elem<uint16_t>(c, i, h / (H / Hkv), j) = 0x7E00;
+                        } else {
+                            *elem<float>(c, i, h / (H / Hkv), j) = nan;
+                        }
+                    }
+                    if (where == 3) *elem<float>(*s.sinks, h) = nan;
+                    const std::vector<double> want =
+                        attention_ref(*s.q, *s.k, *s.v, s.pos->as<int32_t>(),
+                                      s.sinks != nullptr ? s.sinks->as<float>() : nullptr, s.dst->params.f[0], window, n_kv);
+                    size_t n_nan = 0;
+                    for (const double w : want) n_nan += std::isnan(w) ? 1 : 0;
+                    REQUIRE(n_nan > 0);  // the planted NaN reaches some output
+                    for_each_isa([&] {
+                        for (const AttentionTuning& tu : tunings) {
+                            INFO("D " << D << " NaN in " << "qKVs"[where] << " i " << i << " j " << j << " h " << h
+                                      << " n_kv " << n_kv << " window " << window << " kv " << moe::type_name(kv_type)
+                                      << " block " << tu.key_block << " split " << tu.n_split);
+                            REQUIRE(moe::cpu::attention_tuned(*s.dst, scratch, tu).is_ok());
+                            size_t nan_mismatch = 0;
+                            double worst = 0.0;
+                            for (int64_t t = 0; t < T; ++t)
+                                for (int64_t hh = 0; hh < H; ++hh)
+                                    for (int64_t e = 0; e < D; ++e) {
+                                        const double got = value(*s.dst, e, hh, t);
+                                        const double w = want[static_cast<size_t>((t * H + hh) * D + e)];
+                                        if (std::isnan(got) != std::isnan(w)) {
+                                            ++nan_mismatch;
+                                        } else if (!std::isnan(w)) {
+                                            worst = std::max(worst, std::fabs(got - w));
+                                        }
+                                    }
+                            CHECK(nan_mismatch == 0);
+                            CHECK(worst < 2e-5);
+                        }
+                    });
+                }
+            }
+        }
+    }
+}
