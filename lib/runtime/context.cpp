@@ -5,6 +5,7 @@
 
 #include "core/allocator.h"
 #include "core/backend_registry.h"
+#include "runtime/attention_home.h"
 #include "runtime/device.h"
 #include "runtime/host_weights.h"
 #include "runtime/policy_convert.h"
@@ -203,6 +204,9 @@ StatusOr<std::vector<Side>> decide_sides(const moe_context& ctx, const std::vect
     sched::PlacementParams pp;
     MOE_ASSIGN_OR_RETURN(pp.overrides,
                          sched::parse_overrides(ctx.params.tensor_overrides ? ctx.params.tensor_overrides : ""));
+    // Attention the device has no kernel for stays on the host (runtime/attention_home.h).
+    const std::vector<sched::OverrideRule> host_attention = host_attention_overrides(hp, ctx.weights, *ctx.device);
+    pp.overrides.insert(pp.overrides.begin(), host_attention.begin(), host_attention.end());
     pp.n_layer = hp.n_layer;
     pp.n_cpu_moe = ctx.params.n_cpu_moe;
     pp.n_gpu_layers = ctx.params.n_gpu_layers;
