@@ -20,6 +20,7 @@
 #include "bench/open.h"
 #include "bench/output.h"
 #include "bench/plot.h"
+#include "bench/residency.h"
 #include "bench/runner.h"
 #include "bench/synthetic.h"
 #include "moeinfer/moeinfer.h"
@@ -178,6 +179,16 @@ std::optional<Failure> run(Config& cfg) {
         FILE* out = cfg.output == bench::OutputFormat::text ? stdout : stderr;
         std::fflush(stdout);
         bench::print_expert_counts(out, info.n_layer, info.n_expert, info.n_expert_used, runner.expert_counts());
+    }
+    if (device_context && (cfg.verbose || !cfg.expert_profile.empty())) {
+        std::fflush(stdout);
+        if (auto f = bench::print_residency(stderr, ctx, info)) return f;
+    }
+    if (!cfg.expert_profile.empty() && !opened.profile_read) {
+        if (moe_context_save_expert_profile(ctx, cfg.expert_profile.c_str()) != MOE_STATUS_OK) {
+            return bench::library_error("cannot write the expert profile");
+        }
+        std::fprintf(stderr, "moeinfer-bench: expert profile written to %s\n", cfg.expert_profile.c_str());
     }
     if (!cfg.plot_path.empty()) {
         const std::string data = bench::plot_data_path(cfg.plot_path);

@@ -382,8 +382,12 @@ typedef struct moe_context_params {
      * 2. n_cpu_moe: the expert tensors (weights and biases) of layers 0 .. n_cpu_moe-1 stay in host RAM.
      * 3. n_gpu_layers: the weights of layers n_layer-n_gpu_layers .. n_layer-1 go to the device, the
      *    rest stay in host RAM; the output head goes to the device when n_gpu_layers > n_layer; -1: all.
-     * 4. vram_budget: if what is left for the device exceeds it, expert tensors move to host RAM
-     *    (largest first, from the first layer) until it fits; still too large -> RESOURCE_EXHAUSTED.
+     * 4. vram_budget: if what is left for the device exceeds it, the experts of the layers whose expert
+     *    tensors 1-3 left on the device (none pinned by an override) are placed one by one, hottest first
+     *    by the model's expert profile (moe_model_set_expert_profile; without one, whole layers from the
+     *    last): a layer keeps what fits of its experts resident in device memory and all of them in host
+     *    RAM; if even the other weights exceed it, expert tensors move to host RAM whole (largest first,
+     *    from the first layer) until it fits; still too large -> RESOURCE_EXHAUSTED.
      * Host-resident weights are used in place, from the model's mapped file (or its bytes read in with
      * use_mmap = 0), not copied: the model needs its file's size in RAM. So that uploads from them run at
      * full speed, the pages they cover are page-locked in place (cudaHostRegister) where the device
@@ -547,6 +551,37 @@ MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats
  * capacity 0 to size the array). */
 MOE_API moe_status moe_context_get_expert_counts(const moe_context* ctx, uint64_t* counts, int64_t capacity,
                                                  int64_t* out_n);
+
+/* Expert profiles: activation counts saved by one run and read by the next, so that under a VRAM budget
+ * (moe_context_params.vram_budget, or the default one) the hottest experts of each layer stay in device
+ * memory and the rest in host RAM. The file is text: a "moeinfer-expert-profile 1" line, the model's
+ * arch, n_layer, n_expert and n_expert_used ("KEY VALUE" lines), then "layer L C0 C1 ..." per layer,
+ * then "end" (the README's --expert-profile row).
+ *
+ * Writes the counts of moe_context_get_expert_counts (tokens since creation or the last
+ * moe_context_reset_stats) to `path`, replacing it. IO_ERROR names the path; INVALID_ARGUMENT for a
+ * model without experts. */
+MOE_API moe_status moe_context_save_expert_profile(const moe_context* ctx, const char* path);
+
+/* Reads the profile at `path` into the model: contexts created afterwards place their experts by it
+ * (those already created keep their placement). When the weights do not all fit the device, the expert
+ * tensors that n_cpu_moe, n_gpu_layers and the overrides leave to the device are placed expert by
+ * expert: hottest first, over all layers, while the budget lasts; a layer keeps its tensors whole in host
+ * RAM and, in device memory, a slice holding its resident experts, whose part of each expert block the
+ * device computes without an upload while the rest is computed as for host-resident experts. Without a
+ * profile (NULL clears it) every expert is equally hot and layers fill whole, the last first.
+ * NOT_FOUND when the file does not exist, DATA_CORRUPT naming the line of a malformed one, UNIMPLEMENTED
+ * for another format version, INVALID_ARGUMENT naming the field (arch, n_layer, n_expert, n_expert_used)
+ * when it was written for another model. The model is unchanged on error.
+ * Thread safety: not while a context of the model is being created. */
+MOE_API moe_status moe_model_set_expert_profile(moe_model* model, const char* path);
+
+/* Per layer: the experts whose weights are in device memory (n_expert for a layer whose expert tensors
+ * are all there, the resident ones of a partly resident layer, 0 for a layer whose experts are in host
+ * RAM) and the device bytes they take (padded to 256 per tensor or slice). `capacity` entries of each
+ * array; *out_n receives n_layer (call with capacity 0 to size the arrays). */
+MOE_API moe_status moe_context_get_resident_experts(const moe_context* ctx, int32_t* n_experts, uint64_t* bytes,
+                                                    int32_t capacity, int32_t* out_n);
 
 /* Zeroes the statistics (placement figures stay). */
 MOE_API moe_status moe_context_reset_stats(moe_context* ctx);

@@ -280,6 +280,9 @@ public:
 
     int32_t n_tensors() const { return info().n_tensors; }
 
+    // Contexts created afterwards place their experts by this activation profile (nullptr clears it).
+    void set_expert_profile(const char* path) { check(moe_model_set_expert_profile(get(), path)); }
+
     // Tensor `index` in [0, n_tensors); its name is borrowed from this model.
     moe_tensor_info tensor(int32_t index) const {
         moe_tensor_info t;
@@ -662,6 +665,24 @@ public:
         s.struct_size = sizeof s;
         check(moe_context_get_stats(get(), &s));
         return s;
+    }
+
+    // Writes the expert counts as an activation profile (moe_model_set_expert_profile reads it).
+    void save_expert_profile(const std::string& path) const {
+        check(moe_context_save_expert_profile(get(), path.c_str()));
+    }
+
+    // Per layer: the experts in device memory and their bytes (moe_context_get_resident_experts).
+    struct ResidentExperts {
+        std::vector<int32_t> n_experts;
+        std::vector<uint64_t> bytes;
+    };
+    ResidentExperts resident_experts() const {
+        int32_t n = 0;
+        check(moe_context_get_resident_experts(get(), nullptr, nullptr, 0, &n));
+        ResidentExperts out{std::vector<int32_t>(static_cast<size_t>(n)), std::vector<uint64_t>(static_cast<size_t>(n))};
+        check(moe_context_get_resident_experts(get(), out.n_experts.data(), out.bytes.data(), n, &n));
+        return out;
     }
 
     // Tokens routed to each expert, as counts[layer * n_expert + expert] (see stats().n_layer / n_expert).

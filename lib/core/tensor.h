@@ -55,6 +55,9 @@ enum class Op : int32_t {
     MASK_IDS,     // src0 ids I32 [k, T], src1 expert groups I32 [E] -> I32 [k, T]: ids[j, t] where
                   // src1[ids[j, t]] == i[0], else -1 (kNoExpert). Splits one expert block into parts that
                   // compute disjoint sets of experts (the hybrid scheduler's host/device expert split).
+                  // i[1] != 0 (remap): src1 maps each expert to a row of the part's weights or -1, and
+                  // dst[j, t] = src1[ids[j, t]] (the device part of a partly resident layer, whose
+                  // weights are slices of its resident experts); kNoExpert ids stay kNoExpert
     SIGMOID,      // 1 / (1 + exp(-x)): the expert scores of sigmoid routers (glm4moe, deepseek2 V3)
     NORM_SCALE,   // src0 F32 [n, ...] -> same shape: each row times f[0], divided first by (its sum + 1e-20)
                   // when i[0] != 0 (Hugging Face's normalised top-k weights times routed_scaling_factor)

@@ -157,10 +157,14 @@ Status mask_ids(Tensor& dst) {
     MOE_RETURN_IF_ERROR(check_ids("MASK_IDS", ids, groups.ne[0], "expert id", true));
     const auto* group = groups.as<int32_t>();
     const int32_t keep = dst.params.i[0];
+    const bool remap = dst.params.i[1] != 0;
     for (int64_t t = 0; t < ids.ne[1]; ++t) {
         const auto* in = reinterpret_cast<const int32_t*>(ids.row(t));
         auto* out = reinterpret_cast<int32_t*>(dst.row(t));
-        for (int64_t j = 0; j < ids.ne[0]; ++j) out[j] = in[j] != kNoExpert && group[in[j]] == keep ? in[j] : kNoExpert;
+        for (int64_t j = 0; j < ids.ne[0]; ++j) {
+            const int32_t e = in[j];
+            out[j] = e == kNoExpert ? kNoExpert : remap ? group[e] : group[e] == keep ? e : kNoExpert;
+        }
     }
     return Status::ok();
 }

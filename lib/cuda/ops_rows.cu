@@ -271,7 +271,7 @@ Status gather(Tensor& dst, const OpContext& ctx) {
 namespace {
 
 __global__ void mask_ids_kernel(View d, View src, const int32_t* groups, int n_expert, int32_t keep,
-                                unsigned int* err) {
+                                int32_t remap, unsigned int* err) {
     pdl_grid_sync();
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= d.ne[0] * d.ne[1]) return;
@@ -280,7 +280,7 @@ __global__ void mask_ids_kernel(View d, View src, const int32_t* groups, int n_e
     const int32_t e = reinterpret_cast<const int32_t*>(ops::row_at(src, t, 0, 0))[j];
     int32_t out = kNoExpert;
     if (e >= 0 && e < n_expert) {
-        out = groups[e] == keep ? e : kNoExpert;
+        out = remap != 0 ? groups[e] : groups[e] == keep ? e : kNoExpert;
     } else if (e != kNoExpert) {
         ops::flag_error(err, kErrorBadIndex);
     }
@@ -298,7 +298,7 @@ Status mask_ids(Tensor& dst, const OpContext& ctx) {
     constexpr int kThreads = 256;
     return launch_kernel("mask_ids_kernel", mask_ids_kernel, ops::ceil_div(n, kThreads), kThreads, 0, ctx.stream,
                          ops::view_of(dst), ops::view_of(ids), groups.as<int32_t>(), static_cast<int>(groups.ne[0]),
-                         dst.params.i[0], ctx.error_flags);
+                         dst.params.i[0], dst.params.i[1], ctx.error_flags);
 }
 
 Status weighted_sum(Tensor& dst, const OpContext& ctx) {

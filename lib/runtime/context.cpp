@@ -10,6 +10,7 @@
 #include "runtime/host_weights.h"
 #include "runtime/policy_convert.h"
 #include "sched/placement.h"
+#include "sched/resident_experts.h"
 
 namespace moe {
 namespace {
@@ -194,12 +195,32 @@ private:
     uint64_t done_ = 0;
 };
 
+// place_experts with the model's profile (empty: uniform); per_expert false: whole tensors only
+// (sched::place_weights).
+StatusOr<sched::ExpertPlacement> place_experts(const moe_context& ctx, const std::vector<sched::WeightDesc>& desc,
+                                               const sched::PlacementParams& pp, bool per_expert = true) {
+    if (!per_expert) {
+        std::vector<sched::WeightDesc> padded = desc;
+        for (sched::WeightDesc& d : padded) d.bytes = aligned(d.bytes);
+        MOE_ASSIGN_OR_RETURN(std::vector<Side> sides, sched::place_weights(padded, pp));
+        return sched::ExpertPlacement{std::move(sides), {}};
+    }
+    sched::ExpertPlacementParams ep;
+    ep.base = pp;
+    ep.n_expert = ctx.model->hparams.n_expert;
+    ep.align = kWeightAlign;
+    ep.counts = ctx.model->expert_profile;
+    return sched::place_experts(desc, ep);
+}
+
 // Where each weight lives: all on the host for CPU contexts, else per the placement parameters (with
 // a default VRAM budget of what the device has free, less what the context will also need there,
 // and at most `cap`: a retry after the device refused what an earlier placement asked for).
-StatusOr<std::vector<Side>> decide_sides(const moe_context& ctx, const std::vector<Tensor*>& ws,
-                                         const sched::Policy& policy, uint64_t cap) {
-    if (!ctx.device) return std::vector<Side>(ws.size(), Side::HOST);
+// Under the budget, experts are placed one by one, the hottest of the model's expert profile resident
+// (sched/expert_placement.h).
+StatusOr<sched::ExpertPlacement> decide_sides(const moe_context& ctx, const std::vector<Tensor*>& ws,
+                                              const sched::Policy& policy, uint64_t cap) {
+    if (!ctx.device) return sched::ExpertPlacement{std::vector<Side>(ws.size(), Side::HOST), {}};
     const HParams& hp = ctx.model->hparams;
     sched::PlacementParams pp;
     MOE_ASSIGN_OR_RETURN(pp.overrides,
@@ -213,7 +234,7 @@ StatusOr<std::vector<Side>> decide_sides(const moe_context& ctx, const std::vect
     std::vector<sched::WeightDesc> desc;
     uint64_t total = 0, largest_expert = 0;
     for (const Tensor* t : ws) {
-        desc.push_back({t->name, aligned(t->n_bytes())});
+        desc.push_back({t->name, t->n_bytes()});  // padded by place_experts
         total += aligned(t->n_bytes());
         if (sched::is_expert_tensor(t->name)) largest_expert = std::max<uint64_t>(largest_expert, t->n_bytes());
     }
@@ -236,7 +257,7 @@ StatusOr<std::vector<Side>> decide_sides(const moe_context& ctx, const std::vect
         }
         pp.vram_budget = std::min(budget, cap);
         if (cap == UINT64_MAX) {
-            StatusOr<std::vector<Side>> sides = sched::place_weights(desc, pp);
+            StatusOr<sched::ExpertPlacement> sides = place_experts(ctx, desc, pp);
             if (sides.is_ok()) return sides;
             return sides.status().with_context(
                 "default VRAM budget: " + std::to_string(free) + " bytes free on the " + ctx.device->name() +
@@ -246,7 +267,9 @@ StatusOr<std::vector<Side>> decide_sides(const moe_context& ctx, const std::vect
                 std::to_string(kVramReserve));
         }
     }
-    return sched::place_weights(desc, pp);
+    // A retry after the device refused what a placement asked for moves whole expert tensors: what it
+    // falls back to is then a placement tensor overrides can name.
+    return place_experts(ctx, desc, pp, cap == UINT64_MAX);
 }
 
 // Bias duplication (sched::duplicated_biases) in device contexts.
@@ -263,7 +286,7 @@ uint64_t device_weight_bytes(const moe_context& ctx, const std::vector<Tensor*>&
     for (size_t i = 0; i < ws.size(); ++i) {
         if (sides[i] == Side::DEVICE || dup[i]) n += aligned(ws[i]->n_bytes());
     }
-    return n;
+    return n + sched::resident_bytes(ws, ctx.resident, kWeightAlign);
 }
 
 // The side of each layer's attention (that of its attention_anchor) with the weights on `sides`.
@@ -306,12 +329,14 @@ StatusOr<std::vector<Side>> place_and_allocate(moe_context& ctx, const std::vect
     uint64_t cap = UINT64_MAX;
     Status refused;
     for (;;) {
-        StatusOr<std::vector<Side>> sides = decide_sides(ctx, ws, policy, cap);
-        if (!sides.is_ok()) {
-            if (refused.is_ok()) return sides.status();
+        StatusOr<sched::ExpertPlacement> placed = decide_sides(ctx, ws, policy, cap);
+        if (!placed.is_ok()) {
+            if (refused.is_ok()) return placed.status();
             return Status(refused.code(), refused.message() + "; no expert tensor is left to move to host RAM (" +
-                                              sides.status().message() + ")");
+                                              placed.status().message() + ")");
         }
+        ctx.resident = std::move(placed->resident);
+        StatusOr<std::vector<Side>> sides = std::move(placed->sides);
         MOE_RETURN_IF_ERROR(check_weight_types(ctx, *sides, ws));
         const Status s = allocate_context_memory(ctx, ws, *sides);
         if (s.is_ok()) return sides;
@@ -322,12 +347,15 @@ StatusOr<std::vector<Side>> place_and_allocate(moe_context& ctx, const std::vect
         }
         refused = s;
         // What the attempt needed on the device against what is free now that it is released.
-        uint64_t placed = 0, needed = device_weight_bytes(ctx, ws, *sides);
-        for (size_t i = 0; i < ws.size(); ++i) placed += (*sides)[i] == Side::DEVICE ? aligned(ws[i]->n_bytes()) : 0;
+        uint64_t placed_bytes = 0, needed = device_weight_bytes(ctx, ws, *sides);
+        for (size_t i = 0; i < ws.size(); ++i) {
+            placed_bytes += (*sides)[i] == Side::DEVICE ? aligned(ws[i]->n_bytes()) : 0;
+        }
+        placed_bytes += sched::resident_bytes(ws, ctx.resident, kWeightAlign);
         for (Side side : attention_sides(ctx, ws, *sides)) needed += side == Side::DEVICE ? kv_layer_bytes(ctx) : 0;
         const uint64_t free = ctx.device->free_memory();
         const uint64_t shortfall = needed > free ? needed - free : 1;
-        cap = placed > shortfall ? placed - shortfall : 0;
+        cap = placed_bytes > shortfall ? placed_bytes - shortfall : 0;
     }
 }
 
@@ -354,6 +382,8 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
             if (ctx.device) uploadable.push_back({ws[i]->data, ws[i]->n_bytes()});
         }
     }
+    const uint64_t slices_at = device_bytes;  // the resident experts' slices follow the whole tensors
+    device_bytes += sched::resident_bytes(ws, ctx.resident, kWeightAlign);
     MOE_ASSERT(device_bytes == (ctx.device_weights ? ctx.device_weights->size() : 0));  // by place_and_allocate
     ctx.weights_device_bytes = device_bytes;
     ctx.weights_host_bytes = host_bytes;
@@ -374,10 +404,18 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
     up.align = kWeightAlign;
     up.host_buffer_of = [&ctx](const void* p, size_t n) { return ctx.host_weights.buffer_of(p, n); };
     up.progress = [&progress](uint64_t n) { return progress.advance(n); };
-    MOE_ASSIGN_OR_RETURN(const std::vector<sched::WeightCopies> copies, sched::upload_weights(ws, sides, dup, up));
+    MOE_ASSIGN_OR_RETURN(std::vector<sched::WeightCopies> copies, sched::upload_weights(ws, sides, dup, up));
+    if (ctx.resident.any()) {
+        MOE_ASSIGN_OR_RETURN(const std::vector<sched::ResidentSlice> slices,
+                             sched::upload_resident_experts(ws, ctx.resident, *ctx.device, *ctx.device_weights,
+                                                            slices_at, kWeightAlign, up.progress));
+        for (size_t i = 0; i < ws.size(); ++i) copies[i].resident = slices[i];
+    }
+    ctx.residency = sched::residency_by_layer(ws, sides, ctx.resident, hp.n_layer, kWeightAlign);
     ctx.sched = std::make_unique<sched::Scheduler>(*ctx.host, ctx.device.get(), hp.n_layer, hp.n_expert, hp.n_expert_used);
     for (size_t i = 0; i < ws.size(); ++i) ctx.sched->add_weight(ws[i], copies[i]);
     if (ctx.device) MOE_RETURN_IF_ERROR(ctx.device->synchronize().with_context("uploading the weights"));
+    MOE_RETURN_IF_ERROR(ctx.sched->set_resident_experts(ctx.resident));
 
     bind_kv_cache(ctx);
     return ctx.sched->set_policy(policy);
@@ -449,8 +487,11 @@ Status decode_ubatch(moe_context& ctx, const int32_t* tokens, int n_tokens, int 
     const auto while_waiting = [&] {
         ctx.retired.reset();
         if (!build_ahead || next_past >= ctx.params.n_ctx) return;
-        ctx.ahead = build_step(ctx, 1, next_past, LogitsMode::LAST, {});
-        Tensor* ahead_inputs[] = {ctx.ahead->ub.tokens, ctx.ahead->ub.positions};
+        // A one-token step splits the partly resident layers only (the expert split's own layers need
+        // more tokens).
+        ctx.ahead = build_step(ctx, 1, next_past, LogitsMode::LAST, ctx.sched->resident_layers());
+        std::vector<Tensor*> ahead_inputs = {ctx.ahead->ub.tokens, ctx.ahead->ub.positions};
+        if (ctx.ahead->ub.expert_groups != nullptr) ahead_inputs.push_back(ctx.ahead->ub.expert_groups);
         ctx.sched->prepare(ctx.ahead->graph, ahead_inputs);
     };
     const Status s = ctx.sched->run(step->graph, n_tokens, inputs, outputs, while_waiting);

@@ -32,6 +32,10 @@ struct moe_context {
     uint64_t weights_host_bytes = 0;
     uint64_t weights_device_bytes = 0;
     uint64_t weights_host_locked_bytes = 0;  // of weights_host_bytes, page-locked (before padding)
+    // The partly resident layers' resident experts (sched/expert_placement.h), and per layer the experts
+    // in device memory and their bytes (moe_context_get_resident_experts).
+    moe::sched::ExpertResidency resident;
+    moe::sched::LayerResidency residency;
 
     std::unique_ptr<moe::Buffer> kv_buffer[moe::sched::kSides];
     std::deque<moe::Tensor> kv_tensors;

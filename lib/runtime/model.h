@@ -15,6 +15,9 @@ struct moe_model {
     uint64_t n_bytes = 0;         // all tensor data
     uint64_t n_expert_bytes = 0;  // expert tensors of the layers run only
     std::unique_ptr<moe::text::Vocab> vocab;  // nullptr when the file has no tokenizer
+    // Activation counts [n_layer * n_expert] of moe_model_set_expert_profile (empty: none), which the
+    // placement of contexts created afterwards keeps resident by.
+    std::vector<uint64_t> expert_profile;
 };
 
 namespace moe {

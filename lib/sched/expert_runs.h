@@ -14,7 +14,8 @@ struct ExpertRun {
     int32_t count = 0;
 };
 
-// Marks the experts that `ids` selects. OUT_OF_RANGE for an id outside [0, n_expert).
+// Marks the experts that `ids` selects; kNoExpert selects none (the ids of a part of a split expert
+// block). OUT_OF_RANGE for any other id outside [0, n_expert).
 StatusOr<std::vector<uint8_t>> selected_experts(std::span<const int32_t> ids, int n_expert);
 
 // Maximal runs of consecutive selected experts, in increasing order.

@@ -99,6 +99,7 @@ int ExpertSplitter::choose_host_experts(int layer, int n_tokens, std::vector<int
 StatusOr<ExpertSplitPlan> ExpertSplitter::plan(int n_tokens, bool profiling, Transfers& transfers) {
     split_ = ExpertSplitPlan{};
     timed_ = false;
+    expected_pairs_ = 0.0;  // host parts of a ubatch without this split (partly resident layers) teach nothing
     if (!has_device_ || policy_.expert_split == 0 || n_expert_ < 2 || n_layer_ <= 0) return split_;
     for (OffloadOp op : {OffloadOp::MOE_UP_GATE, OffloadOp::MUL_MAT_ID}) {
         if (!policy_.rule(op).enabled || n_tokens < assignment_.min_batch(op)) return split_;

@@ -37,7 +37,33 @@ std::optional<WeightCopies> Scheduler::weight_copies(const Tensor* weight) const
 int32_t Scheduler::min_batch(OffloadOp op) const { return assignment_.min_batch(op); }
 
 StatusOr<ExpertSplitPlan> Scheduler::plan_expert_split(int n_tokens) {
-    return splitter_.plan(n_tokens, profiling_, transfers_);
+    MOE_ASSIGN_OR_RETURN(ExpertSplitPlan p, splitter_.plan(n_tokens, profiling_, transfers_));
+    if (resident_layers_.empty()) return p;
+    // Partly resident layers split on every ubatch: the resident experts are the device's group.
+    const size_t n_expert = static_cast<size_t>(n_expert_);
+    if (p.layers.empty()) {
+        p.layers.assign(static_cast<size_t>(n_layer_), 0);
+        p.groups.assign(static_cast<size_t>(n_layer_) * n_expert, kDeviceExpertGroup);
+    }
+    for (int il = 0; il < n_layer_; ++il) {
+        if (!resident_.partial(il)) continue;
+        p.layers[static_cast<size_t>(il)] = 1;
+        const std::vector<int32_t> rows = slice_rows(resident_.residency(), il);
+        for (size_t e = 0; e < n_expert; ++e) {
+            p.groups[static_cast<size_t>(il) * n_expert + e] = rows[e] >= 0 ? kDeviceExpertGroup : kHostExpertGroup;
+        }
+    }
+    return p;
+}
+
+Status Scheduler::set_resident_experts(const ExpertResidency& resident) {
+    MOE_RETURN_IF_ERROR(resident_.init(resident, device_));
+    resident_layers_.clear();
+    if (resident.any()) {
+        resident_layers_.assign(static_cast<size_t>(n_layer_), 0);
+        for (int il = 0; il < n_layer_; ++il) resident_layers_[static_cast<size_t>(il)] = resident.partial(il) ? 1 : 0;
+    }
+    return Status::ok();
 }
 
 Status Scheduler::set_policy(const Policy& policy) {
@@ -124,6 +150,14 @@ Status Scheduler::flush(RunState& rs) {
 
 
 Status Scheduler::prepare_operands(Tensor& node, Side side, RunState& rs) {
+    // The device part of a partly resident layer reads its experts from slices: its ids are remapped
+    // to slice rows (MASK_IDS in remap mode, over the layer's row map).
+    if (node.op == Op::MASK_IDS && side == Side::DEVICE && node.expert_group == kDeviceExpertGroup) {
+        if (Tensor* rows = resident_.row_map(node.layer)) {
+            node.src[1] = rows;
+            node.params.i[1] = 1;
+        }
+    }
     // Expert matrices first: ACTIVE_ONLY reads the node's ids before they are redirected.
     Tensor* original[kMaxSrc];
     std::copy(std::begin(node.src), std::end(node.src), original);
@@ -160,9 +194,14 @@ Status Scheduler::count_experts(const Transfers::IdSources& sources, int n_token
     for (const auto& [ids, p] : sources) {
         if (ids->layer < 0 || ids->layer >= n_layer_) continue;
         uint32_t* row = counts.data() + static_cast<size_t>(ids->layer) * static_cast<size_t>(n_expert_);
+        // Remapped ids (a partly resident layer's device part) are slice rows: counted as their experts.
+        const bool rows = ids->op == Op::MASK_IDS && ids->params.i[1] != 0;
+        const int32_t n_valid =
+            rows ? static_cast<int32_t>(resident_.residency().experts[static_cast<size_t>(ids->layer)].size()) : n_expert_;
         for (int64_t i = 0; i < ids->n_elements(); ++i) {
             const int32_t e = p[i];
-            if (e >= 0 && e < n_expert_) ++row[e];
+            if (e < 0 || e >= n_valid) continue;
+            ++row[rows ? resident_.expert_of_row(ids->layer, e) : e];
         }
     }
     for (size_t i = 0; i < counts.size(); ++i) stats_.expert_counts[i] += counts[i];

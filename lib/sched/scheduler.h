@@ -34,6 +34,7 @@
 #include "sched/placement.h"
 #include "sched/plan_cache.h"
 #include "sched/policy.h"
+#include "sched/resident_experts.h"
 #include "sched/run_state.h"
 #include "sched/stats.h"
 #include "sched/timeline.h"
@@ -69,6 +70,13 @@ public:
 
     // Registers a weight leaf and its copies. REQUIRES: before set_policy().
     void add_weight(Tensor* weight, const WeightCopies& copies);
+    // The partly resident layers (sched/resident_experts.h), whose expert tensors are registered with
+    // their resident slices: each of their expert blocks is split on every ubatch. Uploads the row maps.
+    // REQUIRES: once, after add_weight, before the first run.
+    Status set_resident_experts(const ExpertResidency& resident);
+    // Per layer: 1 for a partly resident layer (empty when there is none), the split_layers a graph
+    // is built with when plan_expert_split has nothing else to split.
+    const std::vector<uint8_t>& resident_layers() const { return resident_layers_; }
     // The copies ops may use under the current policy; nullopt for an unregistered tensor.
     std::optional<WeightCopies> weight_copies(const Tensor* weight) const;
 
@@ -148,6 +156,8 @@ private:
     ExpertSplitter splitter_;
     Transfers transfers_;
     PlanCache plans_;  // cleared by set_policy
+    ResidentExperts resident_;
+    std::vector<uint8_t> resident_layers_;
 
     std::unique_ptr<Buffer> arena_[kSides];
     bool allocated_in_run_ = false;  // the running ubatch allocated arenas or upload slots

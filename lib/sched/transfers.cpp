@@ -8,6 +8,7 @@
 #include "sched/clock.h"
 #include "sched/expert_runs.h"
 #include "sched/graph_ops.h"
+#include "sched/resident_experts.h"
 
 namespace moe::sched {
 namespace {
@@ -238,6 +239,8 @@ StatusOr<Tensor*> Transfers::weight_operand(Tensor& node, int src_index, Side si
         ++stats_.n_weight_copies;
         return rs.substitute(*w, buf->data(), buf.get());
     }
+    // The device part of a partly resident layer reads its resident experts' slice (ids remapped to it).
+    if (node.expert_group == kDeviceExpertGroup && c->resident.n_experts > 0) return slice_operand(*w, c->resident, rs);
     if (c->device != nullptr) return c->device == w->data ? w : rs.substitute(*w, c->device, c->device_buffer);
 
     // Host-resident weight used on the device: upload it into the next slot of the ring (or the slot
@@ -353,7 +356,7 @@ Status Transfers::look_ahead_split(const std::vector<Tensor*>& nodes, const std:
             if (n.src[k] == nullptr || !n.src[k]->is_weight || !splits_experts_of(n, k)) continue;
             if (rs.prefetched.count({&n, k})) continue;
             const std::optional<WeightCopies> c = weights_.usable(n.src[k], policy_.bias_dup);
-            if (!c || c->device != nullptr) continue;
+            if (!c || c->device != nullptr || c->resident.n_experts > 0) continue;
             if (rs.reserved_slots.size() + kMinSlots >= slots_.size()) return Status::ok();
             MOE_RETURN_IF_ERROR(early_upload(n, k, c->host, device_experts(n.layer), rs));
         }

@@ -59,9 +59,14 @@ bool WeightTable::experts_host_only(int layer) const {
     if (ms.empty()) return false;
     for (const Tensor* w : ms) {
         const WeightCopies& c = copies_.at(w);
-        if (c.home != Side::HOST || c.device != nullptr) return false;
+        if (c.home != Side::HOST || c.device != nullptr || c.resident.n_experts > 0) return false;
     }
     return true;
+}
+
+bool WeightTable::partly_resident(int layer) const {
+    const std::vector<const Tensor*>& ms = expert_matrices(layer);
+    return !ms.empty() && copies_.at(ms.front()).resident.n_experts > 0;
 }
 
 const std::vector<const Tensor*>& WeightTable::expert_matrices(int layer) const {

@@ -13,6 +13,14 @@
 
 namespace moe::sched {
 
+// An expert tensor of a partly resident layer: the slice of it in device memory that holds the layer's
+// resident experts, in ascending expert order (sched/resident_experts.h).
+struct ResidentSlice {
+    void* device = nullptr;
+    Buffer* buffer = nullptr;
+    int32_t n_experts = 0;  // 0: no slice
+};
+
 // The copies of one weight. The weight tensor's own data/buffer are the copy on its home side.
 struct WeightCopies {
     void* host = nullptr;  // host RAM: the model's bytes in place (the file mapping, or the file read in)
@@ -25,6 +33,7 @@ struct WeightCopies {
     // The copy on the side other than home exists for bias duplication: used only while the policy's
     // bias_dup is on.
     bool duplicate = false;
+    ResidentSlice resident;  // a partly resident layer's expert tensor: the resident experts' slice
 };
 
 class WeightTable {
@@ -41,8 +50,11 @@ public:
     // upload slot must hold (biases too, without duplication).
     const Tensor* largest_host_weight() const;
     size_t largest_host_bytes() const;
-    // Whether every expert matrix of `layer` lives in host RAM only (false for a layer without any).
+    // Whether every expert matrix of `layer` lives in host RAM only (false for a layer without any, and
+    // for a partly resident layer).
     bool experts_host_only(int layer) const;
+    // Whether `layer`'s expert matrices have resident slices (sched/resident_experts.h).
+    bool partly_resident(int layer) const;
     // The expert matrices of `layer` (empty if none registered).
     const std::vector<const Tensor*>& expert_matrices(int layer) const;
 

@@ -180,5 +180,9 @@ TEST_CASE("expert runs coalesce adjacent selected experts", "[sched]") {
         CHECK(covered == expect);
     }
     CHECK(selected_experts(std::vector<int32_t>{0, 8}, 8).status().code() == MOE_STATUS_OUT_OF_RANGE);
-    CHECK(selected_experts(std::vector<int32_t>{-1}, 8).status().code() == MOE_STATUS_OUT_OF_RANGE);
+    CHECK(selected_experts(std::vector<int32_t>{-2}, 8).status().code() == MOE_STATUS_OUT_OF_RANGE);
+    // kNoExpert (a masked pair of a split expert block) selects nothing.
+    auto masked = selected_experts(std::vector<int32_t>{kNoExpert, 3, kNoExpert}, 8);
+    REQUIRE(masked.is_ok());
+    CHECK(masked.value() == std::vector<uint8_t>{0, 0, 0, 1, 0, 0, 0, 0});
 }

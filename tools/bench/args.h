@@ -48,6 +48,7 @@ struct Config {
     moe_sched_policy policy = default_policy();
     bool expert_counts = false;
     std::string plot_path;  // --plot: the PNG (its data goes to the same name with .json)
+    std::string expert_profile;  // --expert-profile: read before placement when it exists, else written after
 
     // Sweep (llama-sweep-bench).
     int32_t sweep_pp = 0;  // 0 = n_ubatch
@@ -399,6 +400,17 @@ inline std::vector<Option> make_options(Config& c) {
          [&c](const std::string& v) -> std::optional<std::string> {
              if (v.empty()) return std::string("expected a file name");
              c.plot_path = v;
+             return std::nullopt;
+         }},
+        {"", "--expert-profile", "FILE",
+         "expert activation profile: when FILE exists, the context places its experts by it (under a VRAM "
+         "budget the hottest experts of each layer stay on the device, the rest in host RAM; a profile of "
+         "another model is an error); when it does not, the run's activation counts are written to it "
+         "afterwards, for the next run",
+         "", out,
+         [&c](const std::string& v) -> std::optional<std::string> {
+             if (v.empty()) return std::string("expected a file name");
+             c.expert_profile = v;
              return std::nullopt;
          }},
         {"", "--progress", "", "show a progress line on stderr", "on when stderr is a terminal", out,

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,6 +63,7 @@ struct Opened {
     moe_context_params params{};  // as passed to moe_context_create (string fields dangle afterwards)
     LoadTimes load_times;
     int32_t device = MOE_DEVICE_CPU;  // the context's, after auto
+    bool profile_read = false;        // cfg.expert_profile existed and was set on the model
 };
 
 // Loads cfg's model (writing the synthetic file first) and creates a context with cfg's settings.
@@ -92,6 +94,13 @@ inline std::optional<Failure> open_model_and_context(Config& cfg, bool live, con
     moe_model_info_init(&out.info);
     if (moe_model_get_info(out.model.get(), &out.info) != MOE_STATUS_OK) return library_error("moe_model_get_info");
     if (out.info.n_vocab <= 0) return Failure{1, "model '" + cfg.model_path + "' reports no vocabulary (n_vocab = 0)"};
+    if (!cfg.expert_profile.empty() && std::filesystem::exists(cfg.expert_profile)) {
+        // The library's message names the file and what does not match.
+        if (moe_model_set_expert_profile(out.model.get(), cfg.expert_profile.c_str()) != MOE_STATUS_OK) {
+            return library_error("cannot use the expert profile");
+        }
+        out.profile_read = true;
+    }
 
     moe_context_params& cp = out.params;
     moe_context_params_init(&cp);

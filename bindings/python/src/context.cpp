@@ -436,6 +436,31 @@ seconds_host_compute, seconds_wait, seconds_device_submit, n_split_layers, n_spl
 n_split_trials (expert split), weights_host_bytes and weights_device_bytes (placement),
 weights_host_pinned_bytes (of the host-resident weights of a device context, the bytes page-locked
 in place for fast uploads; the rest are pageable), n_layer and n_expert.)")
+        .def(
+            "save_expert_profile",
+            [](PyContext& self, const std::string& path) {
+                locked(self, [&](moeinfer::Context& c) { c.save_expert_profile(path); });
+            },
+            "path"_a,
+            "Writes the expert counts (expert_counts()) to path as an activation profile, which "
+            "Model.set_expert_profile reads before the next context is created. OSError names the path.")
+        .def(
+            "resident_experts",
+            [](PyContext& self) {
+                const moeinfer::Context::ResidentExperts r =
+                    locked(self, [](moeinfer::Context& c) { return c.resident_experts(); });
+                py::array_t<int32_t> n(static_cast<py::ssize_t>(r.n_experts.size()));
+                py::array_t<uint64_t> b(static_cast<py::ssize_t>(r.bytes.size()));
+                if (!r.n_experts.empty()) std::memcpy(n.mutable_data(), r.n_experts.data(), r.n_experts.size() * sizeof(int32_t));
+                if (!r.bytes.empty()) std::memcpy(b.mutable_data(), r.bytes.data(), r.bytes.size() * sizeof(uint64_t));
+                py::dict d;
+                d["n_experts"] = n;
+                d["bytes"] = b;
+                return d;
+            },
+            "Per layer, the experts whose weights are in device memory and their bytes: a dict of new "
+            "arrays [n_layer] 'n_experts' (int32: n_expert for a layer on the device, fewer for a partly "
+            "resident one, 0 for one in host RAM) and 'bytes' (uint64, padded to 256 per tensor or slice).")
         .def("expert_counts", &expert_counts,
              "Tokens that selected each expert since creation or reset_stats(): a new uint64 array "
              "[n_layer, n_expert].")

@@ -1,6 +1,8 @@
 // moeinfer.Model: load a GGUF model, read its hyper-parameters, tensor table, tensors and metadata.
 #include <pybind11/numpy.h>
 
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "bindings.h"
@@ -225,6 +227,17 @@ KeyError when there is no such tensor.)")
         .def("meta", &meta, "key"_a,
              "Metadata value: int (integers, bools), float, str, or a list of them for an array "
              "(tokenizer.ggml.tokens, ...). KeyError when absent.")
+        .def(
+            "set_expert_profile",
+            [](moeinfer::Model& self, const std::optional<std::string>& path) {
+                self.set_expert_profile(path ? path->c_str() : nullptr);
+            },
+            "path"_a,
+            R"(Reads an expert activation profile (Context.save_expert_profile) into the model: contexts
+created afterwards keep the hottest experts of each layer in device memory when the weights do not
+all fit (the VRAM budget), the rest in host RAM. None clears it. FileNotFoundError when the file does
+not exist, DataCorruptError for a malformed one, ValueError naming the field when it was written for
+another model.)")
         .def("__repr__", &model_repr);
 }
 
