@@ -453,6 +453,17 @@ TEST_CASE("MASK_IDS keeps the ids of one expert group", "[ops]") {
             REQUIRE(*elem<int32_t>(*d, i) == want);
         }
     }
+    // Remap mode (i[1]): each expert's row in a slice of some experts, -1 for the others.
+    Tensor* rows = pool.make(Type::I32, {E});
+    int32_t next = 0;
+    for (int64_t e = 0; e < E; ++e) *elem<int32_t>(*rows, e) = group(rng) ? next++ : moe::kNoExpert;
+    Tensor* r = pool.node(Op::MASK_IDS, Type::I32, {k, T}, {ids, rows});
+    r->params.i[1] = 1;
+    REQUIRE(moe::cpu::mask_ids(*r).is_ok());
+    for (int64_t i = 0; i < k * T; ++i) {
+        const int32_t e = *elem<int32_t>(*ids, i);
+        REQUIRE(*elem<int32_t>(*r, i) == (e >= 0 ? *elem<int32_t>(*rows, e) : moe::kNoExpert));
+    }
     *elem<int32_t>(*ids, 5) = static_cast<int32_t>(E);
     Tensor* d = pool.node(Op::MASK_IDS, Type::I32, {k, T}, {ids, groups});
     CHECK(moe::cpu::mask_ids(*d).code() == MOE_STATUS_OUT_OF_RANGE);

@@ -443,6 +443,16 @@ TEST_CASE("CUDA MASK_IDS and GET_ROWS with kNoExpert ids match the CPU bit for b
             DeviceMirror dev;
             compare_exact(run_both(dst, [](Tensor& n) { return moe::cpu::mask_ids(n); }, dev), *dst);
         }
+        {
+            // Remap mode: the slice rows of a partly resident layer's experts (-1: not resident).
+            Tensor* rows = pool.make(Type::I32, {E});
+            fill_ids(*rows, rng, -1, static_cast<int32_t>(E));
+            Tensor* dst = pool.node(Op::MASK_IDS, Type::I32, {k, T}, {ids, rows});
+            dst->params.i[1] = 1;
+            INFO("MASK_IDS remap E " << E << " k " << k << " T " << T);
+            DeviceMirror dev;
+            compare_exact(run_both(dst, [](Tensor& n) { return moe::cpu::mask_ids(n); }, dev), *dst);
+        }
         // The masked ids pick expert-bias rows: kNoExpert gives a zero row.
         Tensor* w = pool.make(Type::F32, {64, E});
         fill_uniform(*w, rng, -1.0f, 1.0f);
