@@ -162,7 +162,8 @@ TEST_CASE("cuda contexts on a head size without cuda attention kernels run the a
                     maxdiff = std::max(maxdiff, std::fabs(g - c));
                     maxc = std::max(maxc, std::fabs(c));
                 }
-                INFO("row " << r << " cosine " << dot / std::sqrt(ng * nc) << " max diff " << maxdiff << " max " << maxc);
+                INFO("row " << r << " cosine " << dot / std::sqrt(ng * nc) << " max diff " << maxdiff << " max "
+                            << maxc);
                 CHECK(dot / std::sqrt(ng * nc) > 0.999);
                 CHECK(maxdiff <= 3e-2 * maxc);
             }

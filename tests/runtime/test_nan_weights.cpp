@@ -2,8 +2,9 @@
 // (a bias, a norm, an attention sink, a router, a dense or an expert matrix, the embeddings) makes
 // every logit non-finite, on the CPU backend and on the emulated device (experts on either side).
 // The NaN goes where every token meets it (element 0 of every row of the tensor: the row's first
-// value, or its first block's scale), so a kernel that swallows NaN anywhere on the way (a clamped
-// exp, a max or a top-k that drops it, a softmax row of NaN made zeros) leaves finite logits and fails.
+// value, or its first block's scale; or one expert's router row, which every token scores), so a
+// kernel that swallows NaN anywhere on the way (a clamped exp, a max or a top-k that drops it, a
+// softmax row of NaN made zeros) leaves finite logits and fails.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -27,9 +28,17 @@ namespace {
 
 using moe::test::TinyModel;
 
-// Writes NaN into element 0 of every row of tensor `name` of the GGUF at `path` (in place): an F32
+// A NaN to plant: element 0 of every row of the tensor, or of row `row` only (one expert's router row).
+struct Plant {
+    Plant(const char* n, int64_t r = -1) : name(n), row(r) {}  // NOLINT: implicit from a name
+    std::string name;
+    int64_t row;
+};
+
+// Writes NaN into element 0 of the planted rows of a tensor of the GGUF at `path` (in place): an F32
 // or F16 value, or the fp16 scale that opens every block of Q8_0 / Q4_0 / Q4_1 / Q5_x / IQ4_NL rows.
-void plant_nan(const TinyModel& m, const std::string& path, const std::string& name) {
+void plant_nan(const TinyModel& m, const std::string& path, const Plant& plant) {
+    const std::string& name = plant.name;
     int32_t idx = -1;
     REQUIRE(moe_model_find_tensor(m.get(), name.c_str(), &idx) == MOE_STATUS_OK);
     moe_tensor_info ti;
@@ -54,6 +63,7 @@ void plant_nan(const TinyModel& m, const std::string& path, const std::string& n
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
     REQUIRE(f.good());
     for (uint64_t r = 0; r < n_rows; ++r) {
+        if (plant.row >= 0 && r != static_cast<uint64_t>(plant.row)) continue;
         f.seekp(static_cast<std::streamoff>(ti.file_offset + r * row_bytes));
         f.write(reinterpret_cast<const char*>(nan_bytes.data()), static_cast<std::streamsize>(nan_bytes.size()));
     }
@@ -62,7 +72,9 @@ void plant_nan(const TinyModel& m, const std::string& path, const std::string& n
 
 struct LoadedModel {
     moe_model* model = nullptr;
-    explicit LoadedModel(const std::string& path) { REQUIRE(moe_model_load(path.c_str(), nullptr, &model) == MOE_STATUS_OK); }
+    explicit LoadedModel(const std::string& path) {
+        REQUIRE(moe_model_load(path.c_str(), nullptr, &model) == MOE_STATUS_OK);
+    }
     ~LoadedModel() { moe_model_free(model); }
     LoadedModel(const LoadedModel&) = delete;
     LoadedModel& operator=(const LoadedModel&) = delete;
@@ -96,7 +108,7 @@ size_t count_finite(const std::vector<float>& v) {
     return n;
 }
 
-void check_arch(const char* arch, const std::vector<std::string>& tensors) {
+void check_arch(const char* arch, const std::vector<Plant>& tensors) {
     std::mt19937 rng(std::random_device{}());
     const uint64_t seed = rng();
     INFO(arch << " seed " << seed);
@@ -108,10 +120,12 @@ void check_arch(const char* arch, const std::vector<std::string>& tensors) {
     const Placement placements[] = {{MOE_DEVICE_CPU, nullptr}, {MOE_DEVICE_EMULATED, nullptr},
                                     {MOE_DEVICE_EMULATED, "exps=CPU"}};
     // The untouched file gives finite logits everywhere, so a non-finite result below is the NaN's.
-    for (const Placement& pl : placements) REQUIRE(count_finite(decode_logits(base.get(), pl, tokens)) == tokens.size() * nv);
+    for (const Placement& pl : placements) {
+        REQUIRE(count_finite(decode_logits(base.get(), pl, tokens)) == tokens.size() * static_cast<size_t>(nv));
+    }
     const std::string path = base.path() + ".nan.gguf";
-    for (const std::string& name : tensors) {
-        INFO("NaN in " << name);
+    for (const Plant& name : tensors) {
+        INFO("NaN in " << name.name << " row " << name.row);
         std::filesystem::copy_file(base.path(), path, std::filesystem::copy_options::overwrite_existing);
         plant_nan(base, path, name);
         {
@@ -130,12 +144,22 @@ void check_arch(const char* arch, const std::vector<std::string>& tensors) {
 
 TEST_CASE("a NaN in a gpt-oss weight makes every logit non-finite", "[nan]") {
     check_arch("gpt-oss", {"blk.0.attn_q.bias", "blk.0.attn_k.weight", "blk.0.attn_v.bias", "blk.0.attn_sinks.weight",
-                           "blk.0.attn_norm.weight", "blk.0.ffn_gate_inp.weight", "blk.0.ffn_gate_inp.bias",
-                           "blk.0.ffn_up_exps.weight", "blk.0.ffn_down_exps.bias", "token_embd.weight",
-                           "output_norm.weight"});
+                           "blk.0.attn_norm.weight", "blk.0.ffn_gate_inp.weight", {"blk.0.ffn_gate_inp.weight", 3},
+                           "blk.0.ffn_gate_inp.bias", "blk.0.ffn_up_exps.weight", "blk.0.ffn_down_exps.bias",
+                           "token_embd.weight", "output_norm.weight"});
 }
 
 TEST_CASE("a NaN in a qwen3moe weight makes every logit non-finite", "[nan]") {
     check_arch("qwen3moe", {"blk.0.attn_q.weight", "blk.0.attn_k_norm.weight", "blk.0.ffn_norm.weight",
-                            "blk.0.ffn_gate_inp.weight", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_down_exps.weight"});
+                            "blk.0.ffn_gate_inp.weight", {"blk.0.ffn_gate_inp.weight", 3}, "blk.0.ffn_gate_exps.weight",
+                            "blk.0.ffn_down_exps.weight"});
+}
+
+TEST_CASE("a NaN in a deepseek2 weight makes every logit non-finite", "[nan]") {
+    // The router goes through SIGMOID, the selection bias, GROUP_MASK and TOPK: one expert's NaN score
+    // must keep its group and be chosen. (A NaN in exp_probs_b alone only steers the choice: the chosen
+    // expert's weight comes from the unbiased score, so it cannot show in the logits.)
+    check_arch("deepseek2", {"blk.0.attn_kv_a_mqa.weight", "blk.0.attn_q_b.weight", "blk.1.ffn_gate_inp.weight",
+                             {"blk.1.ffn_gate_inp.weight", 5}, "blk.1.ffn_down_shexp.weight",
+                             "blk.1.ffn_up_exps.weight"});
 }
