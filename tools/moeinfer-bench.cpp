@@ -131,6 +131,7 @@ std::optional<Failure> describe_placement(const moe_context* ctx, const Config& 
     run.offload_policy = offload_spec(p);
     run.expert_copy = p.expert_copy == MOE_EXPERT_COPY_ACTIVE_ONLY       ? "active"
                       : p.expert_copy == MOE_EXPERT_COPY_ACTIVE_PREFETCH ? "prefetch"
+                      : p.expert_copy == MOE_EXPERT_COPY_AUTO            ? "auto"
                                                                          : "full";
     run.bias_dup = p.bias_dup != 0;
     run.offload_vram_budget = p.offload_vram_budget;

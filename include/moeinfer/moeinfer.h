@@ -306,18 +306,25 @@ typedef enum moe_expert_copy {
     MOE_EXPERT_COPY_FULL = 0,        /* upload whole expert tensors */
     MOE_EXPERT_COPY_ACTIVE_ONLY = 1,     /* read the router's choices back (once per layer) and upload only the
                                           * selected experts, adjacent ones in one copy */
-    MOE_EXPERT_COPY_ACTIVE_PREFETCH = 2  /* ACTIVE_ONLY that first uploads, before the readback, the experts
+    MOE_EXPERT_COPY_ACTIVE_PREFETCH = 2, /* ACTIVE_ONLY that first uploads, before the readback, the experts
                                           * the layer selected in the previous ubatch (overlapping the
                                           * previous layer's compute), then only the ones still missing.
                                           * Uploads more bytes than ACTIVE_ONLY when the routing shifts,
                                           * but hides most of the readback stall */
+    MOE_EXPERT_COPY_AUTO = 3             /* ACTIVE_ONLY where it cannot lose, FULL elsewhere, per expert op:
+                                          * ACTIVE_ONLY while its ubatch holds fewer than 2 * n_expert
+                                          * (token, expert) pairs (n_tokens * n_expert_used), where uniform
+                                          * routing leaves more than 13% of the experts unselected; FULL
+                                          * from there on, where nearly every expert is selected and the
+                                          * readback would stall the upload stream for little. The default */
 } moe_expert_copy;
 
 typedef struct moe_sched_policy {
     uint32_t struct_size;
     /* Per moe_offload_op. Default: enabled, min_batch -1. */
     moe_offload_rule offload[MOE_OFFLOAD_OP_COUNT];
-    /* A moe_expert_copy. Default: MOE_EXPERT_COPY_FULL. */
+    /* A moe_expert_copy. Default: MOE_EXPERT_COPY_AUTO. With the expert split on, the device part of a
+     * split layer uploads its group's experts: all of them (FULL) or the selected ones (ACTIVE copies). */
     int32_t expert_copy;
     /* Non-zero: expert biases whose expert weights are in host RAM are kept on both sides, so that host
      * ops and offloaded ops each read their own copy (no PCIe round trip). Default: 1. */
@@ -341,9 +348,21 @@ typedef struct moe_sched_policy {
      * it; turned on later by moe_context_set_policy, a decode that lacks that memory fails with
      * RESOURCE_EXHAUSTED. */
     int32_t expert_split;
+    /* Expert cache: device memory, in bytes, where the experts of host-resident expert matrices stay once
+     * uploaded for an offloaded op, so later ubatches upload only the experts not there yet (FULL and
+     * ACTIVE copies alike; results are bit for bit those without it). An entry holds one expert matrix
+     * (the largest host-resident one's bytes) and fills expert by expert; matrices are evicted least
+     * requested first, counted over recent ubatches. MOE_EXPERT_CACHE_AUTO (-1): half of the device's
+     * free memory beyond 1 GiB when the first expert is uploaded (after the weights, the KV cache and
+     * the first ubatch's arenas), fewer entries if the device refuses; 0 turns it off; a positive
+     * value smaller than one entry -> INVALID_ARGUMENT. Emptied by moe_context_set_policy.
+     * moe_sched_stats.n_cache_hits / n_cache_misses / bytes_cache_saved count its effect. Default:
+     * MOE_EXPERT_CACHE_AUTO (callers built before this field get it too). */
+    int64_t expert_cache;
 } moe_sched_policy;
 
 #define MOE_EXPERT_SPLIT_AUTO (-1)
+#define MOE_EXPERT_CACHE_AUTO (-1)
 
 MOE_API void moe_sched_policy_init(moe_sched_policy* policy);
 
@@ -509,6 +528,13 @@ typedef struct moe_sched_stats {
      * device would not lock them, and their uploads are staged (slower, same results). Tensor bytes
      * without padding; 0 for CPU contexts. */
     uint64_t weights_host_pinned_bytes;
+    /* Expert cache (moe_sched_policy.expert_cache), counted only while it is on: each (expert matrix,
+     * expert) an offloaded op reads from a host-resident expert matrix is a hit (already in the cache:
+     * no upload) or a miss (uploaded, into the cache or the upload slots); bytes_cache_saved are the
+     * hits' bytes. moe_context_get_expert_cache_layers splits them per layer. */
+    uint64_t n_cache_hits;
+    uint64_t n_cache_misses;
+    uint64_t bytes_cache_saved;
 } moe_sched_stats;
 
 /* The fields of moe_sched_stats as X(type, name, dims) entries (dims: empty, or "[N]" for an array), for
@@ -536,7 +562,10 @@ typedef struct moe_sched_stats {
     X(double, seconds_device_submit, )                   \
     X(uint64_t, n_split_layers, )                        \
     X(uint64_t, n_split_host_experts, )                  \
-    X(uint64_t, n_split_trials, )
+    X(uint64_t, n_split_trials, )                        \
+    X(uint64_t, n_cache_hits, )                          \
+    X(uint64_t, n_cache_misses, )                        \
+    X(uint64_t, bytes_cache_saved, )
 #define MOE_SCHED_STATS_CONTEXT(X)                       \
     X(uint64_t, weights_host_bytes, )                    \
     X(uint64_t, weights_device_bytes, )                  \
@@ -582,6 +611,13 @@ MOE_API moe_status moe_model_set_expert_profile(moe_model* model, const char* pa
  * array; *out_n receives n_layer (call with capacity 0 to size the arrays). */
 MOE_API moe_status moe_context_get_resident_experts(const moe_context* ctx, int32_t* n_experts, uint64_t* bytes,
                                                     int32_t capacity, int32_t* out_n);
+
+/* Per layer, the expert cache's counts (moe_sched_stats.n_cache_hits, n_cache_misses, bytes_cache_saved
+ * split by layer): hits[l], misses[l] and bytes_saved[l] for the layers l < min(n_layer, capacity). Each
+ * array may be NULL (not written) when capacity is 0; *out_n receives n_layer. Zeroed by
+ * moe_context_reset_stats. */
+MOE_API moe_status moe_context_get_expert_cache_layers(const moe_context* ctx, uint64_t* hits, uint64_t* misses,
+                                                       uint64_t* bytes_saved, int64_t capacity, int64_t* out_n);
 
 /* Zeroes the statistics (placement figures stay). */
 MOE_API moe_status moe_context_reset_stats(moe_context* ctx);

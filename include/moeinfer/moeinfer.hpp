@@ -696,6 +696,20 @@ public:
         return out;
     }
 
+    // The expert cache's counts per layer (moe_context_get_expert_cache_layers).
+    struct ExpertCacheLayers {
+        std::vector<uint64_t> hits, misses, bytes_saved;
+    };
+    ExpertCacheLayers expert_cache_layers() const {
+        int64_t n = 0;
+        check(moe_context_get_expert_cache_layers(get(), nullptr, nullptr, nullptr, 0, &n));
+        ExpertCacheLayers out;
+        for (std::vector<uint64_t>* v : {&out.hits, &out.misses, &out.bytes_saved}) v->resize(static_cast<size_t>(n));
+        check(moe_context_get_expert_cache_layers(get(), out.hits.data(), out.misses.data(), out.bytes_saved.data(),
+                                                  n, &n));
+        return out;
+    }
+
     // Zeroes the statistics and expert counts (placement figures stay).
     void reset_stats() { check(moe_context_reset_stats(get())); }
 

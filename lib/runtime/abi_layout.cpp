@@ -52,7 +52,8 @@ static_assert(offsetof(moe_sched_policy, expert_copy) == 28);
 static_assert(offsetof(moe_sched_policy, bias_dup) == 32);
 static_assert(offsetof(moe_sched_policy, offload_vram_budget) == 40);
 static_assert(offsetof(moe_sched_policy, expert_split) == 48);
-static_assert(sizeof(moe_sched_policy) == 56);
+static_assert(offsetof(moe_sched_policy, expert_cache) == 56);
+static_assert(sizeof(moe_sched_policy) == 64);
 
 static_assert(offsetof(moe_context_params, struct_size) == 0);
 static_assert(offsetof(moe_context_params, n_ctx) == 4);
@@ -94,7 +95,10 @@ static_assert(offsetof(moe_sched_stats, n_split_layers) == 200);
 static_assert(offsetof(moe_sched_stats, n_split_host_experts) == 208);
 static_assert(offsetof(moe_sched_stats, n_split_trials) == 216);
 static_assert(offsetof(moe_sched_stats, weights_host_pinned_bytes) == 224);
-static_assert(sizeof(moe_sched_stats) == 232);
+static_assert(offsetof(moe_sched_stats, n_cache_hits) == 232);
+static_assert(offsetof(moe_sched_stats, n_cache_misses) == 240);
+static_assert(offsetof(moe_sched_stats, bytes_cache_saved) == 248);
+static_assert(sizeof(moe_sched_stats) == 256);
 // The field lists (MOE_SCHED_STATS_COUNTERS / _CONTEXT) name every field but struct_size (and its padding):
 // a field appended to the struct but to neither list fails here.
 #define MOE_FIELD_BYTES(type, name, dims) +sizeof(((moe_sched_stats*)nullptr)->name)

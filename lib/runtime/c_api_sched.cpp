@@ -20,10 +20,11 @@ MOE_API void moe_sched_policy_init(moe_sched_policy* policy) {
         r.enabled = 1;
         r.min_batch = -1;
     }
-    policy->expert_copy = MOE_EXPERT_COPY_FULL;
+    policy->expert_copy = MOE_EXPERT_COPY_AUTO;
     policy->bias_dup = 1;
     policy->offload_vram_budget = 0;
     policy->expert_split = MOE_EXPERT_SPLIT_AUTO;
+    policy->expert_cache = MOE_EXPERT_CACHE_AUTO;
 }
 
 MOE_API const char* moe_offload_op_name(int32_t op) { return moe::sched::offload_op_name(op); }
@@ -116,6 +117,30 @@ MOE_API moe_status moe_context_get_expert_counts(const moe_context* ctx, uint64_
     const size_t n = std::min(v.size(), static_cast<size_t>(capacity));
     std::copy_n(v.begin(), n, counts);
     *out_n = static_cast<int64_t>(v.size());
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+MOE_API moe_status moe_context_get_expert_cache_layers(const moe_context* ctx, uint64_t* hits, uint64_t* misses,
+                                                       uint64_t* bytes_saved, int64_t capacity, int64_t* out_n) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
+    MOE_CHECK_ARG(out_n != nullptr, "out_n is NULL");
+    MOE_CHECK_ARG(capacity >= 0, "capacity must be >= 0");
+    MOE_CHECK_ARG(capacity == 0 || hits != nullptr, "hits is NULL");
+    MOE_CHECK_ARG(capacity == 0 || misses != nullptr, "misses is NULL");
+    MOE_CHECK_ARG(capacity == 0 || bytes_saved != nullptr, "bytes_saved is NULL");
+    const moe::sched::Stats& s = ctx->sched->stats();
+    const auto n_layer = static_cast<size_t>(ctx->model->hparams.n_layer);
+    const size_t n = std::min(n_layer, static_cast<size_t>(capacity));
+    // Empty vectors: nothing counted since the last reset.
+    auto copy = [n](const std::vector<uint64_t>& v, uint64_t* out) {
+        for (size_t l = 0; l < n; ++l) out[l] = l < v.size() ? v[l] : 0;
+    };
+    copy(s.cache_layer_hits, hits);
+    copy(s.cache_layer_misses, misses);
+    copy(s.cache_layer_bytes_saved, bytes_saved);
+    *out_n = static_cast<int64_t>(n_layer);
     return MOE_STATUS_OK;
     MOE_API_END
 }

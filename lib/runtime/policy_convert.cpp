@@ -22,6 +22,7 @@ StatusOr<sched::Policy> policy_from_c(const moe_sched_policy& policy) {
     p.bias_dup = c.bias_dup != 0;
     p.offload_vram_budget = c.offload_vram_budget;
     p.expert_split = c.expert_split;
+    p.expert_cache = c.expert_cache;
     MOE_RETURN_IF_ERROR(sched::validate_policy(p));
     return p;
 }
@@ -37,6 +38,7 @@ void policy_to_c(const sched::Policy& p, const int32_t* resolved_min_batch, moe_
     c.bias_dup = p.bias_dup ? 1 : 0;
     c.offload_vram_budget = p.offload_vram_budget;
     c.expert_split = p.expert_split;
+    c.expert_cache = p.expert_cache;
     write_sized(c, out);
 }
 

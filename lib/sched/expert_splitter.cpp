@@ -73,20 +73,20 @@ int ExpertSplitter::choose_host_experts(int layer, int n_tokens, std::vector<int
     const double per_pair = host_s_per_pair_ > 0.0 ? host_s_per_pair_ : flops / 1e12;
     const double per_upload = upload_s_per_byte_ * static_cast<double>(bytes);
     // Without a split the layer uploads every expert (FULL) or about those the router picks (the ACTIVE
-    // copies; expected distinct experts under uniform routing), while the split's device part uploads
-    // all of its group. A split must save at least 5% of that: it also costs activation copies, an
+    // copies; expected distinct experts under uniform routing), and the split's device part the same
+    // share of its group. A split must save at least 5% of that: it also costs activation copies, an
     // extra add and a host thread that cannot queue ahead while it computes.
-    double uploaded = n_expert_;
-    if (policy_.expert_copy != ExpertCopy::FULL) {
+    double share = 1.0;
+    if (copies_active_experts(policy_, n_expert_used_, n_tokens, n_expert_)) {
         const double miss = 1.0 - static_cast<double>(n_expert_used_) / n_expert_;
-        uploaded = n_expert_ * (1.0 - std::pow(miss, static_cast<double>(n_tokens)));
+        share = 1.0 - std::pow(miss, static_cast<double>(n_tokens));
     }
-    double best = 0.95 * per_upload * uploaded;
+    double best = 0.95 * per_upload * n_expert_ * share;
     int best_m = 0;
     double pairs = 0.0;
     for (int m = 1; m < n_expert_; ++m) {
         pairs += expected[static_cast<size_t>(order[static_cast<size_t>(m - 1)])];
-        const double t = std::max(host_serial_s_ + per_pair * pairs, per_upload * (n_expert_ - m));
+        const double t = std::max(host_serial_s_ + per_pair * pairs, per_upload * share * (n_expert_ - m));
         if (t < best) {
             best = t;
             best_m = m;

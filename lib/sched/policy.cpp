@@ -33,6 +33,14 @@ int32_t resolved_min_batch(const Policy& p, OffloadOp op, int n_expert, int n_ex
     return m >= 0 ? m : default_min_batch(op, n_expert, n_expert_used);
 }
 
+bool copies_active_experts(const Policy& p, int64_t n_used, int64_t n_tokens, int n_expert) {
+    switch (p.expert_copy) {
+        case ExpertCopy::FULL: return false;
+        case ExpertCopy::AUTO: return n_used * n_tokens < kActiveAutoRatio * n_expert;
+        default: return true;
+    }
+}
+
 Status validate_policy(const Policy& p) {
     for (int i = 0; i < kOffloadOps; ++i) {
         if (p.offload[i].min_batch < -1) {
@@ -41,9 +49,14 @@ Status validate_policy(const Policy& p) {
         }
     }
     if (p.expert_copy != ExpertCopy::FULL && p.expert_copy != ExpertCopy::ACTIVE_ONLY &&
-        p.expert_copy != ExpertCopy::ACTIVE_PREFETCH) {
-        return invalid_argument("expert_copy must be MOE_EXPERT_COPY_FULL (0), _ACTIVE_ONLY (1) or _ACTIVE_PREFETCH (2), got " +
-                                std::to_string(static_cast<int>(p.expert_copy)));
+        p.expert_copy != ExpertCopy::ACTIVE_PREFETCH && p.expert_copy != ExpertCopy::AUTO) {
+        return invalid_argument(
+            "expert_copy must be MOE_EXPERT_COPY_FULL (0), _ACTIVE_ONLY (1), _ACTIVE_PREFETCH (2) or _AUTO (3), got " +
+            std::to_string(static_cast<int>(p.expert_copy)));
+    }
+    if (p.expert_cache < kExpertCacheAuto) {
+        return invalid_argument("expert_cache must be >= 0 (bytes; 0 turns the cache off) or -1 (automatic), got " +
+                                std::to_string(p.expert_cache));
     }
     if (p.expert_split < kExpertSplitAuto) {
         return invalid_argument("expert_split must be >= 0 (experts per layer on the host) or -1 (automatic), got " +

@@ -327,6 +327,7 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
     if (timeline_.on()) timeline_.begin(stats_, t_start);
     allocated_in_run_ = false;
     (void)transfers_.take_allocated();  // the split's planning timed an upload: not this run's
+    transfers_.begin_ubatch();
     const std::vector<Tensor*>& nodes = graph.nodes();
 
     // The plan prepare() made for this very graph and inputs, or one made now.

@@ -23,6 +23,9 @@ struct Stats {
     uint64_t n_planned_ahead = 0;
     // counts[layer * n_expert + expert]: tokens that selected the expert (moe_context_get_expert_counts).
     std::vector<uint64_t> expert_counts;
+    // Per layer, the expert cache's n_cache_hits, n_cache_misses and bytes_cache_saved (sized at the
+    // first count; empty: nothing counted since the stats were reset).
+    std::vector<uint64_t> cache_layer_hits, cache_layer_misses, cache_layer_bytes_saved;
 };
 
 }  // namespace moe::sched

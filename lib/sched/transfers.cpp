@@ -107,6 +107,12 @@ Transfers::~Transfers() = default;
 
 Status Transfers::set_policy(const Policy& policy) {
     const size_t largest = weights_.largest_host_bytes();
+    if (const size_t experts = largest_host_experts(); device_ != nullptr && experts > 0 && policy.expert_cache > 0 &&
+                                                        static_cast<uint64_t>(policy.expert_cache) < experts) {
+        return invalid_argument("expert_cache of " + std::to_string(policy.expert_cache) +
+                                " bytes holds no expert matrix (the largest host-resident one has " +
+                                std::to_string(experts) + " bytes); give at least that, 0 (off) or -1 (automatic)");
+    }
     size_t n_slots = 0;
     if (largest > 0 && device_ != nullptr) {
         n_slots = policy.offload_vram_budget == 0 ? static_cast<size_t>(auto_upload_slots(policy))
@@ -126,7 +132,77 @@ Status Transfers::set_policy(const Policy& policy) {
         next_slot_ = 0;
     }
     last_selected_.clear();
+    // The cache's entries were filled under the old policy (and the ring's slot numbers may have moved).
+    if (cache_buffer_ && device_ != nullptr) MOE_RETURN_IF_ERROR(device_->synchronize());
+    cache_buffer_.reset();
+    cache_.reset(0, n_expert_);
+    cache_fences_.clear();
+    cache_sized_ = false;
     return Status::ok();
+}
+
+// The bytes of the largest host-resident expert matrix: what one cache entry holds.
+size_t Transfers::largest_host_experts() const {
+    size_t largest = 0;
+    for (int il = 0; il < n_layer_; ++il) {
+        for (const Tensor* w : weights_.expert_matrices(il)) {
+            const std::optional<WeightCopies> c = weights_.usable(w, true);
+            if (c && c->device == nullptr && w->ne[2] == n_expert_) largest = std::max(largest, w->n_bytes());
+        }
+    }
+    return largest;
+}
+
+// Sizes and allocates the expert cache at its first use, when the device's free memory already counts
+// the weights, the KV cache, this ubatch's arenas and the upload ring. Automatic: half of what is free
+// beyond a 1 GiB reserve (the CUDA context's scratch, larger ubatches' arenas, other contexts), refused
+// allocations halved until one fits or nothing is left (then the cache stays off); no more entries than
+// there are host-resident expert matrices.
+Status Transfers::ensure_cache() {
+    if (cache_sized_) return Status::ok();
+    cache_sized_ = true;
+    cache_entry_bytes_ = largest_host_experts();
+    if (cache_entry_bytes_ == 0 || policy_.expert_cache == 0) return Status::ok();
+    size_t matrices = 0;
+    for (int il = 0; il < n_layer_; ++il) matrices += weights_.expert_matrices(il).size();
+    const bool automatic = policy_.expert_cache == kExpertCacheAuto;
+    constexpr uint64_t kReserve = uint64_t{1} << 30;
+    const uint64_t free = device_->free_memory();
+    const uint64_t budget = !automatic ? static_cast<uint64_t>(policy_.expert_cache)
+                            : free > kReserve ? (free - kReserve) / 2
+                                              : 0;
+    for (size_t entries = std::min<uint64_t>(budget / cache_entry_bytes_, matrices); entries > 0; entries /= 2) {
+        StatusOr<std::unique_ptr<Buffer>> b = device_->alloc_buffer(entries * cache_entry_bytes_);
+        if (b.is_ok()) {
+            cache_buffer_ = std::move(b).value();
+            cache_.reset(entries, n_expert_);
+            cache_fences_.assign(entries, 0);
+            allocated_ = true;
+            return Status::ok();
+        }
+        if (!automatic) {
+            return b.status().with_context("allocating the expert cache of " + std::to_string(entries) + " expert matrices (" +
+                                           std::to_string(entries * cache_entry_bytes_) + " bytes; policy expert_cache " +
+                                           std::to_string(policy_.expert_cache) + ", 0 turns it off)");
+        }
+    }
+    return Status::ok();
+}
+
+bool Transfers::cache_holds(const Tensor* w, const void* host) const { return cache_.find(w, host).has_value(); }
+
+void Transfers::count_cache(int layer, uint64_t hits, uint64_t misses, uint64_t saved_bytes) {
+    stats_.n_cache_hits += hits;
+    stats_.n_cache_misses += misses;
+    stats_.bytes_cache_saved += saved_bytes;
+    if (layer < 0 || layer >= n_layer_) return;
+    for (std::vector<uint64_t>* v : {&stats_.cache_layer_hits, &stats_.cache_layer_misses, &stats_.cache_layer_bytes_saved}) {
+        v->resize(static_cast<size_t>(n_layer_), 0);
+    }
+    const auto l = static_cast<size_t>(layer);
+    stats_.cache_layer_hits[l] += hits;
+    stats_.cache_layer_misses[l] += misses;
+    stats_.cache_layer_bytes_saved[l] += saved_bytes;
 }
 
 Status Transfers::ensure_ring() {
@@ -139,10 +215,15 @@ Status Transfers::ensure_ring() {
     return Status::ok();
 }
 
-uint8_t* Transfers::slot_data(size_t slot) { return static_cast<uint8_t*>(slot_buffer_->data()) + slot * slot_size_; }
+uint8_t* Transfers::slot_data(size_t slot) {
+    if (slot >= slots_.size()) {
+        return static_cast<uint8_t*>(cache_buffer_->data()) + (slot - slots_.size()) * cache_entry_bytes_;
+    }
+    return static_cast<uint8_t*>(slot_buffer_->data()) + slot * slot_size_;
+}
 
 void Transfers::fence_slots(const std::vector<size_t>& slots, uint64_t fence) {
-    for (size_t s : slots) slots_[s].fence = fence;
+    for (size_t s : slots) (s < slots_.size() ? slots_[s].fence : cache_fences_[s - slots_.size()]) = fence;
 }
 
 Status Transfers::wait_for_device(RunState& rs) {
@@ -243,11 +324,29 @@ StatusOr<Tensor*> Transfers::weight_operand(Tensor& node, int src_index, Side si
     if (node.expert_group == kDeviceExpertGroup && c->resident.n_experts > 0) return slice_operand(*w, c->resident, rs);
     if (c->device != nullptr) return c->device == w->data ? w : rs.substitute(*w, c->device, c->device_buffer);
 
-    // Host-resident weight used on the device: upload it into the next slot of the ring (or the slot
-    // its prefetch already took).
-    MOE_RETURN_IF_ERROR(ensure_ring());
+    // Host-resident weight used on the device: upload what this use reads into its expert cache entry,
+    // or into the next slot of the ring (or the slot its prefetch already took).
     MOE_RETURN_IF_ERROR(flush_(rs));
     const auto pre = rs.prefetched.find({&node, src_index});
+    const bool experts = is_expert_matrix(node, src_index) && w->ne[2] == n_expert_;
+    std::vector<uint8_t> needed;
+    if (experts) {
+        MOE_ASSIGN_OR_RETURN(needed, needed_experts(node, src_index, rs));
+        MOE_RETURN_IF_ERROR(ensure_cache());
+    }
+    const size_t per_expert = experts ? w->nb[2] : 0;
+    const auto n_needed = static_cast<uint64_t>(std::count(needed.begin(), needed.end(), uint8_t{1}));
+    if (experts && pre == rs.prefetched.end() && cache_.on()) {
+        // Slot numbers of the entries this node already holds (up and gate of one node).
+        std::vector<size_t> busy;
+        for (size_t s : rs.node_slots) {
+            if (s >= slots_.size()) busy.push_back(s - slots_.size());
+        }
+        if (const std::optional<size_t> entry = cache_.use(w, c->host, n_needed * per_expert, busy)) {
+            return cached_operand(node, src_index, *c, std::move(needed), *entry, rs);
+        }
+    }
+    MOE_RETURN_IF_ERROR(ensure_ring());
     size_t slot = 0;
     if (pre != rs.prefetched.end()) {
         slot = pre->second.slot;
@@ -259,25 +358,13 @@ StatusOr<Tensor*> Transfers::weight_operand(Tensor& node, int src_index, Side si
     uint8_t* dst = slot_data(slot);
     const auto* src = static_cast<const uint8_t*>(c->host);
     const uint64_t after = slots_[slot].fence;
-    if (splits_experts_of(node, src_index)) {
-        // The device part of a split expert block: only the device group's experts (unless the
-        // look-ahead already sent them).
-        std::vector<uint8_t> on_device = device_experts(node.layer);
-        const size_t prefetched = pre != rs.prefetched.end() ? drop_uploaded(on_device, pre->second.uploaded, w->nb[2]) : 0;
-        MOE_ASSIGN_OR_RETURN(const size_t sent, upload_experts(dst, src, w->nb[2], on_device, after));
+    if (experts && cache_.on()) count_cache(node.layer, 0, n_needed, 0);
+    if (experts && sliced(node, src_index)) {
+        // The device group of a split block, the selected experts (ACTIVE copies), or both; less what an
+        // early upload (the split's look-ahead, ACTIVE_PREFETCH) already sent.
+        const size_t prefetched = pre != rs.prefetched.end() ? drop_uploaded(needed, pre->second.uploaded, per_expert) : 0;
+        MOE_ASSIGN_OR_RETURN(const size_t sent, upload_experts(dst, src, per_expert, needed, after));
         stats_.bytes_weights_skipped += n - sent - prefetched;
-    } else if (uploads_active_experts(node, src_index)) {
-        MOE_ASSIGN_OR_RETURN(const std::vector<int32_t>* ids, read_ids(expert_ids_of(node), rs));
-        MOE_ASSIGN_OR_RETURN(std::vector<uint8_t> selected, selected_experts(*ids, n_expert_));
-        const size_t per_expert = w->nb[2];
-        size_t prefetched = 0;  // bytes uploaded before the readback (counted then)
-        std::vector<uint8_t> missing = selected;
-        if (pre != rs.prefetched.end()) {
-            prefetched = drop_uploaded(missing, pre->second.uploaded, per_expert);
-            last_selected_[w] = std::move(selected);
-        }
-        MOE_ASSIGN_OR_RETURN(const size_t sent, upload_experts(dst, src, per_expert, missing, after));
-        stats_.bytes_weights_skipped += n - prefetched - sent;
     } else {
         MOE_RETURN_IF_ERROR(device_->upload(dst, src, n, after));
         stats_.bytes_weights_full += n;
@@ -288,6 +375,61 @@ StatusOr<Tensor*> Transfers::weight_operand(Tensor& node, int src_index, Side si
     // neither this layer's host part's inputs nor its result's way back.
     MOE_RETURN_IF_ERROR(device_->order_after_uploads());
     return rs.substitute(*w, dst, slot_buffer_.get());
+}
+
+// The experts of expert matrix operand src_index of node that this use reads: every one, or the
+// device group of a split block; under ACTIVE copies, only those of them the router selected (the ids
+// read back; a split's device part reads its masked ids, whose other experts are kNoExpert).
+StatusOr<std::vector<uint8_t>> Transfers::needed_experts(Tensor& node, int src_index, RunState& rs) {
+    std::vector<uint8_t> experts = splits_experts_of(node, src_index) ? device_experts(node.layer)
+                                                                      : std::vector<uint8_t>(static_cast<size_t>(n_expert_), 1);
+    if (!uploads_active_experts(node, src_index)) return experts;
+    MOE_ASSIGN_OR_RETURN(const std::vector<int32_t>* ids, read_ids(expert_ids_of(node), rs));
+    MOE_ASSIGN_OR_RETURN(std::vector<uint8_t> selected, selected_experts(*ids, n_expert_));
+    for (size_t e = 0; e < experts.size(); ++e) experts[e] = experts[e] && selected[e];
+    // ACTIVE_PREFETCH's next early upload (not for a split's device part, which the look-ahead sends).
+    if (policy_.expert_copy == ExpertCopy::ACTIVE_PREFETCH && node.expert_group < 0) {
+        last_selected_[node.src[src_index]] = std::move(selected);
+    }
+    return experts;
+}
+
+// Uploads into the cache entry of the operand the experts it reads that the entry lacks; the others
+// are hits. The entry's previous readers are done first (its fence), as for a ring slot.
+StatusOr<Tensor*> Transfers::cached_operand(Tensor& node, int src_index, const WeightCopies& c,
+                                            std::vector<uint8_t> needed, size_t entry, RunState& rs) {
+    Tensor* w = node.src[src_index];
+    const size_t per_expert = w->nb[2];
+    const size_t slot = slots_.size() + entry;
+    rs.node_slots.push_back(slot);
+    std::vector<uint8_t>& valid = cache_.valid(entry);
+    uint64_t hits = 0, misses = 0;
+    for (size_t e = 0; e < needed.size(); ++e) {
+        if (!needed[e]) continue;
+        if (valid[e]) {
+            needed[e] = 0;
+            ++hits;
+        } else {
+            valid[e] = 1;
+            ++misses;
+        }
+    }
+    const uint64_t used = (hits + misses) * per_expert;
+    stats_.bytes_weights_skipped += w->n_bytes() - used;
+    count_cache(node.layer, hits, misses, hits * per_expert);
+    if (misses > 0) {
+        uint8_t* dst = slot_data(slot);
+        const auto* src = static_cast<const uint8_t*>(c.host);
+        if (!sliced(node, src_index)) {  // FULL: every expert is missing (first use of the entry)
+            MOE_RETURN_IF_ERROR(device_->upload(dst, src, w->n_bytes(), cache_fences_[entry]));
+            stats_.bytes_weights_full += w->n_bytes();
+            ++stats_.n_weight_copies;
+        } else {
+            MOE_RETURN_IF_ERROR(upload_experts(dst, src, per_expert, needed, cache_fences_[entry]).status());
+        }
+        MOE_RETURN_IF_ERROR(device_->order_after_uploads());
+    }
+    return rs.substitute(*w, slot_data(slot), cache_buffer_.get());
 }
 
 // Uploads the marked experts of an expert tensor (src) into its slot (dst), one copy per run of
@@ -306,9 +448,18 @@ StatusOr<size_t> Transfers::upload_experts(uint8_t* dst, const uint8_t* src, siz
     return sent;
 }
 
+// Whether this use of an expert matrix sends experts one run at a time (bytes_weights_experts) rather
+// than the whole matrix at once (bytes_weights_full).
+bool Transfers::sliced(const Tensor& node, int src_index) const {
+    return splits_experts_of(node, src_index) || uploads_active_experts(node, src_index);
+}
+
+// Whether this use of an expert matrix uploads only the selected experts (of the split's device group,
+// for its device part): by the policy, and under AUTO by the (token, expert) pairs of the node's ids.
 bool Transfers::uploads_active_experts(const Tensor& node, int src_index) const {
-    return policy_.expert_copy != ExpertCopy::FULL && node.expert_group < 0 && is_expert_matrix(node, src_index) &&
-           node.src[src_index]->ne[2] == n_expert_;
+    const Tensor* ids = expert_ids_of(node);
+    return ids != nullptr && is_expert_matrix(node, src_index) && node.src[src_index]->ne[2] == n_expert_ &&
+           copies_active_experts(policy_, ids->ne[0], ids->ne[1], n_expert_);
 }
 
 // The next slot of the ring that neither an early upload nor the node being prepared holds.
@@ -357,6 +508,9 @@ Status Transfers::look_ahead_split(const std::vector<Tensor*>& nodes, const std:
             if (rs.prefetched.count({&n, k})) continue;
             const std::optional<WeightCopies> c = weights_.usable(n.src[k], policy_.bias_dup);
             if (!c || c->device != nullptr || c->resident.n_experts > 0) continue;
+            // Under ACTIVE copies the device part waits for its ids; a cached matrix sends only what
+            // its entry lacks, when the node comes.
+            if (uploads_active_experts(n, k) || cache_holds(n.src[k], c->host)) continue;
             if (rs.reserved_slots.size() + kMinSlots >= slots_.size()) return Status::ok();
             MOE_RETURN_IF_ERROR(early_upload(n, k, c->host, device_experts(n.layer), rs));
         }
@@ -368,7 +522,10 @@ Status Transfers::look_ahead_split(const std::vector<Tensor*>& nodes, const std:
 Status Transfers::prefetch_experts(Tensor& node, int src_index, RunState& rs) {
     const Tensor* w = node.src[src_index];
     const std::optional<WeightCopies> c = weights_.usable(w, policy_.bias_dup);
-    if (!c || c->device != nullptr || !uploads_active_experts(node, src_index)) return Status::ok();
+    if (!c || c->device != nullptr || !uploads_active_experts(node, src_index) || node.expert_group >= 0 ||
+        cache_holds(w, c->host)) {
+        return Status::ok();
+    }
     MOE_RETURN_IF_ERROR(flush_(rs));
     std::vector<uint8_t> experts(static_cast<size_t>(n_expert_), 0);
     if (auto it = last_selected_.find(w); it != last_selected_.end()) experts = it->second;

@@ -3,8 +3,12 @@
 //   slots, each reused once the compute that read it is done). Expert matrices go whole (FULL), as
 //   the experts the router picked (ACTIVE_ONLY, after reading its ids back), those it picked last
 //   time ahead of the readback (ACTIVE_PREFETCH), or the device group of a split expert block (queued
-//   a layer ahead by the split's look-ahead). A device-only weight read on the host is fetched into a
-//   host buffer of its own (what bias duplication avoids).
+//   a layer ahead by the split's look-ahead; only its selected experts under ACTIVE copies). AUTO is
+//   ACTIVE_ONLY for small ubatches, FULL for large ones (copies_active_experts). A device-only weight
+//   read on the host is fetched into a host buffer of its own (what bias duplication avoids).
+// - The expert cache (sched/expert_cache.h): expert matrices that win an entry are uploaded there
+//   instead of into the ring, and only their experts not already there cross PCIe; the entries stay
+//   across ubatches until evicted or the policy changes.
 // - Activations: a tensor needed on the other side is copied to the same offset of that side's arena.
 // - Expert ids: read back for ACTIVE_ONLY, and gathered at the end of a ubatch for the counts.
 // - Outputs computed on the device are downloaded into the caller's memory.
@@ -22,6 +26,7 @@
 
 #include "core/backend.h"
 #include "core/graph.h"
+#include "sched/expert_cache.h"
 #include "sched/expert_plan.h"
 #include "sched/policy.h"
 #include "sched/run_state.h"
@@ -75,9 +80,13 @@ public:
     Transfers(const Transfers&) = delete;
     Transfers& operator=(const Transfers&) = delete;
 
-    // Sizes the upload ring for `policy` (allocated at first use). Forgets what ACTIVE_PREFETCH learned.
+    // Sizes the upload ring for `policy` (allocated at first use). Forgets what ACTIVE_PREFETCH learned
+    // and empties the expert cache (sized and allocated at first use). INVALID_ARGUMENT naming the field
+    // for an offload_vram_budget below kMinSlots slots or an expert_cache below one expert matrix.
     Status set_policy(const Policy& policy);
-    // Whether the last calls allocated device memory (the ring); clears the flag.
+    // At the start of each ubatch: ages the expert cache's use counts.
+    void begin_ubatch() { cache_.next_ubatch(); }
+    // Whether the last calls allocated device memory (the ring, the expert cache); clears the flag.
     bool take_allocated() { return std::exchange(allocated_, false); }
 
     // The operand src_index of `node` (a weight) as read on `side`: its copy there, uploaded or fetched
@@ -105,8 +114,11 @@ public:
 
     // The host waits for the copies it is about to read or overwrite (not for compute queued after).
     Status wait_host_fence(RunState& rs);
-    // The slots the pending nodes read are reused only after `fence` (their compute).
+    // The slots the pending nodes read are reused only after `fence` (their compute). Slot numbers from
+    // the ring's size on are the expert cache's entries.
     void fence_slots(const std::vector<size_t>& slots, uint64_t fence);
+    // Device bytes the expert cache holds (0 until its first use, or when off).
+    size_t cache_bytes() const { return cache_buffer_ ? cache_buffer_->size() : 0; }
     // Seconds per byte of an upload into a slot, timed once on the largest host-resident weight.
     StatusOr<double> upload_seconds_per_byte();
 
@@ -121,8 +133,16 @@ private:
                                     const std::vector<uint8_t>& experts, uint64_t after);
     Status early_upload(Tensor& node, int src_index, const void* host, std::vector<uint8_t> experts, RunState& rs);
     bool uploads_active_experts(const Tensor& node, int src_index) const;
+    bool sliced(const Tensor& node, int src_index) const;
     bool splits_experts_of(const Tensor& node, int src_index) const;
     std::vector<uint8_t> device_experts(int layer) const;
+    StatusOr<std::vector<uint8_t>> needed_experts(Tensor& node, int src_index, RunState& rs);
+    size_t largest_host_experts() const;
+    Status ensure_cache();
+    StatusOr<Tensor*> cached_operand(Tensor& node, int src_index, const WeightCopies& c, std::vector<uint8_t> needed,
+                                     size_t entry, RunState& rs);
+    bool cache_holds(const Tensor* w, const void* host) const;
+    void count_cache(int layer, uint64_t hits, uint64_t misses, uint64_t saved_bytes);
     StatusOr<const std::vector<int32_t>*> read_ids(const Tensor* ids, RunState& rs);
     Status wait_for_device(RunState& rs);
     Status mark_copy(RunState& rs);
@@ -143,6 +163,13 @@ private:
     size_t next_slot_ = 0;
     bool allocated_ = false;
     double upload_s_per_byte_ = 0.0;  // measured once, on first use
+
+    // The expert cache: entries of cache_entry_bytes_ each, slot numbers slots_.size() + entry.
+    ExpertCache cache_;
+    std::unique_ptr<Buffer> cache_buffer_;
+    size_t cache_entry_bytes_ = 0;
+    std::vector<uint64_t> cache_fences_;  // per entry: compute fence after its last use
+    bool cache_sized_ = false;            // sized (and allocated) for the current policy
 
     // ACTIVE_PREFETCH: per expert tensor, the experts selected the last time it was uploaded.
     std::unordered_map<const Tensor*, std::vector<uint8_t>> last_selected_;

@@ -521,6 +521,7 @@ static void test_older_struct_sizes(moe_model* model) {
     moe_sched_policy_init(&got);
     EXPECT_STATUS(moe_context_get_policy(ctx, &got), MOE_STATUS_OK);
     EXPECT(got.bias_dup == 0 && got.expert_split == MOE_EXPERT_SPLIT_AUTO); /* the default */
+    EXPECT(got.expert_cache == MOE_EXPERT_CACHE_AUTO);                       /* ... and this one's */
 
     random_tokens(tokens, N_PROMPT, vocab_of(model));
     EXPECT_STATUS(moe_decode(ctx, tokens, NULL, N_PROMPT, 0), MOE_STATUS_OK);

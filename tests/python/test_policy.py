@@ -15,10 +15,11 @@ OPS = ("mul_mat", "mul_mat_id", "moe_up_gate")
 def test_defaults():
     p = moeinfer.Policy()
     assert p.offload == {op: (True, -1) for op in OPS}
-    assert p.expert_copy == "full"
+    assert p.expert_copy == "auto"
     assert p.bias_dup is True
     assert p.offload_vram_budget == 0
     assert p.expert_split == -1  # automatic
+    assert p.expert_cache == -1  # automatic
 
 
 def test_parse_offload_applies_entries_in_order():
@@ -60,6 +61,8 @@ def test_constructor_arguments():
     assert moeinfer.Policy(expert_split=3) != moeinfer.Policy()
     r = moeinfer.Policy(expert_split=0)
     assert r.expert_split == 0 and eval(repr(r), {"moeinfer": moeinfer}) == r
+    c = moeinfer.Policy(expert_cache=1 << 30, expert_copy="auto")
+    assert c.expert_cache == 1 << 30 and c != moeinfer.Policy() and eval(repr(c), {"moeinfer": moeinfer}) == c
     # repr spells a policy that builds an equal one.
     assert eval(repr(p), {"moeinfer": moeinfer}) == p
 
@@ -76,6 +79,8 @@ def test_attribute_validation():
         p.offload = {"mul_mat": 4}
     with pytest.raises(ValueError, match="'fast'"):
         moeinfer.Policy(expert_copy="fast")
+    with pytest.raises(ValueError, match="expert_cache"):
+        p.expert_cache = -5
     with pytest.raises(ValueError, match="nope"):
         moeinfer.Policy(offload="nope=1")
     with pytest.raises(ValueError, match="expert_split"):

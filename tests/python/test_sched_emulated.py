@@ -33,7 +33,9 @@ STATS_KEYS = {"n_ubatches", "n_splits", "bytes_weights_full", "bytes_weights_exp
               "bytes_activations", "n_weight_copies", "n_activation_copies", "n_id_readbacks", "n_offloaded",
               "n_kept_host", "n_ops_host", "n_ops_device", "seconds_total", "seconds_host_compute", "seconds_wait",
               "weights_host_bytes", "weights_device_bytes", "n_layer", "n_expert", "seconds_device_submit",
-              "n_split_layers", "n_split_host_experts", "n_split_trials", "weights_host_pinned_bytes"}
+              "n_split_layers", "n_split_host_experts", "n_split_trials", "weights_host_pinned_bytes",
+              "bytes_between_devices",
+              "n_cache_hits", "n_cache_misses", "bytes_cache_saved"}
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -275,7 +277,9 @@ def test_active_only_uploads_exactly_the_selected_experts(skewed, rng, bias_dup)
     eb = expert_bytes(m)
     n_layer, n_expert = m.info.n_layer, m.info.n_expert
     # Thresholds of 3 tokens: ubatches of 4 offload, those of 2 stay on the host.
-    policy = moeinfer.Policy(expert_copy="active", bias_dup=bias_dup, expert_split=0).parse_offload("all=3")
+    # The upload slots alone (test_sched_cache.py counts what the expert cache saves).
+    policy = moeinfer.Policy(expert_copy="active", bias_dup=bias_dup, expert_split=0,
+                             expert_cache=0).parse_offload("all=3")
     ctx = emulated(m, policy, n_ubatch=4, tensor_overrides="exps=CPU")
     ctx.reset_stats()
     sizes = [4, 4, 2, 4, 4, 4, 2, 4]
@@ -311,7 +315,7 @@ def test_active_only_uploads_exactly_the_selected_experts(skewed, rng, bias_dup)
 def test_full_copy_uploads_whole_expert_tensors(model, rng):
     eb = expert_bytes(model)
     n_layer, n_expert = model.info.n_layer, model.info.n_expert
-    policy = moeinfer.Policy(expert_copy="full", bias_dup=False, expert_split=0).parse_offload("all=3")
+    policy = moeinfer.Policy(expert_copy="full", bias_dup=False, expert_split=0, expert_cache=0).parse_offload("all=3")
     ctx = emulated(model, policy, n_ubatch=4, tensor_overrides="exps=CPU")
     for _ in decode_ubatches(ctx, rng, model.info.n_vocab, [4, 2, 4]):
         pass
@@ -324,13 +328,13 @@ def test_full_copy_uploads_whole_expert_tensors(model, rng):
     assert s["n_weight_copies"] > 0 and s["bytes_activations"] > 0 and s["n_activation_copies"] > 0
 
 
-@pytest.mark.parametrize("expert_copy", ["full", "prefetch"])
-def test_expert_split_matches_cpu_and_uploads_only_the_device_experts(model, rng, expert_copy):
+def test_expert_split_matches_cpu_and_uploads_only_the_device_experts(model, rng):
     """expert_split=2: in each offloaded ubatch, the host computes 2 experts of every layer and the device the
-    others, whose weights alone are uploaded (ACTIVE copies do not apply to the device part)."""
+    others, whose weights alone are uploaded (full copies, no expert cache; test_sched_cache.py has the
+    device part under active copies, which uploads only its group's selected experts)."""
     eb = expert_bytes(model)
     n_layer, n_expert = model.info.n_layer, model.info.n_expert
-    policy = moeinfer.Policy(expert_copy=expert_copy, expert_split=2).parse_offload("all=3")
+    policy = moeinfer.Policy(expert_copy="full", expert_split=2, expert_cache=0).parse_offload("all=3")
     emu = emulated(model, policy, n_ubatch=4, tensor_overrides="exps=CPU")
     cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=4)
     sizes = [4, 2, 4, 4, 1]
@@ -398,7 +402,7 @@ def test_effective_policy_resolves_default_thresholds(model):
     expert_threshold = 32 * model.info.n_expert // model.info.n_expert_used
     assert ctx.policy.offload == {"mul_mat": (True, 32), "mul_mat_id": (True, expert_threshold),
                                   "moe_up_gate": (True, expert_threshold)}
-    assert ctx.policy.expert_copy == "full" and ctx.policy.bias_dup is True
+    assert ctx.policy.expert_copy == "auto" and ctx.policy.bias_dup is True and ctx.policy.expert_cache == -1
 
 
 def test_set_policy_takes_effect_at_next_decode(model, rng):

@@ -86,6 +86,7 @@ moe_sched_policy make_policy(const char* offload, int32_t expert_copy, int32_t b
     p.expert_copy = expert_copy;
     p.bias_dup = bias_dup;
     p.expert_split = 0;  // exact op and byte counts below; the split has its own test
+    p.expert_cache = 0;  // the upload slots alone (tests/python/test_sched_cache.py tests the cache)
     return p;
 }
 
@@ -284,10 +285,20 @@ TEST_CASE("bad placement and policy values are rejected with clear errors", "[sc
     CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
     CHECK_THAT(moe_last_error(), Catch::Contains("expert_split"));
     moe_sched_policy_init(&pol);
+    CHECK(pol.expert_copy == MOE_EXPERT_COPY_AUTO);
+    CHECK(pol.expert_cache == MOE_EXPERT_CACHE_AUTO);
+    pol.expert_cache = -2;
+    CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK_THAT(moe_last_error(), Catch::Contains("expert_cache"));
+    moe_sched_policy_init(&pol);
     pol.offload_vram_budget = 100;  // far below four slots of an expert tensor
     p.tensor_overrides = "exps=CPU";
     CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
     CHECK(std::string(moe_last_error()).find("upload slots") != std::string::npos);
+    moe_sched_policy_init(&pol);
+    pol.expert_cache = 100;  // below one expert matrix
+    CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK_THAT(moe_last_error(), Catch::Contains("expert_cache of 100 bytes"));
     CHECK(ctx == nullptr);
 
     CHECK(moe_sched_policy_parse_offload(&pol, "moe_up_gate=-3") == MOE_STATUS_INVALID_ARGUMENT);
@@ -540,10 +551,19 @@ TEST_CASE("expert split: the host and device parts add up to the cpu path", "[sc
                         const uint64_t on_host = static_cast<uint64_t>(std::min(split, n_expert - 1));
                         CHECK(st.n_split_layers == layers);
                         CHECK(st.n_split_host_experts == layers * on_host);
-                        CHECK(st.bytes_weights_experts == layers * (static_cast<uint64_t>(n_expert) - on_host) * per_expert);
-                        CHECK(st.bytes_weights_skipped == layers * on_host * per_expert);
                         CHECK(st.n_offloaded[MOE_OFFLOAD_MUL_MAT_ID] == layers);
-                        CHECK(st.n_id_readbacks == 0);
+                        const uint64_t group = layers * (static_cast<uint64_t>(n_expert) - on_host) * per_expert;
+                        CHECK(st.bytes_weights_experts + st.bytes_weights_skipped == layers * n_expert * per_expert);
+                        if (copy == MOE_EXPERT_COPY_FULL) {
+                            // The device part uploads its whole group; nothing waits for the router.
+                            CHECK(st.bytes_weights_experts == group);
+                            CHECK(st.n_id_readbacks == 0);
+                        } else {
+                            // ACTIVE copies: only the group's selected experts (exactly: test_sched_cache.py),
+                            // after one readback of the part's ids per split layer.
+                            CHECK(st.bytes_weights_experts <= group);
+                            CHECK(st.n_id_readbacks == layers);
+                        }
                     }
                 }
             }

@@ -275,11 +275,13 @@ inline std::vector<Option> make_options(Config& c) {
              c.policy = p;
              return std::nullopt;
          }},
-        {"", "--expert-copy", "full|active|prefetch",
+        {"", "--expert-copy", "auto|full|active|prefetch",
          "what an offloaded expert op uploads: full expert tensors, only the experts the router selected "
-         "(one readback of its choices per layer; adjacent experts in one copy), or prefetch: active, with the "
-         "experts the layer used in the previous ubatch uploaded before the readback",
-         "full", sched,
+         "(one readback of its choices per layer; adjacent experts in one copy), prefetch: active, with the "
+         "experts the layer used in the previous ubatch uploaded before the readback, or auto: active while the "
+         "ubatch has fewer than 2 * n_expert (token, expert) pairs (more than 13% of the experts unselected under "
+         "uniform routing), full from there on",
+         "auto", sched,
          [&c](const std::string& v) -> std::optional<std::string> {
              if (v == "full") {
                  c.policy.expert_copy = MOE_EXPERT_COPY_FULL;
@@ -287,8 +289,10 @@ inline std::vector<Option> make_options(Config& c) {
                  c.policy.expert_copy = MOE_EXPERT_COPY_ACTIVE_ONLY;
              } else if (v == "prefetch") {
                  c.policy.expert_copy = MOE_EXPERT_COPY_ACTIVE_PREFETCH;
+             } else if (v == "auto") {
+                 c.policy.expert_copy = MOE_EXPERT_COPY_AUTO;
              } else {
-                 return "expected full, active or prefetch, got '" + v + "'";
+                 return "expected auto, full, active or prefetch, got '" + v + "'";
              }
              return std::nullopt;
          }},
@@ -301,7 +305,7 @@ inline std::vector<Option> make_options(Config& c) {
              return std::nullopt;
          }},
         {"-no-ooae", "--no-offload-only-active-experts", "",
-         "ik_llama.cpp's spelling of --expert-copy full (our default; ik_llama.cpp's is -ooae)", "", sched,
+         "ik_llama.cpp's spelling of --expert-copy full (ours defaults to auto; ik_llama.cpp's to -ooae)", "", sched,
          [&c](const std::string&) -> std::optional<std::string> {
              c.policy.expert_copy = MOE_EXPERT_COPY_FULL;
              return std::nullopt;
@@ -338,6 +342,26 @@ inline std::vector<Option> make_options(Config& c) {
          "device memory for the staging slots that offloaded weights are uploaded into (units as --vram-budget); "
          "0: 8 slots of the largest host-resident weight, 6 with --expert-split off",
          "0", sched, size_flag(c.policy.offload_vram_budget)},
+        {"", "--expert-cache", "auto|off|SIZE",
+         "device memory that keeps the experts offloaded expert ops uploaded for the next ubatches, so that only "
+         "experts not there yet cross PCIe (units as --vram-budget); auto: half the device's free memory beyond "
+         "1 GiB when the first expert is uploaded; off (or 0): none",
+         "auto", sched,
+         [&c](const std::string& v) -> std::optional<std::string> {
+             if (v == "auto") {
+                 c.policy.expert_cache = MOE_EXPERT_CACHE_AUTO;
+                 return std::nullopt;
+             }
+             if (v == "off") {
+                 c.policy.expert_cache = 0;
+                 return std::nullopt;
+             }
+             uint64_t bytes = 0;
+             if (auto err = parse_size(v, bytes)) return err;
+             if (bytes > static_cast<uint64_t>(INT64_MAX)) return "expected at most " + std::to_string(INT64_MAX) + " bytes";
+             c.policy.expert_cache = static_cast<int64_t>(bytes);
+             return std::nullopt;
+         }},
         {"", "--sweep", "", "run the sweep: at N_KV = 0, PP, 2*PP, ... time TG single-token decodes, then a PP-token "
                             "prefill, both from depth N_KV",
          "", sweep, [](const std::string&) { return std::optional<std::string>(); }},

@@ -42,7 +42,7 @@ struct RunInfo {
     int32_t n_gpu_layers = -1;
     uint64_t vram_budget = 0;
     std::string offload_policy;   // the effective policy as an --offload-policy spec
-    std::string expert_copy;      // "full", "active" or "prefetch"
+    std::string expert_copy;      // "full", "active", "prefetch" or "auto"
     bool bias_dup = true;
     uint64_t offload_vram_budget = 0;
     int32_t expert_split = MOE_EXPERT_SPLIT_AUTO;

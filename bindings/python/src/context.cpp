@@ -313,6 +313,21 @@ py::array_t<uint64_t> expert_counts(PyContext& self) {
     return out;
 }
 
+py::dict expert_cache_layers(PyContext& self) {
+    const moeinfer::Context::ExpertCacheLayers c =
+        locked(self, [](moeinfer::Context& ctx) { return ctx.expert_cache_layers(); });
+    auto array = [](const std::vector<uint64_t>& v) {
+        py::array_t<uint64_t> a(static_cast<py::ssize_t>(v.size()));
+        if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(uint64_t));
+        return a;
+    };
+    py::dict d;
+    d["hits"] = array(c.hits);
+    d["misses"] = array(c.misses);
+    d["bytes_saved"] = array(c.bytes_saved);
+    return d;
+}
+
 py::tuple tensor_location(PyContext& self, const std::string& name) {
     const std::optional<moeinfer::TensorLocation> where =
         locked(self, [&name](moeinfer::Context& c) { return c.tensor_location(name); });
@@ -435,7 +450,13 @@ weights computed on the device / on the host), n_ops_host, n_ops_device, seconds
 seconds_host_compute, seconds_wait, seconds_device_submit, n_split_layers, n_split_host_experts and
 n_split_trials (expert split), weights_host_bytes and weights_device_bytes (placement),
 weights_host_pinned_bytes (of the host-resident weights of a device context, the bytes page-locked
-in place for fast uploads; the rest are pageable), n_layer and n_expert.)")
+in place for fast uploads; the rest are pageable), n_layer and n_expert; n_cache_hits, n_cache_misses
+and bytes_cache_saved (the expert cache, Policy.expert_cache: experts an offloaded op found already on
+the device, those it uploaded, and the bytes the hits saved; counted while the cache is on).)")
+        .def("expert_cache_layers", &expert_cache_layers,
+             "The expert cache's counts per layer since creation or reset_stats(): a dict of new uint64 "
+             "arrays [n_layer] 'hits', 'misses' and 'bytes_saved' (stats()' n_cache_hits, n_cache_misses "
+             "and bytes_cache_saved by layer).")
         .def(
             "save_expert_profile",
             [](PyContext& self, const std::string& path) {

@@ -58,6 +58,7 @@ std::string expert_copy_name(int32_t copy) {
         case MOE_EXPERT_COPY_FULL: return "full";
         case MOE_EXPERT_COPY_ACTIVE_ONLY: return "active";
         case MOE_EXPERT_COPY_ACTIVE_PREFETCH: return "prefetch";
+        case MOE_EXPERT_COPY_AUTO: return "auto";
         default: return "expert_copy" + std::to_string(copy);
     }
 }
@@ -66,7 +67,8 @@ int32_t expert_copy_from_name(const std::string& name) {
     if (name == "full") return MOE_EXPERT_COPY_FULL;
     if (name == "active") return MOE_EXPERT_COPY_ACTIVE_ONLY;
     if (name == "prefetch") return MOE_EXPERT_COPY_ACTIVE_PREFETCH;
-    throw py::value_error("Policy: expert_copy must be 'full', 'active' or 'prefetch', got '" + name + "'");
+    if (name == "auto") return MOE_EXPERT_COPY_AUTO;
+    throw py::value_error("Policy: expert_copy must be 'full', 'active', 'prefetch' or 'auto', got '" + name + "'");
 }
 
 // "mul_mat=on,mul_mat_id=128,moe_up_gate=off": the rules as a spec parse_offload accepts.
@@ -88,6 +90,14 @@ int32_t checked_expert_split(int32_t n) {
     return n;
 }
 
+int64_t checked_expert_cache(int64_t bytes) {
+    if (bytes < MOE_EXPERT_CACHE_AUTO) {
+        throw py::value_error("expert_cache must be >= 0 (bytes; 0 turns the cache off) or -1 (automatic), got " +
+                              std::to_string(bytes));
+    }
+    return bytes;
+}
+
 bool same(const moe_sched_policy& a, const moe_sched_policy& b) {
     for (int32_t op = 0; op < MOE_OFFLOAD_OP_COUNT; ++op) {
         if ((a.offload[op].enabled != 0) != (b.offload[op].enabled != 0) ||
@@ -96,11 +106,12 @@ bool same(const moe_sched_policy& a, const moe_sched_policy& b) {
         }
     }
     return a.expert_copy == b.expert_copy && (a.bias_dup != 0) == (b.bias_dup != 0) &&
-           a.offload_vram_budget == b.offload_vram_budget && a.expert_split == b.expert_split;
+           a.offload_vram_budget == b.offload_vram_budget && a.expert_split == b.expert_split &&
+           a.expert_cache == b.expert_cache;
 }
 
 moe_sched_policy create(const py::object& offload, const std::string& expert_copy, bool bias_dup,
-                        uint64_t offload_vram_budget, int32_t expert_split) {
+                        uint64_t offload_vram_budget, int32_t expert_split, int64_t expert_cache) {
     moe_sched_policy p = moeinfer::sched_policy();
     if (py::isinstance<py::str>(offload)) {
         moeinfer::parse_offload(p, offload.cast<std::string>());
@@ -113,6 +124,7 @@ moe_sched_policy create(const py::object& offload, const std::string& expert_cop
     p.bias_dup = bias_dup ? 1 : 0;
     p.offload_vram_budget = offload_vram_budget;
     p.expert_split = checked_expert_split(expert_split);
+    p.expert_cache = checked_expert_cache(expert_cache);
     return p;
 }
 
@@ -128,21 +140,28 @@ void bind_policy(py::module_& m) {
                                  ("The hybrid scheduler's policy (device contexts: device=\"cuda\" or \"emulated\").\n\n"
                                   "offload: per op (" + ops + ") a tuple (enabled, min_batch): an op whose\n"
                                   "weights are in host RAM runs on the device when enabled and the ubatch has at\n"
-                                  "least min_batch tokens (-1: the default threshold, 32 for mul_mat and\n"
-                                  "32 * n_expert / n_expert_used for the expert ops). expert_copy: \"full\" uploads\n"
+                                  "least min_batch tokens (-1: the default threshold, measured at context\n"
+                                  "creation on CUDA, else 32 for mul_mat and 32 * n_expert / n_expert_used for\n"
+                                  "the expert ops; Context.stats()[\"offload_min_batch\"] and\n"
+                                  "[\"offload_min_batch_source\"] say which). expert_copy: \"full\" uploads\n"
                                   "whole expert tensors, \"active\" only the experts the router selected,\n"
-                                  "\"prefetch\" active plus an early upload of the experts the previous ubatch used.\n"
+                                  "\"prefetch\" active plus an early upload of the experts the previous ubatch used,\n"
+                                  "\"auto\" (the default) active while a ubatch has fewer than 2 * n_expert (token,\n"
+                                  "expert) pairs, full from there on.\n"
                                   "bias_dup: keep expert biases on both sides. offload_vram_budget: bytes of\n"
                                   "device memory for the upload slots (0: automatic). expert_split: while a\n"
                                   "layer's host-resident experts are offloaded, the host computes this many of them\n"
-                                  "at the same time as the device the rest (-1: automatic, 0: off).")
+                                  "at the same time as the device the rest (-1: automatic, 0: off). expert_cache:\n"
+                                  "bytes of device memory that keep uploaded experts for the next ubatches (-1:\n"
+                                  "automatic, half the device's free memory beyond 1 GiB; 0: off).")
                                      .c_str())
-        .def(py::init(&create), py::kw_only(), "offload"_a = py::none(), "expert_copy"_a = "full",
+        .def(py::init(&create), py::kw_only(), "offload"_a = py::none(), "expert_copy"_a = "auto",
              "bias_dup"_a = true, "offload_vram_budget"_a = 0, "expert_split"_a = MOE_EXPERT_SPLIT_AUTO,
+             "expert_cache"_a = MOE_EXPERT_CACHE_AUTO,
              R"(The library's defaults, changed by the arguments given.
 
 offload: None, a spec string (see parse_offload) or a dict {"op": (enabled, min_batch)}.
-ValueError for an unknown op, a bad threshold, expert_copy or expert_split.)")
+ValueError for an unknown op, a bad threshold, expert_copy, expert_split or expert_cache.)")
         .def_property(
             "offload", [](const moe_sched_policy& p) { return offload_dict(p); }, &set_offload_dict,
             "{op name: (enabled, min_batch)}: a copy; assign a dict to change rules (ops left out keep theirs).")
@@ -169,7 +188,8 @@ unchanged then.)")
         .def_property(
             "expert_copy", [](const moe_sched_policy& p) { return expert_copy_name(p.expert_copy); },
             [](moe_sched_policy& p, const std::string& name) { p.expert_copy = expert_copy_from_name(name); },
-            "\"full\" (upload whole expert tensors) or \"active\" (only the selected experts).")
+            "\"full\" (upload whole expert tensors), \"active\" (only the selected experts), \"prefetch\" or "
+            "\"auto\" (active for small ubatches, full for large ones).")
         .def_property(
             "bias_dup", [](const moe_sched_policy& p) { return p.bias_dup != 0; },
             [](moe_sched_policy& p, bool v) { p.bias_dup = v ? 1 : 0; },
@@ -180,6 +200,10 @@ unchanged then.)")
             "expert_split", [](const moe_sched_policy& p) { return p.expert_split; },
             [](moe_sched_policy& p, int32_t n) { p.expert_split = checked_expert_split(n); },
             "Experts per layer the host computes while the device computes the rest (-1: automatic, 0: off).")
+        .def_property(
+            "expert_cache", [](const moe_sched_policy& p) { return p.expert_cache; },
+            [](moe_sched_policy& p, int64_t n) { p.expert_cache = checked_expert_cache(n); },
+            "Bytes of device memory that keep uploaded experts for the next ubatches (-1: automatic, 0: off).")
         .def(
             "__eq__", [](const moe_sched_policy& a, const moe_sched_policy& b) { return same(a, b); },
             py::is_operator())
@@ -189,7 +213,8 @@ unchanged then.)")
             return "moeinfer.Policy(offload='" + offload_spec(p) + "', expert_copy='" + expert_copy_name(p.expert_copy) +
                    "', bias_dup=" + (p.bias_dup != 0 ? "True" : "False") +
                    ", offload_vram_budget=" + std::to_string(p.offload_vram_budget) +
-                   ", expert_split=" + std::to_string(p.expert_split) + ")";
+                   ", expert_split=" + std::to_string(p.expert_split) +
+                   ", expert_cache=" + std::to_string(p.expert_cache) + ")";
         });
 }
 
