@@ -428,7 +428,46 @@ typedef struct moe_context_params {
      * 0 to cancel (MOE_STATUS_CANCELLED, nothing leaked). Default: NULL. */
     moe_progress_fn progress;
     void* progress_user_data;  /* passed to `progress` unchanged. Default: NULL */
+
+    /* Several devices in one host (llama.cpp's -dev, -sm, -ts, -mg; MOE_DEVICE_CUDA and
+     * MOE_DEVICE_EMULATED contexts, ignored by CPU ones). Each model layer (its attention, dense and
+     * expert weights and its KV cache) belongs to one device and its ops run there; the ops outside the
+     * layers (embeddings, output head) run on the device of the layer next to them; activations cross
+     * between devices through host memory. Within a device, the placement fields above apply as for one
+     * device (experts spill to host RAM first under its budget; ops whose weights are in host RAM are
+     * offloaded to the device of their layer). In tensor_overrides, CUDAn names device n of this list
+     * (its layer goes with the tensor; "CUDA3" on a 2-device context is INVALID_ARGUMENT), GPU / CUDA /
+     * DEVICE the device of the tensor's layer.
+     * devices: the ordinals of the devices, n_devices entries, each at most once (the first is CUDA0 of
+     * the overrides). NULL with n_devices 0: one device, ordinal 0. The emulated backend plays up to 8
+     * devices, each with its own memory (MOEINFER_EMULATED_VRAM bytes). MOE_DEVICE_CUDA on GPUs other
+     * than GPU 0, or on several, is UNIMPLEMENTED as of this version (docs/MULTI_GPU.md). Borrowed during
+     * the call. Default: NULL, 0. */
+    const int32_t* devices;
+    int32_t n_devices;
+    /* A moe_split_mode. Default: MOE_SPLIT_LAYER. */
+    int32_t split_mode;
+    /* Proportions of the layers per device (llama.cpp -ts 3,1), n_tensor_split entries (at most
+     * n_devices; missing ones are 0), each finite and >= 0, not all 0: the layers, in order, are dealt
+     * out in runs of these proportions. NULL with n_tensor_split 0: the vram_budgets where given, else
+     * each device's free memory. Borrowed during the call. Default: NULL, 0. */
+    const float* tensor_split;
+    int32_t n_tensor_split;
+    /* With MOE_SPLIT_NONE: the index in the device list of the only device used. Default: 0. */
+    int32_t main_gpu;
+    /* Bytes of device memory for weights per device (as vram_budget for one device), n_vram_budgets
+     * entries (at most n_devices; missing ones take vram_budget). NULL with n_vram_budgets 0: vram_budget
+     * for every device. Borrowed during the call. Default: NULL, 0. */
+    const uint64_t* vram_budgets;
+    int32_t n_vram_budgets;
 } moe_context_params;
+
+/* How a context spreads the model over its devices (moe_context_params.split_mode; llama.cpp's -sm). */
+typedef enum moe_split_mode {
+    MOE_SPLIT_NONE = 0,  /* one device: moe_context_params.main_gpu */
+    MOE_SPLIT_LAYER = 1, /* whole layers per device, by tensor_split */
+    MOE_SPLIT_ROW = 2    /* rows of every matrix across devices: UNIMPLEMENTED */
+} moe_split_mode;
 
 MOE_API void moe_context_params_init(moe_context_params* params);
 
@@ -528,6 +567,10 @@ typedef struct moe_sched_stats {
      * device would not lock them, and their uploads are staged (slower, same results). Tensor bytes
      * without padding; 0 for CPU contexts. */
     uint64_t weights_host_pinned_bytes;
+    /* Contexts over several devices: bytes of activations that crossed between devices (through host
+     * memory), counted once leaving their device and once arriving at each device that reads them (the
+     * residual stream between two layers on different devices: 2 * n_embd * 4 bytes per token). */
+    uint64_t bytes_between_devices;
     /* Expert cache (moe_sched_policy.expert_cache), counted only while it is on: each (expert matrix,
      * expert) an offloaded op reads from a host-resident expert matrix is a hit (already in the cache:
      * no upload) or a miss (uploaded, into the cache or the upload slots); bytes_cache_saved are the
@@ -563,6 +606,7 @@ typedef struct moe_sched_stats {
     X(uint64_t, n_split_layers, )                        \
     X(uint64_t, n_split_host_experts, )                  \
     X(uint64_t, n_split_trials, )                        \
+    X(uint64_t, bytes_between_devices, )                 \
     X(uint64_t, n_cache_hits, )                          \
     X(uint64_t, n_cache_misses, )                        \
     X(uint64_t, bytes_cache_saved, )

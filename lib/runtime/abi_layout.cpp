@@ -67,7 +67,15 @@ static_assert(offsetof(moe_context_params, vram_budget) == 40);
 static_assert(offsetof(moe_context_params, policy) == 48);
 static_assert(offsetof(moe_context_params, progress) == 56);
 static_assert(offsetof(moe_context_params, progress_user_data) == 64);
-static_assert(sizeof(moe_context_params) == 72);
+static_assert(offsetof(moe_context_params, devices) == 72);
+static_assert(offsetof(moe_context_params, n_devices) == 80);
+static_assert(offsetof(moe_context_params, split_mode) == 84);
+static_assert(offsetof(moe_context_params, tensor_split) == 88);
+static_assert(offsetof(moe_context_params, n_tensor_split) == 96);
+static_assert(offsetof(moe_context_params, main_gpu) == 100);
+static_assert(offsetof(moe_context_params, vram_budgets) == 104);
+static_assert(offsetof(moe_context_params, n_vram_budgets) == 112);
+static_assert(sizeof(moe_context_params) == 120);
 
 static_assert(offsetof(moe_sched_stats, struct_size) == 0);
 static_assert(offsetof(moe_sched_stats, n_ubatches) == 8);
@@ -95,10 +103,11 @@ static_assert(offsetof(moe_sched_stats, n_split_layers) == 200);
 static_assert(offsetof(moe_sched_stats, n_split_host_experts) == 208);
 static_assert(offsetof(moe_sched_stats, n_split_trials) == 216);
 static_assert(offsetof(moe_sched_stats, weights_host_pinned_bytes) == 224);
-static_assert(offsetof(moe_sched_stats, n_cache_hits) == 232);
-static_assert(offsetof(moe_sched_stats, n_cache_misses) == 240);
-static_assert(offsetof(moe_sched_stats, bytes_cache_saved) == 248);
-static_assert(sizeof(moe_sched_stats) == 256);
+static_assert(offsetof(moe_sched_stats, bytes_between_devices) == 232);
+static_assert(offsetof(moe_sched_stats, n_cache_hits) == 240);
+static_assert(offsetof(moe_sched_stats, n_cache_misses) == 248);
+static_assert(offsetof(moe_sched_stats, bytes_cache_saved) == 256);
+static_assert(sizeof(moe_sched_stats) == 264);
 // The field lists (MOE_SCHED_STATS_COUNTERS / _CONTEXT) name every field but struct_size (and its padding):
 // a field appended to the struct but to neither list fails here.
 #define MOE_FIELD_BYTES(type, name, dims) +sizeof(((moe_sched_stats*)nullptr)->name)

@@ -31,6 +31,14 @@ MOE_API void moe_context_params_init(moe_context_params* params) {
     params->policy = nullptr;
     params->progress = nullptr;
     params->progress_user_data = nullptr;
+    params->devices = nullptr;
+    params->n_devices = 0;
+    params->split_mode = MOE_SPLIT_LAYER;
+    params->tensor_split = nullptr;
+    params->n_tensor_split = 0;
+    params->main_gpu = 0;
+    params->vram_budgets = nullptr;
+    params->n_vram_budgets = 0;
 }
 
 MOE_API moe_status moe_context_create(moe_model* model, const moe_context_params* params, moe_context** out_ctx) {

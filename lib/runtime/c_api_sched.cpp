@@ -8,6 +8,7 @@
 #include "runtime/c_api_guard.h"
 #include "runtime/c_api_structs.h"
 #include "runtime/context.h"
+#include "runtime/multi_device.h"
 #include "runtime/policy_convert.h"
 
 extern "C" {
@@ -45,7 +46,8 @@ MOE_API moe_status moe_context_set_policy(moe_context* ctx, const moe_sched_poli
     MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
     MOE_CHECK_ARG(policy != nullptr, "policy is NULL");
     MOE_API_ASSIGN(moe::sched::Policy p, moe::policy_from_c(*policy));
-    return moe::api_return(ctx->sched->set_policy(p));
+    for (moe::sched::Scheduler* s : moe::schedulers(*ctx)) MOE_RETURN_API(s->set_policy(p));
+    return MOE_STATUS_OK;
     MOE_API_END
 }
 
@@ -72,7 +74,7 @@ MOE_API moe_status moe_context_tensor_location(const moe_context* ctx, const cha
     MOE_CHECK_ARG(out_location != nullptr, "out_location is NULL");
     auto it = ctx->weight_by_name.find(name);
     const std::optional<moe::sched::WeightCopies> c =
-        it == ctx->weight_by_name.end() ? std::nullopt : ctx->sched->weight_copies(it->second);
+        it == ctx->weight_by_name.end() ? std::nullopt : moe::weight_copies(*ctx, it->second);
     if (!c) return moe::api_return(moe::not_found(std::string("no weight tensor named '") + name + "'"));
     *out_location = c->home == moe::sched::Side::DEVICE ? MOE_LOCATION_DEVICE : MOE_LOCATION_HOST;
     if (out_duplicated != nullptr) *out_duplicated = c->duplicate && c->host != nullptr && c->device != nullptr;
@@ -86,7 +88,7 @@ MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats
     MOE_CHECK_ARG(out_stats != nullptr, "out_stats is NULL");
     MOE_CHECK_ARG(out_stats->struct_size >= offsetof(moe_sched_stats, n_ubatches) + sizeof(uint64_t),
                   "out_stats->struct_size is too small (set it to sizeof(moe_sched_stats))");
-    const moe::sched::Stats& s = ctx->sched->stats();
+    const moe::sched::Stats s = moe::context_stats(*ctx);  // summed over the devices
     moe_sched_stats c;
     std::memset(&c, 0, sizeof c);
     c.struct_size = sizeof c;
@@ -113,7 +115,7 @@ MOE_API moe_status moe_context_get_expert_counts(const moe_context* ctx, uint64_
     MOE_CHECK_ARG(out_n != nullptr, "out_n is NULL");
     MOE_CHECK_ARG(capacity >= 0, "capacity must be >= 0");
     MOE_CHECK_ARG(capacity == 0 || counts != nullptr, "counts is NULL");
-    const std::vector<uint64_t>& v = ctx->sched->stats().expert_counts;
+    const std::vector<uint64_t> v = moe::context_stats(*ctx).expert_counts;
     const size_t n = std::min(v.size(), static_cast<size_t>(capacity));
     std::copy_n(v.begin(), n, counts);
     *out_n = static_cast<int64_t>(v.size());
@@ -148,7 +150,7 @@ MOE_API moe_status moe_context_get_expert_cache_layers(const moe_context* ctx, u
 MOE_API moe_status moe_context_reset_stats(moe_context* ctx) {
     MOE_API_BEGIN
     MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
-    ctx->sched->reset_stats();
+    for (moe::sched::Scheduler* s : moe::schedulers(*ctx)) s->reset_stats();
     return MOE_STATUS_OK;
     MOE_API_END
 }

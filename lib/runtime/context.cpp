@@ -6,8 +6,10 @@
 #include "core/allocator.h"
 #include "core/backend_registry.h"
 #include "runtime/attention_home.h"
+#include "runtime/context_sizes.h"
 #include "runtime/device.h"
 #include "runtime/host_weights.h"
+#include "runtime/multi_device.h"
 #include "runtime/policy_convert.h"
 #include "sched/placement.h"
 #include "sched/resident_experts.h"
@@ -42,12 +44,13 @@ Status check_params(const moe_context_params& p) {
     return Status::ok();
 }
 
-StatusOr<std::unique_ptr<Backend>> create_backend(const char* name, int n_threads) {
+StatusOr<std::unique_ptr<Backend>> create_backend(const char* name, int n_threads, int ordinal = 0) {
     const BackendFactory* factory = find_backend_factory(name);
     if (factory == nullptr) return unimplemented(std::string("this build of moeinfer has no ") + name + " backend");
     if (factory->device_count() == 0) return failed_precondition(std::string("no ") + name + " device found");
     BackendOptions opts;
     opts.n_threads = n_threads;
+    opts.device = ordinal;
     return factory->create(opts);
 }
 
@@ -95,42 +98,6 @@ Status check_weight_types(const moe_context& ctx, const std::vector<Side>& sides
         }
     }
     return Status::ok();
-}
-
-// One layer's K (or V) cache tensor; an architecture without a V cache (deepseek2's latent cache)
-// gets an empty V prototype.
-Tensor kv_prototype(const moe_context& ctx, bool v = false) {
-    const KvLayout layout = kv_layout(ctx.model->hparams);
-    const int64_t ne[3] = {v ? layout.v_row : layout.k_row, v ? layout.v_heads : layout.k_heads, ctx.params.n_ctx};
-    Tensor proto;
-    set_shape(proto, Type::F16, 3, ne);
-    return proto;
-}
-
-// Bytes of one layer's KV cache.
-uint64_t kv_layer_bytes(const moe_context& ctx) {
-    return kv_prototype(ctx).n_bytes() + kv_prototype(ctx, true).n_bytes();
-}
-
-// Cache tensors per layer: K, and V unless the architecture has none.
-int kv_tensors_per_layer(const moe_context& ctx) { return kv_layout(ctx.model->hparams).v_row > 0 ? 2 : 1; }
-
-// Activation arena of the largest ubatch at the deepest position (what the default budget keeps free);
-// split: every expert block built in two parts (the expert split's graphs need more room).
-size_t estimate_arena_bytes(const moe_context& ctx, bool split) {
-    const HParams& hp = ctx.model->hparams;
-    std::deque<Tensor> cache;
-    KvCache kv;
-    kv.n_ctx = ctx.params.n_ctx;
-    for (int il = 0; il < hp.n_layer; ++il) {
-        kv.k.push_back(&cache.emplace_back(kv_prototype(ctx)));
-        if (kv_tensors_per_layer(ctx) == 2) kv.v.push_back(&cache.emplace_back(kv_prototype(ctx, true)));
-    }
-    const int n = std::min(ctx.params.n_ubatch, ctx.params.n_ctx);
-    Graph g;
-    const std::vector<uint8_t> split_layers(split ? static_cast<size_t>(hp.n_layer) : 0, 1);
-    build_model_graph(g, hp, ctx.weights, kv, n, ctx.params.n_ctx - n, LogitsMode::ALL, split_layers);
-    return plan_allocation(g).arena_size;
 }
 
 // The side of layer il's attention (its KV cache lives there).
@@ -470,7 +437,9 @@ std::unique_ptr<moe_context::Step> build_step(const moe_context& ctx, int n_toke
 // machine's host: docs/PERF.md, 2026-11-26); the next call uses it if it asks for exactly that.
 Status decode_ubatch(moe_context& ctx, const int32_t* tokens, int n_tokens, int n_past, LogitsMode mode,
                      float* logits_dst, bool build_ahead) {
-    MOE_ASSIGN_OR_RETURN(const sched::ExpertSplitPlan split, ctx.sched->plan_expert_split(n_tokens));
+    MOE_ASSIGN_OR_RETURN(const sched::ExpertSplitPlan split, ctx.parts.empty()
+                                                                 ? ctx.sched->plan_expert_split(n_tokens)
+                                                                 : plan_expert_split_multi(ctx, n_tokens));
     std::unique_ptr<moe_context::Step> step = std::move(ctx.ahead);
     if (step == nullptr || step->n_tokens != n_tokens || step->n_past != n_past || step->mode != mode ||
         split.n_layers != 0) {
@@ -494,7 +463,9 @@ Status decode_ubatch(moe_context& ctx, const int32_t* tokens, int n_tokens, int 
         if (ctx.ahead->ub.expert_groups != nullptr) ahead_inputs.push_back(ctx.ahead->ub.expert_groups);
         ctx.sched->prepare(ctx.ahead->graph, ahead_inputs);
     };
-    const Status s = ctx.sched->run(step->graph, n_tokens, inputs, outputs, while_waiting);
+    // Several devices: stage by stage (runtime/multi_device.h), nothing built ahead.
+    const Status s = ctx.parts.empty() ? ctx.sched->run(step->graph, n_tokens, inputs, outputs, while_waiting)
+                                       : run_stages(ctx, step->graph, n_tokens, inputs, outputs);
     if (!s.is_ok()) ctx.ahead.reset();
     ctx.retired = std::move(step);  // freed while the device computes the next step
     return s;
@@ -515,18 +486,26 @@ StatusOr<std::unique_ptr<moe_context>> create_context(moe_model* model, const mo
     ctx->params.policy = nullptr;
     ctx->params.progress = nullptr;
     ctx->params.device = resolve_device(params.device);  // the rest of the context sees CPU, CUDA or EMULATED
+    ctx->params.devices = nullptr;
+    ctx->params.tensor_split = nullptr;
+    ctx->params.vram_budgets = nullptr;
     MOE_ASSIGN_OR_RETURN(ctx->host, create_backend("cpu", params.n_threads));
-    if (ctx->params.device == MOE_DEVICE_CUDA) {
-        MOE_ASSIGN_OR_RETURN(ctx->device, create_backend("cuda", params.n_threads));
-    }
-    if (ctx->params.device == MOE_DEVICE_EMULATED) {
-        MOE_ASSIGN_OR_RETURN(ctx->device, create_backend("emulated", params.n_threads));
+    DeviceList devices;
+    if (ctx->params.device == MOE_DEVICE_CUDA || ctx->params.device == MOE_DEVICE_EMULATED) {
+        const char* name = ctx->params.device == MOE_DEVICE_CUDA ? "cuda" : "emulated";
+        const BackendFactory* factory = find_backend_factory(name);
+        const int count = factory != nullptr ? factory->device_count() : 0;
+        if (count == 0) return create_backend(name, params.n_threads).status();  // says why
+        MOE_ASSIGN_OR_RETURN(devices, device_list(params, ctx->params.device, count));
+        MOE_ASSIGN_OR_RETURN(ctx->device, create_backend(name, params.n_threads, devices.ordinals[0]));
     }
     MOE_RETURN_IF_ERROR(bind_model_weights(*ctx));
     moe_context_params during = params;  // the borrowed fields are valid during creation
     during.device = ctx->params.device;
+    if (devices.ordinals.size() == 1) during.vram_budget = devices.budgets[0];
     std::swap(ctx->params, during);
-    const Status placed = place_weights(*ctx, policy);
+    const Status placed = devices.ordinals.size() > 1 ? place_weights_multi(*ctx, devices, policy)
+                                                      : place_weights(*ctx, policy);
     std::swap(ctx->params, during);
     MOE_RETURN_IF_ERROR(placed);
     return ctx;
@@ -564,7 +543,7 @@ Status decode(moe_context& ctx, const int32_t* tokens, const int32_t* positions,
             float* dst = ctx.logits_data() + static_cast<size_t>(logits_all ? done : 0) * static_cast<size_t>(n_vocab);
             // Built ahead: the step a generation loop asks for next (one token, its logits).
             status = decode_ubatch(ctx, tokens + done, n, ctx.n_past, logits_all ? LogitsMode::ALL : LogitsMode::LAST,
-                                   dst, last && ctx.device != nullptr);
+                                   dst, last && ctx.device != nullptr && ctx.parts.empty());
         } else {
             status = decode_ubatch(ctx, tokens + done, n, ctx.n_past, LogitsMode::NONE, nullptr, false);
         }

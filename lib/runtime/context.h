@@ -10,6 +10,7 @@
 #include "core/backend.h"
 #include "core/models/model_graph.h"
 #include "core/models/mla_split.h"
+#include "runtime/device_part.h"
 #include "runtime/host_weights.h"
 #include "runtime/model.h"
 #include "sched/scheduler.h"
@@ -46,6 +47,12 @@ struct moe_context {
     std::vector<int32_t> kv_tokens;
 
     std::unique_ptr<moe::sched::Scheduler> sched;
+    // Several devices (runtime/multi_device.h; empty for one): per device of the list its share, and per
+    // layer the index of its device. Device 0's backend, weights, KV buffer and scheduler are `device`,
+    // `device_weights`, `kv_buffer`, `host_weights` and `sched` above (its part keeps its figures only).
+    // Declared after them and so destroyed first: the parts' schedulers use `host`.
+    std::vector<moe::DevicePart> parts;
+    std::vector<int> layer_device;
 
     // Decode steps built one ahead (context.cpp): while the device computes a step, the host builds and
     // plans the graph of a one-token step right after it, and frees the step before.

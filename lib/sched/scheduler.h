@@ -15,6 +15,14 @@
 // the allocation plan. Compute on the device is asynchronous; the host waits for the device only before
 // a host split that needs device data, to read router choices (ACTIVE_ONLY), and at the end of the
 // ubatch. Nothing here knows an architecture.
+//
+// Several devices in one host (layer split): a Scheduler stays one host and ONE device. A context over N
+// devices makes N of them (each with its own arenas, upload ring, expert id readback, bias duplicates
+// and stats, over the weights of its layers) and cuts each ubatch graph into stages of consecutive
+// nodes on one device (graph_cut.h, device_split.h); the stages run in order, each by its device's
+// Scheduler::run, and what one stage hands to the next crosses through host memory as an output of the
+// one and an input of the other (runtime/multi_device.h). Side HOST / DEVICE keeps meaning "host or
+// this scheduler's device"; nothing here knows how many devices there are.
 #pragma once
 
 #include <array>

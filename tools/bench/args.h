@@ -45,6 +45,12 @@ struct Config {
     int32_t n_cpu_moe = 0;
     int32_t n_gpu_layers = -1;
     uint64_t vram_budget = 0;
+    // Several devices (llama.cpp's -dev, -sm, -ts, -mg; a --vram-budget list): empty for the defaults.
+    std::vector<int32_t> devices;
+    std::vector<float> tensor_split;
+    std::vector<uint64_t> vram_budgets;  // given only when --vram-budget lists more than one size
+    int32_t main_gpu = 0;
+    int32_t split_mode = MOE_SPLIT_LAYER;
     moe_sched_policy policy = default_policy();
     bool expert_counts = false;
     std::string plot_path;  // --plot: the PNG (its data goes to the same name with .json)
@@ -89,7 +95,11 @@ inline const std::vector<std::string>& device_only_flags() {
                                                    "--no-offload-only-active-experts",
                                                    "--no-bias-dup",
                                                    "--vram-budget",
-                                                   "--offload-budget"};
+                                                   "--offload-budget",
+                                                   "--dev",
+                                                   "--tensor-split",
+                                                   "--main-gpu",
+                                                   "--split-mode"};
     return flags;
 }
 
@@ -200,12 +210,13 @@ inline std::vector<Option> make_options(Config& c) {
          "splits each call into ubatches of --ubatch-size. As in llama.cpp, the ubatch is at most the batch",
          "the whole prefill in one call", ctx, int_flag(c.n_batch, 1, INT32_MAX)},
         {"-t", "--threads", "N", "CPU threads", "all cores", ctx, int_flag(c.n_threads, 1, 4096)},
-        {"", "--device", "auto|cpu|cuda|emulated",
+        {"", "--device", "auto|cpu|cuda|emulated|emulated:N",
          "auto: cuda when this build has CUDA and a GPU is present, else cpu (the backend column says which), "
          "as a CUDA build of llama.cpp does. cpu: every op on the CPU. cuda: GPU 0 plus the CPU, weights "
          "placed by the flags below (by default all on the GPU if they fit, else the experts spill to host "
          "RAM) and ops scheduled by the offload policy. emulated: like cuda with a host-memory backend playing "
-         "the GPU (for testing placement and scheduling without a GPU; slower than cpu)",
+         "the GPU (for testing placement and scheduling without a GPU; slower than cpu); emulated:N plays N "
+         "devices (up to 8, each with its own memory), the layers split over them as over N GPUs",
          "auto", ctx,
          [&c](const std::string& v) -> std::optional<std::string> {
              if (v == "auto") {
@@ -216,8 +227,15 @@ inline std::vector<Option> make_options(Config& c) {
                  c.device = MOE_DEVICE_CUDA;
              } else if (v == "emulated") {
                  c.device = MOE_DEVICE_EMULATED;
+             } else if (v.rfind("emulated:", 0) == 0) {
+                 int32_t n = 0;
+                 if (auto err = parse_int32(v.substr(9), 1, 8, n)) return "emulated:N: " + *err;
+                 c.device = MOE_DEVICE_EMULATED;
+                 if (c.devices.empty()) {
+                     for (int32_t i = 0; i < n; ++i) c.devices.push_back(i);
+                 }
              } else {
-                 return "expected auto, cpu, cuda or emulated, got '" + v + "'";
+                 return "expected auto, cpu, cuda, emulated or emulated:N, got '" + v + "'";
              }
              return std::nullopt;
          }},
@@ -252,11 +270,80 @@ inline std::vector<Option> make_options(Config& c) {
              c.tensor_overrides.push_back("exps=CPU");
              return std::nullopt;
          }},
-        {"", "--vram-budget", "SIZE",
+        {"", "--vram-budget", "SIZE[,SIZE...]",
          "device memory for weights (e.g. 20GiB, 8G, 512MiB; K/M/G are powers of 1000, KiB/MiB/GiB of 1024); "
          "expert tensors move to host RAM, largest first, until the rest fits; 0: the free memory minus the KV "
-         "cache, activations, offload slots and 1 GiB",
-         "0", sched, size_flag(c.vram_budget)},
+         "cache, activations, offload slots and 1 GiB. A list gives one budget per device (20GiB,20GiB for two "
+         "24 GB cards); one size applies to every device",
+         "0", sched,
+         [&c](const std::string& v) -> std::optional<std::string> {
+             std::vector<uint64_t> sizes;
+             size_t start = 0;
+             while (start <= v.size()) {
+                 const size_t comma = std::min(v.find(',', start), v.size());
+                 uint64_t n = 0;
+                 if (auto err = parse_size(v.substr(start, comma - start), n)) return err;
+                 sizes.push_back(n);
+                 start = comma + 1;
+             }
+             c.vram_budget = sizes[0];
+             c.vram_budgets = sizes.size() > 1 ? sizes : std::vector<uint64_t>{};
+             return std::nullopt;
+         }},
+        {"-dev", "--dev", "LIST",
+         "the devices to use, comma-separated: CUDAn (or EMULATEDn with --device emulated, or the ordinal n); "
+         "the first is CUDA0 of -ot and -mg", "every visible GPU (cuda), one (emulated)", sched,
+         [&c](const std::string& v) -> std::optional<std::string> {
+             c.devices.clear();
+             size_t start = 0;
+             while (start <= v.size()) {
+                 const size_t comma = std::min(v.find(',', start), v.size());
+                 std::string item = v.substr(start, comma - start);
+                 for (const char* prefix : {"CUDA", "cuda", "EMULATED", "emulated"}) {
+                     if (item.rfind(prefix, 0) == 0) item = item.substr(std::string(prefix).size());
+                 }
+                 int32_t n = 0;
+                 if (parse_int32(item, 0, INT32_MAX, n)) return "expected CUDAn[,CUDAn...], got '" + v + "'";
+                 c.devices.push_back(n);
+                 start = comma + 1;
+             }
+             return std::nullopt;
+         }},
+        {"-sm", "--split-mode", "none|layer|row",
+         "how the model spreads over the devices: layer: whole layers per device, by --tensor-split; none: "
+         "only the device --main-gpu; row (rows of every matrix across devices) is not implemented",
+         "layer", sched,
+         [&c](const std::string& v) -> std::optional<std::string> {
+             if (v == "none") {
+                 c.split_mode = MOE_SPLIT_NONE;
+             } else if (v == "layer") {
+                 c.split_mode = MOE_SPLIT_LAYER;
+             } else if (v == "row") {
+                 c.split_mode = MOE_SPLIT_ROW;
+             } else {
+                 return "expected none, layer or row, got '" + v + "'";
+             }
+             return std::nullopt;
+         }},
+        {"-ts", "--tensor-split", "P0,P1,...",
+         "proportions of the layers per device (e.g. 3,1; '/' separates too, as in llama.cpp), the layers dealt "
+         "out in order", "the --vram-budget list, else each device's free memory", sched,
+         [&c](const std::string& v) -> std::optional<std::string> {
+             c.tensor_split.clear();
+             size_t start = 0;
+             while (start <= v.size()) {
+                 const size_t sep = std::min(v.find_first_of(",/", start), v.size());
+                 const std::string item = v.substr(start, sep - start);
+                 char* end = nullptr;
+                 const float x = std::strtof(item.c_str(), &end);
+                 if (item.empty() || end != item.c_str() + item.size()) return "expected numbers, got '" + v + "'";
+                 c.tensor_split.push_back(x);  // the library names a negative one
+                 start = sep + 1;
+             }
+             return std::nullopt;
+         }},
+        {"-mg", "--main-gpu", "N", "with --split-mode none: the index (in --dev) of the only device used", "0", sched,
+         int_flag(c.main_gpu, 0, INT32_MAX)},
         {"-op", "--offload-policy", "SPEC",
          "which ops with weights in host RAM run on the device, from which ubatch size: op=N|on|off[,...] with "
          "op = mul_mat, mul_mat_id, moe_up_gate or all; N: offload from ubatches of N tokens; on: from the "

@@ -114,6 +114,14 @@ inline std::optional<Failure> open_model_and_context(Config& cfg, bool live, con
         cp.n_cpu_moe = cfg.n_cpu_moe;
         cp.n_gpu_layers = cfg.n_gpu_layers;
         cp.vram_budget = cfg.vram_budget;
+        cp.devices = cfg.devices.empty() ? nullptr : cfg.devices.data();
+        cp.n_devices = static_cast<int32_t>(cfg.devices.size());
+        cp.tensor_split = cfg.tensor_split.empty() ? nullptr : cfg.tensor_split.data();
+        cp.n_tensor_split = static_cast<int32_t>(cfg.tensor_split.size());
+        cp.vram_budgets = cfg.vram_budgets.empty() ? nullptr : cfg.vram_budgets.data();
+        cp.n_vram_budgets = static_cast<int32_t>(cfg.vram_budgets.size());
+        cp.main_gpu = cfg.main_gpu;
+        cp.split_mode = cfg.split_mode;
         cp.policy = &cfg.policy;
         if (live) {
             cp.progress = &on_load_progress;
@@ -125,6 +133,9 @@ inline std::optional<Failure> open_model_and_context(Config& cfg, bool live, con
     const moe_status ctx_status = moe_context_create(out.model.get(), &cp, &raw_ctx);
     out.load_times.context_s = seconds_since(create_start);
     cp.tensor_overrides = nullptr;
+    cp.devices = nullptr;
+    cp.tensor_split = nullptr;
+    cp.vram_budgets = nullptr;
     cp.policy = nullptr;
     cp.progress = nullptr;
     cp.progress_user_data = nullptr;

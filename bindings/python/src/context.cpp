@@ -67,8 +67,38 @@ int32_t device_from_name(const std::string& device) {
     if (device == "auto") return MOE_DEVICE_AUTO;
     if (device == "cpu") return MOE_DEVICE_CPU;
     if (device == "cuda") return MOE_DEVICE_CUDA;
-    if (device == "emulated") return MOE_DEVICE_EMULATED;
-    throw py::value_error("Context: device must be 'auto', 'cpu', 'cuda' or 'emulated', got '" + device + "'");
+    if (device == "emulated" || device.rfind("emulated:", 0) == 0) return MOE_DEVICE_EMULATED;
+    throw py::value_error("Context: device must be 'auto', 'cpu', 'cuda', 'emulated' or 'emulated:N', got '" + device +
+                          "'");
+}
+
+// The devices of "emulated:N" (0 .. N-1), or none.
+std::vector<int32_t> emulated_devices(const std::string& device) {
+    std::vector<int32_t> out;
+    if (device.rfind("emulated:", 0) != 0) return out;
+    const std::string n = device.substr(9);
+    if (n.empty() || n.size() > 2 || n.find_first_not_of("0123456789") != std::string::npos) {
+        throw py::value_error("Context: device 'emulated:N' needs a device count N, got '" + device + "'");
+    }
+    for (int32_t i = 0; i < std::stoi(n); ++i) out.push_back(i);
+    return out;
+}
+
+// A list argument (None: empty) as a vector of T.
+template <typename T>
+std::vector<T> list_of(const py::object& o, const char* name) {
+    if (o.is_none()) return {};
+    if (!py::isinstance<py::sequence>(o) || py::isinstance<py::str>(o)) {
+        throw py::type_error(std::string("Context: ") + name + " must be a list or None");
+    }
+    return o.cast<std::vector<T>>();
+}
+
+int32_t split_mode_from_name(const std::string& mode) {
+    if (mode == "none") return MOE_SPLIT_NONE;
+    if (mode == "layer") return MOE_SPLIT_LAYER;
+    if (mode == "row") return MOE_SPLIT_ROW;
+    throw py::value_error("Context: split_mode must be 'none', 'layer' or 'row', got '" + mode + "'");
 }
 
 // The name of a context's resolved device (never "auto").
@@ -95,9 +125,22 @@ std::string overrides_string(const py::object& overrides) {
 
 std::unique_ptr<PyContext> create(const py::object& model_obj, int32_t n_ctx, int32_t n_ubatch, int32_t n_threads,
                                   const std::string& device, const py::object& tensor_overrides, int32_t n_cpu_moe,
-                                  int32_t n_gpu_layers, uint64_t vram_budget,
-                                  const std::optional<moe_sched_policy>& policy, const py::object& progress) {
+                                  int32_t n_gpu_layers, const py::object& vram_budget,
+                                  const std::optional<moe_sched_policy>& policy, const py::object& progress,
+                                  const py::object& devices_obj, const py::object& tensor_split_obj, int32_t main_gpu,
+                                  const std::string& split_mode) {
     const int32_t device_id = device_from_name(device);
+    std::vector<int32_t> devices = list_of<int32_t>(devices_obj, "devices");
+    if (devices.empty()) devices = emulated_devices(device);
+    const std::vector<float> tensor_split = list_of<float>(tensor_split_obj, "tensor_split");
+    // vram_budget: one size for every device, or a list of one per device.
+    std::vector<uint64_t> budgets;
+    uint64_t budget = 0;
+    if (py::isinstance<py::int_>(vram_budget)) {
+        budget = vram_budget.cast<uint64_t>();
+    } else {
+        budgets = list_of<uint64_t>(vram_budget, "vram_budget");
+    }
     if (!py::isinstance<moeinfer::Model>(model_obj)) {
         throw py::type_error("Context: model must be a moeinfer.Model, got " +
                              py::str(py::type::handle_of(model_obj).attr("__name__")).cast<std::string>());
@@ -113,7 +156,16 @@ std::unique_ptr<PyContext> create(const py::object& model_obj, int32_t n_ctx, in
     params.tensor_overrides = overrides.empty() ? nullptr : overrides.c_str();
     params.n_cpu_moe = n_cpu_moe;
     params.n_gpu_layers = n_gpu_layers;
-    params.vram_budget = vram_budget;
+    params.vram_budget = budget;
+    // Borrowed by the C call like the strings: the vectors outlive it.
+    params.devices = devices.empty() ? nullptr : devices.data();
+    params.n_devices = static_cast<int32_t>(devices.size());
+    params.tensor_split = tensor_split.empty() ? nullptr : tensor_split.data();
+    params.n_tensor_split = static_cast<int32_t>(tensor_split.size());
+    params.vram_budgets = budgets.empty() ? nullptr : budgets.data();
+    params.n_vram_budgets = static_cast<int32_t>(budgets.size());
+    params.main_gpu = main_gpu;
+    params.split_mode = split_mode_from_name(split_mode);
     params.policy = policy ? &*policy : nullptr;
     const int32_t n_vocab = model.info().n_vocab;
     const moeinfer::ProgressFn fn = progress_fn(progress);
@@ -127,6 +179,9 @@ std::unique_ptr<PyContext> create(const py::object& model_obj, int32_t n_ctx, in
     moeinfer::Context ctx = std::move(*created);
     params.tensor_overrides = nullptr;
     params.policy = nullptr;
+    params.devices = nullptr;
+    params.tensor_split = nullptr;
+    params.vram_budgets = nullptr;
     params.device = ctx.device();
     return std::unique_ptr<PyContext>(
         new PyContext{model_obj, std::move(ctx), params, device_name(params.device), n_vocab, {}});
@@ -347,6 +402,7 @@ for each other); several contexts may share a model.)")
         .def(py::init(&create), "model"_a, "n_ctx"_a = 4096, "n_ubatch"_a = 512, "n_threads"_a = 0, "device"_a = "auto",
              py::kw_only(), "tensor_overrides"_a = py::none(), "n_cpu_moe"_a = 0, "n_gpu_layers"_a = -1,
              "vram_budget"_a = 0, "policy"_a = py::none(), "progress"_a = py::none(),
+             "devices"_a = py::none(), "tensor_split"_a = py::none(), "main_gpu"_a = 0, "split_mode"_a = "layer",
              R"(Creates a context on `model`.
 
 n_ctx: KV cache capacity in tokens. n_ubatch: tokens per graph evaluation (longer inputs are
@@ -354,7 +410,7 @@ split). n_threads: CPU threads, 0 for all cores. device: "auto" (the default) is
 build has CUDA and a GPU is present, else "cpu" (the `device` property tells which); "cpu";
 "cuda" for GPU 0 plus the CPU (NotImplementedError without CUDA in this build, RuntimeError
 without a GPU); "emulated" for the same hybrid scheduling with a host-memory backend playing the
-GPU (testing; slower than "cpu"). The placement arguments below apply to device contexts only: a
+GPU (testing; slower than "cpu"); "emulated:N" plays N devices. The placement arguments below apply to device contexts only: a
 context that "auto" made a CPU context ignores them, as "cpu" does.
 
 Placement of the weights (device contexts), first match wins:
@@ -362,7 +418,14 @@ tensor_overrides: llama.cpp's -ot rules, "regex=BACKEND" or a list of them (e.g.
 BACKEND is CPU for host RAM, GPU / CUDA0 / DEVICE for device memory). n_cpu_moe: the expert
 tensors of layers 0 .. n_cpu_moe-1 stay in host RAM. n_gpu_layers: the last n_gpu_layers layers
 go to the device (-1: all). vram_budget: bytes of device memory for weights (0: what is free);
-expert tensors move to host RAM until the rest fits. policy: a moeinfer.Policy (None: defaults).
+expert tensors move to host RAM until the rest fits; a list gives one budget per device.
+policy: a moeinfer.Policy (None: defaults).
+
+Several devices (llama.cpp's -dev, -ts, -mg, -sm): devices: the device ordinals to use (None: every
+visible GPU for "cuda", 0 .. N-1 for "emulated:N"); each layer (weights, KV cache) belongs to one
+device and runs there. tensor_split: proportions of the layers per device (None: the budgets, else
+free memory). split_mode: "layer" (default), "none" (only devices[main_gpu]) or "row" (not
+implemented). In tensor_overrides, CUDAn names device n of the list.
 Host-resident weights are used in place from the model's file, page-locked where the device allows
 (stats()["weights_host_pinned_bytes"]), not copied.
 

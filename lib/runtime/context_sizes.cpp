@@ -1,0 +1,42 @@
+#include "runtime/context_sizes.h"
+
+#include <algorithm>
+#include <deque>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/models/model_graph.h"
+
+namespace moe {
+
+Tensor kv_prototype(const moe_context& ctx, bool v) {
+    const KvLayout layout = kv_layout(ctx.model->hparams);
+    const int64_t ne[3] = {v ? layout.v_row : layout.k_row, v ? layout.v_heads : layout.k_heads, ctx.params.n_ctx};
+    Tensor proto;
+    set_shape(proto, Type::F16, 3, ne);
+    return proto;
+}
+
+uint64_t kv_layer_bytes(const moe_context& ctx) {
+    return kv_prototype(ctx).n_bytes() + kv_prototype(ctx, true).n_bytes();
+}
+
+int kv_tensors_per_layer(const moe_context& ctx) { return kv_layout(ctx.model->hparams).v_row > 0 ? 2 : 1; }
+
+size_t estimate_arena_bytes(const moe_context& ctx, bool split) {
+    const HParams& hp = ctx.model->hparams;
+    std::deque<Tensor> cache;
+    KvCache kv;
+    kv.n_ctx = ctx.params.n_ctx;
+    for (int il = 0; il < hp.n_layer; ++il) {
+        kv.k.push_back(&cache.emplace_back(kv_prototype(ctx)));
+        if (kv_tensors_per_layer(ctx) == 2) kv.v.push_back(&cache.emplace_back(kv_prototype(ctx, true)));
+    }
+    const int n = std::min(ctx.params.n_ubatch, ctx.params.n_ctx);
+    Graph g;
+    const std::vector<uint8_t> split_layers(split ? static_cast<size_t>(hp.n_layer) : 0, 1);
+    build_model_graph(g, hp, ctx.weights, kv, n, ctx.params.n_ctx - n, LogitsMode::ALL, split_layers);
+    return plan_allocation(g).arena_size;
+}
+
+}  // namespace moe

@@ -1,0 +1,24 @@
+// What a context's KV cache and activations take, from its model and params: the sizes that weight
+// placement budgets for on each device.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "runtime/context.h"
+
+namespace moe {
+
+// One layer's K (or V) cache tensor; an architecture without a V cache (deepseek2's latent cache)
+// gets an empty V prototype.
+Tensor kv_prototype(const moe_context& ctx, bool v = false);
+// Bytes of one layer's KV cache.
+uint64_t kv_layer_bytes(const moe_context& ctx);
+// Cache tensors per layer: K, and V unless the architecture has none.
+int kv_tensors_per_layer(const moe_context& ctx);
+// Activation arena of the largest ubatch at the deepest position (what the default budget keeps free);
+// split: every expert block built in two parts (the expert split's graphs need more room).
+size_t estimate_arena_bytes(const moe_context& ctx, bool split);
+
+}  // namespace moe

@@ -1,0 +1,484 @@
+#include "runtime/multi_device.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <iterator>
+#include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/allocator.h"
+#include "core/backend_registry.h"
+#include "runtime/context_sizes.h"
+#include "sched/device_split.h"
+#include "sched/graph_cut.h"
+#include "sched/placement.h"
+#include "sched/transfers.h"
+
+namespace moe {
+namespace {
+
+using sched::Side;
+
+constexpr size_t kWeightAlign = 256;
+constexpr uint64_t kVramReserve = uint64_t{1} << 30;  // as for one device: CUDA context, cuBLAS, scratch
+
+size_t aligned(size_t n) { return (n + kWeightAlign - 1) & ~(kWeightAlign - 1); }
+
+const char* backend_name(int32_t device_kind) { return device_kind == MOE_DEVICE_CUDA ? "cuda" : "emulated"; }
+
+// "CUDA1 (cuda device 3)": how errors name device `index` of the list.
+std::string device_label(const moe_context& ctx, size_t index) {
+    return "CUDA" + std::to_string(index) + " (" + backend_name(ctx.params.device) + " device " +
+           std::to_string(ctx.parts[index].ordinal) + ")";
+}
+
+Backend& backend_of(moe_context& ctx, size_t index) { return index == 0 ? *ctx.device : *ctx.parts[index].backend; }
+
+// Per weight of `ws`, the index of its device: its layer's; for a weight outside the layers (embeddings,
+// output head), the device of the first node that reads it in a one-token graph (sched/device_split.h
+// puts such nodes with the layer next to them).
+StatusOr<std::vector<int>> weight_devices(const moe_context& ctx, const std::vector<Tensor*>& ws,
+                                          const std::vector<sched::OverrideRule>& overrides) {
+    const HParams& hp = ctx.model->hparams;
+    std::deque<Tensor> cache;
+    KvCache kv;
+    kv.n_ctx = ctx.params.n_ctx;
+    for (int il = 0; il < hp.n_layer; ++il) {
+        kv.k.push_back(&cache.emplace_back(kv_prototype(ctx)));
+        if (kv_tensors_per_layer(ctx) == 2) kv.v.push_back(&cache.emplace_back(kv_prototype(ctx, true)));
+    }
+    Graph g;
+    build_model_graph(g, hp, ctx.weights, kv, 1, 0, LogitsMode::LAST);
+    const std::vector<int> node_device = sched::node_devices(g, ctx.layer_device);
+    std::unordered_map<const Tensor*, int> reader;
+    for (size_t i = 0; i < g.nodes().size(); ++i) {
+        for (const Tensor* s : g.nodes()[i]->src) {
+            if (s != nullptr && s->is_weight) reader.emplace(s, node_device[i]);
+        }
+    }
+    std::vector<int> device(ws.size(), 0);
+    for (size_t i = 0; i < ws.size(); ++i) {
+        const int layer = sched::layer_of(ws[i]->name);
+        if (layer >= 0 && layer < hp.n_layer) {
+            device[i] = ctx.layer_device[static_cast<size_t>(layer)];
+            continue;
+        }
+        if (auto it = reader.find(ws[i]); it != reader.end()) device[i] = it->second;
+        for (const sched::OverrideRule& r : overrides) {
+            if (!std::regex_search(ws[i]->name, r.regex)) continue;
+            if (r.side == Side::DEVICE && r.device >= 0 && r.device != device[i]) {
+                return invalid_argument("tensor override '" + r.pattern + "=CUDA" + std::to_string(r.device) + "': '" +
+                                        ws[i]->name + "' is read by ops on CUDA" + std::to_string(device[i]) +
+                                        " (a tensor outside the layers goes with the layer next to where it is read)");
+            }
+            break;
+        }
+    }
+    return device;
+}
+
+// Tells progress the bytes done; 0 from the callback cancels.
+class Progress {
+public:
+    Progress(const moe_context_params& p, uint64_t total) : p_(p), total_(std::max<uint64_t>(total, 1)) {}
+    Status advance(uint64_t bytes) {
+        done_ += bytes;
+        if (p_.progress == nullptr) return Status::ok();
+        if (p_.progress(static_cast<float>(static_cast<double>(done_) / static_cast<double>(total_)),
+                        p_.progress_user_data) == 0) {
+            return cancelled("context creation cancelled by the progress callback");
+        }
+        return Status::ok();
+    }
+
+private:
+    const moe_context_params& p_;
+    uint64_t total_;
+    uint64_t done_ = 0;
+};
+
+// One device's weights as placement decided them.
+struct DeviceWeights {
+    std::vector<Tensor*> ws;
+    std::vector<Side> sides;
+    std::vector<bool> dup;
+    std::vector<HostRange> uploadable;
+    std::vector<Side> attention;  // per layer of the model: its attention's side (layers of this device only)
+};
+
+}  // namespace
+
+StatusOr<DeviceList> device_list(const moe_context_params& p, int32_t device_kind, int device_count) {
+    if (p.split_mode != MOE_SPLIT_NONE && p.split_mode != MOE_SPLIT_LAYER && p.split_mode != MOE_SPLIT_ROW) {
+        return invalid_argument("split_mode must be MOE_SPLIT_NONE, MOE_SPLIT_LAYER or MOE_SPLIT_ROW (got " +
+                                std::to_string(p.split_mode) + ")");
+    }
+    if (p.split_mode == MOE_SPLIT_ROW) return unimplemented("split_mode MOE_SPLIT_ROW (rows across devices)");
+    if (p.n_devices < 0) return invalid_argument("n_devices must be >= 0 (got " + std::to_string(p.n_devices) + ")");
+    if ((p.devices == nullptr) != (p.n_devices == 0)) {
+        return invalid_argument("devices and n_devices go together: devices is " +
+                                std::string(p.devices ? "set" : "NULL") + " with n_devices = " +
+                                std::to_string(p.n_devices));
+    }
+    DeviceList list;
+    const std::string backend = backend_name(device_kind);
+    if (p.n_devices > 0) {
+        for (int32_t i = 0; i < p.n_devices; ++i) {
+            const int32_t o = p.devices[i];
+            if (o < 0 || o >= device_count) {
+                return invalid_argument("devices[" + std::to_string(i) + "] = " + std::to_string(o) + ": the " + backend +
+                                        " backend has " + std::to_string(device_count) + " device(s) here");
+            }
+            if (std::find(list.ordinals.begin(), list.ordinals.end(), o) != list.ordinals.end()) {
+                return invalid_argument("devices[" + std::to_string(i) + "] = " + std::to_string(o) + " is listed twice");
+            }
+            list.ordinals.push_back(o);
+        }
+    } else {
+        // CUDA: GPU 0 until the CUDA backend selects its device on every call (docs/MULTI_GPU.md).
+        list.ordinals.push_back(0);
+    }
+    const size_t n = list.ordinals.size();
+    const auto count_check = [n](int32_t count, const void* values, const char* field) -> Status {
+        const std::string f(field);
+        if (count < 0) return invalid_argument("n_" + f + " must be >= 0 (got " + std::to_string(count) + ")");
+        if ((values == nullptr) != (count == 0)) {
+            return invalid_argument(f + " and n_" + f + " go together: " + f + " is " + (values ? "set" : "NULL") +
+                                    " with n_" + f + " = " + std::to_string(count));
+        }
+        if (static_cast<size_t>(count) > n) {
+            return invalid_argument(f + " has " + std::to_string(count) + " entries, more than the " + std::to_string(n) +
+                                    " device(s) of the context");
+        }
+        return Status::ok();
+    };
+    MOE_RETURN_IF_ERROR(count_check(p.n_tensor_split, p.tensor_split, "tensor_split"));
+    MOE_RETURN_IF_ERROR(count_check(p.n_vram_budgets, p.vram_budgets, "vram_budgets"));
+    if (p.n_tensor_split > 0) {
+        list.proportions.assign(n, 0.0);
+        for (int32_t i = 0; i < p.n_tensor_split; ++i) list.proportions[static_cast<size_t>(i)] = p.tensor_split[i];
+        // The same checks as the split itself, so that a bad value is named before anything is created.
+        MOE_RETURN_IF_ERROR(sched::split_layers(0, list.proportions, {}).status());
+    }
+    list.budgets.assign(n, p.vram_budget);
+    for (int32_t i = 0; i < p.n_vram_budgets; ++i) list.budgets[static_cast<size_t>(i)] = p.vram_budgets[i];
+    if (p.main_gpu < 0 || static_cast<size_t>(p.main_gpu) >= n) {
+        return invalid_argument("main_gpu = " + std::to_string(p.main_gpu) + " is not an index of the " +
+                                std::to_string(n) + " device(s) of the context");
+    }
+    if (p.split_mode == MOE_SPLIT_NONE) {
+        const size_t m = static_cast<size_t>(p.main_gpu);
+        list.ordinals = {list.ordinals[m]};
+        list.budgets = {list.budgets[m]};
+        list.proportions.clear();
+    }
+    if (device_kind == MOE_DEVICE_CUDA && (list.ordinals.size() > 1 || list.ordinals[0] != 0)) {
+        // The CUDA backend selects its GPU at creation only: calls from another thread, or a second
+        // backend on another GPU, would launch on the wrong one.
+        return unimplemented("CUDA contexts on GPUs other than GPU 0 (devices " + std::to_string(list.ordinals[0]) +
+                             (list.ordinals.size() > 1 ? " and more" : "") +
+                             "): the CUDA backend does not select its device per call yet; the emulated device "
+                             "plays several (MOE_DEVICE_EMULATED with devices)");
+    }
+    return list;
+}
+
+Status place_weights_multi(moe_context& ctx, const DeviceList& list, const sched::Policy& policy) {
+    const HParams& hp = ctx.model->hparams;
+    const size_t n_dev = list.ordinals.size();
+    MOE_ASSERT(n_dev >= 2 && ctx.device);
+    ctx.parts.resize(n_dev);
+    for (size_t d = 0; d < n_dev; ++d) {
+        ctx.parts[d].ordinal = list.ordinals[d];
+        if (d == 0) continue;
+        const BackendFactory* factory = find_backend_factory(backend_name(ctx.params.device));
+        MOE_ASSERT(factory != nullptr);  // device 0 was made by it
+        BackendOptions opts;
+        opts.n_threads = ctx.params.n_threads;
+        opts.device = list.ordinals[d];
+        MOE_ASSIGN_OR_RETURN(ctx.parts[d].backend, factory->create(opts));
+    }
+
+    std::vector<Tensor*> ws;
+    std::vector<std::string> names;
+    for (Tensor& t : ctx.weight_tensors) {
+        if (!t.is_weight) continue;
+        ws.push_back(&t);
+        names.push_back(t.name);
+    }
+    MOE_ASSIGN_OR_RETURN(const std::vector<sched::OverrideRule> overrides,
+                         sched::parse_overrides(ctx.params.tensor_overrides ? ctx.params.tensor_overrides : ""));
+    MOE_ASSIGN_OR_RETURN(const std::vector<int> pinned,
+                         sched::pinned_layers(names, overrides, hp.n_layer, static_cast<int>(n_dev)));
+    std::vector<double> proportions = list.proportions;
+    if (proportions.empty()) {
+        // Budgets where given, else what each device has free: llama.cpp's default split.
+        for (size_t d = 0; d < n_dev; ++d) {
+            proportions.push_back(list.budgets[d] > 0 ? static_cast<double>(list.budgets[d])
+                                                      : static_cast<double>(backend_of(ctx, d).free_memory()));
+        }
+    }
+    MOE_ASSIGN_OR_RETURN(ctx.layer_device, sched::split_layers(hp.n_layer, proportions, pinned));
+    for (int dev : ctx.layer_device) ++ctx.parts[static_cast<size_t>(dev)].n_layers;
+    MOE_ASSIGN_OR_RETURN(const std::vector<int> weight_device, weight_devices(ctx, ws, overrides));
+
+    // Placement per device: the one-device rule over its weights, under its budget.
+    std::vector<DeviceWeights> per(n_dev);
+    const uint64_t kv_layer = kv_layer_bytes(ctx);
+    const uint64_t arena = estimate_arena_bytes(ctx, false);
+    std::unordered_map<const Tensor*, Side> side_of;
+    for (size_t d = 0; d < n_dev; ++d) {
+        DeviceWeights& dw = per[d];
+        std::vector<sched::WeightDesc> desc;
+        uint64_t total = 0, largest_expert = 0;
+        for (size_t i = 0; i < ws.size(); ++i) {
+            if (weight_device[i] != static_cast<int>(d)) continue;
+            dw.ws.push_back(ws[i]);
+            desc.push_back({ws[i]->name, aligned(ws[i]->n_bytes())});
+            total += aligned(ws[i]->n_bytes());
+            if (sched::is_expert_tensor(ws[i]->name)) largest_expert = std::max<uint64_t>(largest_expert, ws[i]->n_bytes());
+        }
+        sched::PlacementParams pp;
+        pp.overrides = overrides;
+        pp.n_layer = hp.n_layer;
+        pp.n_cpu_moe = ctx.params.n_cpu_moe;
+        pp.n_gpu_layers = ctx.params.n_gpu_layers;
+        Backend& be = backend_of(ctx, d);
+        if (list.budgets[d] > 0) {
+            pp.vram_budget = list.budgets[d];
+        } else {
+            // As for one device: free memory less this device's KV cache, the activations, a reserve and,
+            // when the weights do not all fit, the upload slots.
+            const uint64_t need = kv_layer * static_cast<uint64_t>(ctx.parts[d].n_layers) + arena + kVramReserve;
+            const uint64_t free = be.free_memory();
+            uint64_t budget = free > need ? free - need : 0;
+            const uint64_t spill = static_cast<uint64_t>(sched::auto_upload_slots(policy)) * largest_expert;
+            if (total > budget) budget = budget > spill ? budget - spill : 0;
+            pp.vram_budget = budget;
+        }
+        StatusOr<std::vector<Side>> sides = sched::place_weights(desc, pp);
+        if (!sides.is_ok()) return sides.status().with_context("placing the weights of " + device_label(ctx, d));
+        dw.sides = std::move(sides).value();
+        for (size_t i = 0; i < dw.ws.size(); ++i) {
+            side_of[dw.ws[i]] = dw.sides[i];
+            const Tensor& t = *dw.ws[i];
+            if (t.type == Type::F32) continue;
+            Tensor probe;
+            probe.op = Op::MUL_MAT;
+            probe.src[0] = const_cast<Tensor*>(&t);
+            const Backend& reader = dw.sides[i] == Side::DEVICE ? be : *ctx.host;
+            if (!reader.supports_op(probe)) {
+                return unimplemented("tensor '" + t.name + "': type " + type_name(t.type) + " is not supported by the " +
+                                     reader.name() + " backend");
+            }
+        }
+        dw.dup = sched::duplicated_biases(dw.ws, dw.sides);
+    }
+
+    // Memory: each device's weights and KV cache; the KV cache of layers whose attention stays in host RAM.
+    const size_t per_tensor = kv_prototype(ctx).n_bytes();  // V, where there is one, is as large as K
+    const size_t kv_per_layer = static_cast<size_t>(kv_tensors_per_layer(ctx));
+    std::vector<Side> attention(static_cast<size_t>(hp.n_layer));
+    size_t host_kv = 0;
+    std::vector<size_t> device_kv(n_dev, 0);
+    for (int il = 0; il < hp.n_layer; ++il) {
+        attention[static_cast<size_t>(il)] = side_of.at(attention_anchor(ctx.weights.layers[static_cast<size_t>(il)]));
+        if (attention[static_cast<size_t>(il)] == Side::DEVICE) {
+            device_kv[static_cast<size_t>(ctx.layer_device[static_cast<size_t>(il)])] += kv_per_layer;
+        } else {
+            host_kv += kv_per_layer;
+        }
+    }
+    uint64_t progress_total = 0;
+    for (size_t d = 0; d < n_dev; ++d) {
+        DeviceWeights& dw = per[d];
+        DevicePart& part = ctx.parts[d];
+        Backend& be = backend_of(ctx, d);
+        uint64_t device_bytes = 0;
+        for (size_t i = 0; i < dw.ws.size(); ++i) {
+            const size_t n = aligned(dw.ws[i]->n_bytes());
+            if (dw.sides[i] == Side::DEVICE || dw.dup[i]) device_bytes += n;
+            if (dw.sides[i] == Side::HOST) {
+                part.weights_host_bytes += n;
+                dw.uploadable.push_back({dw.ws[i]->data, dw.ws[i]->n_bytes()});
+            }
+        }
+        part.weights_device_bytes = device_bytes;
+        progress_total += HostWeights::run_bytes(dw.uploadable) + device_bytes;
+        std::unique_ptr<Buffer>& weights = d == 0 ? ctx.device_weights : part.weights;
+        if (device_bytes > 0) {
+            StatusOr<std::unique_ptr<Buffer>> b = be.alloc_buffer(device_bytes);
+            if (!b.is_ok()) return b.status().with_context("allocating memory for the weights of " + device_label(ctx, d));
+            weights = std::move(b).value();
+        }
+        std::unique_ptr<Buffer>& kv = d == 0 ? ctx.kv_buffer[static_cast<int>(Side::DEVICE)] : part.kv;
+        if (device_kv[d] > 0) {
+            StatusOr<std::unique_ptr<Buffer>> b = be.alloc_buffer(device_kv[d] * per_tensor);
+            if (!b.is_ok()) return b.status().with_context("allocating the KV cache of " + device_label(ctx, d));
+            kv = std::move(b).value();
+        }
+    }
+    if (host_kv > 0) {
+        StatusOr<std::unique_ptr<Buffer>> b = ctx.host->alloc_buffer(host_kv * per_tensor);
+        if (!b.is_ok()) return b.status().with_context("allocating the KV cache");
+        ctx.kv_buffer[static_cast<int>(Side::HOST)] = std::move(b).value();
+    }
+
+    // Page-locking and uploads, then a scheduler per device.
+    Progress progress(ctx.params, progress_total);
+    ctx.weights_device_bytes = ctx.weights_host_bytes = ctx.weights_host_locked_bytes = 0;
+    for (size_t d = 0; d < n_dev; ++d) {
+        DeviceWeights& dw = per[d];
+        DevicePart& part = ctx.parts[d];
+        Backend& be = backend_of(ctx, d);
+        HostWeights& host_weights = d == 0 ? ctx.host_weights : part.host_weights;
+        if (!dw.uploadable.empty()) {
+            MOE_ASSIGN_OR_RETURN(host_weights,
+                                 HostWeights::register_ranges(be, dw.uploadable, ctx.model->file->is_mapped(),
+                                                              [&](uint64_t n) { return progress.advance(n); }));
+            part.weights_host_locked_bytes = host_weights.locked_bytes();
+        }
+        sched::WeightUpload up;
+        up.device = &be;
+        up.device_weights = d == 0 ? ctx.device_weights.get() : part.weights.get();
+        up.align = kWeightAlign;
+        up.host_buffer_of = [&host_weights](const void* p, size_t n) { return host_weights.buffer_of(p, n); };
+        up.progress = [&progress](uint64_t n) { return progress.advance(n); };
+        MOE_ASSIGN_OR_RETURN(const std::vector<sched::WeightCopies> copies,
+                             sched::upload_weights(dw.ws, dw.sides, dw.dup, up));
+        std::unique_ptr<sched::Scheduler>& sched = d == 0 ? ctx.sched : part.sched;
+        sched = std::make_unique<sched::Scheduler>(*ctx.host, &be, hp.n_layer, hp.n_expert, hp.n_expert_used);
+        for (size_t i = 0; i < dw.ws.size(); ++i) sched->add_weight(dw.ws[i], copies[i]);
+        MOE_RETURN_IF_ERROR(be.synchronize().with_context("uploading the weights of " + device_label(ctx, d)));
+        MOE_RETURN_IF_ERROR(sched->set_policy(policy));
+        ctx.weights_device_bytes += part.weights_device_bytes;
+        ctx.weights_host_bytes += part.weights_host_bytes;
+        ctx.weights_host_locked_bytes += part.weights_host_locked_bytes;
+    }
+    // The KV cache over the buffers, layer by layer.
+    std::vector<size_t> used(n_dev, 0);
+    size_t host_used = 0;
+    ctx.kv.n_ctx = ctx.params.n_ctx;
+    for (int il = 0; il < hp.n_layer; ++il) {
+        const size_t d = static_cast<size_t>(ctx.layer_device[static_cast<size_t>(il)]);
+        const bool on_device = attention[static_cast<size_t>(il)] == Side::DEVICE;
+        Buffer* buf = on_device ? (d == 0 ? ctx.kv_buffer[static_cast<int>(Side::DEVICE)].get() : ctx.parts[d].kv.get())
+                                : ctx.kv_buffer[static_cast<int>(Side::HOST)].get();
+        size_t& at = on_device ? used[d] : host_used;
+        for (size_t k = 0; k < kv_per_layer; ++k) {
+            MOE_ASSERT(buf != nullptr && (at + 1) * per_tensor <= buf->size());
+            Tensor& t = ctx.kv_tensors.emplace_back(kv_prototype(ctx, k == 1));
+            t.data = static_cast<uint8_t*>(buf->data()) + at++ * per_tensor;
+            t.buffer = buf;
+            t.name = std::string(k == 0 ? "cache_k." : "cache_v.") + std::to_string(il);
+            (k == 0 ? ctx.kv.k : ctx.kv.v).push_back(&t);
+        }
+    }
+    return Status::ok();
+}
+
+StatusOr<sched::ExpertSplitPlan> plan_expert_split_multi(moe_context& ctx, int n_tokens) {
+    sched::ExpertSplitPlan merged;
+    for (sched::Scheduler* s : schedulers(ctx)) {
+        MOE_ASSIGN_OR_RETURN(sched::ExpertSplitPlan p, s->plan_expert_split(n_tokens));
+        if (p.layers.empty()) continue;
+        if (merged.layers.empty()) {
+            merged.layers.assign(p.layers.size(), 0);
+            merged.groups.assign(p.groups.size(), 0);
+        }
+        const size_t per_layer = p.layers.empty() ? 0 : p.groups.size() / p.layers.size();
+        for (size_t il = 0; il < p.layers.size(); ++il) {
+            if (!p.layers[il]) continue;
+            merged.layers[il] = 1;
+            std::copy_n(p.groups.begin() + static_cast<std::ptrdiff_t>(il * per_layer), per_layer,
+                        merged.groups.begin() + static_cast<std::ptrdiff_t>(il * per_layer));
+        }
+        merged.n_layers += p.n_layers;
+        merged.n_host_experts += p.n_host_experts;
+    }
+    return merged;
+}
+
+Status run_stages(moe_context& ctx, Graph& graph, int n_tokens, std::span<const sched::HostInput> inputs,
+                  std::span<const sched::HostOutput> outputs) {
+    const std::vector<int> node_device = sched::node_devices(graph, ctx.layer_device);
+    MOE_ASSIGN_OR_RETURN(std::vector<sched::Stage> stages, sched::cut_graph(graph, node_device));
+    std::unordered_map<const Tensor*, const void*> input_data;
+    for (const sched::HostInput& in : inputs) input_data[in.tensor] = in.data;
+    std::unordered_map<const Tensor*, std::vector<uint8_t>> staged;  // exports, in host memory
+    for (sched::Stage& stage : stages) {
+        std::vector<sched::HostInput> ins;
+        uint64_t crossed = 0;
+        for (const auto& [leaf, from] : stage.inputs) {
+            if (from->op == Op::NONE) {
+                const auto it = input_data.find(from);
+                if (it == input_data.end()) return internal_error("graph cut: input '" + from->name + "' has no data");
+                ins.push_back({leaf, it->second});
+            } else {
+                ins.push_back({leaf, staged.at(from).data()});
+                crossed += leaf->n_bytes();
+            }
+        }
+        std::vector<sched::HostOutput> outs;
+        for (Tensor* e : stage.exports) {
+            std::vector<uint8_t>& buf = staged[e];
+            buf.resize(e->n_bytes());
+            outs.push_back({e, buf.data()});
+            crossed += e->n_bytes();
+        }
+        const std::unordered_set<const Tensor*> here(stage.graph->nodes().begin(), stage.graph->nodes().end());
+        for (const sched::HostOutput& out : outputs) {
+            if (here.count(out.tensor)) outs.push_back(out);
+        }
+        sched::Scheduler& s = scheduler_of(ctx, static_cast<size_t>(stage.device));
+        MOE_RETURN_IF_ERROR(s.run(*stage.graph, n_tokens, ins, outs));
+        s.stats().bytes_between_devices += crossed;
+    }
+    return Status::ok();
+}
+
+sched::Stats context_stats(const moe_context& ctx) {
+    sched::Stats sum = ctx.sched->stats();
+    for (size_t d = 1; d < ctx.parts.size(); ++d) {
+        const sched::Stats& s = ctx.parts[d].sched->stats();
+        // Each device's scheduler runs a stage of every ubatch (or several): the context's ubatches are
+        // the most any of them ran.
+        const uint64_t ubatches = std::max(sum.n_ubatches, s.n_ubatches);
+#define MOE_ADD_COUNTER(type, name, dims) add(sum.name, s.name);
+        const auto add = [](auto& a, const auto& b) {
+            if constexpr (std::is_array_v<std::remove_reference_t<decltype(a)>>) {
+                for (size_t i = 0; i < std::size(a); ++i) a[i] += b[i];
+            } else {
+                a += b;
+            }
+        };
+        MOE_SCHED_STATS_COUNTERS(MOE_ADD_COUNTER)
+#undef MOE_ADD_COUNTER
+        sum.n_ubatches = ubatches;
+        for (size_t i = 0; i < sum.expert_counts.size() && i < s.expert_counts.size(); ++i) {
+            sum.expert_counts[i] += s.expert_counts[i];
+        }
+    }
+    return sum;
+}
+
+std::optional<sched::WeightCopies> weight_copies(const moe_context& ctx, const Tensor* weight) {
+    for (sched::Scheduler* s : schedulers(ctx)) {
+        if (std::optional<sched::WeightCopies> c = s->weight_copies(weight)) return c;
+    }
+    return std::nullopt;
+}
+
+std::vector<sched::Scheduler*> schedulers(const moe_context& ctx) {
+    std::vector<sched::Scheduler*> out = {ctx.sched.get()};
+    for (size_t d = 1; d < ctx.parts.size(); ++d) out.push_back(ctx.parts[d].sched.get());
+    return out;
+}
+
+sched::Scheduler& scheduler_of(const moe_context& ctx, size_t index) {
+    return index == 0 ? *ctx.sched : *ctx.parts[index].sched;
+}
+
+}  // namespace moe

@@ -1,0 +1,54 @@
+// Contexts over several devices in one host (llama.cpp's -sm layer): each model layer, with its
+// weights and KV cache, belongs to one device (sched/device_split.h); each device has a scheduler of
+// its own (with its upload ring, expert id readback, bias duplicates and stats) over the host and that
+// device. A ubatch's graph is cut into stages of consecutive nodes on one device (sched/graph_cut.h),
+// run in order, each by its device's scheduler; what a stage hands to the next (the residual stream)
+// goes through host memory. Within a device, placement is the one-device rule under its budget:
+// experts spill to host RAM first, and ops whose weights are there are offloaded to the device of
+// their layer.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "core/models/model_graph.h"
+#include "runtime/context.h"
+#include "sched/policy.h"
+
+namespace moe {
+
+// The devices of a context, from its params (validated: each bad value is INVALID_ARGUMENT naming it).
+struct DeviceList {
+    std::vector<int> ordinals;        // one per device of the context, in the list's order
+    std::vector<double> proportions;  // tensor_split, one per device; empty: by budgets or free memory
+    std::vector<uint64_t> budgets;    // per device (0: from its free memory)
+};
+// device_kind: MOE_DEVICE_CUDA or MOE_DEVICE_EMULATED (resolved); device_count: the backend's devices.
+StatusOr<DeviceList> device_list(const moe_context_params& p, int32_t device_kind, int device_count);
+
+// Creates the devices after the first (ctx.device is device 0 of `list`), places the weights over all
+// of them, uploads them, and makes a scheduler per device and the KV cache. REQUIRES: list has two or
+// more devices; the model's weights are bound.
+Status place_weights_multi(moe_context& ctx, const DeviceList& list, const sched::Policy& policy);
+
+// The expert split of the next ubatch over all devices: each scheduler's plan for its own layers.
+StatusOr<sched::ExpertSplitPlan> plan_expert_split_multi(moe_context& ctx, int n_tokens);
+
+// Runs a ubatch graph stage by stage, as Scheduler::run does on one device (graph consumed; inputs
+// and outputs those of the whole graph). Counts the bytes crossing between devices in the stats of the
+// schedulers that send and receive them.
+Status run_stages(moe_context& ctx, Graph& graph, int n_tokens, std::span<const sched::HostInput> inputs,
+                  std::span<const sched::HostOutput> outputs);
+
+// The statistics of the context: its devices' schedulers' summed (one device: its scheduler's).
+sched::Stats context_stats(const moe_context& ctx);
+// A weight's copies, from the scheduler of its device; nullopt for an unregistered tensor.
+std::optional<sched::WeightCopies> weight_copies(const moe_context& ctx, const Tensor* weight);
+// The context's schedulers: device 0's, then the other devices' (one for one device).
+std::vector<sched::Scheduler*> schedulers(const moe_context& ctx);
+// The scheduler of device `index` of the list. REQUIRES: index < the number of devices (1 for one).
+sched::Scheduler& scheduler_of(const moe_context& ctx, size_t index);
+
+}  // namespace moe

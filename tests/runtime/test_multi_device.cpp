@@ -1,0 +1,330 @@
+// Contexts over several devices (layer split) on the emulated backend playing two devices: the layer
+// split against an independent computation, every weight and KV tensor in the memory of its layer's
+// device, logits equal to the one-device context's bit for bit (the same CPU kernels run on the same
+// data; the residual stream only crosses through host memory), and the bytes that cross between
+// devices as predicted (the residual stream, once out and once in, per stage boundary).
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/logits_check.h"
+#include "common/tiny_model.h"
+#include "core/models/model_graph.h"
+#include "moeinfer/moeinfer.h"
+#include "runtime/context.h"
+#include "runtime/multi_device.h"
+#include "sched/device_split.h"
+#include "sched/placement.h"
+
+namespace {
+
+using Model = moe::test::TinyModel;
+
+struct Setup {
+    std::vector<int32_t> devices;  // empty: one device
+    std::vector<float> split;
+    std::vector<uint64_t> budgets;
+    const char* overrides = nullptr;
+    int32_t expert_copy = MOE_EXPERT_COPY_AUTO;
+    const char* offload = nullptr;
+    int32_t n_ubatch = 16;
+};
+
+moe_status create(const Model& m, const Setup& s, moe_context** out) {
+    moe_sched_policy pol;
+    moe_sched_policy_init(&pol);
+    pol.expert_copy = s.expert_copy;
+    pol.expert_split = 0;  // the same nodes on the same sides in both contexts
+    if (s.offload != nullptr) REQUIRE(moe_sched_policy_parse_offload(&pol, s.offload) == MOE_STATUS_OK);
+    moe_context_params p;
+    moe_context_params_init(&p);
+    p.n_ctx = 128;
+    p.n_ubatch = s.n_ubatch;
+    p.n_threads = 2;
+    p.device = MOE_DEVICE_EMULATED;
+    p.tensor_overrides = s.overrides;
+    p.policy = &pol;
+    p.devices = s.devices.empty() ? nullptr : s.devices.data();
+    p.n_devices = static_cast<int32_t>(s.devices.size());
+    p.tensor_split = s.split.empty() ? nullptr : s.split.data();
+    p.n_tensor_split = static_cast<int32_t>(s.split.size());
+    p.vram_budgets = s.budgets.empty() ? nullptr : s.budgets.data();
+    p.n_vram_budgets = static_cast<int32_t>(s.budgets.size());
+    return moe_context_create(m.get(), &p, out);
+}
+
+struct Ctx {
+    moe_context* ctx = nullptr;
+    Ctx(const Model& m, const Setup& s) {
+        const moe_status st = create(m, s, &ctx);
+        INFO(moe_last_error());
+        REQUIRE(st == MOE_STATUS_OK);
+    }
+    ~Ctx() { moe_context_free(ctx); }
+    std::vector<float> decode(const std::vector<int32_t>& tokens, int32_t n_vocab, bool all = true) {
+        const moe_status s = moe_decode(ctx, tokens.data(), nullptr, static_cast<int32_t>(tokens.size()), all ? 1 : 0);
+        INFO(moe_last_error());
+        REQUIRE(s == MOE_STATUS_OK);
+        const float* logits = nullptr;
+        int32_t rows = 0, nv = 0;
+        REQUIRE(moe_get_logits(ctx, &logits, &rows, &nv) == MOE_STATUS_OK);
+        REQUIRE(nv == n_vocab);
+        return std::vector<float>(logits, logits + static_cast<size_t>(rows) * static_cast<size_t>(nv));
+    }
+    moe_sched_stats stats() const {
+        moe_sched_stats st;
+        st.struct_size = sizeof st;
+        REQUIRE(moe_context_get_stats(ctx, &st) == MOE_STATUS_OK);
+        return st;
+    }
+};
+
+std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int32_t n_vocab) {
+    std::uniform_int_distribution<int32_t> tok(0, n_vocab - 1);
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (auto& x : t) x = tok(rng);
+    return t;
+}
+
+// The device of each layer by exact integer arithmetic: the j-th of m unpinned layers goes to the first
+// device d with j * total < m * (p_0 + ... + p_d).
+std::vector<int> reference_split(int n_layer, const std::vector<int>& weights, const std::vector<int>& pinned) {
+    const int total = std::accumulate(weights.begin(), weights.end(), 0);
+    int m = 0;
+    for (int il = 0; il < n_layer; ++il) m += pinned.empty() || pinned[static_cast<size_t>(il)] < 0 ? 1 : 0;
+    std::vector<int> out;
+    int j = 0;
+    for (int il = 0; il < n_layer; ++il) {
+        if (!pinned.empty() && pinned[static_cast<size_t>(il)] >= 0) {
+            out.push_back(pinned[static_cast<size_t>(il)]);
+            continue;
+        }
+        int d = 0, cum = weights[0];
+        while (d + 1 < static_cast<int>(weights.size()) && !(j * total < m * cum)) cum += weights[static_cast<size_t>(++d)];
+        out.push_back(d);
+        ++j;
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("split_layers deals the layers out as llama.cpp's layer split", "[sched][multi_device]") {
+    std::mt19937 rng(std::random_device{}());
+    const uint32_t seed = rng();
+    INFO("seed " << seed);
+    rng.seed(seed);
+    for (int trial = 0; trial < 200; ++trial) {
+        const int n_layer = std::uniform_int_distribution<int>(1, 64)(rng);
+        const int n_dev = std::uniform_int_distribution<int>(1, 4)(rng);
+        std::vector<int> w(static_cast<size_t>(n_dev));
+        for (int& x : w) x = std::uniform_int_distribution<int>(0, 5)(rng);
+        if (std::accumulate(w.begin(), w.end(), 0) == 0) w[0] = 1;
+        std::vector<int> pinned;
+        if (trial % 2 == 1) {
+            pinned.assign(static_cast<size_t>(n_layer), -1);
+            for (int& p : pinned) p = std::uniform_int_distribution<int>(0, 5)(rng) == 0 ? std::uniform_int_distribution<int>(0, n_dev - 1)(rng) : -1;
+        }
+        const std::vector<double> props(w.begin(), w.end());
+        const moe::StatusOr<std::vector<int>> got = moe::sched::split_layers(n_layer, props, pinned);
+        REQUIRE(got.is_ok());
+        INFO("n_layer " << n_layer << " devices " << n_dev);
+        REQUIRE(*got == reference_split(n_layer, w, pinned));
+    }
+    // Bad proportions are named.
+    const std::vector<double> negative = {1.0, -1.0}, zero = {0.0, 0.0};
+    const moe::Status neg = moe::sched::split_layers(4, negative, {}).status();
+    CHECK(neg.code() == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(neg.message().find("tensor_split[1]") != std::string::npos);
+    CHECK(moe::sched::split_layers(4, zero, {}).status().code() == MOE_STATUS_INVALID_ARGUMENT);
+}
+
+TEST_CASE("tensor overrides naming a device pin layers; bad ones are named", "[sched][multi_device]") {
+    const std::vector<std::string> names = {"token_embd.weight", "blk.0.attn_q.weight", "blk.1.attn_q.weight",
+                                            "blk.1.ffn_up_exps.weight", "blk.2.attn_q.weight", "output.weight"};
+    auto pins = [&](const char* spec, int n_dev) {
+        auto rules = moe::sched::parse_overrides(spec);
+        REQUIRE(rules.is_ok());
+        return moe::sched::pinned_layers(names, *rules, 3, n_dev);
+    };
+    const auto p = pins("blk\\.1\\.=CUDA1,exps=CPU", 2);
+    REQUIRE(p.is_ok());
+    CHECK(*p == std::vector<int>{-1, 1, -1});
+    // The first matching rule decides: blk.1's experts go to host RAM, its attention pins it to CUDA0.
+    const auto q = pins("blk\\.1\\.ffn=CPU,blk\\.1\\.=CUDA0", 2);
+    REQUIRE(q.is_ok());
+    CHECK(*q == std::vector<int>{-1, 0, -1});
+    const auto out_of_range = pins("blk\\.2\\.=CUDA3", 2);
+    CHECK(out_of_range.status().code() == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(out_of_range.status().message().find("CUDA3") != std::string::npos);
+    const auto twice = pins("attn_q=CUDA0,exps=CUDA1", 2);
+    CHECK(twice.status().code() == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(twice.status().message().find("layer 1") != std::string::npos);
+    CHECK(!moe::sched::parse_overrides("exps=CUDAX").is_ok());
+}
+
+TEST_CASE("emulated:2 places each layer, its weights and its KV cache on its device", "[sched][multi_device]") {
+    std::mt19937 rng(std::random_device{}());
+    Model m("qwen3moe", "moe_multi_place", rng(), [] {
+        moe::test::TinyModelOptions o;
+        o.n_layer = 5;
+        return o;
+    }());
+    for (const std::vector<float>& split : {std::vector<float>{1, 1}, std::vector<float>{3, 1}, std::vector<float>{1, 4}}) {
+        for (const char* ot : {static_cast<const char*>(nullptr), "exps=CPU", "blk\\.0\\.=CUDA1"}) {
+            INFO("split " << split[0] << ":" << split[1] << " -ot " << (ot ? ot : "(none)"));
+            Setup s;
+            s.devices = {0, 1};
+            s.split = split;
+            s.overrides = ot;
+            Ctx c(m, s);
+            const moe_context& ctx = *c.ctx;
+            std::vector<int> pinned(5, -1);
+            if (ot != nullptr && std::string(ot).find("CUDA1") != std::string::npos) pinned[0] = 1;
+            const std::vector<int> want = reference_split(5, {static_cast<int>(split[0]), static_cast<int>(split[1])}, pinned);
+            REQUIRE(ctx.layer_device == want);
+            const moe::Backend* backends[2] = {ctx.device.get(), ctx.parts[1].backend.get()};
+            for (const moe::Tensor& t : ctx.weight_tensors) {
+                if (!t.is_weight) continue;
+                const int layer = moe::sched::layer_of(t.name);
+                // Outside the layers: the embeddings go with the first layer, the output head with the last.
+                const int dev = layer >= 0 ? want[static_cast<size_t>(layer)] : t.name == "token_embd.weight" ? want[0] : want[4];
+                const std::optional<moe::sched::WeightCopies> copies = moe::weight_copies(ctx, &t);
+                REQUIRE(copies);
+                const bool in_ram = ot != nullptr && std::string(ot) == "exps=CPU" && moe::sched::is_expert_tensor(t.name);
+                INFO(t.name);
+                CHECK((copies->home == moe::sched::Side::HOST) == in_ram);
+                if (!in_ram) CHECK(copies->device_buffer->backend() == backends[dev]);
+                CHECK(moe::scheduler_of(ctx, static_cast<size_t>(dev)).weight_copies(&t).has_value());
+            }
+            for (int il = 0; il < 5; ++il) {
+                CHECK(ctx.kv.k[static_cast<size_t>(il)]->buffer->backend() == backends[want[static_cast<size_t>(il)]]);
+            }
+        }
+    }
+}
+
+TEST_CASE("emulated:2 logits equal the one-device context's bit for bit", "[sched][multi_device]") {
+    std::mt19937 rng(std::random_device{}());
+    for (const char* arch : {"qwen3moe", "gpt-oss"}) {
+        moe::test::TinyModelOptions o;
+        o.n_layer = 4;  // 1:1 and 3:1 both leave layers on each device
+        Model m(arch, "moe_multi_logits", rng(), o);
+        const int32_t nv = m.info().n_vocab;
+        const int64_t n_embd = m.info().n_embd;
+        const std::vector<std::vector<int32_t>> batches = {random_tokens(rng, 37, nv), random_tokens(rng, 1, nv),
+                                                            random_tokens(rng, 20, nv)};
+        struct Case {
+            std::vector<float> split;
+            const char* ot;
+            int32_t copy;
+            const char* offload;
+        };
+        const Case cases[] = {
+            {{1, 1}, nullptr, MOE_EXPERT_COPY_AUTO, nullptr},
+            {{3, 1}, nullptr, MOE_EXPERT_COPY_AUTO, nullptr},
+            {{1, 1}, "exps=CPU", MOE_EXPERT_COPY_FULL, "all=4"},
+            {{1, 1}, "exps=CPU", MOE_EXPERT_COPY_ACTIVE_ONLY, "all=4"},
+            {{3, 1}, "exps=CPU", MOE_EXPERT_COPY_ACTIVE_ONLY, nullptr},
+        };
+        for (const Case& k : cases) {
+            INFO(arch << " split " << k.split[0] << ":" << k.split[1] << " -ot " << (k.ot ? k.ot : "(none)") << " copy "
+                      << k.copy << " offload " << (k.offload ? k.offload : "(default)"));
+            Setup one;
+            one.overrides = k.ot;
+            one.expert_copy = k.copy;
+            one.offload = k.offload;
+            Setup two = one;
+            two.devices = {0, 1};
+            two.split = k.split;
+            Ctx a(m, one), b(m, two);
+            int64_t tokens = 0;
+            for (const auto& batch : batches) {
+                REQUIRE(moe::test::bitwise_equal(b.decode(batch, nv), a.decode(batch, nv)));
+                tokens += static_cast<int64_t>(batch.size());
+            }
+            // Both devices hold layers: one boundary, the residual stream [n_embd, tokens] F32 out and in.
+            REQUIRE(b.ctx->parts[0].n_layers > 0);
+            REQUIRE(b.ctx->parts[1].n_layers > 0);
+            const moe_sched_stats sa = a.stats(), sb = b.stats();
+            CHECK(sb.bytes_between_devices == static_cast<uint64_t>(2 * 4 * n_embd * tokens));
+            CHECK(sa.bytes_between_devices == 0);
+            CHECK(sb.n_ubatches == sa.n_ubatches);
+            CHECK(sb.weights_device_bytes == sa.weights_device_bytes);
+            CHECK(sb.weights_host_bytes == sa.weights_host_bytes);
+            CHECK(sb.bytes_weights_full + sb.bytes_weights_experts == sa.bytes_weights_full + sa.bytes_weights_experts);
+        }
+    }
+}
+
+TEST_CASE("emulated:2: one ubatch and token by token agree", "[sched][multi_device]") {
+    std::mt19937 rng(std::random_device{}());
+    Model m("qwen3moe", "moe_multi_tbt", rng());
+    const int32_t nv = m.info().n_vocab;
+    const std::vector<int32_t> prompt = random_tokens(rng, 12, nv);
+    Setup s;
+    s.devices = {0, 1};
+    s.split = {1, 1};
+    s.overrides = "exps=CPU";
+    s.offload = "all=4";
+    Ctx whole(m, s), single(m, s);
+    const std::vector<float> all = whole.decode(prompt, nv);
+    std::vector<float> step;
+    for (size_t i = 0; i < prompt.size(); ++i) {
+        const std::vector<float> row = single.decode({prompt[i]}, nv);
+        step.insert(step.end(), row.begin(), row.end());
+    }
+    // A batch of 12 and 12 batches of one run different kernels (and offload decisions): close, not equal.
+    moe::test::require_close(step, all, nv);
+}
+
+TEST_CASE("several devices: every bad value is INVALID_ARGUMENT naming it", "[sched][multi_device]") {
+    std::mt19937 rng(std::random_device{}());
+    Model m("qwen3moe", "moe_multi_bad", rng());
+    auto refused = [&](Setup s, int32_t devices_n_override, const char* field) {
+        moe_sched_policy pol;
+        moe_sched_policy_init(&pol);
+        moe_context_params p;
+        moe_context_params_init(&p);
+        p.device = MOE_DEVICE_EMULATED;
+        p.n_ctx = 64;
+        p.tensor_overrides = s.overrides;
+        p.devices = s.devices.empty() ? nullptr : s.devices.data();
+        p.n_devices = devices_n_override >= 0 ? devices_n_override : static_cast<int32_t>(s.devices.size());
+        p.tensor_split = s.split.empty() ? nullptr : s.split.data();
+        p.n_tensor_split = static_cast<int32_t>(s.split.size());
+        p.vram_budgets = s.budgets.empty() ? nullptr : s.budgets.data();
+        p.n_vram_budgets = static_cast<int32_t>(s.budgets.size());
+        moe_context* ctx = nullptr;
+        const moe_status st = moe_context_create(m.get(), &p, &ctx);
+        INFO(field << ": " << moe_last_error());
+        CHECK(st == MOE_STATUS_INVALID_ARGUMENT);
+        CHECK(std::string(moe_last_error()).find(field) != std::string::npos);
+        CHECK(ctx == nullptr);
+    };
+    Setup s;
+    s.devices = {0, 1};
+    s.overrides = "blk\\.0\\.=CUDA3";
+    refused(s, -1, "CUDA3");
+    s = Setup{};
+    s.devices = {0, 1};
+    s.split = {1, -2};
+    refused(s, -1, "tensor_split[1]");
+    s.split = {1, 1, 1};
+    refused(s, -1, "tensor_split");
+    s = Setup{};
+    s.devices = {0, 1};
+    s.budgets = {1u << 30, 1u << 30, 1u << 30};
+    refused(s, -1, "vram_budgets");
+    s = Setup{};
+    s.devices = {0, 0};
+    refused(s, -1, "devices[1]");
+    s.devices = {0, 99};
+    refused(s, -1, "devices[1]");
+    s.devices = {0, 1};
+    refused(s, 0, "n_devices");
+}
