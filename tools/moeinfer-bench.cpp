@@ -44,6 +44,7 @@ void print_help(const std::vector<bench::Option>& options) {
     bench::print_options(stdout, options);
     std::printf("\nsynthetic spec keys:\n");
     for (const bench::SyntheticKey& k : bench::synthetic_keys()) std::printf("  %-16s %s\n", k.name, k.help);
+    std::printf("\nbackend options (--backend-options key=value,...):\n%s", moe_backend_options_help());
     std::printf(
         "\nexamples:\n"
         "  moeinfer-bench --synthetic qwen3moe:preset=tiny -c 1024 -ub 128      # a short sweep\n"
@@ -110,6 +111,28 @@ std::string offload_spec(const moe_sched_policy& p) {
     return spec;
 }
 
+// "mul_mat=41 measured, mul_mat_id=1210 measured, moe_up_gate=1210 measured (link 25.1 GB/s; host / device
+// GB/s x tokens: mul_mat 812 / 9.01e+04, ...)": the offload thresholds in effect, where each came from and
+// what the measured ones were computed from (docs/POLICY.md).
+std::string threshold_summary(const moe_sched_stats& s) {
+    std::string out;
+    for (int32_t op = 0; op < MOE_OFFLOAD_OP_COUNT; ++op) {
+        const char* source = moe_threshold_source_name(s.offload_min_batch_source[op]);
+        out += (op ? ", " : "") + bench::offload_op_name(op) + "=" + std::to_string(s.offload_min_batch[op]) + " " +
+               (source != nullptr ? source : "?");
+    }
+    if (s.offload_link_gbps > 0.0) {
+        out += " (link " + bench::detail::fmt("%.3g", s.offload_link_gbps) + " GB/s; host / device GB/s x tokens:";
+        for (int32_t op = 0; op < MOE_OFFLOAD_OP_COUNT; ++op) {
+            if (s.offload_host_gbps[op] <= 0.0) continue;
+            out += " " + bench::offload_op_name(op) + " " + bench::detail::fmt("%.3g", s.offload_host_gbps[op]) + " / " +
+                   bench::detail::fmt("%.3g", s.offload_device_gbps[op]);
+        }
+        out += ")";
+    }
+    return out;
+}
+
 // The placement settings, the effective policy and where the weights went, for the output records.
 std::optional<Failure> describe_placement(const moe_context* ctx, const Config& cfg, bench::RunInfo& run) {
     moe_sched_stats stats{};
@@ -129,6 +152,7 @@ std::optional<Failure> describe_placement(const moe_context* ctx, const Config& 
     moe_sched_policy_init(&p);
     if (moe_context_get_policy(ctx, &p) != MOE_STATUS_OK) return bench::library_error("moe_context_get_policy");
     run.offload_policy = offload_spec(p);
+    run.offload_thresholds = threshold_summary(stats);
     run.expert_copy = p.expert_copy == MOE_EXPERT_COPY_ACTIVE_ONLY       ? "active"
                       : p.expert_copy == MOE_EXPERT_COPY_ACTIVE_PREFETCH ? "prefetch"
                       : p.expert_copy == MOE_EXPERT_COPY_AUTO            ? "auto"
@@ -165,6 +189,7 @@ std::optional<Failure> run(Config& cfg) {
     run.n_ubatch = cp.n_ubatch;
     run.version = moe_version();
     run.n_batch = cfg.n_batch;
+    run.backend_options = cfg.backend_options;
     run.device_context = device_context;
     if (auto f = describe_placement(ctx, cfg, run)) return f;
 

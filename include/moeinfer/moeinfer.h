@@ -297,8 +297,10 @@ typedef enum moe_offload_op {
 typedef struct moe_offload_rule {
     /* Non-zero: the op may be offloaded. */
     int32_t enabled;
-    /* Offload only when the ubatch has at least this many tokens. -1: the default, 32 for mul_mat and
-     * 32 * n_expert / n_expert_used for the expert ops (each expert then sees about 32 tokens). */
+    /* Offload only when the ubatch has at least this many tokens. -1: the default, measured at context
+     * creation on CUDA (backend option offload_calibration; docs/POLICY.md), else 32 for mul_mat and
+     * 32 * n_expert / n_expert_used for the expert ops (each expert then sees about 32 tokens);
+     * moe_sched_stats.offload_min_batch says which is in effect. */
     int32_t min_batch;
 } moe_offload_rule;
 
@@ -460,6 +462,13 @@ typedef struct moe_context_params {
      * for every device. Borrowed during the call. Default: NULL, 0. */
     const uint64_t* vram_budgets;
     int32_t n_vram_budgets;
+    /* Backend switches, "key=value[,key=value...]" (moe_backend_options_help lists the keys, their
+     * values and defaults; docs/ENVIRONMENT.md too), e.g. "cuda_graphs=off,offload_calibration=off".
+     * A key given here wins; a key left out takes its environment variable where it has one (with the
+     * variable's own rules), else its default. Keys of a backend the context does not create are
+     * checked and ignored. Unknown key, a key given twice or a bad value -> INVALID_ARGUMENT naming the
+     * entry. NULL or "": none. Borrowed during the call. Default: NULL. */
+    const char* backend_options;
 } moe_context_params;
 
 /* How a context spreads the model over its devices (moe_context_params.split_mode; llama.cpp's -sm). */
@@ -470,6 +479,10 @@ typedef enum moe_split_mode {
 } moe_split_mode;
 
 MOE_API void moe_context_params_init(moe_context_params* params);
+
+/* The keys moe_context_params.backend_options takes: one "  key=VALUES  (default D; env VAR)" line per
+ * key, then a line of what it does. Static text. */
+MOE_API const char* moe_backend_options_help(void);
 
 /* Creates a context. `params` may be NULL for defaults. The model must outlive the context.
  * Errors: INVALID_ARGUMENT (bad params), DATA_CORRUPT / NOT_FOUND (a tensor the architecture needs is
@@ -578,7 +591,32 @@ typedef struct moe_sched_stats {
     uint64_t n_cache_hits;
     uint64_t n_cache_misses;
     uint64_t bytes_cache_saved;
+    /* The offload thresholds in effect per moe_offload_op (the moe_sched_policy min_batch an op with
+     * host-resident weights is offloaded from, as moe_context_get_policy resolves it) and where each came
+     * from, a moe_threshold_source. docs/POLICY.md gives the formula of the measured ones. */
+    int32_t offload_min_batch[MOE_OFFLOAD_OP_COUNT];
+    int32_t offload_min_batch_source[MOE_OFFLOAD_OP_COUNT];
+    /* What the measured thresholds were computed from (0 where nothing was measured): the host-to-device
+     * copy bandwidth of the host-resident weights, GB/s (1e9 B/s); per moe_offload_op, the rates at which
+     * the host and the device multiply weights by tokens, in GB/s of weight bytes times tokens (a weight
+     * of W bytes applied to n tokens takes W * n / rate). */
+    double offload_link_gbps;
+    double offload_host_gbps[MOE_OFFLOAD_OP_COUNT];
+    double offload_device_gbps[MOE_OFFLOAD_OP_COUNT];
 } moe_sched_stats;
+
+/* Where an offload threshold (moe_sched_stats.offload_min_batch) came from. */
+typedef enum moe_threshold_source {
+    MOE_THRESHOLD_DEFAULT = 0,   /* the fixed default: 32 for mul_mat, 32 * n_expert / n_expert_used for the
+                                  * expert ops (CPU and emulated contexts, offload_calibration=off, or nothing
+                                  * of that op kind in host RAM to measure) */
+    MOE_THRESHOLD_MEASURED = 1,  /* computed at context creation from the measured link bandwidth and the
+                                  * host's and device's throughput on the op's weights */
+    MOE_THRESHOLD_OVERRIDE = 2   /* the policy's explicit min_batch */
+} moe_threshold_source;
+
+/* "default", "measured", "override"; NULL for an unknown source. */
+MOE_API const char* moe_threshold_source_name(int32_t source);
 
 /* The fields of moe_sched_stats as X(type, name, dims) entries (dims: empty, or "[N]" for an array), for
  * code that handles every field alike (conversions, sums, printing). MOE_SCHED_STATS_COUNTERS lists
@@ -615,7 +653,12 @@ typedef struct moe_sched_stats {
     X(uint64_t, weights_device_bytes, )                  \
     X(uint64_t, weights_host_pinned_bytes, )             \
     X(int32_t, n_layer, )                                \
-    X(int32_t, n_expert, )
+    X(int32_t, n_expert, )                               \
+    X(int32_t, offload_min_batch, [MOE_OFFLOAD_OP_COUNT])        \
+    X(int32_t, offload_min_batch_source, [MOE_OFFLOAD_OP_COUNT]) \
+    X(double, offload_link_gbps, )                               \
+    X(double, offload_host_gbps, [MOE_OFFLOAD_OP_COUNT])         \
+    X(double, offload_device_gbps, [MOE_OFFLOAD_OP_COUNT])
 
 MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats* out_stats);
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/backend_config.h"
 #include "core/bandwidth.h"
 
 namespace moe {
@@ -16,6 +17,7 @@ namespace moe {
 struct BackendOptions {
     int n_threads = 0;  // CPU threads; 0 = all cores
     int device = 0;     // device ordinal for device backends
+    BackendConfig config;  // the context's backend_options (env fallback applied)
 };
 
 struct BackendFactory {

@@ -16,36 +16,27 @@
 namespace moe::cpu {
 namespace {
 
-// The emulated card's size: MOEINFER_EMULATED_VRAM bytes if set (to test budgets), else 64 GiB. Every
-// emulated device of one ordinal in the process allocates from it, as contexts on one GPU share its
-// memory; each ordinal is a card of its own (a meter of its own).
-size_t emulated_vram() {
-    if (const char* v = std::getenv("MOEINFER_EMULATED_VRAM")) {
-        char* end = nullptr;
-        const unsigned long long n = std::strtoull(v, &end, 10);
-        if (end != v && *end == '\0') return static_cast<size_t>(n);
-    }
-    return size_t{64} << 30;
-}
-
 // The meter of emulated card `ordinal`: "emulated" for card 0 (the one-device contexts'), "emulatedN"
 // for card N.
 DeviceMemoryMeter& emulated_meter(int ordinal) {
     return ordinal == 0 ? DeviceMemoryMeter::of("emulated") : DeviceMemoryMeter::of("emulated" + std::to_string(ordinal));
 }
 
-// The card's size less what the emulated devices of that card hold (the test limit of the meter aside).
-size_t emulated_free(int ordinal) {
-    const size_t total = emulated_vram(), live = emulated_meter(ordinal).live_bytes();
+// The card's size (BackendConfig::emulated_vram, to test budgets) less what the emulated devices of that
+// card hold (the test limit of the meter aside). Every emulated device of one ordinal in the process
+// allocates from it, as contexts on one GPU share its memory; each ordinal is a card of its own (a meter
+// of its own).
+size_t emulated_free(int ordinal, size_t total) {
+    const size_t live = emulated_meter(ordinal).live_bytes();
     return total > live ? total - live : 0;
 }
 
 // Host memory that claims to be device memory, counted against the emulated card's size.
 class EmulatedDeviceBuffer final : public Buffer {
 public:
-    static StatusOr<std::unique_ptr<Buffer>> allocate(Backend* backend, int ordinal, size_t size) {
+    static StatusOr<std::unique_ptr<Buffer>> allocate(Backend* backend, int ordinal, size_t vram, size_t size) {
         DeviceMemoryMeter& meter = emulated_meter(ordinal);
-        const size_t free = emulated_free(ordinal);
+        const size_t free = emulated_free(ordinal, vram);
         if (size > free) {
             meter.note_refused();
             return device_exhausted("emulated device", size, meter.free_bytes(free));
@@ -56,7 +47,7 @@ public:
         if (p == nullptr) {
             meter.release(size);
             meter.note_refused();
-            return device_exhausted("emulated device", size, meter.free_bytes(emulated_free(ordinal)));
+            return device_exhausted("emulated device", size, meter.free_bytes(emulated_free(ordinal, vram)));
         }
         return std::unique_ptr<Buffer>(new EmulatedDeviceBuffer(backend, meter, p, size));
     }
@@ -76,15 +67,6 @@ private:
     size_t size_;
 };
 
-// Bytes per second of MOEINFER_EMULATED_PCIE_GBPS (GB/s), or 0 when unset or not a positive number.
-double emulated_link_rate() {
-    const char* v = std::getenv("MOEINFER_EMULATED_PCIE_GBPS");
-    if (v == nullptr) return 0.0;
-    char* end = nullptr;
-    const double gbps = std::strtod(v, &end);
-    return end != v && *end == '\0' && gbps > 0.0 ? gbps * 1e9 : 0.0;
-}
-
 // Copies n bytes, taking at least the time the emulated link would (rate 0: no floor).
 void timed_copy(void* dst, const void* src, size_t n, double bytes_per_second) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -92,11 +74,6 @@ void timed_copy(void* dst, const void* src, size_t n, double bytes_per_second) {
     if (bytes_per_second > 0.0) {
         std::this_thread::sleep_until(t0 + std::chrono::duration<double>(static_cast<double>(n) / bytes_per_second));
     }
-}
-
-bool async_requested() {
-    const char* v = std::getenv("MOEINFER_EMULATED_ASYNC");
-    return v != nullptr && std::string(v) == "1";
 }
 
 // A node as the CPU kernels see it (host memory, no views), copied so that it can be computed later
@@ -123,15 +100,18 @@ NodeCopy host_view_of(const Tensor& n) {
 
 }  // namespace
 
-EmulatedDeviceBackend::EmulatedDeviceBackend(int n_threads, bool async, int ordinal)
-    : kernels_(n_threads), ordinal_(ordinal), upload_bytes_per_second_(emulated_link_rate()) {
-    if (async) streams_ = std::make_unique<AsyncStreams>();
+EmulatedDeviceBackend::EmulatedDeviceBackend(int n_threads, const BackendConfig& config, int ordinal)
+    : kernels_(n_threads),
+      ordinal_(ordinal),
+      vram_(static_cast<size_t>(config.emulated_vram)),
+      upload_bytes_per_second_(config.emulated_pcie_gbps * 1e9) {
+    if (config.emulated_async) streams_ = std::make_unique<AsyncStreams>();
 }
 
 EmulatedDeviceBackend::~EmulatedDeviceBackend() = default;  // the streams finish their tasks first
 
 StatusOr<std::unique_ptr<Buffer>> EmulatedDeviceBackend::alloc_buffer(size_t size) {
-    return EmulatedDeviceBuffer::allocate(this, ordinal_, size);
+    return EmulatedDeviceBuffer::allocate(this, ordinal_, vram_, size);
 }
 
 StatusOr<std::unique_ptr<Buffer>> EmulatedDeviceBackend::alloc_host_buffer(size_t size) {
@@ -157,7 +137,7 @@ StatusOr<std::unique_ptr<Buffer>> EmulatedDeviceBackend::register_host(void* p, 
 }
 
 size_t EmulatedDeviceBackend::free_memory() const {
-    return emulated_meter(ordinal_).free_bytes(emulated_free(ordinal_));
+    return emulated_meter(ordinal_).free_bytes(emulated_free(ordinal_, vram_));
 }
 
 Status EmulatedDeviceBackend::check_own_memory(const Tensor& node) const {
@@ -266,7 +246,7 @@ void register_emulated_backend() {
                                            std::to_string(kEmulatedDevices) + " device(s) found)");
             }
             return std::unique_ptr<Backend>(
-                std::make_unique<EmulatedDeviceBackend>(o.n_threads, async_requested(), o.device));
+                std::make_unique<EmulatedDeviceBackend>(o.n_threads, o.config, o.device));
         },
     });
 }

@@ -3,21 +3,22 @@
 // and out only through its copies, and compute refuses operands outside its own buffers. It computes
 // with the CPU kernels, so its results equal the CPU backend's bit for bit.
 //
-// With MOEINFER_EMULATED_ASYNC=1 (read at creation) it also behaves like a GPU in time: compute and
-// activation copies run in order on a "compute stream" thread and weight uploads on a "copy stream"
-// thread, each task after a random delay, with fences and the CUDA backend's ordering rules (an
-// upload waits for its fence, compute queued after an upload waits for it). A scheduler that reads
-// or reuses memory before the copy or compute it depends on has finished then gets wrong logits.
+// With emulated_async=on (backend options, core/backend_config.h; or MOEINFER_EMULATED_ASYNC=1) it also
+// behaves like a GPU in time: compute and activation copies run in order on a "compute stream" thread
+// and weight uploads on a "copy stream" thread, each task after a random delay, with fences and the
+// CUDA backend's ordering rules (an upload waits for its fence, compute queued after an upload waits
+// for it). A scheduler that reads or reuses memory before the copy or compute it depends on has
+// finished then gets wrong logits.
 //
 // Host memory registered with it (register_host) is page-locked as far as the uploads know; uploads from
 // other host memory are pageable and behave like CUDA's: they return only once the bytes are copied.
 //
 // It plays up to kEmulatedDevices devices (BackendOptions::device, the ordinal): each ordinal is a card of
-// its own, with its own memory (MOEINFER_EMULATED_VRAM bytes each) and meter ("emulated" for card 0,
+// its own, with its own memory (emulated_vram bytes each, read at creation) and meter ("emulated" for card 0,
 // "emulatedN" for card N), and each backend its own streams, so contexts over several devices are
 // tested without GPUs.
 //
-// With MOEINFER_EMULATED_PCIE_GBPS=<GB/s> (read at creation) weight uploads take as long as they would
+// With emulated_pcie_gbps=<GB/s> (or MOEINFER_EMULATED_PCIE_GBPS) weight uploads take as long as they would
 // over a link of that bandwidth (the copy sleeps for the rest), so that the expert split's cost model,
 // which times an upload, sees a device worth splitting for.
 #pragma once
@@ -25,6 +26,7 @@
 #include <memory>
 
 #include "core/backend.h"
+#include "core/backend_config.h"
 #include "cpu/cpu_backend.h"
 
 namespace moe::cpu {
@@ -36,7 +38,8 @@ constexpr int kEmulatedDevices = 8;
 
 class EmulatedDeviceBackend final : public Backend {
 public:
-    EmulatedDeviceBackend(int n_threads, bool async, int ordinal = 0);
+    // config: emulated_async, emulated_pcie_gbps and emulated_vram (core/backend_config.h).
+    EmulatedDeviceBackend(int n_threads, const BackendConfig& config, int ordinal = 0);
     ~EmulatedDeviceBackend() override;
 
     const char* name() const override { return "emulated"; }
@@ -65,6 +68,7 @@ private:
 
     CpuBackend kernels_;
     int ordinal_;
+    size_t vram_;  // the card's size
     std::unique_ptr<AsyncStreams> streams_;  // null: synchronous
     double upload_bytes_per_second_ = 0.0;    // 0: as fast as memcpy
 };

@@ -94,6 +94,11 @@ StatusOr<std::unique_ptr<Buffer>> PinnedHostBuffer::allocate(Backend* backend, s
 PinnedHostBuffer::~PinnedHostBuffer() { cudaFreeHost(data_); }
 
 StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device) {
+    MOE_ASSIGN_OR_RETURN(const BackendConfig config, parse_backend_config(""));
+    return create(device, config);
+}
+
+StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device, const BackendConfig& config) {
     const int n = device_count();
     if (device < 0 || device >= n) {
         return failed_precondition("CUDA device " + std::to_string(device) + " is not available (" +
@@ -135,19 +140,14 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device) {
     MOE_CUDA_RETURN_IF_ERROR(cudaMemset(b->attn_counters_, 0, sizeof(unsigned int) * (kAttnCounters + 1)));
     CudaBackend* self = b.get();
     b->graphs_ = std::make_unique<GraphRunner>(b->compute_stream_, [self](size_t i) { return self->launch_item(i); });
-    const char* env = std::getenv("MOEINFER_CUDA_GRAPHS");
-    b->graphs_enabled_ = env == nullptr || std::strcmp(env, "0") != 0;
-    const char* fuse = std::getenv("MOEINFER_CUDA_FUSION");
-    b->fusion_enabled_ = fuse == nullptr || std::strcmp(fuse, "0") != 0;
+    b->graphs_enabled_ = config.cuda_graphs;
+    b->fusion_enabled_ = config.cuda_fusion;
     // PDL needs compute capability 9.0; elsewhere launches stay plain.
     int cc_major = 0;
     MOE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
     b->pdl_supported_ = cc_major >= 9;
-    const char* pdl = std::getenv("MOEINFER_CUDA_PDL");
-    b->pdl_enabled_ = b->pdl_supported_ && (pdl == nullptr ? kPdlByDefault : std::strcmp(pdl, "0") != 0);
-    const char* pull = std::getenv("MOEINFER_CUDA_PULL_COPIES");
-    if (pull != nullptr && std::strcmp(pull, "0") == 0) b->pull_copies_ = PullCopies::NEVER;
-    if (pull != nullptr && std::strcmp(pull, "1") == 0) b->pull_copies_ = PullCopies::ALWAYS;
+    b->pdl_enabled_ = b->pdl_supported_ && config.cuda_pdl.value_or(kPdlByDefault);
+    b->pull_copies_ = config.cuda_pull_copies;
     return std::unique_ptr<Backend>(std::move(b));
 }
 
@@ -572,7 +572,7 @@ void register_backend() {
     register_backend_factory(BackendFactory{
         "cuda",
         [] { return device_count(); },
-        [](const BackendOptions& o) { return CudaBackend::create(o.device); },
+        [](const BackendOptions& o) { return CudaBackend::create(o.device, o.config); },
         [](const BandwidthOptions& o) { return measure_link(o); },
         {},
     });

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/backend_config.h"
 #include "cuda/fusion_plan.h"
 #include "cuda/graph_runner.h"
 
@@ -50,22 +51,25 @@ private:
 // compute stream with events, never with a device-wide synchronisation.
 //
 // compute() runs spans through CUDA graphs (graph_runner.h) unless they are disabled: by the
-// environment variable MOEINFER_CUDA_GRAPHS=0 when the backend is created, or set_graphs_enabled().
+// backend option cuda_graphs=off (or MOEINFER_CUDA_GRAPHS=0) when the backend is created, or set_graphs_enabled().
 // Results are bitwise the same either way; graphs only remove launch overhead.
 //
 // compute() also runs common runs of small nodes as one launch (fusion_plan.h: q/k/v products of one
 // activation, residual add + norm, router top-k + softmax; norms hand their result to the products
-// that read it already quantised), unless MOEINFER_CUDA_FUSION=0 when the backend is created or
+// that read it already quantised), unless cuda_fusion=off (MOEINFER_CUDA_FUSION=0) at creation or
 // set_fusion_enabled(false). Fused launches compute each node's result with the same arithmetic up
 // to the order of float sums (RMS norms); the backend-consistency tests hold either way.
 //
 // On devices of compute capability 9.0+ kernels can be launched with programmatic dependent launch
 // (launch.cuh: each kernel is launched before its predecessor in the stream has completed, and waits
-// for it on the device): on by default (cuda_backend.cu, kPdlByDefault); MOEINFER_CUDA_PDL=0 when the
-// backend is created, or set_pdl_enabled(false), turns it off.
+// for it on the device): on by default (cuda_backend.cu, kPdlByDefault); cuda_pdl=off (MOEINFER_CUDA_PDL=0)
+// at creation, or set_pdl_enabled(false), turns it off.
 // Results are bitwise the same either way; PDL only hides the gap between kernels.
 class CudaBackend final : public Backend {
 public:
+    // The switches of `config` (graphs, fusion, PDL, pull copies); create(device) reads them from the
+    // environment as a context without backend_options does.
+    static StatusOr<std::unique_ptr<Backend>> create(int device, const BackendConfig& config);
     static StatusOr<std::unique_ptr<Backend>> create(int device);
     ~CudaBackend() override;
 
@@ -106,22 +110,22 @@ public:
     Status read_now(void* dst_host, const void* src_dev, size_t n) override;
     Status wait_fence(uint64_t fence) override;
     Status order_after_uploads() override;
-    // Whether compute() uses CUDA graphs (default: on, unless MOEINFER_CUDA_GRAPHS=0 at create()).
+    // Whether compute() uses CUDA graphs (default: on, unless cuda_graphs=off at create()).
     // REQUIRES: nothing queued by compute() is still capturing (always true between calls).
     void set_graphs_enabled(bool on) { graphs_enabled_ = on; }
     bool graphs_enabled() const { return graphs_enabled_; }
-    // Whether compute() fuses nodes (default: on, unless MOEINFER_CUDA_FUSION=0 at create()).
+    // Whether compute() fuses nodes (default: on, unless cuda_fusion=off at create()).
     void set_fusion_enabled(bool on) { fusion_enabled_ = on; }
     bool fusion_enabled() const { return fusion_enabled_; }
-    // Whether kernels are launched with PDL (default: on, unless MOEINFER_CUDA_PDL=0 at create()).
+    // Whether kernels are launched with PDL (default: on, unless cuda_pdl=off at create()).
     // Always off on devices below compute capability 9.0.
     void set_pdl_enabled(bool on) { pdl_enabled_ = on && pdl_supported_; }
     bool pdl_enabled() const { return pdl_enabled_; }
     // When copy_to_device pulls page-locked bytes with a kernel instead of a DMA copy (mapped_copy.cuh).
     // WHILE_UPLOADING (the default): only while weight uploads are in flight on the copy stream, which
     // a DMA copy would queue behind; without them the DMA copy is faster (hybrid TG measured 10% slower
-    // with every copy pulled). MOEINFER_CUDA_PULL_COPIES=0 / 1 selects NEVER / ALWAYS.
-    enum class PullCopies { NEVER, WHILE_UPLOADING, ALWAYS };
+    // with every copy pulled). cuda_pull_copies=never / always (core/backend_config.h) selects the others.
+    using PullCopies = moe::PullCopies;
     void set_pull_copies(PullCopies mode) { pull_copies_ = mode; }
     PullCopies pull_copies() const { return pull_copies_; }
     // The launches of the last compute(), and counts since create() (for tests and diagnostics).

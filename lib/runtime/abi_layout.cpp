@@ -75,7 +75,8 @@ static_assert(offsetof(moe_context_params, n_tensor_split) == 96);
 static_assert(offsetof(moe_context_params, main_gpu) == 100);
 static_assert(offsetof(moe_context_params, vram_budgets) == 104);
 static_assert(offsetof(moe_context_params, n_vram_budgets) == 112);
-static_assert(sizeof(moe_context_params) == 120);
+static_assert(offsetof(moe_context_params, backend_options) == 120);
+static_assert(sizeof(moe_context_params) == 128);
 
 static_assert(offsetof(moe_sched_stats, struct_size) == 0);
 static_assert(offsetof(moe_sched_stats, n_ubatches) == 8);
@@ -107,7 +108,12 @@ static_assert(offsetof(moe_sched_stats, bytes_between_devices) == 232);
 static_assert(offsetof(moe_sched_stats, n_cache_hits) == 240);
 static_assert(offsetof(moe_sched_stats, n_cache_misses) == 248);
 static_assert(offsetof(moe_sched_stats, bytes_cache_saved) == 256);
-static_assert(sizeof(moe_sched_stats) == 264);
+static_assert(offsetof(moe_sched_stats, offload_min_batch) == 264);
+static_assert(offsetof(moe_sched_stats, offload_min_batch_source) == 276);
+static_assert(offsetof(moe_sched_stats, offload_link_gbps) == 288);
+static_assert(offsetof(moe_sched_stats, offload_host_gbps) == 296);
+static_assert(offsetof(moe_sched_stats, offload_device_gbps) == 320);
+static_assert(sizeof(moe_sched_stats) == 344);
 // The field lists (MOE_SCHED_STATS_COUNTERS / _CONTEXT) name every field but struct_size (and its padding):
 // a field appended to the struct but to neither list fails here.
 #define MOE_FIELD_BYTES(type, name, dims) +sizeof(((moe_sched_stats*)nullptr)->name)

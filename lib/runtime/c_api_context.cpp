@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/backend_config.h"
 #include "moeinfer/moeinfer.h"
 #include "runtime/c_api_guard.h"
 #include "runtime/c_api_structs.h"
@@ -39,7 +40,10 @@ MOE_API void moe_context_params_init(moe_context_params* params) {
     params->main_gpu = 0;
     params->vram_budgets = nullptr;
     params->n_vram_budgets = 0;
+    params->backend_options = nullptr;
 }
+
+MOE_API const char* moe_backend_options_help(void) { return moe::backend_options_help().c_str(); }
 
 MOE_API moe_status moe_context_create(moe_model* model, const moe_context_params* params, moe_context** out_ctx) {
     MOE_API_BEGIN

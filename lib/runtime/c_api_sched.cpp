@@ -30,6 +30,12 @@ MOE_API void moe_sched_policy_init(moe_sched_policy* policy) {
 
 MOE_API const char* moe_offload_op_name(int32_t op) { return moe::sched::offload_op_name(op); }
 
+static_assert(MOE_THRESHOLD_DEFAULT == static_cast<int32_t>(moe::sched::ThresholdSource::DEFAULT) &&
+              MOE_THRESHOLD_MEASURED == static_cast<int32_t>(moe::sched::ThresholdSource::MEASURED) &&
+              MOE_THRESHOLD_OVERRIDE == static_cast<int32_t>(moe::sched::ThresholdSource::OVERRIDE));
+
+MOE_API const char* moe_threshold_source_name(int32_t source) { return moe::sched::threshold_source_name(source); }
+
 MOE_API moe_status moe_sched_policy_parse_offload(moe_sched_policy* policy, const char* spec) {
     MOE_API_BEGIN
     MOE_CHECK_ARG(policy != nullptr, "policy is NULL");
@@ -103,6 +109,15 @@ MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats
     c.weights_host_pinned_bytes = ctx->weights_host_locked_bytes;
     c.n_layer = ctx->model->hparams.n_layer;
     c.n_expert = ctx->model->hparams.n_expert;
+    const moe::sched::OffloadCalibration& cal = ctx->sched->offload_calibration();
+    c.offload_link_gbps = cal.link_gbps;
+    for (int i = 0; i < moe::sched::kOffloadOps; ++i) {
+        const moe::sched::OffloadThreshold t = ctx->sched->offload_threshold(static_cast<moe::sched::OffloadOp>(i));
+        c.offload_min_batch[i] = t.min_batch;
+        c.offload_min_batch_source[i] = static_cast<int32_t>(t.source);
+        c.offload_host_gbps[i] = cal.host_gbps[i];
+        c.offload_device_gbps[i] = cal.device_gbps[i];
+    }
     moe::write_sized(c, out_stats);
     return MOE_STATUS_OK;
     MOE_API_END

@@ -9,6 +9,7 @@
 #include "runtime/context_sizes.h"
 #include "runtime/device.h"
 #include "runtime/host_weights.h"
+#include "runtime/offload_calibration.h"
 #include "runtime/multi_device.h"
 #include "runtime/policy_convert.h"
 #include "sched/placement.h"
@@ -44,12 +45,14 @@ Status check_params(const moe_context_params& p) {
     return Status::ok();
 }
 
-StatusOr<std::unique_ptr<Backend>> create_backend(const char* name, int n_threads, int ordinal = 0) {
+StatusOr<std::unique_ptr<Backend>> create_backend(const char* name, int n_threads, const BackendConfig& config,
+                                                  int ordinal = 0) {
     const BackendFactory* factory = find_backend_factory(name);
     if (factory == nullptr) return unimplemented(std::string("this build of moeinfer has no ") + name + " backend");
     if (factory->device_count() == 0) return failed_precondition(std::string("no ") + name + " device found");
     BackendOptions opts;
     opts.n_threads = n_threads;
+    opts.config = config;
     opts.device = ordinal;
     return factory->create(opts);
 }
@@ -360,7 +363,7 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
     CopyProgress progress(ctx.params, HostWeights::run_bytes(uploadable) + device_bytes);
     if (!uploadable.empty()) {
         MOE_ASSIGN_OR_RETURN(ctx.host_weights,
-                             HostWeights::register_ranges(*ctx.device, uploadable, *ctx.model->file,
+                             HostWeights::register_ranges(*ctx.device, uploadable, ctx.model->file->is_mapped(),
                                                           [&](uint64_t n) { return progress.advance(n); }));
         ctx.weights_host_locked_bytes = ctx.host_weights.locked_bytes();
     }
@@ -385,6 +388,14 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
     MOE_RETURN_IF_ERROR(ctx.sched->set_resident_experts(ctx.resident));
 
     bind_kv_cache(ctx);
+    if (wants_offload_calibration(ctx)) {
+        // Without room on the device for the probes, the fixed thresholds do (the stats say so).
+        StatusOr<sched::OffloadCalibration> c = measure_offload_calibration(ctx);
+        if (c.is_ok()) ctx.sched->set_offload_calibration(*c);
+        if (!c.is_ok() && c.status().code() != MOE_STATUS_RESOURCE_EXHAUSTED) {
+            return c.status().with_context("measuring the offload thresholds (backend option offload_calibration)");
+        }
+    }
     return ctx.sched->set_policy(policy);
 }
 
@@ -480,24 +491,28 @@ StatusOr<std::unique_ptr<moe_context>> create_context(moe_model* model, const mo
         MOE_ASSIGN_OR_RETURN(policy, policy_from_c(*params.policy));
     }
     auto ctx = std::make_unique<moe_context>();
+    MOE_ASSIGN_OR_RETURN(ctx->backend_config,
+                         parse_backend_config(params.backend_options ? params.backend_options : ""));
     ctx->model = model;
     ctx->params = params;
     ctx->params.tensor_overrides = nullptr;  // borrowed during the call only
     ctx->params.policy = nullptr;
     ctx->params.progress = nullptr;
+    ctx->params.backend_options = nullptr;
     ctx->params.device = resolve_device(params.device);  // the rest of the context sees CPU, CUDA or EMULATED
     ctx->params.devices = nullptr;
     ctx->params.tensor_split = nullptr;
     ctx->params.vram_budgets = nullptr;
-    MOE_ASSIGN_OR_RETURN(ctx->host, create_backend("cpu", params.n_threads));
+    MOE_ASSIGN_OR_RETURN(ctx->host, create_backend("cpu", params.n_threads, ctx->backend_config));
     DeviceList devices;
     if (ctx->params.device == MOE_DEVICE_CUDA || ctx->params.device == MOE_DEVICE_EMULATED) {
         const char* name = ctx->params.device == MOE_DEVICE_CUDA ? "cuda" : "emulated";
         const BackendFactory* factory = find_backend_factory(name);
         const int count = factory != nullptr ? factory->device_count() : 0;
-        if (count == 0) return create_backend(name, params.n_threads).status();  // says why
+        if (count == 0) return create_backend(name, params.n_threads, ctx->backend_config).status();  // says why
         MOE_ASSIGN_OR_RETURN(devices, device_list(params, ctx->params.device, count));
-        MOE_ASSIGN_OR_RETURN(ctx->device, create_backend(name, params.n_threads, devices.ordinals[0]));
+        MOE_ASSIGN_OR_RETURN(ctx->device,
+                             create_backend(name, params.n_threads, ctx->backend_config, devices.ordinals[0]));
     }
     MOE_RETURN_IF_ERROR(bind_model_weights(*ctx));
     moe_context_params during = params;  // the borrowed fields are valid during creation

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/backend_config.h"
 #include "core/models/model_graph.h"
 #include "core/models/mla_split.h"
 #include "runtime/device_part.h"
@@ -18,6 +19,7 @@
 struct moe_context {
     moe_model* model = nullptr;
     moe_context_params params{};
+    moe::BackendConfig backend_config;  // params.backend_options parsed, the environment filled in
 
     std::unique_ptr<moe::Backend> host;    // the CPU
     std::unique_ptr<moe::Backend> device;  // CUDA or the emulated device; nullptr for CPU contexts

@@ -198,6 +198,7 @@ Status place_weights_multi(moe_context& ctx, const DeviceList& list, const sched
         BackendOptions opts;
         opts.n_threads = ctx.params.n_threads;
         opts.device = list.ordinals[d];
+        opts.config = ctx.backend_config;
         MOE_ASSIGN_OR_RETURN(ctx.parts[d].backend, factory->create(opts));
     }
 
@@ -336,7 +337,7 @@ Status place_weights_multi(moe_context& ctx, const DeviceList& list, const sched
         HostWeights& host_weights = d == 0 ? ctx.host_weights : part.host_weights;
         if (!dw.uploadable.empty()) {
             MOE_ASSIGN_OR_RETURN(host_weights,
-                                 HostWeights::register_ranges(be, dw.uploadable, *ctx.model->file,
+                                 HostWeights::register_ranges(be, dw.uploadable, ctx.model->file->is_mapped(),
                                                               [&](uint64_t n) { return progress.advance(n); }));
             part.weights_host_locked_bytes = host_weights.locked_bytes();
         }

@@ -6,7 +6,16 @@
 
 namespace moe::sched {
 
-int32_t Assignment::min_batch(OffloadOp op) const { return resolved_min_batch(policy_, op, n_expert_, n_expert_used_); }
+OffloadThreshold Assignment::threshold(OffloadOp op) const {
+    return offload_threshold(policy_, measured_[static_cast<size_t>(op)], op, n_expert_, n_expert_used_);
+}
+
+void Assignment::set_calibration(const OffloadCalibration& c) {
+    calibration_ = c;
+    for (int i = 0; i < kOffloadOps; ++i) {
+        measured_[i] = calibrated_min_batch(c, static_cast<OffloadOp>(i), n_expert_, n_expert_used_);
+    }
+}
 
 Side Assignment::side_of(const Tensor& node, const RunState& rs, Stats& stats) const {
     if (device_ == nullptr) return Side::HOST;

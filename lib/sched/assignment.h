@@ -9,6 +9,7 @@
 #pragma once
 
 #include "core/backend.h"
+#include "sched/offload_thresholds.h"
 #include "sched/policy.h"
 #include "sched/run_state.h"
 #include "sched/stats.h"
@@ -26,9 +27,14 @@ public:
 
     // The side of `node`, its operands placed already (rs.produced). Counts offload decisions in stats.
     Side side_of(const Tensor& node, const RunState& rs, Stats& stats) const;
-    // The batch size from which an op with host-resident weights is offloaded (the policy's, or its
-    // default for this model's expert counts).
-    int32_t min_batch(OffloadOp op) const;
+    // The batch size from which an op with host-resident weights is offloaded, and where it came from
+    // (sched/offload_thresholds.h: the policy's, the measured one, or the default for this model's
+    // expert counts).
+    int32_t min_batch(OffloadOp op) const { return threshold(op).min_batch; }
+    OffloadThreshold threshold(OffloadOp op) const;
+    // The figures measured at context creation; the measured thresholds follow from them.
+    void set_calibration(const OffloadCalibration& c);
+    const OffloadCalibration& calibration() const { return calibration_; }
 
 private:
     Backend& host_;
@@ -37,6 +43,8 @@ private:
     const Policy& policy_;
     int n_expert_;
     int n_expert_used_;
+    OffloadCalibration calibration_;
+    std::optional<int32_t> measured_[kOffloadOps];  // calibrated_min_batch of calibration_
 };
 
 }  // namespace moe::sched

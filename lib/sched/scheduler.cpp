@@ -36,6 +36,12 @@ std::optional<WeightCopies> Scheduler::weight_copies(const Tensor* weight) const
 
 int32_t Scheduler::min_batch(OffloadOp op) const { return assignment_.min_batch(op); }
 
+void Scheduler::set_offload_calibration(const OffloadCalibration& c) {
+    assignment_.set_calibration(c);
+    plans_.clear();  // sides depend on the thresholds
+    prepared_.reset();
+}
+
 StatusOr<ExpertSplitPlan> Scheduler::plan_expert_split(int n_tokens) {
     MOE_ASSIGN_OR_RETURN(ExpertSplitPlan p, splitter_.plan(n_tokens, profiling_, transfers_));
     if (resident_layers_.empty()) return p;

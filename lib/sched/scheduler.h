@@ -92,6 +92,10 @@ public:
     Status set_policy(const Policy& policy);
     const Policy& policy() const { return policy_; }
     int32_t min_batch(OffloadOp op) const;
+    // The offload threshold of `op` and its source; the figures measured at creation it may follow from.
+    OffloadThreshold offload_threshold(OffloadOp op) const { return assignment_.threshold(op); }
+    void set_offload_calibration(const OffloadCalibration& c);
+    const OffloadCalibration& offload_calibration() const { return assignment_.calibration(); }
 
     // The expert split for the next ubatch of n_tokens tokens (policy expert_split): layers whose expert
     // weights are all host-resident, at batch sizes where their expert ops are offloaded. The next

@@ -496,6 +496,48 @@ static void test_device_auto(moe_model* model) {
 
 /* Callers built before the expert split pass the older, shorter policy and stats structs: the fields
  * they know are read and written, the newer ones take their defaults and are not written. */
+/* backend_options: NULL by default, ignored past an older caller's struct_size, a bad entry named; the
+ * thresholds' sources in the stats (the emulated device keeps the fixed ones). */
+static void test_backend_options(moe_model* model) {
+    moe_context_params p;
+    moe_sched_stats st;
+    moe_context* ctx = NULL;
+    int op;
+
+    moe_context_params_init(&p);
+    EXPECT(p.backend_options == NULL);
+    EXPECT(strstr(moe_backend_options_help(), "offload_calibration=auto|on|off") != NULL);
+    p.n_ctx = 64;
+    p.n_ubatch = 16;
+    p.device = MOE_DEVICE_EMULATED;
+    p.tensor_overrides = "exps=CPU";
+    p.backend_options = "emulated_async=off,nonsense=3";
+    EXPECT_ERROR(moe_context_create(model, &p, &ctx), MOE_STATUS_INVALID_ARGUMENT, "unknown key 'nonsense'");
+    EXPECT(ctx == NULL);
+    p.struct_size = (uint32_t)offsetof(moe_context_params, backend_options); /* built before the field */
+    EXPECT_STATUS(moe_context_create(model, &p, &ctx), MOE_STATUS_OK);
+    moe_context_free(ctx);
+    ctx = NULL;
+    moe_context_params_init(&p);
+    p.n_ctx = 64;
+    p.n_ubatch = 16;
+    p.device = MOE_DEVICE_EMULATED;
+    p.tensor_overrides = "exps=CPU";
+    p.backend_options = "offload_calibration=off,emulated_pcie_gbps=0";
+    EXPECT_STATUS(moe_context_create(model, &p, &ctx), MOE_STATUS_OK);
+    if (ctx == NULL) return;
+    st.struct_size = sizeof st;
+    EXPECT_STATUS(moe_context_get_stats(ctx, &st), MOE_STATUS_OK);
+    for (op = 0; op < MOE_OFFLOAD_OP_COUNT; ++op) {
+        EXPECT(st.offload_min_batch_source[op] == MOE_THRESHOLD_DEFAULT);
+        EXPECT(st.offload_min_batch[op] >= 32);
+    }
+    EXPECT(strcmp(moe_threshold_source_name(MOE_THRESHOLD_MEASURED), "measured") == 0);
+    EXPECT(strcmp(moe_threshold_source_name(MOE_THRESHOLD_OVERRIDE), "override") == 0);
+    EXPECT(moe_threshold_source_name(-1) == NULL);
+    moe_context_free(ctx);
+}
+
 static void test_older_struct_sizes(moe_model* model) {
     moe_context_params p;
     moe_sched_policy old_policy, got;
@@ -561,6 +603,7 @@ int main(void) {
         test_profiling(model);
         test_timeline(model);
         test_device_auto(model);
+        test_backend_options(model);
         test_older_struct_sizes(model);
         moe_model_free(model);
     }

@@ -32,7 +32,7 @@ BENCH_FIELDS = COMMON_FIELDS + ["test", "n_prompt", "n_gen", "n_depth", "repetit
                                 "stdev_ts"]
 # Appended after the llama-bench-like fields: run settings, then the scheduler statistics of the row.
 RUN_FIELDS = ["n_batch", "tensor_overrides", "n_cpu_moe", "n_gpu_layers", "vram_budget", "offload_policy",
-              "expert_copy", "bias_dup", "offload_vram_budget", "expert_split", "weights_host_bytes",
+              "offload_thresholds", "backend_options", "expert_copy", "bias_dup", "offload_vram_budget", "expert_split", "weights_host_bytes",
               "weights_device_bytes"]
 OPS = ["mul_mat", "mul_mat_id", "moe_up_gate"]
 STATS_FIELDS = (["n_ubatches", "n_splits", "bytes_weights_full", "bytes_weights_experts", "bytes_weights_skipped",
@@ -666,3 +666,25 @@ def test_library_error_exit_1(tmp_path):
     bad.write_bytes(b"not a gguf file at all" * 4)
     proc = run(str(bad), "-p", "8", "-n", "0", check=False)
     assert proc.returncode == 1 and proc.stderr.count(str(bad)) == 1, proc.stderr
+
+
+def test_backend_options_flag(cache_dir):
+    """--backend-options reaches the context: listed in --help, refused naming a bad entry (exit 1, the
+    library's message), recorded in the rows; the thresholds' sources are reported."""
+    help_text = run("--help").stdout
+    assert "--backend-options STR" in help_text
+    for key in ("cuda_graphs=on|off", "offload_calibration=auto|on|off", "env MOEINFER_EMULATED_VRAM"):
+        assert key in help_text
+    bad = run(*emulated("--backend-options", "cuda_graphs=off,warp_speed=9"), "-p", "8", "-n", "0", "-r", "1",
+              cache=cache_dir, check=False)
+    assert bad.returncode == 1
+    assert "unknown key 'warp_speed'" in bad.stderr
+    records = json.loads(run(*emulated("--backend-options", "offload_calibration=off", "-o", "json",
+                                       "--offload-policy", "mul_mat_id=5"),
+                             "-p", "8", "-n", "0", "-r", "1", cache=cache_dir).stdout)
+    (r,) = records
+    assert r["backend_options"] == "offload_calibration=off"
+    fixed = 32 * TINY_EXPERTS // TINY_TOP_K
+    assert r["offload_thresholds"] == f"mul_mat=32 default, mul_mat_id=5 override, moe_up_gate={fixed} default"
+    out = run(*emulated("-p", "8", "-n", "0", "-r", "1"), cache=cache_dir).stdout
+    assert f"\noffload thresholds: mul_mat=32 default, mul_mat_id={fixed} default, moe_up_gate={fixed} default\n" in out

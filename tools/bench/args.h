@@ -53,6 +53,7 @@ struct Config {
     int32_t split_mode = MOE_SPLIT_LAYER;
     moe_sched_policy policy = default_policy();
     bool expert_counts = false;
+    std::string backend_options;  // --backend-options, passed as moe_context_params.backend_options
     std::string plot_path;  // --plot: the PNG (its data goes to the same name with .json)
     std::string expert_profile;  // --expert-profile: read before placement when it exists, else written after
 
@@ -473,6 +474,15 @@ inline std::vector<Option> make_options(Config& c) {
          "MiB per copy and of the host read buffer (small values let CPU caches inflate the host read figure)",
          "1024 per copy, host read 2048", bw, int_flag(c.bandwidth_mib, 1, 1 << 20)},
         {"", "--no-warmup", "", "skip the untimed warm-up run", "", ctx, switch_flag(c.warmup, false)},
+        {"", "--backend-options", "STR",
+         "backend switches, key=value[,key=value...] (keys listed below; a key left out takes its environment "
+         "variable, else its default), e.g. cuda_graphs=off,offload_calibration=off; a bad key or value is "
+         "refused by the library, naming it",
+         "none", ctx,
+         [&c](const std::string& v) -> std::optional<std::string> {
+             c.backend_options = v;
+             return std::nullopt;
+         }},
         {"", "--seed", "N", "seed of the random token ids", "1234", ctx,
          [&c](const std::string& v) -> std::optional<std::string> {
              long long s = 0;

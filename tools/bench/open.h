@@ -109,6 +109,7 @@ inline std::optional<Failure> open_model_and_context(Config& cfg, bool live, con
     cp.n_threads = cfg.n_threads > 0 ? cfg.n_threads : available_cores();
     cp.device = cfg.device;
     const std::string overrides = join(cfg.tensor_overrides, ",");
+    cp.backend_options = cfg.backend_options.empty() ? nullptr : cfg.backend_options.c_str();
     if (cfg.device != MOE_DEVICE_CPU) {  // a CPU context (auto without a GPU too) ignores these
         cp.tensor_overrides = overrides.c_str();
         cp.n_cpu_moe = cfg.n_cpu_moe;
@@ -133,6 +134,7 @@ inline std::optional<Failure> open_model_and_context(Config& cfg, bool live, con
     const moe_status ctx_status = moe_context_create(out.model.get(), &cp, &raw_ctx);
     out.load_times.context_s = seconds_since(create_start);
     cp.tensor_overrides = nullptr;
+    cp.backend_options = nullptr;
     cp.devices = nullptr;
     cp.tensor_split = nullptr;
     cp.vram_budgets = nullptr;

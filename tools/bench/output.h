@@ -42,6 +42,10 @@ struct RunInfo {
     int32_t n_gpu_layers = -1;
     uint64_t vram_budget = 0;
     std::string offload_policy;   // the effective policy as an --offload-policy spec
+    // The thresholds' sources per op (moe_sched_stats.offload_min_batch_source) and, where measured, what
+    // they came from: "mul_mat=measured,...; link 25.1 GB/s, host mul_mat 812 GB/s, ..."
+    std::string offload_thresholds;
+    std::string backend_options;  // --backend-options as given
     std::string expert_copy;      // "full", "active", "prefetch" or "auto"
     bool bias_dup = true;
     uint64_t offload_vram_budget = 0;
@@ -235,6 +239,8 @@ inline std::vector<Field> run_fields(const RunInfo& i) {
             {"n_gpu_layers", std::to_string(i.n_gpu_layers), false},
             {"vram_budget", std::to_string(i.vram_budget), false},
             {"offload_policy", i.offload_policy, true},
+            {"offload_thresholds", i.offload_thresholds, true},
+            {"backend_options", i.backend_options, true},
             {"expert_copy", i.expert_copy, true},
             {"bias_dup", i.bias_dup ? "1" : "0", false},
             {"offload_vram_budget", std::to_string(i.offload_vram_budget), false},
@@ -349,6 +355,7 @@ inline void print_sched_summary(FILE* out, const RunInfo& i,
                  human_bytes(static_cast<double>(i.weights_host_bytes)).c_str(),
                  human_bytes(static_cast<double>(i.weights_device_bytes)).c_str(), i.offload_policy.c_str(),
                  i.expert_copy.c_str(), i.bias_dup ? "on" : "off", split.c_str());
+    if (!i.offload_thresholds.empty()) std::fprintf(out, "offload thresholds: %s\n", i.offload_thresholds.c_str());
     for (const auto& [name, st] : phases) {
         const auto per = [&st](double total) { return st.per_ubatch(total); };
         std::fprintf(out, "%s: %llu ubatches in %llu runs; per ubatch: %s uploaded (%s whole + %s experts, %s "

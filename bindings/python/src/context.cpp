@@ -127,8 +127,8 @@ std::unique_ptr<PyContext> create(const py::object& model_obj, int32_t n_ctx, in
                                   const std::string& device, const py::object& tensor_overrides, int32_t n_cpu_moe,
                                   int32_t n_gpu_layers, const py::object& vram_budget,
                                   const std::optional<moe_sched_policy>& policy, const py::object& progress,
-                                  const py::object& devices_obj, const py::object& tensor_split_obj, int32_t main_gpu,
-                                  const std::string& split_mode) {
+                                  const std::optional<std::string>& backend_options, const py::object& devices_obj,
+                                  const py::object& tensor_split_obj, int32_t main_gpu, const std::string& split_mode) {
     const int32_t device_id = device_from_name(device);
     std::vector<int32_t> devices = list_of<int32_t>(devices_obj, "devices");
     if (devices.empty()) devices = emulated_devices(device);
@@ -167,6 +167,7 @@ std::unique_ptr<PyContext> create(const py::object& model_obj, int32_t n_ctx, in
     params.main_gpu = main_gpu;
     params.split_mode = split_mode_from_name(split_mode);
     params.policy = policy ? &*policy : nullptr;
+    params.backend_options = backend_options ? backend_options->c_str() : nullptr;
     const int32_t n_vocab = model.info().n_vocab;
     const moeinfer::ProgressFn fn = progress_fn(progress);
     std::optional<moeinfer::Context> created;
@@ -179,6 +180,7 @@ std::unique_ptr<PyContext> create(const py::object& model_obj, int32_t n_ctx, in
     moeinfer::Context ctx = std::move(*created);
     params.tensor_overrides = nullptr;
     params.policy = nullptr;
+    params.backend_options = nullptr;
     params.devices = nullptr;
     params.tensor_split = nullptr;
     params.vram_budgets = nullptr;
@@ -325,7 +327,8 @@ py::dict timeline(PyContext& self) {
     return d;
 }
 
-py::dict per_op(const uint64_t (&values)[MOE_OFFLOAD_OP_COUNT]) {
+template <class T>
+py::dict per_op(const T (&values)[MOE_OFFLOAD_OP_COUNT]) {
     py::dict d;
     for (int32_t op = 0; op < MOE_OFFLOAD_OP_COUNT; ++op) {
         d[py::str(moeinfer::offload_op_name(op).value_or("op" + std::to_string(op)))] = values[op];
@@ -335,6 +338,8 @@ py::dict per_op(const uint64_t (&values)[MOE_OFFLOAD_OP_COUNT]) {
 
 // A field of moe_sched_stats as Python: per-op arrays as {op name: value}.
 py::object stats_value(const uint64_t (&values)[MOE_OFFLOAD_OP_COUNT]) { return per_op(values); }
+py::object stats_value(const int32_t (&values)[MOE_OFFLOAD_OP_COUNT]) { return per_op(values); }
+py::object stats_value(const double (&values)[MOE_OFFLOAD_OP_COUNT]) { return per_op(values); }
 template <class T>
 py::object stats_value(T value) {
     return py::cast(value);
@@ -347,6 +352,13 @@ py::dict stats(PyContext& self) {
     MOE_SCHED_STATS_COUNTERS(MOE_STATS_ITEM)
     MOE_SCHED_STATS_CONTEXT(MOE_STATS_ITEM)
 #undef MOE_STATS_ITEM
+    // By name ("measured", ...) rather than the moe_threshold_source number.
+    py::dict sources;
+    for (int32_t op = 0; op < MOE_OFFLOAD_OP_COUNT; ++op) {
+        const char* name = moe_threshold_source_name(s.offload_min_batch_source[op]);
+        sources[py::str(moeinfer::offload_op_name(op).value_or("op" + std::to_string(op)))] = name ? name : "?";
+    }
+    d["offload_min_batch_source"] = sources;
     return d;
 }
 
@@ -394,6 +406,9 @@ py::tuple tensor_location(PyContext& self, const std::string& name) {
 
 void bind_context(py::module_& m) {
     using namespace pybind11::literals;
+    m.def(
+        "backend_options_help", [] { return std::string(moe_backend_options_help()); },
+        "The keys Context(backend_options=...) takes, their values, defaults and environment variables, as text.");
     py::class_<PyContext>(m, "Context",
                           R"(One sequence over a Model: KV cache, micro-batching (ubatches), logits.
 
@@ -401,7 +416,7 @@ The context keeps its Model alive. Use a context from one thread at a time (conc
 for each other); several contexts may share a model.)")
         .def(py::init(&create), "model"_a, "n_ctx"_a = 4096, "n_ubatch"_a = 512, "n_threads"_a = 0, "device"_a = "auto",
              py::kw_only(), "tensor_overrides"_a = py::none(), "n_cpu_moe"_a = 0, "n_gpu_layers"_a = -1,
-             "vram_budget"_a = 0, "policy"_a = py::none(), "progress"_a = py::none(),
+             "vram_budget"_a = 0, "policy"_a = py::none(), "progress"_a = py::none(), "backend_options"_a = py::none(),
              "devices"_a = py::none(), "tensor_split"_a = py::none(), "main_gpu"_a = 0, "split_mode"_a = "layer",
              R"(Creates a context on `model`.
 
@@ -429,11 +444,16 @@ implemented). In tensor_overrides, CUDAn names device n of the list.
 Host-resident weights are used in place from the model's file, page-locked where the device allows
 (stats()["weights_host_pinned_bytes"]), not copied.
 
+backend_options: backend switches, "key=value[,key=value...]" (moeinfer.backend_options_help()
+lists the keys), e.g. "cuda_graphs=off,offload_calibration=off"; a key left out takes its
+environment variable (docs/ENVIRONMENT.md), else its default. None: none.
+
 progress, when given, is called with the fraction done of creation's long work (locking the
 host-resident weights' pages, which reads them from disk when the file is cold, then uploading the
 device-resident ones); returning False cancels (CancelledError). The GIL is released meanwhile.
 
-Raises ValueError for bad values (a bad regex or backend names its entry), MemoryError when the
+Raises ValueError for bad values (a bad regex or backend, an unknown backend option or a value it
+does not take names its entry), MemoryError when the
 KV cache or the weights cannot be allocated or do not fit the budget.)")
         .def("decode", &decode, "tokens"_a, "positions"_a = py::none(), "logits_all"_a = false,
              R"(Evaluates `tokens` (1-D integers, e.g. np.int32) and returns their logits.

@@ -1,0 +1,49 @@
+// The backend switches of a context: moe_context_params.backend_options, "key=value[,key=value...]",
+// parsed here and only here. A key the string leaves out takes its environment variable where it has
+// one (read with the variable's own rules, which predate the string, so that scripts setting them keep
+// working), else its default. The backends and the runtime read the parsed BackendConfig, never the
+// environment.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "core/status.h"
+
+namespace moe {
+
+// When the CUDA backend copies activations to the device with a kernel that reads page-locked host
+// memory instead of a DMA copy (lib/cuda/mapped_copy.cuh).
+enum class PullCopies : int32_t { WHILE_UPLOADING = 0, NEVER = 1, ALWAYS = 2 };
+
+struct BackendConfig {
+    bool cuda_graphs = true;            // cuda_graphs / MOEINFER_CUDA_GRAPHS
+    bool cuda_fusion = true;            // cuda_fusion / MOEINFER_CUDA_FUSION
+    std::optional<bool> cuda_pdl;       // cuda_pdl / MOEINFER_CUDA_PDL; nullopt: the backend's default
+    PullCopies cuda_pull_copies = PullCopies::WHILE_UPLOADING;  // cuda_pull_copies / MOEINFER_CUDA_PULL_COPIES
+    bool emulated_async = false;        // emulated_async / MOEINFER_EMULATED_ASYNC
+    double emulated_pcie_gbps = 0.0;    // emulated_pcie_gbps / MOEINFER_EMULATED_PCIE_GBPS; 0: no floor
+    uint64_t emulated_vram = uint64_t{64} << 30;  // emulated_vram / MOEINFER_EMULATED_VRAM, bytes
+    std::optional<bool> offload_calibration;  // offload_calibration (no variable); nullopt: auto
+};
+
+// Looks an environment variable up: nullptr when unset.
+using EnvLookup = std::function<const char*(const char*)>;
+
+// The process environment (std::getenv).
+const char* process_env(const char* name);
+
+// Parses `spec` ("" or "key=value[,key=value...]"); keys left out come from `env`, then the defaults.
+// INVALID_ARGUMENT naming the entry for an unknown key (listing the known ones), a key given twice, an
+// entry without '=' or a value the key does not take (saying which it takes). Malformed environment
+// values are ignored, as they always were (the default stays).
+StatusOr<BackendConfig> parse_backend_config(std::string_view spec, const EnvLookup& env = process_env);
+
+// One line per key: "  key=VALUES  (env VAR; default D) what it does". For --help texts and the
+// C API's moe_backend_options_help.
+const std::string& backend_options_help();
+
+}  // namespace moe
