@@ -32,6 +32,29 @@ inline void require_close(const std::vector<float>& got, const std::vector<float
     }
 }
 
+// GPU (CUDA kernels) against CPU logits: rows (tokens) of a batch outside the bound cosine > 0.999 and
+// max |gpu - cpu| <= 3e-2 * max|cpu|. Callers allow a few such rows (10%): a near-tie in the router
+// can flip one expert choice and take a row out of the bound.
+inline size_t rows_off(const std::vector<float>& gpu, const std::vector<float>& cpu, int32_t n_vocab) {
+    REQUIRE(gpu.size() == cpu.size());
+    const size_t rows = cpu.size() / static_cast<size_t>(n_vocab);
+    size_t off = 0;
+    for (size_t r = 0; r < rows; ++r) {
+        double dot = 0, ng = 0, nc = 0, maxdiff = 0, maxc = 0;
+        for (int32_t i = 0; i < n_vocab; ++i) {
+            const double g = gpu[r * n_vocab + i], c = cpu[r * n_vocab + i];
+            REQUIRE(std::isfinite(g));
+            dot += g * c;
+            ng += g * g;
+            nc += c * c;
+            maxdiff = std::max(maxdiff, std::fabs(g - c));
+            maxc = std::max(maxc, std::fabs(c));
+        }
+        if (!(dot / std::sqrt(ng * nc) > 0.999 && maxdiff <= 3e-2 * maxc)) ++off;
+    }
+    return off;
+}
+
 inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }

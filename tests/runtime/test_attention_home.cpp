@@ -2,8 +2,8 @@
 // a device that refuses the tiny preset's head size (16, as CUDA's kernels do) gets one rule that pins
 // every layer's attention anchor, and only it, to host RAM, and weight placement follows it; a device
 // that computes the attention gets none. With a GPU ([gpu]): a CUDA context on the tiny preset is
-// created, decodes, runs its attention on the host and gives the CPU context's logits (the bound of
-// test_context_cuda.cpp: cosine > 0.999 and max diff <= 3e-2 max|cpu| per row).
+// created, decodes, runs its attention on the host and gives the CPU context's logits (the bound and
+// allowance of test_context_cuda.cpp, common/logits_check.h's rows_off).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -145,29 +145,16 @@ TEST_CASE("cuda contexts on a head size without cuda attention kernels run the a
         Context cpu(m.get(), MOE_DEVICE_CPU);
         Context gpu(m.get(), MOE_DEVICE_CUDA);
         std::uniform_int_distribution<int32_t> tok(0, nv - 1);
+        // The 10% allowance of test_context_cuda.cpp, over the whole stream.
+        size_t off = 0, rows = 0;
         for (const int n : {20, 1, 1, 7}) {
             std::vector<int32_t> tokens(static_cast<size_t>(n));
             for (auto& t : tokens) t = tok(rng);
-            const std::vector<float> want = moe::test::decode_all(cpu.ctx, tokens);
-            const std::vector<float> got = moe::test::decode_all(gpu.ctx, tokens);
-            REQUIRE(got.size() == want.size());
-            for (size_t r = 0; r < want.size() / static_cast<size_t>(nv); ++r) {
-                double dot = 0, ng = 0, nc = 0, maxdiff = 0, maxc = 0;
-                for (int32_t i = 0; i < nv; ++i) {
-                    const double g = got[r * nv + i], c = want[r * nv + i];
-                    REQUIRE(std::isfinite(g));
-                    dot += g * c;
-                    ng += g * g;
-                    nc += c * c;
-                    maxdiff = std::max(maxdiff, std::fabs(g - c));
-                    maxc = std::max(maxc, std::fabs(c));
-                }
-                INFO("row " << r << " cosine " << dot / std::sqrt(ng * nc) << " max diff " << maxdiff << " max "
-                            << maxc);
-                CHECK(dot / std::sqrt(ng * nc) > 0.999);
-                CHECK(maxdiff <= 3e-2 * maxc);
-            }
+            off += moe::test::rows_off(moe::test::decode_all(gpu.ctx, tokens), moe::test::decode_all(cpu.ctx, tokens), nv);
+            rows += tokens.size();
         }
+        INFO(off << " of " << rows << " rows outside the bound");
+        CHECK(off * 10 <= rows);
         moe_sched_stats st;
         st.struct_size = sizeof st;
         REQUIRE(moe_context_get_stats(gpu.ctx, &st) == MOE_STATUS_OK);

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/logits_check.h"
 #include "moeinfer/moeinfer.h"
 #if MOEINFER_HAS_CUDA
 #include "../cuda/context_pair.h"
@@ -23,6 +24,8 @@
 
 #if MOEINFER_HAS_CUDA
 namespace {
+
+using moe::test::rows_off;
 
 struct Ctx {
     moe_context* ctx = nullptr;
@@ -58,26 +61,6 @@ moe_model* load_tiny(const std::string& path, const char* arch, int32_t expert_t
     return model;
 }
 
-// Rows (tokens) of a batch whose logits miss the bound.
-size_t rows_off(const std::vector<float>& gpu, const std::vector<float>& cpu, int32_t n_vocab) {
-    REQUIRE(gpu.size() == cpu.size());
-    const size_t rows = cpu.size() / static_cast<size_t>(n_vocab);
-    size_t off = 0;
-    for (size_t r = 0; r < rows; ++r) {
-        double dot = 0, ng = 0, nc = 0, maxdiff = 0, maxc = 0;
-        for (int32_t i = 0; i < n_vocab; ++i) {
-            const double g = gpu[r * n_vocab + i], c = cpu[r * n_vocab + i];
-            REQUIRE(std::isfinite(g));
-            dot += g * c;
-            ng += g * g;
-            nc += c * c;
-            maxdiff = std::max(maxdiff, std::fabs(g - c));
-            maxc = std::max(maxc, std::fabs(c));
-        }
-        if (!(dot / std::sqrt(ng * nc) > 0.999 && maxdiff <= 3e-2 * maxc)) ++off;
-    }
-    return off;
-}
 
 }  // namespace
 #endif
