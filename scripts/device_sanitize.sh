@@ -6,7 +6,7 @@
 # it with a time limit (default 120 s: the sanitizers slow kernels 10-100x, and a few cases loop over
 # many shapes); a case that hits the limit is reported as such, not as clean. Per-case logs go to
 # OUT_DIR/TOOL-logs.tar.gz, a summary line per case to stdout and OUT_DIR/TOOL.txt. CASES=REGEX runs
-# only the cases whose names match.
+# only the cases whose names match; JOBS=N runs N cases at once.
 set -uo pipefail
 carry=$1; out=$2; tool=$3; limit=${4:-120}; tags=${5:-[gpu]}
 export LD_LIBRARY_PATH="$carry/lib:${LD_LIBRARY_PATH:-}"
@@ -22,10 +22,8 @@ case "$tool" in
 esac
 mapfile -t cases < <("$carry/moeinfer_tests" "$tags" --list-test-names-only 2>/dev/null | sed '/^$/d' | grep -v 'perf' |
                      grep -E "${CASES:-.}")
-n_clean=0; n_err=0; n_timeout=0
-for i in "${!cases[@]}"; do
-  name=${cases[$i]}
-  log="$out/$tool/case$i.log"
+run_case() {  # index name
+  local i=$1 name=$2 log="$out/$tool/case$1.log" t0 rc dt errors state filter
   t0=$(date +%s)
   # Catch2 takes a test name as a filter; escape its wildcard and tag characters.
   filter=$(printf '%s' "$name" | sed 's/[][*\\,]/\\&/g')
@@ -34,12 +32,20 @@ for i in "${!cases[@]}"; do
   rc=$?
   dt=$(( $(date +%s) - t0 ))
   errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+ error' "$log" | tail -1 | grep -Eo '[0-9]+' || true)
-  if [ "$rc" = 124 ]; then state="TIMEOUT"; n_timeout=$((n_timeout + 1))
-  elif [ "$rc" = 0 ] && [ "${errors:-0}" = 0 ]; then state="clean"; n_clean=$((n_clean + 1))
-  else state="ERRORS(rc=$rc, ${errors:-?} reported)"; n_err=$((n_err + 1))
+  if [ "$rc" = 124 ]; then state="TIMEOUT"
+  elif [ "$rc" = 0 ] && [ "${errors:-0}" = 0 ]; then state="clean"
+  else state="ERRORS(rc=$rc, ${errors:-?} reported)"
   fi
   printf '%-9s %4ss  %s\n' "$state" "$dt" "$name" | tee -a "$summary"
+}
+# JOBS cases at a time (default 1): the sanitizers are mostly host-bound, and one GPU holds several.
+jobs_max=${JOBS:-1}
+for i in "${!cases[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+  run_case "$i" "${cases[$i]}" &
 done
+wait
+n_clean=$(grep -c '^clean' "$summary"); n_err=$(grep -c '^ERRORS' "$summary"); n_timeout=$(grep -c '^TIMEOUT' "$summary")
 echo "$tool: ${#cases[@]} cases, $n_clean clean, $n_err with errors, $n_timeout past ${limit}s" | tee -a "$summary"
 # The device tool brings back a few files only: the per-case logs travel as one archive.
 tar -czf "$out/$tool-logs.tar.gz" -C "$out" "$tool" && rm -rf "${out:?}/$tool"

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -83,6 +84,14 @@ public:
     uint64_t file_size() const { return size_; }
     // Whether the bytes are the file mapped read-only (open with use_mmap), not memory of our own.
     bool is_mapped() const { return mapping_ != nullptr; }
+    // Replaces the mapped file pages of [begin, end) (page-aligned, inside the mapping) by private
+    // anonymous memory holding the same bytes, at the same addresses, so readers never see a change.
+    // Why: the NVIDIA driver page-locks a read-only FILE mapping pathologically slowly (an 11 GB
+    // model's host-resident experts had not been locked after 5 minutes of system time on the H200
+    // machine, 2026-11-26), while anonymous memory locks at memory speed. The pages move one chunk at
+    // a time, so the process holds at most one chunk twice. Ranges already replaced are skipped;
+    // thread-safe. No-op (OK) for a file that is not mapped.
+    Status make_anonymous(uintptr_t begin, uintptr_t end);
 
     const std::vector<GgufKV>& metadata() const { return kvs_; }
     const GgufValue* find(std::string_view key) const;  // nullptr when absent
@@ -106,6 +115,8 @@ private:
     const uint8_t* base_ = nullptr;
     uint64_t size_ = 0;
     void* mapping_ = nullptr;       // mmap'd region (munmap in the destructor)
+    std::mutex anonymous_mutex_;    // guards anonymous_
+    std::vector<std::pair<uintptr_t, uintptr_t>> anonymous_;  // ranges make_anonymous replaced, sorted
     std::vector<uint8_t> owned_;    // the file's bytes when not mapped
 
     uint32_t version_ = 0;

@@ -52,17 +52,25 @@ bool wanted(int kind, int64_t n_pairs, int64_t n_expert) {
     if (mm::bf16::kAvx512Bf16Kernels.decode[kind] == nullptr) return false;
     if (mode == Bf16Path::kAlways) return true;
     // Pairs per expert from which the BF16 path is the faster one, measured with moeinfer_bench_matmul
-    // (Qwen3-30B-A3B expert shapes, one Zen 4 core: AVX-512 BF16, no AMX). Q8_0, Q4_0, MXFP4 and Q6_K:
-    // even at 32 pairs, 15-30% less time at 64. Q4_K (whose integer kernel unpacks each super-block
-    // for at most 4 tokens): 30% less time at 16, 2x less from 32. The kinds decoded through to_float
-    // lose at any size: they stay on the integer path unless forced.
+    // (Qwen3-30B-A3B expert shapes, one Zen 4 core: AVX-512 BF16, no AMX; the figures are in the
+    // commits that set them). Q8_0, Q4_0, MXFP4, Q6_K, Q2_K and the other 32-element kinds: from 64
+    // (their integer kernels are cheap per block). Q4_K and Q5_K (whose integer kernels unpack each
+    // super-block for at most 4 tokens): from 16. Q3_K and IQ4_XS: from 32.
     int64_t min_pairs = 0;
     switch (kind) {
         case mm::kQ8_0:
         case mm::kQ4_0:
         case mm::kMXFP4:
+        case mm::kQ4_1:
+        case mm::kQ5_0:
+        case mm::kQ5_1:
+        case mm::kIQ4_NL:
+        case mm::kQ2_K:
         case mm::kQ6_K: min_pairs = 64; break;
-        case mm::kQ4_K: min_pairs = 16; break;
+        case mm::kQ3_K:
+        case mm::kIQ4_XS: min_pairs = 32; break;
+        case mm::kQ4_K:
+        case mm::kQ5_K: min_pairs = 16; break;
         default: return false;
     }
     return n_pairs >= min_pairs * std::min(n_expert, n_pairs);

@@ -363,7 +363,7 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
     CopyProgress progress(ctx.params, HostWeights::run_bytes(uploadable) + device_bytes);
     if (!uploadable.empty()) {
         MOE_ASSIGN_OR_RETURN(ctx.host_weights,
-                             HostWeights::register_ranges(*ctx.device, uploadable, ctx.model->file->is_mapped(),
+                             HostWeights::register_ranges(*ctx.device, uploadable, *ctx.model->file,
                                                           [&](uint64_t n) { return progress.advance(n); }));
         ctx.weights_host_locked_bytes = ctx.host_weights.locked_bytes();
     }

@@ -35,12 +35,17 @@ std::vector<Run> merged_runs(std::span<const HostRange> ranges) {
 
 }  // namespace
 
-StatusOr<HostWeights> HostWeights::register_ranges(Backend& device, std::span<const HostRange> ranges, bool read_only,
+StatusOr<HostWeights> HostWeights::register_ranges(Backend& device, std::span<const HostRange> ranges, GgufFile& file,
                                                    const std::function<Status(uint64_t)>& progress) {
     HostWeights w;
     for (const Run& run : merged_runs(ranges)) {
         const size_t n = run.end - run.begin;
-        StatusOr<std::unique_ptr<Buffer>> b = device.register_host(reinterpret_cast<void*>(run.begin), n, read_only);
+        // Anonymous memory of our own from here on (a no-op for a file read into memory), locked for
+        // reading and writing like any allocation.
+        Status own = file.make_anonymous(run.begin, run.end);
+        StatusOr<std::unique_ptr<Buffer>> b =
+            own.is_ok() ? device.register_host(reinterpret_cast<void*>(run.begin), n, /*read_only=*/false)
+                        : StatusOr<std::unique_ptr<Buffer>>(std::move(own));
         if (b.is_ok()) {
             w.runs_.push_back(std::move(b).value());
         } else if (w.first_refusal_.empty()) {

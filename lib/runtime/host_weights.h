@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/gguf.h"
 
 namespace moe {
 
@@ -25,10 +26,12 @@ struct HostRange {
 class HostWeights {
 public:
     // Page-locks the pages under `ranges` with `device`: the ranges, widened to whole pages, are
-    // merged where they touch or overlap and each run is registered once (read_only: the bytes are a
-    // read-only mapping). progress(bytes) follows each run; an error from it stops and is returned.
-    // A run the device refuses is left pageable (first_refusal() says why).
-    static StatusOr<HostWeights> register_ranges(Backend& device, std::span<const HostRange> ranges, bool read_only,
+    // merged where they touch or overlap and each run is registered once. When the bytes are `file`'s
+    // mapping, each run's file pages are first replaced by anonymous memory in place
+    // (GgufFile::make_anonymous: the driver locks a file mapping far too slowly). progress(bytes)
+    // follows each run; an error from it stops and is returned. A run that cannot be replaced or that
+    // the device refuses is left pageable (first_refusal() says why).
+    static StatusOr<HostWeights> register_ranges(Backend& device, std::span<const HostRange> ranges, GgufFile& file,
                                                  const std::function<Status(uint64_t)>& progress);
 
     // The registration holding [p, p + n), or nullptr where those bytes are pageable.

@@ -337,7 +337,7 @@ Status place_weights_multi(moe_context& ctx, const DeviceList& list, const sched
         HostWeights& host_weights = d == 0 ? ctx.host_weights : part.host_weights;
         if (!dw.uploadable.empty()) {
             MOE_ASSIGN_OR_RETURN(host_weights,
-                                 HostWeights::register_ranges(be, dw.uploadable, ctx.model->file->is_mapped(),
+                                 HostWeights::register_ranges(be, dw.uploadable, *ctx.model->file,
                                                               [&](uint64_t n) { return progress.advance(n); }));
             part.weights_host_locked_bytes = host_weights.locked_bytes();
         }

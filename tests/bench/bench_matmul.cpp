@@ -14,7 +14,7 @@
 // --bf16 always|never forces the BF16 path of quantised weights on or off (where the CPU has AVX-512
 // BF16); the default, auto, is the library's own choice.
 //
-// Usage: moeinfer_bench_matmul [--threads N] [--types q8_0,q4_0,mxfp4,q4_k,q6_k,bf16,f16,f32]
+// Usage: moeinfer_bench_matmul [--threads N] [--types q8_0,q4_0,mxfp4,q4_k,q6_k,...,bf16,f16,f32]
 //                              [--shapes q30,g20] [--tokens 1,512] [--layers L] [--min-time SECONDS] [--hot]
 //                              [--bf16 auto|always|never]
 #include <tbb/blocked_range.h>
@@ -158,8 +158,22 @@ void fill_weights(HostTensor& h, uint64_t seed) {
             switch (type) {
                 case Type::Q8_0:
                 case Type::Q4_0:
+                case Type::Q5_0:
+                case Type::IQ4_NL:
+                case Type::IQ4_XS:  // d first
                     h16 = moe::fp32_to_fp16(0.01f);
                     std::memcpy(p, &h16, 2);
+                    break;
+                case Type::Q4_1:
+                case Type::Q5_1:  // d, m first
+                    h16 = moe::fp32_to_fp16(0.01f);
+                    std::memcpy(p, &h16, 2);
+                    std::memcpy(p + 2, &h16, 2);
+                    break;
+                case Type::Q2_K:  // d, dmin last
+                    h16 = moe::fp32_to_fp16(0.01f);
+                    std::memcpy(p + block - 4, &h16, 2);
+                    std::memcpy(p + block - 2, &h16, 2);
                     break;
                 case Type::MXFP4: p[0] = static_cast<uint8_t>(118 + (words[0] & 7)); break;
                 case Type::Q4_K:
@@ -168,6 +182,7 @@ void fill_weights(HostTensor& h, uint64_t seed) {
                     std::memcpy(p, &h16, 2);
                     std::memcpy(p + 2, &h16, 2);
                     break;
+                case Type::Q3_K:
                 case Type::Q6_K:  // d last
                     h16 = moe::fp32_to_fp16(0.01f);
                     std::memcpy(p + block - 2, &h16, 2);

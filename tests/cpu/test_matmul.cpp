@@ -777,7 +777,8 @@ TEST_CASE("matmul: kNoExpert ids leave their rows unwritten and the other rows a
     }
 }
 
-TEST_CASE("matmul: by default the BF16 path takes Q8_0, Q4_0, MXFP4, Q6_K from 64 pairs per expert, Q4_K from 16", "[matmul]") {
+TEST_CASE("matmul: by default the BF16 path takes Q4_K, Q5_K from 16 pairs per expert, Q3_K, IQ4_XS from 32, the rest from 64",
+          "[matmul]") {
     cpu::set_cpu_isa_cap_for_testing(cpu::IsaCap::kNone);
     if (!cpu::cpu_features().avx512_bf16) {
         WARN("skipped: the BF16 path (this CPU has no AVX-512 BF16)");
@@ -785,7 +786,8 @@ TEST_CASE("matmul: by default the BF16 path takes Q8_0, Q4_0, MXFP4, Q6_K from 6
     }
     // The default must equal one of the forced paths bit for bit (the two round differently).
     const int64_t k = 256, n = 16;
-    for (Type type : {Type::Q8_0, Type::Q4_0, Type::MXFP4, Type::Q6_K, Type::Q4_K, Type::Q5_K}) {
+    for (Type type : {Type::Q8_0, Type::Q4_0, Type::MXFP4, Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::IQ4_NL, Type::Q2_K,
+                      Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K, Type::IQ4_XS}) {
         HostTensor w = random_weights(type, k, n);
         for (int64_t m : {8, 16, 32, 64}) {
             HostTensor x = random_acts({k, m});
@@ -802,8 +804,10 @@ TEST_CASE("matmul: by default the BF16 path takes Q8_0, Q4_0, MXFP4, Q6_K from 6
             const std::vector<float> deflt = run(cpu::Bf16Path::kAuto);
             const std::vector<float> bf16 = run(cpu::Bf16Path::kAlways);
             const std::vector<float> integer = run(cpu::Bf16Path::kNever);
-            const int64_t from = type == Type::Q4_K ? 16 : 64;  // Q5_K: never (decoded through to_float)
-            const bool want_bf16 = type != Type::Q5_K && m >= from;
+            const int64_t from = type == Type::Q4_K || type == Type::Q5_K    ? 16
+                                 : type == Type::Q3_K || type == Type::IQ4_XS ? 32
+                                                                              : 64;
+            const bool want_bf16 = m >= from;
             INFO(moe::type_name(type) << " M=" << m);
             REQUIRE(bf16 != integer);
             CHECK(deflt == (want_bf16 ? bf16 : integer));
