@@ -6,9 +6,9 @@
 // pair of each row from the decoded chunk (an embedded broadcast), so each activation load serves 8
 // rows and each broadcast 32 tokens. Tokens are the vector lanes, so no horizontal sums are needed.
 //
-// Decoded values equal the type table's to_float bit for bit before BF16 rounding: Q8_0, Q4_0, MXFP4,
-// Q4_K and Q6_K are decoded here with the same F32 operations in the same order, the other kinds
-// through to_float itself, so the path's only roundings are the BF16 conversions and the F32 sums.
+// Decoded values equal the type table's to_float bit for bit before BF16 rounding: every quantised
+// kind is decoded here with the same F32 operations in the same order, so the path's only roundings
+// are the BF16 conversions and the F32 sums.
 
 // GCC 12 warns about the deliberately undefined vectors inside its own AVX-512 intrinsics (GCC bug
 // 105593, fixed in 13); the warning points into the header, so it is silenced for the header only.
@@ -218,20 +218,162 @@ void decode_q6_k(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc
     }
 }
 
-// The other quantised kinds: the type table's to_float, then BF16.
-template <Type kType>
-void decode_generic(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
-    const TypeTraits& tt = traits(kType);
-    const size_t offset = static_cast<size_t>(k0 / tt.block_size * tt.block_bytes);
-    alignas(64) float f[kChunk];
-    const size_t chunk_bytes = static_cast<size_t>(kChunk / tt.block_size * tt.block_bytes);
+// The kinds decoded group by group: group(block, g, lo, hi) sets elements 32 g .. 32 g + 31 of a block
+// of B (kGroups groups of 32). The next chunk's bytes are prefetched once per cache line.
+template <class B, int kGroups, class Group>
+inline void decode_groups(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst,
+                          Group group) {
+    constexpr int64_t kElems = 32 * kGroups;
+    constexpr size_t kChunkBytes = kChunk / kElems * sizeof(B);
     for (int r = 0; r < n_rows; ++r) {
-        const uint8_t* p = w + r * ws + offset;
-        for (size_t line = 0; line < chunk_bytes; line += 64) prefetch_next_chunk(p + line, chunk_bytes);
-        tt.to_float(p, f, kc);
+        const uint8_t* row = w + r * ws + (k0 / kElems) * sizeof(B);
         uint16_t* d = dst + r * kChunk;
-        for (int64_t i = 0; i < kc; i += 32) store_bf16(d + i, _mm512_load_ps(f + i), _mm512_load_ps(f + i + 16));
+        for (int64_t b = 0; b < kc / kElems; ++b, d += kElems) {
+            const size_t at = static_cast<size_t>(b) * sizeof(B);
+            for (size_t line = (at + 63) / 64 * 64; line < at + sizeof(B); line += 64) {
+                prefetch_next_chunk(row + line, kChunkBytes);
+            }
+            const auto& blk = *reinterpret_cast<const B*>(row + at);
+            for (int g = 0; g < kGroups; ++g) {
+                __m512 lo, hi;
+                group(blk, g, lo, hi);
+                store_bf16(d + 32 * g, lo, hi);
+            }
+        }
     }
+}
+
+// The 16 bits of m as 16 bytes of 0x10 (bit set) or 0: the fifth bit of Q5_0 / Q5_1 values.
+inline __m128i fifth_bits(uint32_t m) {
+    return _mm_and_si128(_mm_movm_epi8(static_cast<__mmask16>(m)), _mm_set1_epi8(0x10));
+}
+
+// Low and high nibbles of 16 bytes.
+inline __m128i low_nibbles(__m128i q) { return _mm_and_si128(q, _mm_set1_epi8(0x0F)); }
+inline __m128i high_nibbles(__m128i q) { return _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0F)); }
+
+// Bits [shift, shift + width) of each of 16 bytes (width 1, 2 or 4).
+inline __m128i byte_bits(__m128i q, int shift, int width) {
+    return _mm_and_si128(_mm_srli_epi16(q, shift), _mm_set1_epi8(static_cast<char>((1 << width) - 1)));
+}
+
+inline uint32_t u32_at(const uint8_t* p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+inline __m512 iq4nl_table() {
+    alignas(64) float t[16];
+    for (int i = 0; i < 16; ++i) t[i] = static_cast<float>(kIq4nlValues[i]);
+    return _mm512_load_ps(t);
+}
+
+// Every product below is exact in F32 (a scale of at most 11 + 6 significant bits times a value of at
+// most 7), so whether the compiler fuses it with the following sum changes nothing, and each value
+// equals to_float's (core/quant_decode.h's decode32 spells out the same operations per type).
+
+// Q4_1: x = q d + m.
+void decode_q4_1(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
+    decode_groups<BlockQ4_1, 1>(w, ws, n_rows, k0, kc, dst, [](const BlockQ4_1& b, int, __m512& lo, __m512& hi) {
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b.d)), m = _mm512_set1_ps(_cvtsh_ss(b.m));
+        const __m128i q = loadu128(b.qs);
+        lo = _mm512_add_ps(_mm512_mul_ps(u8_to_ps(low_nibbles(q), 0), d), m);
+        hi = _mm512_add_ps(_mm512_mul_ps(u8_to_ps(high_nibbles(q), 0), d), m);
+    });
+}
+
+// Q5_0: x = (q - 16) d, bit j of qh the fifth bit of element j.
+void decode_q5_0(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
+    decode_groups<BlockQ5_0, 1>(w, ws, n_rows, k0, kc, dst, [](const BlockQ5_0& b, int, __m512& lo, __m512& hi) {
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b.d));
+        const uint32_t h = u32_at(b.qh);
+        const __m128i q = loadu128(b.qs);
+        lo = _mm512_mul_ps(u8_to_ps(_mm_or_si128(low_nibbles(q), fifth_bits(h)), 16), d);
+        hi = _mm512_mul_ps(u8_to_ps(_mm_or_si128(high_nibbles(q), fifth_bits(h >> 16)), 16), d);
+    });
+}
+
+// Q5_1: x = q d + m.
+void decode_q5_1(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
+    decode_groups<BlockQ5_1, 1>(w, ws, n_rows, k0, kc, dst, [](const BlockQ5_1& b, int, __m512& lo, __m512& hi) {
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b.d)), m = _mm512_set1_ps(_cvtsh_ss(b.m));
+        const uint32_t h = u32_at(b.qh);
+        const __m128i q = loadu128(b.qs);
+        lo = _mm512_add_ps(_mm512_mul_ps(u8_to_ps(_mm_or_si128(low_nibbles(q), fifth_bits(h)), 0), d), m);
+        hi = _mm512_add_ps(_mm512_mul_ps(u8_to_ps(_mm_or_si128(high_nibbles(q), fifth_bits(h >> 16)), 0), d), m);
+    });
+}
+
+// IQ4_NL: x = d grid[q].
+void decode_iq4_nl(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
+    const __m512 table = iq4nl_table();
+    decode_groups<BlockIQ4_NL, 1>(w, ws, n_rows, k0, kc, dst, [&](const BlockIQ4_NL& b, int, __m512& lo, __m512& hi) {
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b.d));
+        const __m128i q = loadu128(b.qs);
+        lo = _mm512_mul_ps(d, _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(low_nibbles(q)), table));
+        hi = _mm512_mul_ps(d, _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(high_nibbles(q)), table));
+    });
+}
+
+// Q2_K: groups of 16 with 4-bit scale and min; x = (d sc) q - dmin m, q two bits of qs (kq::two_bits).
+void decode_q2_k(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
+    decode_groups<BlockQ2_K, 8>(w, ws, n_rows, k0, kc, dst, [](const BlockQ2_K& b, int g, __m512& lo, __m512& hi) {
+        const float d = _cvtsh_ss(b.d), dmin = _cvtsh_ss(b.dmin);
+        const uint8_t* qs = b.qs + 32 * (g / 4);
+        __m512* out[2] = {&lo, &hi};
+        for (int h = 0; h < 2; ++h) {
+            const int sc = b.scales[2 * g + h];
+            const __m512 dl = _mm512_set1_ps(d * static_cast<float>(sc & 0x0F));
+            const __m512 ml = _mm512_set1_ps(dmin * static_cast<float>(sc >> 4));
+            const __m128i q = byte_bits(loadu128(qs + 16 * h), 2 * (g % 4), 2);
+            *out[h] = _mm512_sub_ps(_mm512_mul_ps(dl, u8_to_ps(q, 0)), ml);
+        }
+    });
+}
+
+// Q3_K: groups of 16 with 6-bit scales; x = (d sc) q, q two bits of qs less 4 where the hmask bit is
+// clear (kq::q3_k_value).
+void decode_q3_k(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
+    decode_groups<BlockQ3_K, 8>(w, ws, n_rows, k0, kc, dst, [](const BlockQ3_K& b, int g, __m512& lo, __m512& hi) {
+        const float d = _cvtsh_ss(b.d);
+        const uint8_t* qs = b.qs + 32 * (g / 4);
+        __m512* out[2] = {&lo, &hi};
+        for (int h = 0; h < 2; ++h) {
+            const __m128i q2 = byte_bits(loadu128(qs + 16 * h), 2 * (g % 4), 2);
+            const __m128i hb = byte_bits(loadu128(b.hmask + 16 * h), g, 1);
+            const __m512 dl = _mm512_set1_ps(d * static_cast<float>(kq::q3_k_scale(b.scales, 2 * g + h)));
+            *out[h] = _mm512_mul_ps(dl, u8_to_ps(_mm_or_si128(q2, _mm_slli_epi16(hb, 2)), 4));
+        }
+    });
+}
+
+// Q5_K: Q4_K's nibbles and scales with a fifth bit, bit g of qh[j] for element 32 g + j.
+void decode_q5_k(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
+    decode_groups<BlockQ5_K, 8>(w, ws, n_rows, k0, kc, dst, [](const BlockQ5_K& b, int g, __m512& lo, __m512& hi) {
+        int sc, m;
+        kq::scale_min_k4(b.scales, g, sc, m);
+        const __m512 dl = _mm512_set1_ps(_cvtsh_ss(b.d) * static_cast<float>(sc));
+        const __m512 ml = _mm512_set1_ps(_cvtsh_ss(b.dmin) * static_cast<float>(m));
+        const uint8_t* q = b.qs + 32 * (g / 2);
+        __m512* out[2] = {&lo, &hi};
+        for (int h = 0; h < 2; ++h) {
+            const __m128i nib = byte_bits(loadu128(q + 16 * h), 4 * (g % 2), 4);
+            const __m128i hb = byte_bits(loadu128(b.qh + 16 * h), g, 1);
+            *out[h] = _mm512_sub_ps(_mm512_mul_ps(dl, u8_to_ps(_mm_or_si128(nib, _mm_slli_epi16(hb, 4)), 0)), ml);
+        }
+    });
+}
+
+// IQ4_XS: x = d (ls - 32) grid[q], group g's nibbles in qs[16 g ..].
+void decode_iq4_xs(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
+    const __m512 table = iq4nl_table();
+    decode_groups<BlockIQ4_XS, 8>(w, ws, n_rows, k0, kc, dst, [&](const BlockIQ4_XS& b, int g, __m512& lo, __m512& hi) {
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b.d) * static_cast<float>(kq::iq4_xs_scale(b, g) - 32));
+        const __m128i q = loadu128(b.qs + 16 * g);
+        lo = _mm512_mul_ps(d, _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(low_nibbles(q)), table));
+        hi = _mm512_mul_ps(d, _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(high_nibbles(q)), table));
+    });
 }
 
 // ---- tile kernel ----
@@ -286,16 +428,16 @@ constinit const Bf16Kernels kAvx512Bf16Kernels = {
         decode_q8_0,
         decode_q4_0,
         decode_mxfp4,
-        decode_generic<Type::Q4_1>,
-        decode_generic<Type::Q5_0>,
-        decode_generic<Type::Q5_1>,
-        decode_generic<Type::IQ4_NL>,
-        decode_generic<Type::Q2_K>,
-        decode_generic<Type::Q3_K>,
+        decode_q4_1,
+        decode_q5_0,
+        decode_q5_1,
+        decode_iq4_nl,
+        decode_q2_k,
+        decode_q3_k,
         decode_q4_k,
-        decode_generic<Type::Q5_K>,
+        decode_q5_k,
         decode_q6_k,
-        decode_generic<Type::IQ4_XS>,
+        decode_iq4_xs,
     },
     tile,
 };
