@@ -7,6 +7,7 @@
 #include "core/backend_registry.h"
 #include "runtime/attention_home.h"
 #include "runtime/context_sizes.h"
+#include "runtime/copy_progress.h"
 #include "runtime/device.h"
 #include "runtime/host_weights.h"
 #include "runtime/offload_calibration.h"
@@ -143,27 +144,6 @@ void bind_kv_cache(moe_context& ctx) {
         }
     }
 }
-
-// Reports progress over the bytes registered in place and uploaded to the device; 0 from the callback
-// cancels.
-class CopyProgress {
-public:
-    CopyProgress(const moe_context_params& p, uint64_t total) : p_(p), total_(std::max<uint64_t>(total, 1)) {}
-    Status advance(uint64_t bytes) {
-        done_ += bytes;
-        if (p_.progress == nullptr) return Status::ok();
-        if (p_.progress(static_cast<float>(static_cast<double>(done_) / static_cast<double>(total_)),
-                        p_.progress_user_data) == 0) {
-            return cancelled("context creation cancelled by the progress callback");
-        }
-        return Status::ok();
-    }
-
-private:
-    const moe_context_params& p_;
-    uint64_t total_;
-    uint64_t done_ = 0;
-};
 
 // place_experts with the model's profile (empty: uniform); per_expert false: whole tensors only
 // (sched::place_weights).

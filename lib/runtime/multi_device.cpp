@@ -11,6 +11,7 @@
 #include "core/allocator.h"
 #include "core/backend_registry.h"
 #include "runtime/context_sizes.h"
+#include "runtime/copy_progress.h"
 #include "sched/device_split.h"
 #include "sched/graph_cut.h"
 #include "sched/placement.h"
@@ -78,26 +79,6 @@ StatusOr<std::vector<int>> weight_devices(const moe_context& ctx, const std::vec
     }
     return device;
 }
-
-// Tells progress the bytes done; 0 from the callback cancels.
-class Progress {
-public:
-    Progress(const moe_context_params& p, uint64_t total) : p_(p), total_(std::max<uint64_t>(total, 1)) {}
-    Status advance(uint64_t bytes) {
-        done_ += bytes;
-        if (p_.progress == nullptr) return Status::ok();
-        if (p_.progress(static_cast<float>(static_cast<double>(done_) / static_cast<double>(total_)),
-                        p_.progress_user_data) == 0) {
-            return cancelled("context creation cancelled by the progress callback");
-        }
-        return Status::ok();
-    }
-
-private:
-    const moe_context_params& p_;
-    uint64_t total_;
-    uint64_t done_ = 0;
-};
 
 // One device's weights as placement decided them.
 struct DeviceWeights {
@@ -328,7 +309,7 @@ Status place_weights_multi(moe_context& ctx, const DeviceList& list, const sched
     }
 
     // Page-locking and uploads, then a scheduler per device.
-    Progress progress(ctx.params, progress_total);
+    CopyProgress progress(ctx.params, progress_total);
     ctx.weights_device_bytes = ctx.weights_host_bytes = ctx.weights_host_locked_bytes = 0;
     for (size_t d = 0; d < n_dev; ++d) {
         DeviceWeights& dw = per[d];
