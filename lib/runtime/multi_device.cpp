@@ -10,6 +10,7 @@
 
 #include "core/allocator.h"
 #include "core/backend_registry.h"
+#include "runtime/attention_home.h"
 #include "runtime/context_sizes.h"
 #include "runtime/copy_progress.h"
 #include "sched/device_split.h"
@@ -228,6 +229,9 @@ Status place_weights_multi(moe_context& ctx, const DeviceList& list, const sched
         pp.n_cpu_moe = ctx.params.n_cpu_moe;
         pp.n_gpu_layers = ctx.params.n_gpu_layers;
         Backend& be = backend_of(ctx, d);
+        // Attention the device has no kernel for stays on the host (runtime/attention_home.h).
+        const std::vector<sched::OverrideRule> host_attention = host_attention_overrides(hp, ctx.weights, be);
+        pp.overrides.insert(pp.overrides.begin(), host_attention.begin(), host_attention.end());
         if (list.budgets[d] > 0) {
             pp.vram_budget = list.budgets[d];
         } else {
