@@ -211,7 +211,10 @@ std::optional<Failure> run(Config& cfg) {
         if (auto f = bench::print_residency(stderr, ctx, info)) return f;
     }
     if (!cfg.expert_profile.empty() && !opened.profile_read) {
-        if (moe_context_save_expert_profile(ctx, cfg.expert_profile.c_str()) != MOE_STATUS_OK) {
+        // The timed runs' counts (the context's are reset before each test).
+        const std::vector<uint64_t>& counts = runner.expert_counts();
+        if (moe_model_save_expert_profile(model, counts.data(), static_cast<int64_t>(counts.size()),
+                                          cfg.expert_profile.c_str()) != MOE_STATUS_OK) {
             return bench::library_error("cannot write the expert profile");
         }
         std::fprintf(stderr, "moeinfer-bench: expert profile written to %s\n", cfg.expert_profile.c_str());

@@ -679,6 +679,12 @@ MOE_API moe_status moe_context_get_expert_counts(const moe_context* ctx, uint64_
  * model without experts. */
 MOE_API moe_status moe_context_save_expert_profile(const moe_context* ctx, const char* path);
 
+/* Writes `counts` (n = n_layer * n_expert values, laid out as moe_context_get_expert_counts', e.g. summed
+ * over several contexts or runs) to `path` as the model's profile. INVALID_ARGUMENT for another n;
+ * otherwise as moe_context_save_expert_profile. */
+MOE_API moe_status moe_model_save_expert_profile(const moe_model* model, const uint64_t* counts, int64_t n,
+                                                 const char* path);
+
 /* Reads the profile at `path` into the model: contexts created afterwards place their experts by it
  * (those already created keep their placement). When the weights do not all fit the device, the expert
  * tensors that n_cpu_moe, n_gpu_layers and the overrides leave to the device are placed expert by

@@ -1,5 +1,6 @@
 // C API: expert activation profiles (sched/expert_profile.h) and the experts resident in device memory.
 #include <algorithm>
+#include <string>
 
 #include "moeinfer/moeinfer.h"
 #include "runtime/c_api_guard.h"
@@ -33,6 +34,22 @@ MOE_API moe_status moe_model_set_expert_profile(moe_model* model, const char* pa
     moe::StatusOr<moe::sched::ExpertProfile> p = moe::sched::read_expert_profile(path, profile_shape(model->hparams));
     MOE_RETURN_API(p.status());
     model->expert_profile = std::move(p->counts);
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+MOE_API moe_status moe_model_save_expert_profile(const moe_model* model, const uint64_t* counts, int64_t n,
+                                                 const char* path) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(model != nullptr, "model is NULL");
+    MOE_CHECK_ARG(path != nullptr && path[0] != '\0', "path is NULL or empty");
+    MOE_CHECK_ARG(model->hparams.n_expert > 0, "the model has no experts to profile");
+    moe::sched::ExpertProfile p = profile_shape(model->hparams);
+    const int64_t want = static_cast<int64_t>(p.n_layer) * p.n_expert;
+    MOE_CHECK_ARG(n == want, "n is " + std::to_string(n) + ", not n_layer * n_expert = " + std::to_string(want));
+    MOE_CHECK_ARG(counts != nullptr, "counts is NULL");
+    p.counts.assign(counts, counts + n);
+    MOE_RETURN_API(moe::sched::write_expert_profile(path, p));
     return MOE_STATUS_OK;
     MOE_API_END
 }

@@ -267,7 +267,7 @@ private:
         s.struct_size = sizeof s;
         if (moe_context_get_stats(ctx_, &s) != MOE_STATUS_OK) return library_error("moe_context_get_stats");
         out.add(s);
-        if (!cfg_.expert_counts && cfg_.plot_path.empty()) return std::nullopt;
+        if (!cfg_.expert_counts && cfg_.plot_path.empty() && cfg_.expert_profile.empty()) return std::nullopt;
         int64_t n = 0;
         if (moe_context_get_expert_counts(ctx_, nullptr, 0, &n) != MOE_STATUS_OK) {
             return library_error("moe_context_get_expert_counts");
