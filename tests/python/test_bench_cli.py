@@ -39,7 +39,8 @@ STATS_FIELDS = (["n_ubatches", "n_splits", "bytes_weights_full", "bytes_weights_
                  "bytes_activations", "n_weight_copies", "n_activation_copies", "n_id_readbacks"] +
                 [f"n_offloaded_{op}" for op in OPS] + [f"n_kept_host_{op}" for op in OPS] +
                 ["n_ops_host", "n_ops_device", "seconds_total", "seconds_host_compute", "seconds_wait", "seconds_device_submit",
-                 "n_split_layers", "n_split_host_experts", "n_split_trials", "bytes_uploaded", "bytes_uploaded_per_ubatch", "upload_gbps"])
+                 "n_split_layers", "n_split_host_experts", "n_split_trials", "n_cache_hits", "n_cache_misses",
+                 "bytes_cache_saved", "bytes_uploaded", "bytes_uploaded_per_ubatch", "upload_gbps"])
 SWEEP_CSV_FIELDS = (SWEEP_FIELDS + RUN_FIELDS + ["sched_pp_" + f for f in STATS_FIELDS] +
                     ["sched_tg_" + f for f in STATS_FIELDS])
 BENCH_CSV_FIELDS = BENCH_FIELDS + RUN_FIELDS + ["sched_" + f for f in STATS_FIELDS]
@@ -299,7 +300,7 @@ def test_emulated_text_prints_scheduler_summary(cache_dir):
     assert [r[3] for r in rows] == ["EMULATED", "EMULATED"]
     summary = out[out.index("\nscheduler: "):]
     assert re.search(r"^scheduler: weights [\d.]+ \w+ in host RAM, [\d.]+ \w+ in device memory; offload "
-                     r"mul_mat=4,mul_mat_id=4,moe_up_gate=4, expert copy full, bias dup on, expert split off$",
+                     r"mul_mat=4,mul_mat_id=4,moe_up_gate=4, expert copy auto, bias dup on, expert split off$",
                      summary, re.M)
     # One block per test: pp16 is 2 ubatches of 8 (offloaded), tg2 2 ubatches of 1 (kept on the host).
     assert re.search(r"^pp16: 2 ubatches in 1 runs; per ubatch: [\d.]+ \w+ uploaded", summary, re.M)
@@ -320,8 +321,9 @@ def test_cpu_text_has_no_scheduler_summary(cache_dir):
 @pytest.mark.parametrize("copy", ["full", "active"])
 def test_emulated_json_stats_per_row(cache_dir, copy):
     reps = 2
+    # The upload slots alone (--expert-cache off): a cache would keep the warm-up's experts for the timed runs.
     records = json.loads(run(*emulated("--offload-policy", "all=4", "--expert-copy", copy, "-ub", "8", "-o", "json",
-                                       "--expert-split", "off"),
+                                       "--expert-split", "off", "--expert-cache", "off"),
                              "-p", "16", "-n", "3", "-r", str(reps), cache=cache_dir).stdout)
     assert [r["test"] for r in records] == ["pp16", "tg3"]
     pp, tg = records
@@ -632,7 +634,7 @@ def test_help_documents_every_flag():
     (["x.gguf", "--device", "emulated", "--offload-policy", "bogus=3"], "bogus"),
     (["x.gguf", "--device", "emulated", "--offload-policy", "mul_mat_id=-4"], "-4"),
     (["x.gguf", "--device", "emulated", "--offload-policy", "mul_mat=many"], "many"),
-    (["x.gguf", "--device", "emulated", "--expert-copy", "some"], "expected full, active or prefetch"),
+    (["x.gguf", "--device", "emulated", "--expert-copy", "some"], "expected auto, full, active or prefetch"),
     (["x.gguf", "--device", "emulated", "--expert-split", "-3"], "expected auto, off or a number of experts"),
     (["x.gguf", "--device", "emulated", "--expert-split", "half"], "expected auto, off or a number of experts"),
     (["x.gguf", "--device", "emulated", "--vram-budget", "12XB"], "unknown unit"),

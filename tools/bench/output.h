@@ -275,6 +275,9 @@ inline void append_stats_fields(std::vector<Field>& f, const std::string& prefix
     u("n_split_layers", s.n_split_layers);
     u("n_split_host_experts", s.n_split_host_experts);
     u("n_split_trials", s.n_split_trials);
+    u("n_cache_hits", s.n_cache_hits);
+    u("n_cache_misses", s.n_cache_misses);
+    u("bytes_cache_saved", s.bytes_cache_saved);
     u("bytes_uploaded", s.bytes_uploaded());
     d("bytes_uploaded_per_ubatch", s.per_ubatch(static_cast<double>(s.bytes_uploaded())));
     d("upload_gbps", s.upload_gbps());
