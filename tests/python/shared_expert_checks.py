@@ -175,7 +175,9 @@ def check_active_only_uploads(model, rng, bias_dup: bool, sizes: list[int], requ
     layers route nothing; no expert biases, so bias_dup moves no bytes."""
     eb = expert_bytes(model)
     n_expert, n_moe, n_dense = model.info.n_expert, len(moe_layers(model)), n_dense_layers(model)
-    policy = moeinfer.Policy(expert_copy="active", bias_dup=bias_dup, expert_split=0).parse_offload("all=3")
+    # The upload slots alone (test_sched_cache.py counts what the expert cache saves).
+    policy = moeinfer.Policy(expert_copy="active", bias_dup=bias_dup, expert_split=0,
+                             expert_cache=0).parse_offload("all=3")
     ctx = emulated(model, policy, n_ubatch=4, tensor_overrides="exps=CPU")
     ctx.reset_stats()
     want_experts = want_skipped = 0
@@ -205,10 +207,12 @@ def check_active_only_uploads(model, rng, bias_dup: bool, sizes: list[int], requ
 
 def check_expert_split(model, rng, expert_copy: str, n_split: int, sizes: list[int]) -> None:
     """expert_split = n_split with exps=CPU, ubatches of 4 offloaded from 3 tokens: the same logits and expert
-    counts as the CPU; every offloaded MoE layer split with n_split experts on the host, the others uploaded."""
+    counts as the CPU; every offloaded MoE layer split with n_split experts on the host, the others uploaded
+    (full copies, no expert cache: under ACTIVE copies the device part uploads only its group's selected experts,
+    test_sched_cache.py)."""
     eb = expert_bytes(model)
     n_expert, n_moe = model.info.n_expert, len(moe_layers(model))
-    policy = moeinfer.Policy(expert_copy=expert_copy, expert_split=n_split).parse_offload("all=3")
+    policy = moeinfer.Policy(expert_copy=expert_copy, expert_split=n_split, expert_cache=0).parse_offload("all=3")
     emu = emulated(model, policy, n_ubatch=4, tensor_overrides="exps=CPU")
     cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=4)
     for n in sizes:
