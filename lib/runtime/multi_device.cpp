@@ -150,6 +150,11 @@ StatusOr<DeviceList> device_list(const moe_context_params& p, int32_t device_kin
         return invalid_argument("main_gpu = " + std::to_string(p.main_gpu) + " is not an index of the " +
                                 std::to_string(n) + " device(s) of the context");
     }
+    // CUDAn in the overrides must name a device of the list (also with one device: CUDA1 is no device).
+    MOE_ASSIGN_OR_RETURN(const std::vector<sched::OverrideRule> rules,
+                         sched::parse_overrides(p.tensor_overrides ? p.tensor_overrides : ""));
+    const size_t in_use = p.split_mode == MOE_SPLIT_NONE ? 1 : n;
+    MOE_RETURN_IF_ERROR(sched::pinned_layers({}, rules, 0, static_cast<int>(in_use)).status());
     if (p.split_mode == MOE_SPLIT_NONE) {
         const size_t m = static_cast<size_t>(p.main_gpu);
         list.ordinals = {list.ordinals[m]};
@@ -394,6 +399,7 @@ Status run_stages(moe_context& ctx, Graph& graph, int n_tokens, std::span<const 
     std::unordered_map<const Tensor*, const void*> input_data;
     for (const sched::HostInput& in : inputs) input_data[in.tensor] = in.data;
     std::unordered_map<const Tensor*, std::vector<uint8_t>> staged;  // exports, in host memory
+    std::vector<int> runs(ctx.parts.size(), 0);  // stages each device ran in this ubatch
     for (sched::Stage& stage : stages) {
         std::vector<sched::HostInput> ins;
         uint64_t crossed = 0;
@@ -421,6 +427,9 @@ Status run_stages(moe_context& ctx, Graph& graph, int n_tokens, std::span<const 
         sched::Scheduler& s = scheduler_of(ctx, static_cast<size_t>(stage.device));
         MOE_RETURN_IF_ERROR(s.run(*stage.graph, n_tokens, ins, outs));
         s.stats().bytes_between_devices += crossed;
+        // A device that runs two stages of one ubatch (layers pinned away from its run) counts the
+        // ubatch once, so that n_ubatches stays the context's.
+        if (runs[static_cast<size_t>(stage.device)]++ > 0) --s.stats().n_ubatches;
     }
     return Status::ok();
 }

@@ -231,15 +231,19 @@ TEST_CASE("emulated:2 logits equal the one-device context's bit for bit", "[sche
             {{1, 1}, "exps=CPU", MOE_EXPERT_COPY_FULL, "all=4"},
             {{1, 1}, "exps=CPU", MOE_EXPERT_COPY_ACTIVE_ONLY, "all=4"},
             {{3, 1}, "exps=CPU", MOE_EXPERT_COPY_ACTIVE_ONLY, nullptr},
+            // Layer 0 pinned to the second device: stages on devices 1, 0, 1 (two boundaries).
+            {{1, 1}, "exps=CPU,blk\\.0\\.=CUDA1", MOE_EXPERT_COPY_ACTIVE_ONLY, "all=4"},
         };
         for (const Case& k : cases) {
             INFO(arch << " split " << k.split[0] << ":" << k.split[1] << " -ot " << (k.ot ? k.ot : "(none)") << " copy "
                       << k.copy << " offload " << (k.offload ? k.offload : "(default)"));
+            const bool pinned = k.ot != nullptr && std::string(k.ot).find("CUDA1") != std::string::npos;
             Setup one;
-            one.overrides = k.ot;
+            one.overrides = pinned ? "exps=CPU" : k.ot;  // the same placement on one device
             one.expert_copy = k.copy;
             one.offload = k.offload;
             Setup two = one;
+            two.overrides = k.ot;
             two.devices = {0, 1};
             two.split = k.split;
             Ctx a(m, one), b(m, two);
@@ -248,11 +252,17 @@ TEST_CASE("emulated:2 logits equal the one-device context's bit for bit", "[sche
                 REQUIRE(moe::test::bitwise_equal(b.decode(batch, nv), a.decode(batch, nv)));
                 tokens += static_cast<int64_t>(batch.size());
             }
-            // Both devices hold layers: one boundary, the residual stream [n_embd, tokens] F32 out and in.
+            // Each boundary between consecutive layers on different devices: the residual stream
+            // [n_embd, tokens] F32 out of one and into the other.
             REQUIRE(b.ctx->parts[0].n_layers > 0);
             REQUIRE(b.ctx->parts[1].n_layers > 0);
+            int64_t boundaries = 0;
+            for (size_t il = 1; il < b.ctx->layer_device.size(); ++il) {
+                boundaries += b.ctx->layer_device[il] != b.ctx->layer_device[il - 1] ? 1 : 0;
+            }
+            CHECK(boundaries == (pinned ? 2 : 1));
             const moe_sched_stats sa = a.stats(), sb = b.stats();
-            CHECK(sb.bytes_between_devices == static_cast<uint64_t>(2 * 4 * n_embd * tokens));
+            CHECK(sb.bytes_between_devices == static_cast<uint64_t>(boundaries * 2 * 4 * n_embd * tokens));
             CHECK(sa.bytes_between_devices == 0);
             CHECK(sb.n_ubatches == sa.n_ubatches);
             CHECK(sb.weights_device_bytes == sa.weights_device_bytes);
@@ -360,4 +370,7 @@ TEST_CASE("several devices: every bad value is INVALID_ARGUMENT naming it", "[sc
     refused(s, -1, "devices[1]");
     s.devices = {0, 1};
     refused(s, 0, "n_devices");
+    s = Setup{};  // one device: CUDA1 does not exist
+    s.overrides = "exps=CUDA1";
+    refused(s, -1, "CUDA1");
 }
