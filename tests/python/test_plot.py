@@ -48,9 +48,11 @@ def reference_routing(ref, tokens):
 # cuda-hybrid: experts in RAM, offloaded), the device only (cuda: all on the GPU, gathered at the ubatch's end).
 CONTEXTS = {
     "cpu": ("cpu", {}),
-    "emulated": ("emulated", {"tensor_overrides": "exps=CPU", "policy": moeinfer.Policy(offload="all=1")}),
+    # Hybrid contexts without the expert cache, so that every offloaded ubatch uploads its experts.
+    "emulated": ("emulated", {"tensor_overrides": "exps=CPU",
+                              "policy": moeinfer.Policy(offload="all=1", expert_cache=0)}),
     "cuda": ("cuda", {}),
-    "cuda-hybrid": ("cuda", {"tensor_overrides": "exps=CPU", "policy": moeinfer.Policy(offload="all=1")}),
+    "cuda-hybrid": ("cuda", {"tensor_overrides": "exps=CPU", "policy": moeinfer.Policy(offload="all=1", expert_cache=0)}),
 }
 
 
