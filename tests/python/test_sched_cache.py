@@ -285,3 +285,33 @@ def test_policy_expert_cache_and_auto_round_trip(skewed):
     with pytest.raises(ValueError, match="expert_cache"):
         ctx.set_policy(moeinfer.Policy(expert_cache=largest - 1))
     assert ctx.policy.expert_cache == 0
+
+
+@pytest.fixture(scope="module")
+def skewed_cuda_shape(tmp_path_factory) -> moeinfer.Model:
+    """qwen3moe with skewed routing and head_dim 64 (the tiny preset's 16 is below the CUDA attention kernels)."""
+    seed = int(np.random.default_rng().integers(1 << 30))
+    print(f"model seed {seed}")
+    path = tmp_path_factory.mktemp("cache") / "qwen3moe-hd64.gguf"
+    moeinfer.synth_write(str(path), "qwen3moe", preset="tiny", seed=seed, routing_skew=0.6, head_dim=64)
+    return moeinfer.Model(str(path))
+
+
+@pytest.mark.parametrize("expert_copy", ["full", "active", "auto"])
+def test_cache_on_cuda_gives_the_logits_of_no_cache_bit_for_bit(skewed_cuda_shape, rng, expert_copy):
+    """The same on the GPU: cache entries are device buffers filled by copies ordered after their last readers;
+    the kernels read the same bytes from an entry as from an upload slot. Hits and misses as predicted."""
+    from test_forward_cuda import _cuda_context
+
+    m = skewed_cuda_shape
+    kw = dict(n_ctx=128, n_ubatch=8, tensor_overrides="exps=CPU")
+    on = _cuda_context(m, policy=policy(expert_copy, -1), **kw)
+    off = _cuda_context(m, policy=policy(expert_copy, 0), **kw)
+    prompt = rng.integers(0, m.info.n_vocab, size=21, dtype=np.int32)
+    steps = rng.integers(0, m.info.n_vocab, size=6, dtype=np.int32)
+    for got, want in zip(run_prompt_and_decode(on, prompt, steps), run_prompt_and_decode(off, prompt, steps)):
+        assert np.array_equal(got, want)
+    np.testing.assert_array_equal(on.expert_counts(), off.expert_counts())
+    s_on, s_off = on.stats(), off.stats()
+    sent = lambda s: s["bytes_weights_full"] + s["bytes_weights_experts"]  # noqa: E731
+    assert s_on["n_cache_hits"] > 0 and sent(s_off) - sent(s_on) == s_on["bytes_cache_saved"]
