@@ -69,12 +69,12 @@ Status bind_model_weights(moe_context& ctx) {
         t.name = info.name;
         ctx.weight_by_name[info.name] = &t;
     }
-    // deepseek2 files from before the attn_k_b / attn_v_b split: the split, made here.
-    MOE_ASSIGN_OR_RETURN(ctx.derived_weights, split_kv_b(ctx.model->hparams, file));
-    for (DerivedWeight& d : ctx.derived_weights) {
+    // deepseek2 files from before the attn_k_b / attn_v_b split: the split, made once per model.
+    MOE_ASSIGN_OR_RETURN(const std::vector<DerivedWeight>* derived, derived_weights(*ctx.model));
+    for (const DerivedWeight& d : *derived) {
         Tensor& t = ctx.weight_tensors.emplace_back();
         set_shape(t, d.type, 3, d.ne);
-        t.data = d.data.data();
+        t.data = const_cast<uint8_t*>(d.data.data());  // shared by the model's contexts: only ever read
         t.name = d.name;
         ctx.weight_by_name[d.name] = &t;
     }

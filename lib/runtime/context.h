@@ -10,7 +10,6 @@
 #include "core/backend.h"
 #include "core/backend_config.h"
 #include "core/models/model_graph.h"
-#include "core/models/mla_split.h"
 #include "runtime/device_part.h"
 #include "runtime/host_weights.h"
 #include "runtime/model.h"
@@ -25,9 +24,6 @@ struct moe_context {
     std::unique_ptr<moe::Backend> device;  // CUDA or the emulated device; nullptr for CPU contexts
     std::deque<moe::Tensor> weight_tensors;  // leaves over the weights' home copies
     std::unordered_map<std::string, moe::Tensor*> weight_by_name;
-    // Weights made at load from the file's (mla_split.h), which weight_tensors point into; declared before
-    // host_weights, which may page-lock them and so must go first.
-    std::vector<moe::DerivedWeight> derived_weights;
     std::unique_ptr<moe::Buffer> device_weights;  // weights placed on (or duplicated to) the device
     // Host-resident weights of a device context, page-locked in place (destroyed before the backends).
     moe::HostWeights host_weights;

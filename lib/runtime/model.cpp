@@ -40,4 +40,13 @@ StatusOr<std::unique_ptr<moe_model>> load_model(const std::string& path, const m
     return model;
 }
 
+StatusOr<const std::vector<DerivedWeight>*> derived_weights(moe_model& model) {
+    std::lock_guard<std::mutex> lock(model.derived_mu);
+    if (!model.derived_made) {
+        MOE_ASSIGN_OR_RETURN(model.derived, split_kv_b(model.hparams, *model.file));
+        model.derived_made = true;
+    }
+    return &model.derived;
+}
+
 }  // namespace moe

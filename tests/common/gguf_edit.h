@@ -24,7 +24,13 @@ using GgufEditValue = std::variant<std::monostate, uint32_t, int32_t, uint64_t, 
 struct GgufEdit {
     std::map<std::string, GgufEditValue> metadata;          // replaced in place, or appended when absent
     std::function<bool(const std::string&)> drop_tensor;    // tensors to leave out (none when empty)
-    std::vector<std::pair<std::string, int64_t>> add_f32;   // appended 1-D F32 tensors: name, length
+    std::vector<std::pair<std::string, int64_t>> add_f32;   // appended 1-D F32 tensors of ones: name, length
+    struct Tensor {
+        std::string name;
+        std::vector<int64_t> ne;  // GGUF order
+        std::vector<float> data;  // the product of ne values
+    };
+    std::vector<Tensor> add_tensors;  // appended F32 tensors with their values, after add_f32
 };
 
 namespace detail {
@@ -117,6 +123,7 @@ inline void write_edited_gguf(const std::string& src, const std::string& dst, co
         kept.push_back(&t);
     }
     for (const auto& [name, n] : edit.add_f32) w.add_tensor(name, Type::F32, {n});
+    for (const GgufEdit::Tensor& t : edit.add_tensors) w.add_tensor(t.name, Type::F32, t.ne);
     const Status begun = w.begin(dst);
     INFO(begun.message());
     REQUIRE(begun.is_ok());
@@ -125,6 +132,7 @@ inline void write_edited_gguf(const std::string& src, const std::string& dst, co
         const std::vector<float> ones(static_cast<size_t>(n), 1.0f);
         REQUIRE(w.append(ones.data(), ones.size() * sizeof(float)).is_ok());
     }
+    for (const GgufEdit::Tensor& t : edit.add_tensors) REQUIRE(w.append(t.data.data(), t.data.size() * sizeof(float)).is_ok());
     REQUIRE(w.finish().is_ok());
 }
 
