@@ -362,6 +362,7 @@ Status CudaBackend::launch_item(size_t i) {
         case FusedKind::kMoeBias: s = mul_mat_id_bias(parts, ctx); break;
         case FusedKind::kRouterGemv: s = mul_mat_router(parts, ctx); break;
         case FusedKind::kDenseGroup: s = mul_mat_dense_group(parts, ctx); break;
+        case FusedKind::kSigmoidRouter: s = sigmoid_router(parts, ctx); break;
     }
     return s.is_ok() ? s : s.with_context(node_context(*item.node));
 }

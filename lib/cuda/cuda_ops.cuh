@@ -112,6 +112,8 @@ Status mul_mat_id_bias(std::span<Tensor* const> parts, const OpContext& ctx);
 Status row_chain(std::span<Tensor* const> parts, const OpContext& ctx);
 // kRouter: TOPK, GATHER, SOFTMAX (ops_fused.cu).
 Status router_select(std::span<Tensor* const> parts, const OpContext& ctx);
+// kSigmoidRouter: SIGMOID [ADD] [GROUP_MASK] TOPK GATHER NORM_SCALE (ops_sigmoid_router.cu).
+Status sigmoid_router(std::span<Tensor* const> parts, const OpContext& ctx);
 // kAttnPrep: [RMS_NORM x2] ROPE x1-2 [CPY x1-2] (ops_fused.cu).
 Status attn_prep(std::span<Tensor* const> parts, const OpContext& ctx);
 

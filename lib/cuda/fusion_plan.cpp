@@ -85,6 +85,24 @@ bool match_router(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
     return true;
 }
 
+// ---- kSigmoidRouter: SIGMOID [ADD bias] [GROUP_MASK] TOPK GATHER NORM_SCALE ----
+
+bool match_sigmoid_router(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
+    if (n[i]->op != Op::SIGMOID) return false;
+    size_t end = i + 1;
+    if (end < n.size() && n[end]->op == Op::ADD) ++end;
+    if (end < n.size() && n[end]->op == Op::GROUP_MASK) ++end;
+    end += 3;  // TOPK, GATHER, NORM_SCALE
+    if (end > n.size() || end - i > static_cast<size_t>(kMaxParts)) return false;
+    const std::span<Tensor* const> parts = n.subspan(i, end - i);
+    SigmoidRouterParts roles;
+    if (!sigmoid_router_parts(parts, &roles)) return false;
+    item.kind = FusedKind::kSigmoidRouter;
+    std::copy(parts.begin(), parts.end(), item.part.begin());
+    item.n_part = static_cast<int>(parts.size());
+    return true;
+}
+
 // ---- kRowChain: [WEIGHTED_SUM] [ADD] RMS_NORM ----
 
 bool chain_norm_ok(const Tensor& norm) {
@@ -551,6 +569,60 @@ bool attn_prep_rows_apart(std::span<Tensor* const> parts) {
     return true;
 }
 
+bool sigmoid_router_parts(std::span<Tensor* const> parts, SigmoidRouterParts* out) {
+    if (parts.size() < 4 || parts.size() > 6) return false;
+    SigmoidRouterParts r;
+    size_t j = 0;
+    r.sigmoid = parts[j++];
+    if (parts[j]->op == Op::ADD) r.add = parts[j++];
+    if (parts[j]->op == Op::GROUP_MASK) r.mask = parts[j++];
+    if (parts.size() - j != 3) return false;
+    r.topk = parts[j];
+    r.gather = parts[j + 1];
+    r.norm = parts[j + 2];
+
+    const Tensor* x = r.sigmoid->src[0];
+    if (r.sigmoid->op != Op::SIGMOID || !is_f32_rows(x) || !is_f32_rows(r.sigmoid) ||
+        !op_checks::same_shape(*x, *r.sigmoid) || x->ne[2] != 1 || x->ne[3] != 1) {
+        return false;
+    }
+    const int64_t E = x->ne[0], T = x->ne[1];
+    if (E < 1 || E > kMaxSigmoidRouterExperts || T < 1 || T > kMaxSigmoidRouterTokens) return false;
+    Tensor* choice = r.sigmoid;
+    if (r.add != nullptr) {
+        const Tensor* b = r.add->src[1];
+        if (!identical(r.add->src[0], r.sigmoid) || !is_f32_rows(r.add) || !op_checks::same_shape(*r.add, *x) ||
+            !is_f32_rows(b) || b->ne[0] != E || b->ne[1] != 1 || b->ne[2] != 1 || b->ne[3] != 1) {
+            return false;
+        }
+        choice = r.add;
+    }
+    if (r.mask != nullptr) {
+        if (!identical(r.mask->src[0], choice) || !op_checks::check_group_mask(*r.mask).is_ok() ||
+            !is_f32_rows(r.mask) || r.mask->params.i[0] > kMaxSigmoidRouterGroups) {
+            return false;
+        }
+        choice = r.mask;
+    }
+    const Tensor* t = r.topk;
+    const int32_t k = t->params.i[0];
+    if (t->op != Op::TOPK || !identical(t->src[0], choice) || k < 1 || k > kMaxRouterK || k > E ||
+        t->type != Type::I32 || t->data == nullptr || t->nb[0] != 4 || t->ne[0] != k || t->ne[1] != T ||
+        t->ne[2] != 1 || t->ne[3] != 1) {
+        return false;
+    }
+    const Tensor* g = r.gather;
+    if (g->op != Op::GATHER || !identical(g->src[0], r.sigmoid) || !identical(g->src[1], t) || !is_f32_rows(g) ||
+        !op_checks::same_shape(*g, *t)) {
+        return false;
+    }
+    if (!op_checks::check_norm_scale(*r.norm).is_ok() || !identical(r.norm->src[0], g) || !is_f32_rows(r.norm)) {
+        return false;
+    }
+    *out = r;
+    return true;
+}
+
 ByteRange byte_range(const Tensor& t) {
     ByteRange r;
     r.lo = reinterpret_cast<uintptr_t>(t.data);
@@ -579,6 +651,7 @@ void plan_fusions(std::span<Tensor* const> nodes, bool enabled, FusionPlan& out)
         item.node = nodes[i];
         item.part[0] = nodes[i];
         if (enabled && (match_router_gemv(nodes, i, item) || match_router(nodes, i, item) ||
+                        match_sigmoid_router(nodes, i, item) ||
                         match_chain(nodes, i, item) || match_group(nodes, i, item) || match_dense_group(nodes, i, item) ||
                         match_attn_prep(nodes, i, item) || match_moe_bias(nodes, i, item))) {
             item.node = item.part[0];

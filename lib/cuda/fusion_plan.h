@@ -19,6 +19,9 @@
 //   kDenseGroup consecutive MUL_MATs of one activation on the dequantise + cuBLAS path (prefill q, k,
 //               v without bias adds): one BF16 copy of the activation, then each product's
 //               dequantisation and GEMM in node order.
+//   kSigmoidRouter the sigmoid router (glm4moe, deepseek2 V3 / Kimi-K2): SIGMOID of the logits, [ADD of
+//               the selection bias], [GROUP_MASK], TOPK, GATHER of the unbiased scores, NORM_SCALE: one
+//               warp per token (sigmoid_router_parts below says which spans qualify).
 // Besides fusing, the plan lets an expert block's down product on the tensor cores take the route (its
 // tokens grouped by expert) that the up/gate product launched right before it built from the same ids
 // (LaunchItem::route_from_prev): one small launch per prefill layer instead of a memset and three.
@@ -46,8 +49,18 @@
 
 namespace moe::cuda {
 
-enum class FusedKind : uint8_t { kNone = 0, kGemvGroup, kRowChain, kRouter, kAttnPrep, kMoeBias, kRouterGemv, kDenseGroup };
-constexpr int kFusedKinds = 8;
+enum class FusedKind : uint8_t {
+    kNone = 0,
+    kGemvGroup,
+    kRowChain,
+    kRouter,
+    kAttnPrep,
+    kMoeBias,
+    kRouterGemv,
+    kDenseGroup,
+    kSigmoidRouter
+};
+constexpr int kFusedKinds = 9;
 
 constexpr int kMaxParts = 6;         // a group of 3 MUL_MAT + ADD pairs
 constexpr int kMaxQ8Slots = 4;
@@ -82,6 +95,25 @@ struct FusionPlan {
     size_t slot_bytes = 0;          // bytes of one Q8 slot (0: no slots used)
     int n_slots = 0;
 };
+
+// The nodes of a kSigmoidRouter launch by role; add and mask are nullptr where the span has none.
+struct SigmoidRouterParts {
+    Tensor* sigmoid = nullptr;  // scores = SIGMOID(logits F32 [E, T])
+    Tensor* add = nullptr;      // choice = scores + bias (F32 [E])
+    Tensor* mask = nullptr;     // GROUP_MASK of the choice
+    Tensor* topk = nullptr;     // ids I32 [k, T] of the (masked) choice
+    Tensor* gather = nullptr;   // the scores of the ids
+    Tensor* norm = nullptr;     // NORM_SCALE of those: the weights
+};
+constexpr int64_t kMaxSigmoidRouterExperts = 512;  // experts per token held in one warp's registers
+constexpr int kMaxSigmoidRouterGroups = 32;
+constexpr int kMaxSigmoidRouterTokens = 32;  // one warp each, one block
+// Whether `parts` (consecutive nodes) form a sigmoid router the fused kernel computes as the separate
+// kernels would: SIGMOID [ADD of an [E] row to its result] [GROUP_MASK of the choice, at most
+// kMaxSigmoidRouterGroups groups] TOPK of the choice, GATHER(scores, ids), NORM_SCALE of the gather;
+// F32 rows with unit element stride, E <= kMaxSigmoidRouterExperts, 1..kMaxSigmoidRouterTokens tokens,
+// k <= 32; every part passes its op's checks. Fills *out when so.
+bool sigmoid_router_parts(std::span<Tensor* const> parts, SigmoidRouterParts* out);
 
 // Queries the planner asks of the kernels (matmul.cu); each answers from shapes and types only.
 // The activation a GEMV node quantises to Q8 (MUL_MAT, MOE_UP_GATE, MUL_MAT_ID with one row per token,

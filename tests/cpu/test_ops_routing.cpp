@@ -1,10 +1,18 @@
 // The sigmoid routers' ops on the CPU (SIGMOID, NORM_SCALE) against float64 references written here,
-// on seeded random data (replay with --rng-seed), contiguous and strided inputs.
+// on seeded random data (replay with --rng-seed), contiguous and strided inputs; and the whole router
+// block against the float64 router of common/sigmoid_router_ref.h.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
+#include "common/sigmoid_router_ref.h"
+#include "core/allocator.h"
+#include "core/graph.h"
+#include "core/models/graph_blocks.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/cpu_ops.h"
 #include "op_test_util.h"
 
@@ -93,4 +101,54 @@ TEST_CASE("NORM_SCALE names a bad scale or shape", "[ops][routing]") {
     const moe::Status w = moe::cpu::norm_scale(*wrong);
     REQUIRE(!w.is_ok());
     CHECK(w.message().find("NORM_SCALE: src0") != std::string::npos);
+}
+
+TEST_CASE("the sigmoid router block matches float64: selection bias, group limits, exact ties", "[ops][routing]") {
+    // blocks::route_biased_sigmoid, the graph glm4moe and deepseek2 V3 / Kimi-K2 build (SIGMOID, ADD of
+    // the bias, GROUP_MASK, TOPK, GATHER, NORM_SCALE), on the CPU backend against the float64
+    // reference (common/sigmoid_router_ref.h). The same cases as the fused CUDA kernel's test.
+    auto rng = make_rng(33);
+    const moe::test::RouterCase cases[] = {{256, 4, 8, 8, 4, true, true, 2.5f},  {128, 7, 8, 1, 1, true, true, 1.0f},
+                                           {384, 3, 8, 1, 1, true, true, 2.827f}, {16, 5, 4, 4, 2, true, true, 2.5f},
+                                           {160, 2, 8, 1, 1, false, false, 1.5f}, {64, 9, 6, 8, 3, true, false, 1.0f},
+                                           {512, 2, 32, 32, 2, true, true, 1.0f}, {1, 3, 1, 1, 1, true, true, 1.0f}};
+    int checked = 0, tokens = 0;
+    for (const moe::test::RouterCase& c : cases) {
+        INFO("E " << c.E << " T " << c.T << " k " << c.k << " groups " << c.n_used << "/" << c.n_group);
+        std::vector<float> lv, bv;
+        moe::test::random_router_inputs(rng, c, lv, bv);
+        moe::Graph g;
+        Tensor* logits = g.input(Type::F32, {c.E, c.T}, "logits");
+        Tensor bias;
+        const int64_t ne[1] = {c.E};
+        moe::set_shape(bias, Type::F32, 1, ne);
+        bias.data = bv.data();
+        bias.is_weight = true;
+        const moe::blocks::Routing r = moe::blocks::route_biased_sigmoid(g, logits, c.bias ? &bias : nullptr, c.k,
+                                                                         c.normalize, c.scale, {c.n_group, c.n_used});
+        g.set_output(r.ids);
+        g.set_output(r.weights);
+        const moe::AllocPlan plan = moe::plan_allocation(g);
+        std::vector<uint8_t> arena(plan.arena_size + 64);
+        moe::bind_allocation(g, plan, arena.data());
+        std::memcpy(logits->data, lv.data(), logits->n_bytes());
+        moe::cpu::CpuBackend cpu(1);
+        REQUIRE(cpu.compute(g.nodes()).is_ok());
+        // The weights: each score within 8 u (SIGMOID's bound above), their sum within 8 u plus k - 1
+        // roundings, a division and a product.
+        const double rel = (c.k + 17) * kU;
+        for (int64_t t = 0; t < c.T; ++t) {
+            ++tokens;
+            const moe::test::RouterChoice want = moe::test::reference_route(c, lv, bv, t);
+            if (!want.decided) continue;
+            ++checked;
+            for (int j = 0; j < c.k; ++j) {
+                INFO("token " << t << " choice " << j);
+                REQUIRE(*elem<int32_t>(*r.ids, j, t) == want.ids[static_cast<size_t>(j)]);
+                const double w = want.weights[static_cast<size_t>(j)];
+                CHECK(std::fabs(*elem<float>(*r.weights, j, t) - w) <= rel * w);
+            }
+        }
+    }
+    CHECK(checked >= tokens * 9 / 10);  // near-ties that are not exact ties are rare
 }

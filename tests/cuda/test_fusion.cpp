@@ -183,7 +183,8 @@ PlanCounts plan_model(const moe::HParams& hp, Type dense, Type experts, int n_to
     PlanCounts c;
     c.nodes = static_cast<int>(nodes.size());
     c.items = static_cast<int>(plan.items.size());
-    static const char* const kind_names[moe::cuda::kFusedKinds] = {"", "group", "chain", "router", "prep", "moe_bias", "router_gemv", "dense_group"};
+    static const char* const kind_names[moe::cuda::kFusedKinds] = {
+        "", "group", "chain", "router", "prep", "moe_bias", "router_gemv", "dense_group", "sigmoid_router"};
     for (const moe::cuda::LaunchItem& it : plan.items) {
         ++c.kinds[it.kind];
         c.q8_in += it.q8_in >= 0;
