@@ -350,7 +350,7 @@ Status run_gemv_units(std::span<const GemvUnit> units, const OpContext& ctx, con
     const void* acts = ctx.scratch;
     int64_t act_stride = 0;
     bool prepare = true;
-    if (mm::is_quant(d0.w.type)) {
+    if (mm::q8_acts(d0.w.type)) {
         if (ctx.q8_act != nullptr) {
             acts = ctx.q8_act;
             prepare = false;
@@ -558,17 +558,17 @@ const Tensor* gemv_q8_activation(const Tensor& node) {
     switch (node.op) {
         case Op::MUL_MAT: {
             const StatusOr<DenseOp> d = parse_mul_mat(node);
-            if (!d.is_ok() || d->m == 0 || d->m > mm::kGemvMaxCols || !mm::is_quant(d->w.type)) return nullptr;
+            if (!d.is_ok() || d->m == 0 || d->m > mm::kGemvMaxCols || !mm::q8_acts(d->w.type)) return nullptr;
             return d->x;
         }
         case Op::MUL_MAT_ID: {
             const StatusOr<mm::MoeArgs> a = parse_mul_mat_id(node);
-            if (!a.is_ok() || a->b_rows != 1 || !mm::is_quant(a->w.type) || !mm::moe_takes_gemv(*a)) return nullptr;
+            if (!a.is_ok() || a->b_rows != 1 || !mm::q8_acts(a->w.type) || !mm::moe_takes_gemv(*a)) return nullptr;
             return node.src[1];
         }
         case Op::MOE_UP_GATE: {
             const StatusOr<mm::MoeArgs> a = parse_moe_up_gate(node);
-            if (!a.is_ok() || !mm::is_quant(a->w.type) || !mm::moe_takes_gemv(*a)) return nullptr;
+            if (!a.is_ok() || !mm::q8_acts(a->w.type) || !mm::moe_takes_gemv(*a)) return nullptr;
             return node.src[2];
         }
         default: return nullptr;

@@ -7,9 +7,9 @@
 //   matmul_moe.cu   MUL_MAT_ID / MOE_UP_GATE: routing on the device (count, scan, permutation) and
 //                   the per-expert products
 // The weight types of core/quant_decode.h (Q4_1, Q5_0, Q5_1, IQ4_NL, the K-quants, IQ4_XS: "decoded
-// types") take simpler paths: a GEMV that decodes whole groups of 32 with the host-tested decoders
-// against F32 activations, and for larger batches a dequantisation to BF16 rows followed by the BF16
-// products (cuBLAS dense, the tensor-core kernel for experts).
+// types") take simpler paths: a GEMV that dots whole groups of 32 as integers against Q8 activations
+// (core/quant_decode_dot.h, host-tested), and for larger batches a dequantisation to BF16 rows followed
+// by the BF16 products (cuBLAS dense, the tensor-core kernel for experts).
 // Everything here is asynchronous on the given stream; nothing synchronises with the host.
 #pragma once
 
@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "core/quant_decode.h"
+#include "core/quant_decode_dot.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "cuda/cuda_ops.cuh"
@@ -103,6 +104,10 @@ RowsF32 rows_f32(const Tensor& x);
 
 // ---- GEMV (matmul_gemv.cu) ----
 
+// Weights whose GEMV multiplies activations quantised to Q8 (int8 blocks of 32 and a float scale,
+// gemv_prepare) with dp4a: Q8_0, Q4_0, MXFP4 and the decoded types.
+constexpr bool q8_acts(Type t) { return is_quant(t) || qd::decodes(t); }
+
 // Bytes of one prepared activation row for weights of type w: Q8 rows (int8 qs[K], float d[K/32])
 // for quantised weights, F32 rows otherwise; a multiple of 16.
 size_t gemv_act_row_bytes(Type w, int64_t k);
@@ -174,9 +179,10 @@ Status prepare_bf16(const RowsF32& x, int64_t rows, int64_t k, void* dst, cudaSt
 // Weight rows [r0, r0 + rows) of w (expert 0) -> BF16 rows of w.k at dst (decode_half_bf16, or
 // qd::decode32 for the decoded types).
 Status dequant_bf16(const WeightArg& w, int64_t r0, int64_t rows, void* dst, cudaStream_t stream);
-// Every expert of w (a decoded type) that counts[e] > 0 names -> BF16 rows [E][N][K] at dst; the rows of
-// other experts are not written. counts == nullptr: every expert.
-Status dequant_experts_bf16(const WeightArg& w, const int32_t* counts, void* dst, cudaStream_t stream);
+// Experts e_lo <= e < e_hi of w (a decoded type) that counts[e] > 0 names -> BF16 rows [e - e_lo][N][K] at
+// dst; the rows of other experts are not written. counts == nullptr: every expert of the range.
+Status dequant_experts_bf16(const WeightArg& w, int64_t e_lo, int64_t e_hi, const int32_t* counts, void* dst,
+                            cudaStream_t stream);
 
 // Expert grouping for the grouped kernel: the pairs of expert e are perm[seg_off[e] .. seg_off[e+1])
 // and own column tiles tile_off[e] .. tile_off[e+1] of `bn` columns.
@@ -185,9 +191,13 @@ struct MmaRoute {
     const int32_t* seg_off = nullptr;
     const int32_t* perm = nullptr;
     int n_expert = 1;
+    // Only the columns of experts [e_lo, e_hi) (e_hi 0: n_expert), whose weights start with expert e_lo at
+    // the weight's data: a chunk of experts dequantised to BF16 (matmul_moe.cu).
+    int e_lo = 0;
+    int e_hi = 0;
     int n_used = 1;
     int b_rows = 1;
-    int64_t max_tiles = 0;  // an upper bound of tile_off[n_expert], known on the host
+    int64_t max_tiles = 0;  // an upper bound of tile_off[e_hi] - tile_off[e_lo], known on the host
     int64_t x_rows = 0;     // rows of the activations (tokens, or pairs where b_rows > 1)
 };
 

@@ -65,6 +65,9 @@ struct MmaParams {
     const int32_t* seg_off;
     const int32_t* perm;  // nullptr: dense mode
     int n_expert;
+    // Routed mode: the tiles of experts [e_lo, e_hi) only (one chunk of dequantised experts), whose
+    // weights start at w0 / w1 with expert e_lo (0 and n_expert: every expert).
+    int e_lo, e_hi;
     int n_used;
     int b_rows;
     float* dst;
@@ -175,9 +178,9 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C, FUSED>()) mma_
     int expert = 0;
     int64_t col0, col_end;
     if (p.perm != nullptr) {
-        const int tile = static_cast<int>(blockIdx.x);
-        if (tile >= p.tile_off[p.n_expert]) return;  // the whole CTA: the grid is an upper bound
-        int lo = 0, hi = p.n_expert;                  // tile_off[lo] <= tile < tile_off[hi]
+        const int tile = static_cast<int>(blockIdx.x) + p.tile_off[p.e_lo];
+        if (tile >= p.tile_off[p.e_hi]) return;  // the whole CTA: the grid is an upper bound
+        int lo = p.e_lo, hi = p.e_hi;             // tile_off[lo] <= tile < tile_off[hi]
         while (hi - lo > 1) {
             const int mid = (lo + hi) >> 1;
             if (p.tile_off[mid] <= tile) {
@@ -205,7 +208,7 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C, FUSED>()) mma_
         col_out[c] = o;
     }
     const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kOutRows;
-    const int64_t expert_off = static_cast<int64_t>(expert) * p.nb2;
+    const int64_t expert_off = static_cast<int64_t>(expert - p.e_lo) * p.nb2;
     // k-steps of KB blocks; with KB = 2 and an odd block count the last step has one.
     const int nsteps = (p.nblk + KB - 1) / KB;
     auto blocks_in = [&](int step) -> int { return KB == 1 ? 1 : min(KB, p.nblk - step * KB); };
@@ -646,9 +649,15 @@ Status dequant_bf16(const WeightArg& w, int64_t r0, int64_t rows, void* dst, cud
     });
 }
 
-Status dequant_experts_bf16(const WeightArg& w, const int32_t* counts, void* dst, cudaStream_t stream) {
+Status dequant_experts_bf16(const WeightArg& w, int64_t e_lo, int64_t e_hi, const int32_t* counts, void* dst,
+                            cudaStream_t stream) {
     if (!qd::decodes(w.type)) return internal_error("cuda dequant_experts_bf16: not a decoded weight type");
-    return launch_dequant_decode(w, w.data, w.n, w.n * w.n_expert, counts, dst, stream);
+    if (e_lo < 0 || e_hi > w.n_expert || e_lo >= e_hi) {
+        return internal_error("cuda dequant_experts_bf16: experts [" + std::to_string(e_lo) + ", " + std::to_string(e_hi) +
+                              ") of " + std::to_string(w.n_expert));
+    }
+    return launch_dequant_decode(w, w.data + e_lo * w.nb2, w.n, w.n * (e_hi - e_lo),
+                                 counts != nullptr ? counts + e_lo : nullptr, dst, stream);
 }
 
 // The decoded types have no tensor-core decode: every batch past the GEMV's dequantises.
@@ -707,6 +716,8 @@ Status mma_gemm(const WeightArg& w, const WeightArg* gate, const void* xb, int64
         p.seg_off = route->seg_off;
         p.perm = route->perm;
         p.n_expert = route->n_expert;
+        p.e_lo = route->e_lo;
+        p.e_hi = route->e_hi > 0 ? route->e_hi : route->n_expert;
         p.n_used = route->n_used;
         p.b_rows = route->b_rows;
         n_col_tiles = route->max_tiles;

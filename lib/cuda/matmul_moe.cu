@@ -15,7 +15,10 @@
 //      grouped tensor-core kernel gathers them through perm while loading its tiles and scatters the
 //      results straight into [N, n_used, T], so there is no separate gather or scatter pass.
 // Weights of the decoded types (qd::decodes: Q4_1 .. IQ4_XS) have no decode in the tensor-core kernel: the
-// experts that step 1 counted pairs for are dequantised to BF16 rows in scratch first, and step 4 reads those.
+// experts that step 1 counted pairs for are dequantised to BF16 rows in scratch first, and step 4 reads those,
+// a chunk of experts at a time (expert_chunk): the scratch holds at most 32 experts' or kExpertBf16Bytes of
+// BF16 rows (all of a Qwen3-30B layer's up and gate experts would be 805 MB, Qwen3-235B's 3.2 GB), each
+// chunk's GEMM taking only its experts' column tiles.
 // The grid of step 4 is sized on the host from an upper bound of the number of tiles; CTAs past the
 // real count exit at once.
 // Steps 1-3 depend only on the ids, so the down product of an expert block takes the route its up/gate
@@ -151,14 +154,32 @@ __global__ void route_bad_columns_kernel(const int32_t* pair_expert, int64_t n_p
 
 bool use_gemv(const MoeArgs& a) { return moe_takes_gemv(a); }
 
-// The BF16 rows [E][N][K] at data that dequant_experts_bf16 made of w.
-WeightArg bf16_experts(const WeightArg& w, void* data) {
+// Scratch for the BF16 rows of a chunk of decoded experts (up and gate together), and at most
+// kMaxChunkExperts experts per chunk; a chunk is one expert where an expert alone is larger. Chunks of 32
+// experts or 256 MiB keep the tensor-core kernel's grid at about a wave or more per chunk for the Qwen3
+// shapes at pp512 (32 of 128 experts for 30B up+gate, 10 for 235B), and the count bound keeps many small
+// experts to small chunks too.
+constexpr size_t kExpertBf16Bytes = size_t{256} << 20;
+constexpr int64_t kMaxChunkExperts = 32;
+
+// Experts per chunk: as many as the bounds allow, then evened out over the chunks that takes.
+int64_t expert_chunk(const MoeArgs& a) {
+    const size_t per_expert = static_cast<size_t>(a.w.n * a.w.k) * 2 * (a.fused ? 2 : 1);
+    const int64_t fit = std::clamp<int64_t>(static_cast<int64_t>(kExpertBf16Bytes / std::max<size_t>(per_expert, 1)),
+                                            1, kMaxChunkExperts);
+    const int64_t n_expert = std::max<int64_t>(a.w.n_expert, 1);
+    const int64_t chunks = (n_expert + fit - 1) / fit;
+    return (n_expert + chunks - 1) / chunks;
+}
+
+// The BF16 rows [n_chunk][N][K] at data that dequant_experts_bf16 made of n_chunk experts of w.
+WeightArg bf16_experts(const WeightArg& w, void* data, int64_t n_chunk) {
     WeightArg b = w;
     b.type = Type::BF16;
     b.data = static_cast<const uint8_t*>(data);
     b.nb1 = 2 * w.k;
     b.nb2 = b.nb1 * w.n;
-    b.end = b.data + b.nb2 * w.n_expert;
+    b.end = b.data + b.nb2 * n_chunk;
     b.constant = false;
     return b;
 }
@@ -170,8 +191,9 @@ struct MoeLayout {
     int32_t* tile_off = nullptr;
     int32_t* pair_expert = nullptr;
     int32_t* perm = nullptr;
-    void* w_bf16 = nullptr;     // decoded types: the experts (and the gate's) as BF16 rows [E][N][K]
+    void* w_bf16 = nullptr;     // decoded types: a chunk of experts (and the gate's) as BF16 rows [chunk][N][K]
     void* gate_bf16 = nullptr;
+    int64_t chunk = 0;          // experts per chunk
 };
 
 MoeLayout moe_layout(const MoeArgs& a, Carver& c) {
@@ -191,7 +213,8 @@ MoeLayout moe_layout(const MoeArgs& a, Carver& c) {
     l.perm = c.take<int32_t>(pairs);
     l.acts = c.take<uint16_t>(static_cast<size_t>(x_rows * a.w.k));
     if (qd::decodes(a.w.type)) {
-        const size_t n = static_cast<size_t>(a.w.n_expert * a.w.n * a.w.k);
+        l.chunk = expert_chunk(a);
+        const size_t n = static_cast<size_t>(l.chunk * a.w.n * a.w.k);
         l.w_bf16 = c.take<uint16_t>(n);
         if (a.fused) l.gate_bf16 = c.take<uint16_t>(n);
     }
@@ -232,7 +255,7 @@ Status moe_run(const MoeArgs& a, const OpContext& ctx) {
     if (ctx.moe_route_ready && use_gemv(a)) return internal_error("cuda expert matmul: a route handed to a GEMV");
     if (use_gemv(a)) {
         const void* acts = l.acts;
-        if (ctx.q8_act != nullptr && is_quant(a.w.type) && a.b_rows == 1) {
+        if (ctx.q8_act != nullptr && q8_acts(a.w.type) && a.b_rows == 1) {
             acts = ctx.q8_act;  // quantised already by the norm that produced x (fusion_plan.h)
         } else {
             MOE_RETURN_IF_ERROR(gemv_prepare(a.x, x_rows, a.w.k, a.w.type, l.acts, ctx.stream));
@@ -269,17 +292,6 @@ Status moe_run(const MoeArgs& a, const OpContext& ctx) {
                                           ctx.stream, l.pair_expert, n_pairs, l.seg_off, l.counts + n_expert, l.perm));
     }
     MOE_RETURN_IF_ERROR(prepare_bf16(a.x, x_rows, a.w.k, l.acts, ctx.stream));
-    // Decoded types: the routed experts' rows as BF16 first (the others are skipped), then the BF16 kernel.
-    WeightArg w = a.w;
-    WeightArg gw = a.gate;
-    if (qd::decodes(a.w.type)) {
-        MOE_RETURN_IF_ERROR(dequant_experts_bf16(a.w, l.counts, l.w_bf16, ctx.stream));
-        w = bf16_experts(a.w, l.w_bf16);
-        if (a.fused) {
-            MOE_RETURN_IF_ERROR(dequant_experts_bf16(a.gate, l.counts, l.gate_bf16, ctx.stream));
-            gw = bf16_experts(a.gate, l.gate_bf16);
-        }
-    }
 
     MmaRoute route;
     route.tile_off = l.tile_off;
@@ -288,10 +300,28 @@ Status moe_run(const MoeArgs& a, const OpContext& ctx) {
     route.n_expert = n_expert;
     route.n_used = static_cast<int>(a.n_used);
     route.b_rows = static_cast<int>(a.b_rows);
+    route.x_rows = x_rows;
     // Each non-empty expert adds at most one partial tile.
     route.max_tiles = n_pairs / bn + std::min<int64_t>(n_expert, n_pairs) + 1;
-    route.x_rows = x_rows;
-    return mma_gemm(w, a.fused ? &gw : nullptr, l.acts, 0, &route, bn, glu, a.dst, ctx.stream);
+    if (!qd::decodes(a.w.type)) return mma_gemm(a.w, a.fused ? &a.gate : nullptr, l.acts, 0, &route, bn, glu, a.dst, ctx.stream);
+
+    // Decoded types, a chunk of experts at a time: the chunk's routed experts as BF16 rows (the others
+    // are skipped), then the BF16 kernel over the chunk's column tiles.
+    for (int64_t e0 = 0; e0 < n_expert; e0 += l.chunk) {
+        const int64_t e1 = std::min<int64_t>(n_expert, e0 + l.chunk);
+        MOE_RETURN_IF_ERROR(dequant_experts_bf16(a.w, e0, e1, l.counts, l.w_bf16, ctx.stream));
+        const WeightArg w = bf16_experts(a.w, l.w_bf16, e1 - e0);
+        WeightArg gw{};
+        if (a.fused) {
+            MOE_RETURN_IF_ERROR(dequant_experts_bf16(a.gate, e0, e1, l.counts, l.gate_bf16, ctx.stream));
+            gw = bf16_experts(a.gate, l.gate_bf16, e1 - e0);
+        }
+        route.e_lo = static_cast<int>(e0);
+        route.e_hi = static_cast<int>(e1);
+        route.max_tiles = n_pairs / bn + std::min<int64_t>(e1 - e0, n_pairs) + 1;
+        MOE_RETURN_IF_ERROR(mma_gemm(w, a.fused ? &gw : nullptr, l.acts, 0, &route, bn, glu, a.dst, ctx.stream));
+    }
+    return Status::ok();
 }
 
 }  // namespace moe::cuda::mm

@@ -7,8 +7,9 @@
 // (sum over blocks of sum|w| * amax(x) / 127 / 2, blocks of 32 values, of 256 for the super-block
 // types, whose CPU kernels take Q8K activations; 0 for float weights):
 // - GEMV path (<= 8 rows / tokens): the GPU quantises activations exactly as the CPU does and sums
-//   the same integer block dots, or multiplies F32 activations by exact weights (float types, and the
-//   decoded types Q4_1 .. IQ4_XS, whose weights are decoded bit for bit as the CPU's): 2e-5 mag + qerr.
+//   the same integer block dots, or multiplies F32 activations by exact weights (float types): 2e-5 mag
+//   + qerr. The decoded types Q4_1 .. IQ4_XS dot integer groups against activations quantised per 32
+//   (the CPU's K-quant kernels quantise per 256): + the bound of that rounding, qerr_gemv.
 // - Tensor-core path (BF16 weights and activations, F32 accumulation): 1e-2 mag + qerr.
 // - F32 weights of MUL_MAT with more than 8 rows run cuBLAS in FP32: 1e-4 mag (F32 experts take the
 //   tensor-core path).
@@ -41,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/quant_decode.h"
 #include "core/tensor.h"
 #include "core/types.h"
 #include "cpu/cpu_ops.h"
@@ -257,13 +259,29 @@ std::vector<float> dequant_all(const HostTensor& w) {
 // ---- reference bounds ----
 
 struct DotRef {
-    double value;  // float64 dot
-    double mag;    // sum |w x|
-    double qerr;   // the CPU's activation-quantisation bound (quantised weights only)
+    double value;     // float64 dot
+    double mag;       // sum |w x|
+    double qerr;      // the CPU's activation-quantisation bound (quantised weights only)
+    double qerr_gemv; // the GPU GEMV's own, where it quantises otherwise: per 32 for the decoded types
 };
 
+// sum over blocks of qb values of sum|w| * amax(x) / 127 / 2: the error of a dot with x rounded to Q8
+// blocks of qb values (|x - dx xq| <= dx / 2, dx = amax / 127).
+double q8_bound(const float* w, const float* x, int64_t k, int64_t qb) {
+    double bound = 0.0;
+    for (int64_t b = 0; b < k / qb; ++b) {
+        double wsum = 0.0, amax = 0.0;
+        for (int64_t j = 0; j < qb; ++j) {
+            wsum += std::fabs(static_cast<double>(w[b * qb + j]));
+            amax = std::max(amax, std::fabs(static_cast<double>(x[b * qb + j])));
+        }
+        bound += wsum * amax / 127.0 * 0.5 * (1.0 + 1e-4);
+    }
+    return bound;
+}
+
 DotRef dot_ref(Type type, const float* w, const float* x, int64_t k) {
-    DotRef r{0.0, 0.0, 0.0};
+    DotRef r{0.0, 0.0, 0.0, 0.0};
     for (int64_t i = 0; i < k; ++i) {
         const double p = static_cast<double>(w[i]) * x[i];
         r.value += p;
@@ -271,16 +289,11 @@ DotRef dot_ref(Type type, const float* w, const float* x, int64_t k) {
     }
     if (moe::is_quantized(type)) {
         // The CPU quantises activations per 32 values, per 256 (Q8K) for the super-block types.
-        const int64_t qb = moe::traits(type).block_size == 256 ? 256 : 32;
-        for (int64_t b = 0; b < k / qb; ++b) {
-            double wsum = 0.0, amax = 0.0;
-            for (int64_t j = 0; j < qb; ++j) {
-                wsum += std::fabs(static_cast<double>(w[b * qb + j]));
-                amax = std::max(amax, std::fabs(static_cast<double>(x[b * qb + j])));
-            }
-            r.qerr += wsum * amax / 127.0 * 0.5 * (1.0 + 1e-4);
-        }
+        r.qerr = q8_bound(w, x, k, moe::traits(type).block_size == 256 ? 256 : 32);
     }
+    // The GPU's GEMV dots the decoded types' integer groups against activations quantised per 32
+    // (core/quant_decode_dot.h): its own rounding, on top of the CPU's.
+    if (moe::qd::decodes(type)) r.qerr_gemv = q8_bound(w, x, k, 32);
     return r;
 }
 
@@ -294,7 +307,7 @@ Path path_of(Type type, int64_t cols, bool dense) {
 
 double dot_tol(const DotRef& r, Path path) {
     switch (path) {
-        case Path::kGemv: return 2e-5 * r.mag + r.qerr + 1e-30;
+        case Path::kGemv: return 2e-5 * r.mag + r.qerr + r.qerr_gemv + 1e-30;
         case Path::kTensorCore: return 1e-2 * r.mag + r.qerr + 1e-30;
         case Path::kFp32Blas: return 1e-4 * r.mag + 1e-30;
     }
@@ -613,13 +626,15 @@ TEST_CASE("cuda MOE_UP_GATE matches the CPU backend (SILU, SWIGLU_OAI with biase
     }
 }
 
-// The decoded types (core/quant_decode.h, tested bit for bit on the host by tests/core/test_quant_decode.cpp):
-// GEMV at 1, 2, 7 rows / tokens (groups of 32 decoded per lane; rows of 9 super-blocks = 72 groups leave
-// the last lane pass partial), dequantisation to BF16 at 33 and 300+ (cuBLAS dense; the tensor-core kernel
-// for experts, after the routed experts' rows are dequantised).
+// The decoded types (core/quant_decode.h and quant_decode_dot.h, tested on the host by
+// tests/core/test_quant_decode.cpp and test_quant_decode_dot.cpp): GEMV at 1, 2, 5, 8 rows / tokens (integer
+// groups of 32 per lane against Q8 activations, kernels of 1 and of up to 8 columns; rows of 9 super-blocks =
+// 72 groups leave the last lane pass partial), dequantisation to BF16 at 33 and 300+ (cuBLAS dense; the
+// tensor-core kernel for experts, after the routed experts' rows are dequantised, a chunk of at most 32
+// experts at a time: the 40-expert shapes take two chunks).
 namespace {
 
-const int64_t kDecodedTokenCounts[] = {1, 2, 7, 33, 300};
+const int64_t kDecodedTokenCounts[] = {1, 2, 5, 8, 33, 300};
 
 // A K that is whole blocks of t and not of the next larger block size where t allows it (25 groups of 32).
 int64_t odd_k(Type t) { return moe::traits(t).block_size == 256 ? 2304 : 800; }
@@ -659,6 +674,30 @@ TEST_CASE("cuda MUL_MAT_ID matches the CPU backend on the decoded weight types (
                 check_mul_mat_id(type, s, t, false);
             }
         }
+    }
+}
+
+TEST_CASE("cuda expert products of decoded types dequantise a chunk of experts at a time",
+          "[gpu][cuda][matmul][decoded]") {
+    if (moe::cuda::device_count() == 0) {
+        WARN("skipped: no CUDA device");
+        return;
+    }
+    // 40 experts: two chunks of 20 (at most 32 per chunk, evened out). Routed experts in both chunks with
+    // idle ones between; in the second chunk only (the first chunk's GEMM finds no tiles); two experts of
+    // 40 for 300 tokens (a long prefill with few routed experts: groups of 300 pairs, several tiles each).
+    const MoeShape both{40, 45, 256, 3, {0, 7, 19, 20, 21, 33, 39}};
+    const MoeShape second{40, 37, 512, 2, {22, 31, 38}};
+    const MoeShape few{40, 45, 256, 2, {3, 37}};
+    for (Type type : kDecodedTypes) {
+        for (int64_t t : {int64_t{33}, int64_t{300}}) {
+            check_mul_mat_id(type, both, t, true);
+            check_mul_mat_id(type, second, t, false);
+            check_moe_up_gate(type, both, t, Activation::SILU, false);
+            check_moe_up_gate(type, second, t, Activation::SWIGLU_OAI, true);
+        }
+        check_mul_mat_id(type, few, 300, true);
+        check_moe_up_gate(type, few, 300, Activation::SILU, false);
     }
 }
 
@@ -856,6 +895,51 @@ TEST_CASE("cuda matmul argument checks fail on the host, before any launch", "[c
     CHECK_FALSE(moe::cuda::supports_matmul_type(Type::IQ2_XXS));
 }
 
+TEST_CASE("cuda expert scratch of decoded types holds a chunk of experts, not every expert", "[cuda][matmul][decoded]") {
+    // Host only: sizes from shapes, no weight byte is read. The Qwen3-30B-A3B up/gate shape at 512 tokens:
+    // every expert as BF16 rows would take 2 x 128 x 768 x 2048 x 2 bytes = 805 MB of scratch; a chunk of
+    // 32 experts 201 MB, plus the route and the BF16 activations (2 MB).
+    const int64_t k = 2048, n = 768, n_expert = 128, n_used = 8, n_tokens = 512;
+    alignas(16) static uint8_t no_bytes[16];
+    for (Type type : {Type::Q4_K, Type::IQ4_XS}) {
+        INFO(moe::type_name(type));
+        Tensor up;
+        const int64_t wdims[] = {k, n, n_expert};
+        moe::set_shape(up, type, 3, wdims);
+        up.data = no_bytes;
+        Tensor gate = up;
+        HostTensor x = make_tensor(Type::F32, {k, n_tokens});
+        HostTensor ids = random_ids(n_used, n_tokens, {0, 1, 2, 3, 4, 5, 6, 7});
+        HostTensor out = make_tensor(Type::F32, {n, n_used, n_tokens});
+        Tensor ug = out.t;
+        ug.op = Op::MOE_UP_GATE;
+        ug.src[0] = &up;
+        ug.src[1] = &gate;
+        ug.src[2] = &x.t;
+        ug.src[3] = &ids.t;
+        const size_t chunk = size_t{2} * 32 * n * k * 2;
+        const size_t need = moe::cuda::matmul_scratch_bytes(ug);
+        CHECK(need >= chunk);
+        CHECK(need <= chunk + (size_t{8} << 20));
+        // The down product (K = 768, N = 2048): 32 experts of 3 MB.
+        Tensor down;
+        const int64_t ddims[] = {n, k, n_expert};
+        moe::set_shape(down, type, 3, ddims);
+        down.data = no_bytes;
+        HostTensor y = make_tensor(Type::F32, {n, n_used, n_tokens});
+        HostTensor dout = make_tensor(Type::F32, {k, n_used, n_tokens});
+        Tensor id_node = dout.t;
+        id_node.op = Op::MUL_MAT_ID;
+        id_node.src[0] = &down;
+        id_node.src[1] = &y.t;
+        id_node.src[2] = &ids.t;
+        const size_t dchunk = size_t{32} * n * k * 2;
+        const size_t dneed = moe::cuda::matmul_scratch_bytes(id_node);
+        CHECK(dneed >= dchunk);
+        CHECK(dneed <= dchunk + (size_t{16} << 20));
+    }
+}
+
 TEST_CASE("cuda matmul scratch holds the BF16 rows of decoded weights past the GEMV", "[cuda][matmul][decoded]") {
     // Host only: sizes from shapes. K = 512, N = 40, E = 6, 33 tokens (past the GEMV's 8).
     const int64_t k = 512, n = 40, n_expert = 6, n_tokens = 33;
@@ -888,14 +972,15 @@ TEST_CASE("cuda matmul scratch holds the BF16 rows of decoded weights past the G
         mm.src[0] = &w2.t;
         mm.src[1] = &x.t;
         CHECK(moe::cuda::matmul_scratch_bytes(mm) >= static_cast<size_t>((n + n_tokens) * k) * 2);
-        // At 8 tokens the GEMV reads F32 activations and the weights as they are.
+        // At 8 tokens the GEMV reads the weights as they are and Q8 activation rows (int8 qs[K], float
+        // d[K / 32], 16-byte multiples: 576 bytes for K = 512).
         HostTensor x8 = random_acts({k, 8});
         HostTensor dst8 = make_tensor(Type::F32, {n, 8});
         Tensor mm8 = dst8.t;
         mm8.op = Op::MUL_MAT;
         mm8.src[0] = &w2.t;
         mm8.src[1] = &x8.t;
-        CHECK(moe::cuda::matmul_scratch_bytes(mm8) == static_cast<size_t>(8 * k) * 4);
+        CHECK(moe::cuda::matmul_scratch_bytes(mm8) == size_t{8} * 576);
     }
 }
 

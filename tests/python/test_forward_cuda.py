@@ -139,9 +139,9 @@ def test_default_device_is_auto(tmp_path):
 
 # Rows of whole super-blocks (n_embd, n_head * head_dim and n_ff_expert 256), so the recipes' K-quant / IQ4_XS
 # types are what the file holds (q4_k_m: Q4_K and Q6_K; iq4_xs: IQ4_XS, Q5_K and Q6_K) and the CUDA kernels decode
-# them (core/quant_decode.h). Bounds as above: up to 8 tokens the GPU multiplies F32 activations by the exactly
-# decoded weights (the CPU quantises activations to 8 bits per 256, as ggml's Q8_K); past 8 the products run on
-# BF16 tensor cores.
+# them (core/quant_decode.h). Bounds as above: up to 8 tokens the GPU dots the weights' integer groups against
+# activations quantised to 8 bits per 32 (core/quant_decode_dot.h; the CPU quantises per 256, as ggml's Q8_K);
+# past 8 the products run on BF16 tensor cores.
 @pytest.fixture(scope="module", params=["q4_k_m", "iq4_xs"])
 def recipe_model(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("cuda") / f"qwen3moe-{request.param}.gguf"
