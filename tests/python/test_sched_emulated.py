@@ -36,7 +36,14 @@ STATS_KEYS = {"n_ubatches", "n_splits", "bytes_weights_full", "bytes_weights_exp
               "n_split_layers", "n_split_host_experts", "n_split_trials", "weights_host_pinned_bytes",
               "bytes_between_devices",
               "bytes_between_devices",
-              "n_cache_hits", "n_cache_misses", "bytes_cache_saved"}
+              "n_cache_hits", "n_cache_misses", "bytes_cache_saved",
+              # the offload thresholds in effect and what measured ones came from (docs/POLICY.md)
+              "offload_min_batch", "offload_min_batch_source", "offload_link_gbps", "offload_host_gbps",
+              "offload_device_gbps"}
+# Figures of the context, which reset_stats() leaves alone.
+CONTEXT_KEYS = {"weights_host_bytes", "weights_device_bytes", "n_layer", "n_expert", "weights_host_pinned_bytes",
+                "offload_min_batch", "offload_min_batch_source", "offload_link_gbps", "offload_host_gbps",
+                "offload_device_gbps"}
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -385,12 +392,11 @@ def test_stats_fields_and_types(model, rng):
     assert s["n_ops_host"] > 0 and s["n_ops_device"] > 0
     assert s["seconds_total"] > 0
     assert 0 <= s["seconds_host_compute"] <= s["seconds_total"] and 0 <= s["seconds_wait"] <= s["seconds_total"]
-    placement = (s["weights_host_bytes"], s["weights_device_bytes"], s["weights_host_pinned_bytes"])
+    placement = {k: s[k] for k in CONTEXT_KEYS}
     ctx.reset_stats()
     s = ctx.stats()
-    assert (s["weights_host_bytes"], s["weights_device_bytes"], s["weights_host_pinned_bytes"]) == placement
-    assert all(s[k] == 0 for k in STATS_KEYS - {"weights_host_bytes", "weights_device_bytes", "n_layer", "n_expert",
-                                                "n_offloaded", "n_kept_host", "weights_host_pinned_bytes"})
+    assert {k: s[k] for k in CONTEXT_KEYS} == placement
+    assert all(s[k] == 0 for k in STATS_KEYS - CONTEXT_KEYS - {"n_offloaded", "n_kept_host"})
     assert not any(s["n_offloaded"].values()) and not any(s["n_kept_host"].values())
 
 
