@@ -32,6 +32,7 @@ MOE_API void moe_context_params_init(moe_context_params* params) {
     params->policy = nullptr;
     params->progress = nullptr;
     params->progress_user_data = nullptr;
+    params->backend_options = nullptr;
     params->devices = nullptr;
     params->n_devices = 0;
     params->split_mode = MOE_SPLIT_LAYER;
@@ -40,7 +41,6 @@ MOE_API void moe_context_params_init(moe_context_params* params) {
     params->main_gpu = 0;
     params->vram_budgets = nullptr;
     params->n_vram_budgets = 0;
-    params->backend_options = nullptr;
 }
 
 MOE_API const char* moe_backend_options_help(void) { return moe::backend_options_help().c_str(); }

@@ -10,8 +10,8 @@
 #include "runtime/copy_progress.h"
 #include "runtime/device.h"
 #include "runtime/host_weights.h"
-#include "runtime/offload_calibration.h"
 #include "runtime/multi_device.h"
+#include "runtime/offload_calibration.h"
 #include "runtime/policy_convert.h"
 #include "sched/placement.h"
 #include "sched/resident_experts.h"
@@ -53,8 +53,8 @@ StatusOr<std::unique_ptr<Backend>> create_backend(const char* name, int n_thread
     if (factory->device_count() == 0) return failed_precondition(std::string("no ") + name + " device found");
     BackendOptions opts;
     opts.n_threads = n_threads;
-    opts.config = config;
     opts.device = ordinal;
+    opts.config = config;
     return factory->create(opts);
 }
 
