@@ -131,7 +131,7 @@ def test_default_device_is_auto(tmp_path):
     assert ctx.decode([1, 2, 3]).shape == (1, model.info.n_vocab)
     assert moeinfer.Context(model, n_ctx=16, device="cpu").device == "cpu"
     assert moeinfer.Context(model, n_ctx=16, device="emulated").device == "emulated"
-    with pytest.raises(ValueError, match="'auto', 'cpu', 'cuda' or 'emulated'"):
+    with pytest.raises(ValueError, match="device must be 'auto', 'cpu', 'cuda', 'emulated' or 'emulated:N', got 'gpu'"):
         moeinfer.Context(model, device="gpu")
 
 
