@@ -22,6 +22,8 @@ struct Candidate {
     std::vector<size_t> tensors;  // indices into the weights
 };
 
+bool is_bias(const std::string& name) { return name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0; }
+
 }  // namespace
 
 bool ExpertResidency::any() const {
@@ -74,7 +76,9 @@ StatusOr<ExpertPlacement> place_experts(const std::vector<WeightDesc>& weights, 
     uint64_t movable = 0;
     for (auto& [layer, c] : by_layer) {
         if (blocked[static_cast<size_t>(layer)]) continue;
-        for (size_t i : c.tensors) movable += desc[i].bytes;
+        // Expert biases stay counted whole on the device: a layer not wholly resident keeps them in host
+        // RAM with a device duplicate (bias duplication), as large as the tensor, besides its slice.
+        for (size_t i : c.tensors) movable += is_bias(weights[i].name) ? 0 : desc[i].bytes;
         candidates.push_back(std::move(c));
     }
     // Not even the other weights fit: whole tensors as before (its error, or the pinned layers' experts
