@@ -23,15 +23,20 @@ uint64_t kv_layer_bytes(const moe_context& ctx) {
 
 int kv_tensors_per_layer(const moe_context& ctx) { return kv_layout(ctx.model->hparams).v_row > 0 ? 2 : 1; }
 
+KvCache prototype_kv_cache(const moe_context& ctx, std::deque<Tensor>& storage) {
+    KvCache kv;
+    kv.n_ctx = ctx.params.n_ctx;
+    for (int il = 0; il < ctx.model->hparams.n_layer; ++il) {
+        kv.k.push_back(&storage.emplace_back(kv_prototype(ctx)));
+        if (kv_tensors_per_layer(ctx) == 2) kv.v.push_back(&storage.emplace_back(kv_prototype(ctx, true)));
+    }
+    return kv;
+}
+
 size_t estimate_arena_bytes(const moe_context& ctx, bool split) {
     const HParams& hp = ctx.model->hparams;
     std::deque<Tensor> cache;
-    KvCache kv;
-    kv.n_ctx = ctx.params.n_ctx;
-    for (int il = 0; il < hp.n_layer; ++il) {
-        kv.k.push_back(&cache.emplace_back(kv_prototype(ctx)));
-        if (kv_tensors_per_layer(ctx) == 2) kv.v.push_back(&cache.emplace_back(kv_prototype(ctx, true)));
-    }
+    const KvCache kv = prototype_kv_cache(ctx, cache);
     const int n = std::min(ctx.params.n_ubatch, ctx.params.n_ctx);
     Graph g;
     const std::vector<uint8_t> split_layers(split ? static_cast<size_t>(hp.n_layer) : 0, 1);

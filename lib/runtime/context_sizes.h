@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 
 #include "core/tensor.h"
 #include "runtime/context.h"
@@ -17,6 +18,9 @@ Tensor kv_prototype(const moe_context& ctx, bool v = false);
 uint64_t kv_layer_bytes(const moe_context& ctx);
 // Cache tensors per layer: K, and V unless the architecture has none.
 int kv_tensors_per_layer(const moe_context& ctx);
+// A KV cache of prototypes (no memory) for building graphs only, e.g. to size arenas or to see which
+// node reads a weight; the tensors live in `storage`, which must outlive the cache.
+KvCache prototype_kv_cache(const moe_context& ctx, std::deque<Tensor>& storage);
 // Activation arena of the largest ubatch at the deepest position (what the default budget keeps free);
 // split: every expert block built in two parts (the expert split's graphs need more room).
 size_t estimate_arena_bytes(const moe_context& ctx, bool split);

@@ -45,12 +45,7 @@ StatusOr<std::vector<int>> weight_devices(const moe_context& ctx, const std::vec
                                           const std::vector<sched::OverrideRule>& overrides) {
     const HParams& hp = ctx.model->hparams;
     std::deque<Tensor> cache;
-    KvCache kv;
-    kv.n_ctx = ctx.params.n_ctx;
-    for (int il = 0; il < hp.n_layer; ++il) {
-        kv.k.push_back(&cache.emplace_back(kv_prototype(ctx)));
-        if (kv_tensors_per_layer(ctx) == 2) kv.v.push_back(&cache.emplace_back(kv_prototype(ctx, true)));
-    }
+    const KvCache kv = prototype_kv_cache(ctx, cache);
     Graph g;
     build_model_graph(g, hp, ctx.weights, kv, 1, 0, LogitsMode::LAST);
     const std::vector<int> node_device = sched::node_devices(g, ctx.layer_device);
