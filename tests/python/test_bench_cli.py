@@ -619,7 +619,7 @@ def test_help_documents_every_flag():
     (["x.gguf", "-c", "16", "-p", "32"], "ctx-size"),
     (["x.gguf", "-p", "0", "-n", "0"], "nothing to run"),
     (["x.gguf", "--verbose=1"], "takes no value"),
-    (["x.gguf", "--device", "tpu"], "auto, cpu, cuda or emulated"),
+    (["x.gguf", "--device", "tpu"], "auto, cpu, cuda, emulated or emulated:N, got 'tpu'"),
     (["x.gguf", "--device", "cpu", "-ot", "exps=CPU"], "applies to --device cuda or emulated"),
     (["x.gguf", "--device", "cpu", "-ooae"], "--offload-only-active-experts applies to --device"),
     (["x.gguf", "-ooae", "--expert-copy", "full"], "give one of --expert-copy, -ooae and -no-ooae"),
