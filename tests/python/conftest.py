@@ -1,7 +1,7 @@
 """Shared fixtures of the Python tests. They use the library only through `import moeinfer`.
 
 Random data is fresh on every run; the seed is printed (pytest shows it with a failure) and
-MOEINFER_TEST_SEED=<seed> replays it.
+MOEINFER_TEST_SEED=<seed> replays it (MOEINFER_MODEL_SEED=<seed> a model fixture's synthetic model).
 """
 
 from __future__ import annotations
@@ -23,6 +23,14 @@ def rng() -> np.random.Generator:
     seed = int(os.environ.get("MOEINFER_TEST_SEED", secrets.randbits(32)))
     print(f"MOEINFER_TEST_SEED={seed}")
     return np.random.default_rng(seed)
+
+
+def model_seed() -> int:
+    """A fresh seed for a synthetic model, printed; MOEINFER_MODEL_SEED=<seed> replays it (module-scoped model
+    fixtures cannot take the per-test rng)."""
+    seed = int(os.environ.get("MOEINFER_MODEL_SEED", secrets.randbits(30)))
+    print(f"MOEINFER_MODEL_SEED={seed}")
+    return seed
 
 
 @pytest.fixture(scope="session", params=ARCHS)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import moeinfer
+from conftest import model_seed
 from reference import load as load_reference
 from test_forward_reference import (EXACT_REF_TOL, UBATCH_TOL, Weights, check_close, per_token_error, prompt)
 
@@ -64,8 +65,7 @@ REL_TOL = 1e-4  # |emulated - cpu| per token, relative to max |cpu|: only op pla
 
 
 def write_sched_model(tmp_path_factory, arch: str, preset: str, name: str, **kw) -> moeinfer.Model:
-    seed = int(np.random.default_rng().integers(1 << 30))
-    print(f"model seed {seed}")
+    seed = model_seed()
     path = tmp_path_factory.mktemp("sched") / f"{name}.gguf"
     moeinfer.synth_write(str(path), arch, preset=preset, seed=seed, **kw)
     return moeinfer.Model(str(path))

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import moeinfer
+from conftest import model_seed
 
 
 def _cuda_context(model, **kw):
@@ -35,7 +36,7 @@ def model(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("cuda") / f"{arch}-{expert_type}.gguf"
     # head_dim 64: the CUDA attention kernels cover head sizes 32..256.
     moeinfer.synth_write(str(path), arch, preset="tiny", head_dim=64, expert_type=expert_type,
-                         dense_type="q8_0", seed=int(np.random.default_rng().integers(1 << 30)))
+                         dense_type="q8_0", seed=model_seed())
     return moeinfer.Model(str(path))
 
 
@@ -146,7 +147,7 @@ def test_default_device_is_auto(tmp_path):
 def recipe_model(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("cuda") / f"qwen3moe-{request.param}.gguf"
     moeinfer.synth_write(str(path), "qwen3moe", preset="tiny", recipe=request.param, n_embd=256, head_dim=64,
-                         n_ff_expert=256, seed=int(np.random.default_rng().integers(1 << 30)))
+                         n_ff_expert=256, seed=model_seed())
     model = moeinfer.Model(str(path))
     want = {"q4_k_m": {"q4_K", "q6_K"}, "iq4_xs": {"iq4_xs", "q6_K"}}[request.param]
     assert want <= {t.type for t in model.tensors}

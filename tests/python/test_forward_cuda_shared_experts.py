@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import moeinfer
+from conftest import model_seed
 from test_forward_cuda import compare_generation, compare_hybrid, compare_prompt
 
 # (architecture, preset, expert type, dense type, synth_write overrides)
@@ -32,7 +33,7 @@ def model(request, tmp_path_factory):
     arch, preset, expert_type, dense_type, extra = request.param
     path = tmp_path_factory.mktemp("cuda") / f"{arch}-{preset}-{expert_type}.gguf"
     moeinfer.synth_write(str(path), arch, preset=preset, expert_type=expert_type, dense_type=dense_type,
-                         seed=int(np.random.default_rng().integers(1 << 30)), **extra)
+                         seed=model_seed(), **extra)
     return moeinfer.Model(str(path))
 
 
