@@ -88,7 +88,12 @@ def test_prefix_reuse_matches_a_fresh_context(model, rng):
     # The cache holds the generated tokens but the last one when max_tokens ended the generation (it is
     # never decoded), all of them after an end-of-generation token.
     in_cache = first["n_generated"] - (1 if first["stop_reason"] == "max_tokens" else 0)
-    assert again["n_prompt_reused"] == len(prompt) + min(4, in_cache)
+    cached = prompt + first["tokens"][:in_cache]
+    # The common prefix of the new prompt and the cache: at least the prompt and 4 generated tokens, more when
+    # the first random token happens to equal the next cached one (the tiny vocabularies make that likely).
+    common = next((i for i, (a, b) in enumerate(zip(extended, cached)) if a != b), min(len(extended), len(cached)))
+    assert common >= len(prompt) + min(4, in_cache)
+    assert again["n_prompt_reused"] == common
     assert again["n_prompt_decoded"] == len(extended) - again["n_prompt_reused"]
     fresh = moeinfer.Context(model, n_ctx=128, n_threads=1, device="cpu")
     _, ref = run(fresh.generate(extended, max_tokens=8))

@@ -48,11 +48,13 @@ def reference_routing(ref, tokens):
 # cuda-hybrid: experts in RAM, offloaded), the device only (cuda: all on the GPU, gathered at the ubatch's end).
 CONTEXTS = {
     "cpu": ("cpu", {}),
-    # Hybrid contexts without the expert cache, so that every offloaded ubatch uploads its experts.
+    # Hybrid contexts with FULL copies and without the expert cache, so that every offloaded ubatch uploads its
+    # experts (the default, AUTO, copies only the selected experts of small ubatches: one-token ubatches were seen
+    # uploading none, on 2026-11-27, not yet explained).
     "emulated": ("emulated", {"tensor_overrides": "exps=CPU",
-                              "policy": moeinfer.Policy(offload="all=1", expert_cache=0)}),
+                              "policy": moeinfer.Policy(offload="all=1", expert_cache=0, expert_copy="full")}),
     "cuda": ("cuda", {}),
-    "cuda-hybrid": ("cuda", {"tensor_overrides": "exps=CPU", "policy": moeinfer.Policy(offload="all=1", expert_cache=0)}),
+    "cuda-hybrid": ("cuda", {"tensor_overrides": "exps=CPU", "policy": moeinfer.Policy(offload="all=1", expert_cache=0, expert_copy="full")}),
 }
 
 
