@@ -33,7 +33,7 @@ inline std::optional<Failure> print_residency(FILE* out, const moe_context* ctx,
         total_bytes += bytes[static_cast<size_t>(il)];
         partial += experts[static_cast<size_t>(il)] > 0 && experts[static_cast<size_t>(il)] < info.n_expert;
         moe_layers += 1;
-        per_layer += " " + std::to_string(experts[static_cast<size_t>(il)]);
+        per_layer.append(" ").append(std::to_string(experts[static_cast<size_t>(il)]));  // (GCC 12 false -Wrestrict)
     }
     std::fprintf(out, "resident experts: %lld of %lld (%.1f MiB) in %lld partly resident layers; per layer:%s\n",
                  static_cast<long long>(total), static_cast<long long>(moe_layers * info.n_expert),
