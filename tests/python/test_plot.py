@@ -49,8 +49,8 @@ def reference_routing(ref, tokens):
 CONTEXTS = {
     "cpu": ("cpu", {}),
     # Hybrid contexts with FULL copies and without the expert cache, so that every offloaded ubatch uploads its
-    # experts (the default, AUTO, copies only the selected experts of small ubatches: one-token ubatches were seen
-    # uploading none, on 2026-11-27, not yet explained).
+    # experts: AUTO, the default, copies only the selected experts of small ubatches, and those may all be in an
+    # upload slot already from an earlier ubatch (counted in bytes_weights_skipped), so a ubatch can upload none.
     "emulated": ("emulated", {"tensor_overrides": "exps=CPU",
                               "policy": moeinfer.Policy(offload="all=1", expert_cache=0, expert_copy="full")}),
     "cuda": ("cuda", {}),
