@@ -154,36 +154,6 @@ inline __m512 u8_to_ps(__m128i v, int offset) {
     return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(v), _mm512_set1_epi32(offset)));
 }
 
-// Q4_K: group g (32 values) is the low (g even) or high nibbles of qs[32 (g / 2) ..]; x = d sc q - dmin m,
-// d sc q exact in F32 (17 + 4 bits), so the one rounding is the subtraction's, as in to_float.
-void decode_q4_k(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
-    const __m128i nib = _mm_set1_epi8(0x0F);
-    for (int r = 0; r < n_rows; ++r) {
-        const uint8_t* p = w + r * ws + (k0 / kQK_K) * sizeof(BlockQ4_K);
-        uint16_t* d = dst + r * kChunk;
-        for (int64_t sb = 0; sb < kc / kQK_K; ++sb, p += sizeof(BlockQ4_K), d += kQK_K) {
-            for (size_t line = 0; line < sizeof(BlockQ4_K); line += 64) {
-                prefetch_next_chunk(p + line, kChunk / kQK_K * sizeof(BlockQ4_K));
-            }
-            const auto* b = reinterpret_cast<const BlockQ4_K*>(p);
-            const float dd = fp16_at(p + offsetof(BlockQ4_K, d));
-            const float dmin = fp16_at(p + offsetof(BlockQ4_K, dmin));
-            for (int g = 0; g < 8; ++g) {
-                int sc, m;
-                kq::scale_min_k4(b->scales, g, sc, m);
-                const __m512 dl = _mm512_set1_ps(dd * static_cast<float>(sc));
-                const __m512 ml = _mm512_set1_ps(dmin * static_cast<float>(m));
-                const uint8_t* q = b->qs + 32 * (g / 2);
-                const int shift = 4 * (g % 2);
-                const __m128i lo = _mm_and_si128(_mm_srli_epi16(loadu128(q), shift), nib);
-                const __m128i hi = _mm_and_si128(_mm_srli_epi16(loadu128(q + 16), shift), nib);
-                store_bf16(d + 32 * g, _mm512_sub_ps(_mm512_mul_ps(dl, u8_to_ps(lo, 0)), ml),
-                           _mm512_sub_ps(_mm512_mul_ps(dl, u8_to_ps(hi, 0)), ml));
-            }
-        }
-    }
-}
-
 // Q6_K: element 128 h + 64 a + m (m < 64) has its low nibble in half a of ql[64 h + m] and its top two
 // bits at 2 (2 a + m / 32) of qh[32 h + m % 32]; x = (d sc) (q - 32), both products rounded as in
 // to_float.
@@ -345,6 +315,20 @@ void decode_q3_k(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc
             const __m512 dl = _mm512_set1_ps(d * static_cast<float>(kq::q3_k_scale(b.scales, 2 * g + h)));
             *out[h] = _mm512_mul_ps(dl, u8_to_ps(_mm_or_si128(q2, _mm_slli_epi16(hb, 2)), 4));
         }
+    });
+}
+
+// Q4_K: group g (32 values) is the low (g even) or high nibbles of qs[32 (g / 2) ..]; x = d sc q - dmin m,
+// d sc q exact in F32 (17 + 4 bits), so the one rounding is the subtraction's, as in to_float.
+void decode_q4_k(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
+    decode_groups<BlockQ4_K, 8>(w, ws, n_rows, k0, kc, dst, [](const BlockQ4_K& b, int g, __m512& lo, __m512& hi) {
+        int sc, m;
+        kq::scale_min_k4(b.scales, g, sc, m);
+        const __m512 dl = _mm512_set1_ps(_cvtsh_ss(b.d) * static_cast<float>(sc));
+        const __m512 ml = _mm512_set1_ps(_cvtsh_ss(b.dmin) * static_cast<float>(m));
+        const uint8_t* q = b.qs + 32 * (g / 2);
+        lo = _mm512_sub_ps(_mm512_mul_ps(dl, u8_to_ps(byte_bits(loadu128(q), 4 * (g % 2), 4), 0)), ml);
+        hi = _mm512_sub_ps(_mm512_mul_ps(dl, u8_to_ps(byte_bits(loadu128(q + 16), 4 * (g % 2), 4), 0)), ml);
     });
 }
 
