@@ -6,7 +6,8 @@
 # Groups: tg (all-GPU tg128, Q30-16 / G20 / Q30-48), hybrid_tg (the same with -ot exps=CPU), pp (all-GPU
 # pp512, and pp4096 with -ub 4096), hybrid_pp (the same with -ot exps=CPU: the expert uploads). JSON per run in OUT_DIR; a line per run with the median t/s.
 # Default: tg hybrid_tg. SPECS="spec ..." narrows the models; REPS (default 3) repetitions per run (-r),
-# ROUNDS (default 2) A/B rounds.
+# ROUNDS (default 2) A/B rounds. A_ARGS / B_ARGS: extra moeinfer-bench arguments for one side only (e.g.
+# B_ARGS="--expert-cache off" to compare a build that has the expert cache with one from before it).
 set -uo pipefail
 a=$1; b=$2; out=$3; shift 3
 groups=${*:-tg hybrid_tg}
@@ -18,9 +19,9 @@ mkdir -p "$out"
 
 run() {  # side (A or B), tag, then moeinfer-bench arguments
   local side=$1 tag=$2; shift 2
-  local bin=$a; [ "$side" = B ] && bin=$b
+  local bin=$a side_args=${A_ARGS:-}; [ "$side" = B ] && { bin=$b; side_args=${B_ARGS:-}; }
   LD_LIBRARY_PATH="$bin/lib:${LD_LIBRARY_PATH:-}" "$bin/bin/moeinfer-bench" --synthetic-dir $dir --device cuda -r "${REPS:-3}" \
-    -o json "$@" > "$out/${tag}_$side.json" 2> "$out/${tag}_$side.err" || { echo "FAILED: $tag $side"; return; }
+    -o json $side_args "$@" > "$out/${tag}_$side.json" 2> "$out/${tag}_$side.err" || { echo "FAILED: $tag $side"; return; }
   python3 - "$out/${tag}_$side.json" "$tag" "$side" <<'PY'
 import json, statistics, sys
 for r in json.load(open(sys.argv[1])):
