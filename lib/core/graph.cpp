@@ -22,7 +22,6 @@ Tensor* Graph::new_tensor(Type type, std::initializer_list<int64_t> ne, std::str
     set_shape(t, type, static_cast<int>(d.size()), d.data());
     t.name = std::move(name);
     t.layer = layer_;
-    t.expert_group = expert_group_;
     return &t;
 }
 
@@ -51,6 +50,25 @@ Tensor* Graph::new_node(Op op, Type type, std::initializer_list<int64_t> ne, std
     }
     nodes_.push_back(t);
     return t;
+}
+
+Tensor* Graph::copy_node(const Tensor& node, const std::array<Tensor*, kMaxSrc>& src) {
+    MOE_ASSERT(node.op != Op::NONE);
+    Tensor& t = arena_.emplace_back();
+    set_shape(t, node.type, 4, node.ne);
+    for (int d = 0; d < 4; ++d) t.nb[d] = node.nb[d];
+    t.op = node.op;
+    t.params = node.params;
+    t.layer = node.layer;
+    t.name = node.name;
+    t.view_offset = node.view_offset;
+    for (int i = 0; i < kMaxSrc; ++i) {
+        t.src[i] = src[static_cast<size_t>(i)];
+        if (node.view_src != nullptr && node.view_src == node.src[i]) t.view_src = t.src[i];
+    }
+    MOE_ASSERT((node.view_src == nullptr) == (t.view_src == nullptr));
+    nodes_.push_back(&t);
+    return &t;
 }
 
 Tensor* Graph::reshape(Tensor* a, std::initializer_list<int64_t> ne) {

@@ -3,8 +3,10 @@
 // tensor data, no kernels).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/stable_arena.h"
@@ -69,8 +71,15 @@ public:
     const std::vector<Tensor*>& outputs() const { return outputs_; }
     // Tensors tagged with `layer` from now on (for stats and placement).
     void set_layer(int32_t layer) { layer_ = layer; }
-    // Tensors tagged with `expert_group` from now on (the parts of a split expert block); -1 = none.
-    void set_expert_group(int32_t group) { expert_group_ = group; }
+
+    // Rewrites of a built graph (the scheduler's expert split, sched/expert_split_rewrite.h) make nodes
+    // with the builders above or copy_node, then put them in place with set_nodes.
+    // A new node computing what `node` computes (op, shape, strides, params, layer, name) from the
+    // operands `src` (nullptr where node has none); a view views the new operand in its view's place.
+    Tensor* copy_node(const Tensor& node, const std::array<Tensor*, kMaxSrc>& src);
+    // Replaces the node list. REQUIRES: nodes made by this graph, each after its operands (the order
+    // they are computed in).
+    void set_nodes(std::vector<Tensor*> nodes) { nodes_ = std::move(nodes); }
 
 private:
     Tensor* new_node(Op op, Type type, std::initializer_list<int64_t> ne, std::initializer_list<Tensor*> srcs);
@@ -80,7 +89,6 @@ private:
     std::vector<Tensor*> nodes_;
     std::vector<Tensor*> outputs_;
     int32_t layer_ = -1;
-    int32_t expert_group_ = -1;
 };
 
 }  // namespace moe

@@ -138,9 +138,6 @@ struct Tensor {
     bool is_input = false;        // filled by the runtime before compute (tokens, positions)
     bool is_output = false;       // read by the runtime after compute (logits)
     int32_t layer = -1;           // model layer, for stats and placement; -1 = none
-    // Nodes of one part of a split expert block: the expert group (MASK_IDS i[0]) whose experts they
-    // compute, so the scheduler runs the whole part where that group's experts are; -1 = none.
-    int32_t expert_group = -1;
     std::string name;
 
     int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }

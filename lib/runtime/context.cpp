@@ -410,15 +410,15 @@ Status validate_batch(const moe_context& ctx, const int32_t* tokens, const int32
     return Status::ok();
 }
 
-// Builds the graph of a ubatch of n_tokens at n_past.
+// Builds the graph of a ubatch of n_tokens at n_past, with the expert blocks of split_layers split.
 std::unique_ptr<moe_context::Step> build_step(const moe_context& ctx, int n_tokens, int n_past, LogitsMode mode,
                                               const std::vector<uint8_t>& split_layers) {
     auto step = std::make_unique<moe_context::Step>();
     step->n_tokens = n_tokens;
     step->n_past = n_past;
     step->mode = mode;
-    step->ub = build_model_graph(step->graph, ctx.model->hparams, ctx.weights, ctx.kv, n_tokens, n_past, mode,
-                                 split_layers);
+    step->ub = build_model_graph(step->graph, ctx.model->hparams, ctx.weights, ctx.kv, n_tokens, n_past, mode);
+    step->parts = sched::split_expert_blocks(step->graph, split_layers, ctx.model->hparams.n_expert);
     return step;
 }
 
@@ -440,7 +440,7 @@ Status decode_ubatch(moe_context& ctx, const int32_t* tokens, int n_tokens, int 
     std::vector<int32_t> positions(static_cast<size_t>(n_tokens));
     for (int i = 0; i < n_tokens; ++i) positions[static_cast<size_t>(i)] = n_past + i;
     std::vector<sched::HostInput> inputs = {{ub.tokens, tokens}, {ub.positions, positions.data()}};
-    if (ub.expert_groups != nullptr) inputs.push_back({ub.expert_groups, split.groups.data()});
+    if (step->parts.groups != nullptr) inputs.push_back({step->parts.groups, split.groups.data()});
     std::vector<sched::HostOutput> outputs;
     if (ub.logits != nullptr) outputs.push_back({ub.logits, logits_dst});
     const int next_past = n_past + n_tokens;
@@ -451,12 +451,13 @@ Status decode_ubatch(moe_context& ctx, const int32_t* tokens, int n_tokens, int 
         // more tokens).
         ctx.ahead = build_step(ctx, 1, next_past, LogitsMode::LAST, ctx.sched->resident_layers());
         std::vector<Tensor*> ahead_inputs = {ctx.ahead->ub.tokens, ctx.ahead->ub.positions};
-        if (ctx.ahead->ub.expert_groups != nullptr) ahead_inputs.push_back(ctx.ahead->ub.expert_groups);
+        if (ctx.ahead->parts.groups != nullptr) ahead_inputs.push_back(ctx.ahead->parts.groups);
         ctx.sched->prepare(ctx.ahead->graph, ahead_inputs);
     };
     // Several devices: stage by stage (runtime/multi_device.h), nothing built ahead.
-    const Status s = ctx.parts.empty() ? ctx.sched->run(step->graph, n_tokens, inputs, outputs, while_waiting)
-                                       : run_stages(ctx, step->graph, n_tokens, inputs, outputs);
+    const Status s = ctx.parts.empty()
+                         ? ctx.sched->run(step->graph, step->parts, n_tokens, inputs, outputs, while_waiting)
+                         : run_stages(ctx, step->graph, step->parts, n_tokens, inputs, outputs);
     if (!s.is_ok()) ctx.ahead.reset();
     ctx.retired = std::move(step);  // freed while the device computes the next step
     return s;

@@ -57,6 +57,7 @@ struct moe_context {
     struct Step {
         moe::Graph graph;
         moe::UbatchGraph ub;
+        moe::sched::ExpertParts parts;  // its split expert blocks (the expert split's rewrite)
         int n_tokens = 0;
         int n_past = 0;
         moe::LogitsMode mode = moe::LogitsMode::NONE;

@@ -6,6 +6,7 @@
 
 #include "core/allocator.h"
 #include "core/models/model_graph.h"
+#include "sched/expert_split_rewrite.h"
 
 namespace moe {
 
@@ -39,8 +40,9 @@ size_t estimate_arena_bytes(const moe_context& ctx, bool split) {
     const KvCache kv = prototype_kv_cache(ctx, cache);
     const int n = std::min(ctx.params.n_ubatch, ctx.params.n_ctx);
     Graph g;
+    build_model_graph(g, hp, ctx.weights, kv, n, ctx.params.n_ctx - n, LogitsMode::ALL);
     const std::vector<uint8_t> split_layers(split ? static_cast<size_t>(hp.n_layer) : 0, 1);
-    build_model_graph(g, hp, ctx.weights, kv, n, ctx.params.n_ctx - n, LogitsMode::ALL, split_layers);
+    sched::split_expert_blocks(g, split_layers, hp.n_expert);
     return plan_allocation(g).arena_size;
 }
 

@@ -387,8 +387,8 @@ StatusOr<sched::ExpertSplitPlan> plan_expert_split_multi(moe_context& ctx, int n
     return merged;
 }
 
-Status run_stages(moe_context& ctx, Graph& graph, int n_tokens, std::span<const sched::HostInput> inputs,
-                  std::span<const sched::HostOutput> outputs) {
+Status run_stages(moe_context& ctx, Graph& graph, const sched::ExpertParts& parts, int n_tokens,
+                  std::span<const sched::HostInput> inputs, std::span<const sched::HostOutput> outputs) {
     const std::vector<int> node_device = sched::node_devices(graph, ctx.layer_device);
     MOE_ASSIGN_OR_RETURN(std::vector<sched::Stage> stages, sched::cut_graph(graph, node_device));
     std::unordered_map<const Tensor*, const void*> input_data;
@@ -420,7 +420,8 @@ Status run_stages(moe_context& ctx, Graph& graph, int n_tokens, std::span<const 
             if (here.count(out.tensor)) outs.push_back(out);
         }
         sched::Scheduler& s = scheduler_of(ctx, static_cast<size_t>(stage.device));
-        MOE_RETURN_IF_ERROR(s.run(*stage.graph, n_tokens, ins, outs));
+        // A stage adopts the full graph's nodes as they are: the parts' nodes keep their groups.
+        MOE_RETURN_IF_ERROR(s.run(*stage.graph, parts, n_tokens, ins, outs));
         s.stats().bytes_between_devices += crossed;
         // A device that runs two stages of one ubatch (layers pinned away from its run) counts the
         // ubatch once, so that n_ubatches stays the context's.

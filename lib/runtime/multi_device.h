@@ -36,11 +36,11 @@ Status place_weights_multi(moe_context& ctx, const DeviceList& list, const sched
 // The expert split of the next ubatch over all devices: each scheduler's plan for its own layers.
 StatusOr<sched::ExpertSplitPlan> plan_expert_split_multi(moe_context& ctx, int n_tokens);
 
-// Runs a ubatch graph stage by stage, as Scheduler::run does on one device (graph consumed; inputs
-// and outputs those of the whole graph). Counts the bytes crossing between devices in the stats of the
-// schedulers that send and receive them.
-Status run_stages(moe_context& ctx, Graph& graph, int n_tokens, std::span<const sched::HostInput> inputs,
-                  std::span<const sched::HostOutput> outputs);
+// Runs a ubatch graph stage by stage, as Scheduler::run does on one device (graph consumed; parts,
+// inputs and outputs those of the whole graph). Counts the bytes crossing between devices in the
+// stats of the schedulers that send and receive them.
+Status run_stages(moe_context& ctx, Graph& graph, const sched::ExpertParts& parts, int n_tokens,
+                  std::span<const sched::HostInput> inputs, std::span<const sched::HostOutput> outputs);
 
 // The statistics of the context: its devices' schedulers' summed (one device: its scheduler's).
 sched::Stats context_stats(const moe_context& ctx);

@@ -28,9 +28,10 @@ Side Assignment::side_of(const Tensor& node, const RunState& rs, Stats& stats) c
     // A part of a split expert block runs where its group's experts are computed, whole; but the
     // non-resident experts' part of a partly resident layer is placed as any op with host weights
     // (offloaded at large batches, uploading what it reads).
-    if (node.expert_group >= 0 && !(node.expert_group == kHostExpertGroup && weights_.partly_resident(node.layer))) {
+    const int32_t group = rs.group_of(node);
+    if (group >= 0 && !(group == kHostExpertGroup && weights_.partly_resident(node.layer))) {
         const std::optional<OffloadOp> kind = offload_op_of(node.op);
-        const bool on_device = node.expert_group == kDeviceExpertGroup && device_->supports_op(node);
+        const bool on_device = group == kDeviceExpertGroup && device_->supports_op(node);
         if (kind) ++(on_device ? stats.n_offloaded : stats.n_kept_host)[static_cast<size_t>(*kind)];
         return on_device ? Side::DEVICE : Side::HOST;
     }

@@ -12,6 +12,7 @@
 #include "core/backend.h"
 #include "core/stable_arena.h"
 #include "sched/expert_plan.h"
+#include "sched/expert_split_rewrite.h"
 #include "sched/weight_table.h"
 
 namespace moe::sched {
@@ -27,6 +28,7 @@ struct RunState {
     std::vector<uint8_t> eager;  // per node (see CachedPlan::eager)
     const CachedPlan* cached = nullptr;  // the plan came from the cache (its counts go to the stats at run)
     std::vector<const Tensor*> moe_ids;  // expert ids tensors, for the counts
+    const ExpertParts* parts = nullptr;  // the graph's split expert blocks (borrowed for the run)
 
     // --- the nodes not yet handed to a backend ---
     std::vector<Tensor*> pending;
@@ -52,6 +54,8 @@ struct RunState {
     // --- the expert split's host parts, measured (ExpertSplitter::finish) ---
     SplitTiming split_timing;
 
+    // The expert group whose part of a split block `node` belongs to; -1 for a node of no part.
+    int32_t group_of(const Tensor& node) const { return parts != nullptr ? parts->group_of(node) : -1; }
     // A stand-in for `like` over other memory (a weight's copy, an activation's copy on the other side).
     Tensor* substitute(const Tensor& like, void* data, Buffer* buffer);
     // The side a tensor's storage is on during this run: where the plan put it, a weight's home, or

@@ -132,8 +132,8 @@ Status Scheduler::flush(RunState& rs) {
     if (rs.pending.empty()) return Status::ok();
     const std::span<Tensor* const> nodes(rs.pending);
     if (rs.pending_side == Side::HOST) {
-        const bool split_part = std::any_of(nodes.begin(), nodes.end(), [](const Tensor* n) {
-            return n->expert_group == kHostExpertGroup;
+        const bool split_part = std::any_of(nodes.begin(), nodes.end(), [&rs](const Tensor* n) {
+            return rs.group_of(*n) == kHostExpertGroup;
         });
         const Clock::time_point t_wait = Clock::now();
         MOE_RETURN_IF_ERROR(transfers_.wait_host_fence(rs));
@@ -158,7 +158,7 @@ Status Scheduler::flush(RunState& rs) {
 Status Scheduler::prepare_operands(Tensor& node, Side side, RunState& rs) {
     // The device part of a partly resident layer reads its experts from slices: its ids are remapped
     // to slice rows (MASK_IDS in remap mode, over the layer's row map).
-    if (node.op == Op::MASK_IDS && side == Side::DEVICE && node.expert_group == kDeviceExpertGroup) {
+    if (node.op == Op::MASK_IDS && side == Side::DEVICE && rs.group_of(node) == kDeviceExpertGroup) {
         if (Tensor* rows = resident_.row_map(node.layer)) {
             node.src[1] = rows;
             node.params.i[1] = 1;
@@ -254,7 +254,7 @@ Status Scheduler::plan(Graph& graph, std::span<const HostInput> inputs, RunState
         if (nodes[i]->view_src == nullptr) rs.produced[nodes[i]] = sides[i];
     }
     rs.plan = plan_allocation(graph);
-    rs.eager = transfers_.eager_downloads(graph, sides);
+    rs.eager = transfers_.eager_downloads(graph, sides, rs);
 
     CachedPlan c;
     c.sides = sides;
@@ -327,8 +327,8 @@ void Scheduler::prepare(Graph& graph, std::span<Tensor* const> input_tensors) {
     prepared_ = std::move(p);
 }
 
-Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inputs, std::span<const HostOutput> outputs,
-                      const std::function<void()>& while_waiting) {
+Status Scheduler::run(Graph& graph, const ExpertParts& parts, int n_tokens, std::span<const HostInput> inputs,
+                      std::span<const HostOutput> outputs, const std::function<void()>& while_waiting) {
     const Clock::time_point t_start = Clock::now();
     if (timeline_.on()) timeline_.begin(stats_, t_start);
     allocated_in_run_ = false;
@@ -342,6 +342,7 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
     for (size_t i = 0; planned && i < inputs.size(); ++i) planned = ahead->inputs[i] == inputs[i].tensor;
     std::unique_ptr<RunState> owned = planned ? std::move(ahead->rs) : std::make_unique<RunState>();
     RunState& rs = *owned;
+    rs.parts = &parts;
     std::vector<Side> sides;
     if (planned) {
         sides = std::move(ahead->sides);
@@ -388,7 +389,7 @@ Status Scheduler::run(Graph& graph, int n_tokens, std::span<const HostInput> inp
                 rs.pending_side = side;
                 ++stats_.n_splits;
                 first = false;
-                if (node.expert_group == kHostExpertGroup && side == Side::HOST) {
+                if (rs.group_of(node) == kHostExpertGroup && side == Side::HOST) {
                     MOE_RETURN_IF_ERROR(transfers_.look_ahead_split(nodes, sides, i, rs));
                 }
             }

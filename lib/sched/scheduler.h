@@ -38,6 +38,7 @@
 #include "core/graph.h"
 #include "sched/assignment.h"
 #include "sched/expert_plan.h"
+#include "sched/expert_split_rewrite.h"
 #include "sched/expert_splitter.h"
 #include "sched/placement.h"
 #include "sched/plan_cache.h"
@@ -99,16 +100,18 @@ public:
 
     // The expert split for the next ubatch of n_tokens tokens (policy expert_split): layers whose expert
     // weights are all host-resident, at batch sizes where their expert ops are offloaded. The next
-    // run() must get a graph built with plan.layers and plan.groups as its expert-groups input.
+    // run() must get a graph rewritten by split_expert_blocks(graph, plan.layers, n_expert) (its
+    // parts), with plan.groups as the parts' groups input.
     StatusOr<ExpertSplitPlan> plan_expert_split(int n_tokens);
 
     // Evaluates one ubatch graph of n_tokens tokens: inputs are written before compute, outputs read
-    // after. The graph is consumed (operands are rewritten to their copies on the side that uses them).
+    // after. parts: the graph's split expert blocks (sched/expert_split_rewrite.h; borrowed for the
+    // call). The graph is consumed (operands are rewritten to their copies on the side that uses them).
     // while_waiting, when given, runs once all of the ubatch's work is queued, before the host waits for
     // the device: host work for the next ubatch (building and prepare()-ing its graph, freeing the last
     // one) then overlaps the device's computing instead of leaving it idle between two ubatches.
-    Status run(Graph& graph, int n_tokens, std::span<const HostInput> inputs, std::span<const HostOutput> outputs,
-               const std::function<void()>& while_waiting = {});
+    Status run(Graph& graph, const ExpertParts& parts, int n_tokens, std::span<const HostInput> inputs,
+               std::span<const HostOutput> outputs, const std::function<void()>& while_waiting = {});
     // Plans and binds `graph`, whose run() is expected next with these input tensors (a decode step built
     // ahead), while the device may still compute the current ubatch: host work only, and only from a plan
     // cached for a graph of the same shape that fits the arenas as they are (else nothing: run() plans as

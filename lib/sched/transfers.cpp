@@ -321,7 +321,7 @@ StatusOr<Tensor*> Transfers::weight_operand(Tensor& node, int src_index, Side si
         return rs.substitute(*w, buf->data(), buf.get());
     }
     // The device part of a partly resident layer reads its resident experts' slice (ids remapped to it).
-    if (node.expert_group == kDeviceExpertGroup && c->resident.n_experts > 0) return slice_operand(*w, c->resident, rs);
+    if (rs.group_of(node) == kDeviceExpertGroup && c->resident.n_experts > 0) return slice_operand(*w, c->resident, rs);
     if (c->device != nullptr) return c->device == w->data ? w : rs.substitute(*w, c->device, c->device_buffer);
 
     // Host-resident weight used on the device: upload what this use reads into its expert cache entry,
@@ -359,7 +359,7 @@ StatusOr<Tensor*> Transfers::weight_operand(Tensor& node, int src_index, Side si
     const auto* src = static_cast<const uint8_t*>(c->host);
     const uint64_t after = slots_[slot].fence;
     if (experts && cache_.on()) count_cache(node.layer, 0, n_needed, 0);
-    if (experts && sliced(node, src_index)) {
+    if (experts && sliced(node, src_index, rs)) {
         // The device group of a split block, the selected experts (ACTIVE copies), or both; less what an
         // early upload (the split's look-ahead, ACTIVE_PREFETCH) already sent.
         const size_t prefetched = pre != rs.prefetched.end() ? drop_uploaded(needed, pre->second.uploaded, per_expert) : 0;
@@ -381,14 +381,14 @@ StatusOr<Tensor*> Transfers::weight_operand(Tensor& node, int src_index, Side si
 // device group of a split block; under ACTIVE copies, only those of them the router selected (the ids
 // read back; a split's device part reads its masked ids, whose other experts are kNoExpert).
 StatusOr<std::vector<uint8_t>> Transfers::needed_experts(Tensor& node, int src_index, RunState& rs) {
-    std::vector<uint8_t> experts = splits_experts_of(node, src_index) ? device_experts(node.layer)
+    std::vector<uint8_t> experts = splits_experts_of(node, src_index, rs) ? device_experts(node.layer)
                                                                       : std::vector<uint8_t>(static_cast<size_t>(n_expert_), 1);
     if (!uploads_active_experts(node, src_index)) return experts;
     MOE_ASSIGN_OR_RETURN(const std::vector<int32_t>* ids, read_ids(expert_ids_of(node), rs));
     MOE_ASSIGN_OR_RETURN(std::vector<uint8_t> selected, selected_experts(*ids, n_expert_));
     for (size_t e = 0; e < experts.size(); ++e) experts[e] = experts[e] && selected[e];
     // ACTIVE_PREFETCH's next early upload (not for a split's device part, which the look-ahead sends).
-    if (policy_.expert_copy == ExpertCopy::ACTIVE_PREFETCH && node.expert_group < 0) {
+    if (policy_.expert_copy == ExpertCopy::ACTIVE_PREFETCH && rs.group_of(node) < 0) {
         last_selected_[node.src[src_index]] = std::move(selected);
     }
     return experts;
@@ -420,7 +420,7 @@ StatusOr<Tensor*> Transfers::cached_operand(Tensor& node, int src_index, const W
     if (misses > 0) {
         uint8_t* dst = slot_data(slot);
         const auto* src = static_cast<const uint8_t*>(c.host);
-        if (!sliced(node, src_index)) {  // FULL: every expert is missing (first use of the entry)
+        if (!sliced(node, src_index, rs)) {  // FULL: every expert is missing (first use of the entry)
             MOE_RETURN_IF_ERROR(device_->upload(dst, src, w->n_bytes(), cache_fences_[entry]));
             stats_.bytes_weights_full += w->n_bytes();
             ++stats_.n_weight_copies;
@@ -450,8 +450,8 @@ StatusOr<size_t> Transfers::upload_experts(uint8_t* dst, const uint8_t* src, siz
 
 // Whether this use of an expert matrix sends experts one run at a time (bytes_weights_experts) rather
 // than the whole matrix at once (bytes_weights_full).
-bool Transfers::sliced(const Tensor& node, int src_index) const {
-    return splits_experts_of(node, src_index) || uploads_active_experts(node, src_index);
+bool Transfers::sliced(const Tensor& node, int src_index, const RunState& rs) const {
+    return splits_experts_of(node, src_index, rs) || uploads_active_experts(node, src_index);
 }
 
 // Whether this use of an expert matrix uploads only the selected experts (of the split's device group,
@@ -473,8 +473,8 @@ StatusOr<size_t> Transfers::take_slot(RunState& rs) {
     return internal_error("scheduler: every upload slot is held by an early upload");
 }
 
-bool Transfers::splits_experts_of(const Tensor& node, int src_index) const {
-    return node.expert_group == kDeviceExpertGroup && is_expert_matrix(node, src_index) && !split_.groups.empty() &&
+bool Transfers::splits_experts_of(const Tensor& node, int src_index, const RunState& rs) const {
+    return rs.group_of(node) == kDeviceExpertGroup && is_expert_matrix(node, src_index) && !split_.groups.empty() &&
            node.layer >= 0 && node.layer < n_layer_ && node.src[src_index]->ne[2] == n_expert_;
 }
 
@@ -496,7 +496,7 @@ Status Transfers::look_ahead_split(const std::vector<Tensor*>& nodes, const std:
     if (slots_.size() < rs.reserved_slots.size() + kHeld + kMinSlots) return Status::ok();
     for (size_t j = from; j < nodes.size(); ++j) {
         Tensor& n = *nodes[j];
-        if (n.expert_group != kDeviceExpertGroup || (n.op != Op::MOE_UP_GATE && n.op != Op::MUL_MAT_ID) ||
+        if (rs.group_of(n) != kDeviceExpertGroup || (n.op != Op::MOE_UP_GATE && n.op != Op::MUL_MAT_ID) ||
             sides[j] != Side::DEVICE) {
             continue;
         }
@@ -504,7 +504,7 @@ Status Transfers::look_ahead_split(const std::vector<Tensor*>& nodes, const std:
         if (layer >= 0 && n.layer != layer) break;
         layer = n.layer;
         for (int k = 0; k < kMaxSrc; ++k) {
-            if (n.src[k] == nullptr || !n.src[k]->is_weight || !splits_experts_of(n, k)) continue;
+            if (n.src[k] == nullptr || !n.src[k]->is_weight || !splits_experts_of(n, k, rs)) continue;
             if (rs.prefetched.count({&n, k})) continue;
             const std::optional<WeightCopies> c = weights_.usable(n.src[k], policy_.bias_dup);
             if (!c || c->device != nullptr || c->resident.n_experts > 0) continue;
@@ -522,7 +522,7 @@ Status Transfers::look_ahead_split(const std::vector<Tensor*>& nodes, const std:
 Status Transfers::prefetch_experts(Tensor& node, int src_index, RunState& rs) {
     const Tensor* w = node.src[src_index];
     const std::optional<WeightCopies> c = weights_.usable(w, policy_.bias_dup);
-    if (!c || c->device != nullptr || !uploads_active_experts(node, src_index) || node.expert_group >= 0 ||
+    if (!c || c->device != nullptr || !uploads_active_experts(node, src_index) || rs.group_of(node) >= 0 ||
         cache_holds(w, c->host)) {
         return Status::ok();
     }
@@ -546,13 +546,14 @@ Status Transfers::early_upload(Tensor& node, int src_index, const void* host, st
     return Status::ok();
 }
 
-std::vector<uint8_t> Transfers::eager_downloads(const Graph& graph, const std::vector<Side>& sides) {
+std::vector<uint8_t> Transfers::eager_downloads(const Graph& graph, const std::vector<Side>& sides,
+                                                const RunState& rs) {
     const std::vector<Tensor*>& nodes = graph.nodes();
     std::vector<uint8_t> eager(nodes.size(), 0);
     std::unordered_map<const Tensor*, size_t> index;
     for (size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = i;
     for (size_t i = 0; i < nodes.size(); ++i) {
-        if (nodes[i]->expert_group != kHostExpertGroup || sides[i] != Side::HOST) continue;
+        if (rs.group_of(*nodes[i]) != kHostExpertGroup || sides[i] != Side::HOST) continue;
         for (const Tensor* s : nodes[i]->src) {
             if (s == nullptr || s->is_weight) continue;
             const auto it = index.find(storage_of(s));

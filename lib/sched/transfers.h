@@ -102,7 +102,8 @@ public:
                             RunState& rs);
     // Per node of a planned graph: whether its output goes to the host as soon as it is queued (device
     // nodes whose output a host part of a split expert block reads).
-    static std::vector<uint8_t> eager_downloads(const Graph& graph, const std::vector<Side>& sides);
+    static std::vector<uint8_t> eager_downloads(const Graph& graph, const std::vector<Side>& sides,
+                                                const RunState& rs);
     // Downloads an output computed on the device into out (tensor->n_bytes() bytes).
     Status download_output(void* out, const Tensor& tensor);
 
@@ -133,8 +134,8 @@ private:
                                     const std::vector<uint8_t>& experts, uint64_t after);
     Status early_upload(Tensor& node, int src_index, const void* host, std::vector<uint8_t> experts, RunState& rs);
     bool uploads_active_experts(const Tensor& node, int src_index) const;
-    bool sliced(const Tensor& node, int src_index) const;
-    bool splits_experts_of(const Tensor& node, int src_index) const;
+    bool sliced(const Tensor& node, int src_index, const RunState& rs) const;
+    bool splits_experts_of(const Tensor& node, int src_index, const RunState& rs) const;
     std::vector<uint8_t> device_experts(int layer) const;
     StatusOr<std::vector<uint8_t>> needed_experts(Tensor& node, int src_index, RunState& rs);
     size_t largest_host_experts() const;

@@ -4,26 +4,6 @@
 #include <cmath>
 
 namespace moe::blocks {
-namespace {
-
-// The experts' part of an expert block: up/gate, down, their biases and the weighted sum. masked: ids
-// may be kNoExpert (a part of a split block), whose rows the weighted sum must skip.
-Tensor* expert_products(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* ids, Tensor* weights, bool masked) {
-    Graph& g = s.g;
-    const HParams& hp = s.hp;
-    const int64_t T = s.n_tokens, k = hp.n_expert_used;
-    const Activation act = hp.arch == Arch::GPT_OSS ? Activation::SWIGLU_OAI : Activation::SILU;
-    Tensor* h = g.moe_up_gate(l.up_exps, l.gate_exps, x, ids, l.up_exps_bias, l.gate_exps_bias, act);  // [F, k, T]
-    Tensor* y = g.mul_mat_id(l.down_exps, h, ids);                                                      // [E, k, T]
-    if (l.down_exps_bias) {
-        // Each selected expert's bias: rows of the [E, n_expert] bias picked by the flattened ids.
-        Tensor* b = g.get_rows(l.down_exps_bias, g.reshape(ids, {k * T}));
-        y = g.add(y, g.reshape(b, {hp.n_embd, k, T}));
-    }
-    return g.weighted_sum(y, weights, masked ? ids : nullptr);  // [E, T]
-}
-
-}  // namespace
 
 Tensor* add_opt(Graph& g, Tensor* x, Tensor* b) { return b ? g.add(x, b) : x; }
 
@@ -78,32 +58,25 @@ Tensor* swiglu_ffn(Graph& g, Tensor* up, Tensor* gate, Tensor* down, Tensor* x) 
     return g.mul_mat(down, g.swiglu(g.mul_mat(gate, x), g.mul_mat(up, x)));
 }
 
-Tensor* routed_experts(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* ids, Tensor* weights,
-                       Tensor* groups) {
+Tensor* routed_experts(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* ids, Tensor* weights) {
     Graph& g = s.g;
-    if (groups == nullptr) return expert_products(s, l, x, ids, weights, false);
-
-    // Each part sees only its group's experts (the others' pairs are kNoExpert: skipped), so the two
-    // weighted sums add up to the whole block's.
-    Tensor* part[2] = {};
-    for (int32_t group : {1, 0}) {
-        g.set_expert_group(group);
-        part[group] = expert_products(s, l, x, g.mask_ids(ids, groups, group), weights, true);
+    const HParams& hp = s.hp;
+    const int64_t T = s.n_tokens, k = hp.n_expert_used;
+    const Activation act = hp.arch == Arch::GPT_OSS ? Activation::SWIGLU_OAI : Activation::SILU;
+    Tensor* h = g.moe_up_gate(l.up_exps, l.gate_exps, x, ids, l.up_exps_bias, l.gate_exps_bias, act);  // [F, k, T]
+    Tensor* y = g.mul_mat_id(l.down_exps, h, ids);                                                      // [E, k, T]
+    if (l.down_exps_bias) {
+        // Each selected expert's bias: rows of the [E, n_expert] bias picked by the flattened ids.
+        Tensor* b = g.get_rows(l.down_exps_bias, g.reshape(ids, {k * T}));
+        y = g.add(y, g.reshape(b, {hp.n_embd, k, T}));
     }
-    g.set_expert_group(-1);
-    return g.add(part[1], part[0]);
+    return g.weighted_sum(y, weights);  // [E, T]
 }
 
-Tensor* routed_and_shared_experts(BuildState& s, const LayerWeights& l, Tensor* h, const Routing& r, Tensor* groups) {
-    Tensor* out = routed_experts(s, l, h, r.ids, r.weights, groups);
+Tensor* routed_and_shared_experts(BuildState& s, const LayerWeights& l, Tensor* h, const Routing& r) {
+    Tensor* out = routed_experts(s, l, h, r.ids, r.weights);
     if (l.up_shexp == nullptr) return out;
     return s.g.add(out, swiglu_ffn(s.g, l.up_shexp, l.gate_shexp, l.down_shexp, h));
-}
-
-Tensor* layer_groups(Graph& g, const UbatchGraph& out, const std::vector<uint8_t>& split_layers, int il) {
-    if (out.expert_groups == nullptr || !split_layers[static_cast<size_t>(il)]) return nullptr;
-    Tensor* all = out.expert_groups;
-    return g.view(all, {all->ne[0]}, {all->nb[1]}, static_cast<size_t>(il) * all->nb[1]);
 }
 
 void output_logits(Graph& g, const HParams& hp, const ModelWeights& w, Tensor* cur, int n_tokens,

@@ -1,5 +1,5 @@
 // The blocks every architecture's graph is made of: attention with a KV cache, the routed-expert
-// block (with the expert split), and the helpers they share. Internal to lib/core/models: each
+// block, and the helpers they share. Internal to lib/core/models: each
 // architecture's builder (model_graph.cpp and the graph_<arch>.cpp files) composes these.
 #pragma once
 
@@ -54,32 +54,25 @@ Routing route_biased_sigmoid(Graph& g, Tensor* logits, Tensor* bias, int k, bool
 Tensor* swiglu_ffn(Graph& g, Tensor* up, Tensor* gate, Tensor* down, Tensor* x);
 
 // The routed-expert block on normalised input x, given the router's choice: ids I32 [k, T] and
-// weights F32 [k, T]. groups: nullptr, or the layer's I32 [n_expert] expert groups, for a block split
-// into two parts that compute disjoint sets of experts and are added (group 1 first in node order,
-// each part's nodes tagged with Tensor::expert_group). Returns [n_embd, T].
-Tensor* routed_experts(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* ids, Tensor* weights,
-                       Tensor* groups);
+// weights F32 [k, T]: MOE_UP_GATE, MUL_MAT_ID, the down biases where the layer has them, and the
+// WEIGHTED_SUM (the shape the expert split's rewrite, sched/expert_split_rewrite.h, looks for).
+// Returns [n_embd, T].
+Tensor* routed_experts(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* ids, Tensor* weights);
 
 // The routed experts chosen by r (as routed_experts) plus the shared experts where the layer has them
 // (deepseek2, glm4moe: one SwiGLU FFN on the same input h). Returns [n_embd, T].
-Tensor* routed_and_shared_experts(BuildState& s, const LayerWeights& l, Tensor* h, const Routing& r, Tensor* groups);
-
-// The view of layer il's row of the [n_expert, n_layer] expert-groups input, or nullptr when the layer
-// is not split.
-Tensor* layer_groups(Graph& g, const UbatchGraph& out, const std::vector<uint8_t>& split_layers, int il);
+Tensor* routed_and_shared_experts(BuildState& s, const LayerWeights& l, Tensor* h, const Routing& r);
 
 // The final norm and output projection of the last hidden state (or all of them); sets out.logits.
 void output_logits(Graph& g, const HParams& hp, const ModelWeights& w, Tensor* cur, int n_tokens,
                    LogitsMode logits, UbatchGraph& out);
 
 // The layers of a glm4moe model (graph_glm4moe.cpp) on the embeddings cur; returns the last hidden
-// state. split_layers as build_model_graph's (the leading dense layers have no expert block to split).
-Tensor* glm4moe_layers(BuildState& s, const ModelWeights& w, const UbatchGraph& out,
-                       const std::vector<uint8_t>& split_layers, Tensor* cur);
+// state.
+Tensor* glm4moe_layers(BuildState& s, const ModelWeights& w, Tensor* cur);
 
 // The layers of a deepseek2 model (graph_deepseek2.cpp) on the embeddings cur; returns the last
-// hidden state. split_layers as build_model_graph's.
-Tensor* deepseek2_layers(BuildState& s, const ModelWeights& w, const UbatchGraph& out,
-                         const std::vector<uint8_t>& split_layers, Tensor* cur);
+// hidden state.
+Tensor* deepseek2_layers(BuildState& s, const ModelWeights& w, Tensor* cur);
 
 }  // namespace moe::blocks

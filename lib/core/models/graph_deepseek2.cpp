@@ -101,8 +101,7 @@ blocks::Routing route(BuildState& s, const LayerWeights& l, Tensor* x) {
 
 namespace blocks {
 
-Tensor* deepseek2_layers(BuildState& s, const ModelWeights& w, const UbatchGraph& out,
-                         const std::vector<uint8_t>& split_layers, Tensor* cur) {
+Tensor* deepseek2_layers(BuildState& s, const ModelWeights& w, Tensor* cur) {
     Graph& g = s.g;
     const HParams& hp = s.hp;
     for (int il = 0; il < hp.n_layer; ++il) {
@@ -115,8 +114,7 @@ Tensor* deepseek2_layers(BuildState& s, const ModelWeights& w, const UbatchGraph
             continue;
         }
         const blocks::Routing r = route(s, l, h);
-        Tensor* groups = blocks::layer_groups(g, out, split_layers, il);
-        cur = g.add(cur, blocks::routed_and_shared_experts(s, l, h, r, groups));
+        cur = g.add(cur, blocks::routed_and_shared_experts(s, l, h, r));
     }
     g.set_layer(-1);
     return cur;

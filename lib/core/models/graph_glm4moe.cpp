@@ -10,8 +10,7 @@
 
 namespace moe::blocks {
 
-Tensor* glm4moe_layers(BuildState& s, const ModelWeights& w, const UbatchGraph& out,
-                       const std::vector<uint8_t>& split_layers, Tensor* cur) {
+Tensor* glm4moe_layers(BuildState& s, const ModelWeights& w, Tensor* cur) {
     Graph& g = s.g;
     const HParams& hp = s.hp;
     for (int il = 0; il < hp.n_layer; ++il) {
@@ -25,7 +24,7 @@ Tensor* glm4moe_layers(BuildState& s, const ModelWeights& w, const UbatchGraph& 
         } else {
             const Routing r = route_biased_sigmoid(g, g.mul_mat(l.router, h), l.exp_probs_b, hp.n_expert_used,
                                                    hp.expert_weights_norm, hp.expert_weights_scale);
-            ffn = routed_and_shared_experts(s, l, h, r, layer_groups(g, out, split_layers, il));
+            ffn = routed_and_shared_experts(s, l, h, r);
         }
         cur = g.add(cur, ffn);
     }

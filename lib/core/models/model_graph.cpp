@@ -5,8 +5,6 @@
 
 #include "core/models/graph_blocks.h"
 
-#include <algorithm>
-
 namespace moe {
 namespace {
 
@@ -15,25 +13,23 @@ using blocks::BuildState;
 // qwen3moe and gpt-oss route alike: top-k of the router's logits, each selected expert weighted by a
 // softmax over the selected logits (gpt-oss by definition; qwen3moe because a softmax over all experts
 // renormalised over the top-k is the same).
-Tensor* build_moe(BuildState& s, const LayerWeights& l, Tensor* x, Tensor* groups) {
+Tensor* build_moe(BuildState& s, const LayerWeights& l, Tensor* x) {
     Graph& g = s.g;
     Tensor* logits = blocks::add_opt(g, g.mul_mat(l.router, x), l.router_bias);  // [n_expert, T]
     Tensor* ids = g.topk(logits, s.hp.n_expert_used);                            // [k, T]
     Tensor* weights = g.softmax(g.gather(logits, ids));                          // [k, T]
-    return blocks::routed_experts(s, l, x, ids, weights, groups);
+    return blocks::routed_experts(s, l, x, ids, weights);
 }
 
 // qwen3moe and gpt-oss: pre-norm attention and pre-norm MoE in every layer.
-Tensor* moe_layers(BuildState& s, const ModelWeights& w, const UbatchGraph& out, const std::vector<uint8_t>& split_layers,
-                   Tensor* cur) {
+Tensor* moe_layers(BuildState& s, const ModelWeights& w, Tensor* cur) {
     Graph& g = s.g;
     const HParams& hp = s.hp;
     for (int il = 0; il < hp.n_layer; ++il) {
         g.set_layer(il);
         const LayerWeights& l = w.layers[static_cast<size_t>(il)];
         cur = g.add(cur, blocks::attention(s, l, il, g.rms_norm(cur, l.attn_norm, hp.rms_eps)));
-        Tensor* groups = blocks::layer_groups(g, out, split_layers, il);
-        cur = g.add(cur, build_moe(s, l, g.rms_norm(cur, l.ffn_norm, hp.rms_eps), groups));
+        cur = g.add(cur, build_moe(s, l, g.rms_norm(cur, l.ffn_norm, hp.rms_eps)));
     }
     g.set_layer(-1);
     return cur;
@@ -59,23 +55,20 @@ RopeParams rope_params_for(const HParams& hp) {
 }
 
 UbatchGraph build_model_graph(Graph& g, const HParams& hp, const ModelWeights& w, const KvCache& kv, int n_tokens,
-                              int n_past, LogitsMode logits, const std::vector<uint8_t>& split_layers) {
+                              int n_past, LogitsMode logits) {
     MOE_ASSERT(n_tokens > 0 && n_past >= 0 && n_past + n_tokens <= kv.n_ctx);
     UbatchGraph out;
     out.tokens = g.input(Type::I32, {n_tokens}, "tokens");
     out.positions = g.input(Type::I32, {n_tokens}, "positions");
     BuildState s{g, hp, kv, out.positions, n_tokens, n_past};
-    MOE_ASSERT(split_layers.empty() || split_layers.size() == static_cast<size_t>(hp.n_layer));
-    const bool any_split = std::find(split_layers.begin(), split_layers.end(), 1) != split_layers.end();
-    if (any_split) out.expert_groups = g.input(Type::I32, {hp.n_expert, hp.n_layer}, "expert_groups");
 
     Tensor* cur = g.get_rows(w.tok_embd, out.tokens);  // [E, T]
     if (hp.arch == Arch::DEEPSEEK2) {
-        cur = blocks::deepseek2_layers(s, w, out, split_layers, cur);
+        cur = blocks::deepseek2_layers(s, w, cur);
     } else if (hp.arch == Arch::GLM4MOE) {
-        cur = blocks::glm4moe_layers(s, w, out, split_layers, cur);
+        cur = blocks::glm4moe_layers(s, w, cur);
     } else {
-        cur = moe_layers(s, w, out, split_layers, cur);
+        cur = moe_layers(s, w, cur);
     }
     blocks::output_logits(g, hp, w, cur, n_tokens, logits, out);
     return out;

@@ -58,9 +58,6 @@ struct KvCache {
 struct UbatchGraph {
     Tensor* tokens = nullptr;     // input I32 [n_tokens]
     Tensor* positions = nullptr;  // input I32 [n_tokens]
-    // input I32 [n_expert, n_layer]: the group (0 or 1) of each expert of each split layer; nullptr
-    // when no layer is split.
-    Tensor* expert_groups = nullptr;
     Tensor* logits = nullptr;     // output F32 [n_vocab, n_tokens or 1]; nullptr for LogitsMode::NONE
 };
 
@@ -69,12 +66,10 @@ enum class LogitsMode { NONE, LAST, ALL };
 // Builds the graph of one ubatch of n_tokens tokens at positions n_past .. n_past + n_tokens - 1.
 // REQUIRES: n_past + n_tokens <= kv.n_ctx.
 // NONE still writes the KV cache (a ubatch whose logits nobody wants skips the output projection).
-// split_layers (empty, or one flag per layer): the expert block of each flagged layer is built as two
-// parts that compute disjoint sets of experts (the groups in UbatchGraph::expert_groups, through
-// MASK_IDS) and are added: the part of group 1 first in node order, then group 0. The nodes of each
-// part carry Tensor::expert_group, so a scheduler can run the parts on different backends at once.
+// Each MoE layer has one expert block (graph_blocks.h: routed_experts), whichever backends will run
+// it: a scheduler that computes a block in parts rewrites the built graph (sched/expert_split_rewrite.h).
 UbatchGraph build_model_graph(Graph& g, const HParams& hp, const ModelWeights& w, const KvCache& kv, int n_tokens,
-                              int n_past, LogitsMode logits, const std::vector<uint8_t>& split_layers = {});
+                              int n_past, LogitsMode logits);
 
 // The RoPE parameters of an architecture.
 RopeParams rope_params_for(const HParams& hp);
