@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/api_context.h"
 #include "common/tiny_model.h"
 #include "core/device_memory.h"
 #include "moeinfer/moeinfer.h"
@@ -147,12 +148,7 @@ bool available(const Device& d, const Model& m) {
     return true;
 }
 
-std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int32_t n_vocab) {
-    std::uniform_int_distribution<int32_t> tok(0, n_vocab - 1);
-    std::vector<int32_t> t(static_cast<size_t>(n));
-    for (auto& x : t) x = tok(rng);
-    return t;
-}
+using moe::test::random_tokens;
 
 // The bytes a RESOURCE_EXHAUSTED message says were asked and free ("cannot allocate N bytes of device
 // memory (F bytes free)"), after checking that it says so and what they were for.

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/api_context.h"
 #include "common/logits_check.h"
 #include "common/tiny_model.h"
 #include "moeinfer/moeinfer.h"
@@ -31,9 +32,12 @@ moe::test::TinyModelOptions model_options(float skew = 0.0f, int32_t n_layer = 0
     return o;
 }
 
-struct Ctx {
-    moe_context* ctx = nullptr;
-    Ctx(const Model& m, int32_t device, const char* overrides, const moe_sched_policy* policy, int32_t n_ubatch = 16) {
+// A context of device `device` (CPU or emulated), overrides and policy as given.
+struct Ctx : moe::test::ApiContext {
+    Ctx(const Model& m, int32_t device, const char* overrides, const moe_sched_policy* policy, int32_t n_ubatch = 16)
+        : ApiContext(m.get(), params(device, overrides, policy, n_ubatch)) {}
+    static moe_context_params params(int32_t device, const char* overrides, const moe_sched_policy* policy,
+                                     int32_t n_ubatch) {
         moe_context_params p;
         moe_context_params_init(&p);
         p.n_ctx = 128;
@@ -42,42 +46,11 @@ struct Ctx {
         p.device = device;
         p.tensor_overrides = overrides;
         p.policy = policy;
-        const moe_status s = moe_context_create(m.get(), &p, &ctx);
-        INFO(moe_last_error());
-        REQUIRE(s == MOE_STATUS_OK);
-    }
-    ~Ctx() { moe_context_free(ctx); }
-    std::vector<float> decode(const std::vector<int32_t>& tokens, int32_t n_vocab) {
-        const moe_status s = moe_decode(ctx, tokens.data(), nullptr, static_cast<int32_t>(tokens.size()), 1);
-        INFO(moe_last_error());
-        REQUIRE(s == MOE_STATUS_OK);
-        const float* logits = nullptr;
-        int32_t rows = 0, nv = 0;
-        REQUIRE(moe_get_logits(ctx, &logits, &rows, &nv) == MOE_STATUS_OK);
-        REQUIRE(nv == n_vocab);
-        return std::vector<float>(logits, logits + static_cast<size_t>(rows) * static_cast<size_t>(nv));
-    }
-    moe_sched_stats stats() const {
-        moe_sched_stats st;
-        st.struct_size = sizeof st;
-        REQUIRE(moe_context_get_stats(ctx, &st) == MOE_STATUS_OK);
-        return st;
-    }
-    std::vector<uint64_t> counts() const {
-        int64_t n = 0;
-        REQUIRE(moe_context_get_expert_counts(ctx, nullptr, 0, &n) == MOE_STATUS_OK);
-        std::vector<uint64_t> c(static_cast<size_t>(n));
-        REQUIRE(moe_context_get_expert_counts(ctx, c.data(), n, &n) == MOE_STATUS_OK);
-        return c;
+        return p;
     }
 };
 
-std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int32_t n_vocab) {
-    std::uniform_int_distribution<int32_t> tok(0, n_vocab - 1);
-    std::vector<int32_t> t(static_cast<size_t>(n));
-    for (auto& x : t) x = tok(rng);
-    return t;
-}
+using moe::test::random_tokens;
 
 moe_sched_policy make_policy(const char* offload, int32_t expert_copy, int32_t bias_dup) {
     moe_sched_policy p;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/api_context.h"
 #include "common/logits_check.h"
 #include "common/tiny_model.h"
 #include "core/models/model_graph.h"
@@ -35,8 +36,8 @@ struct Setup {
     int32_t expert_split = 0;  // the same nodes on the same sides in both contexts
 };
 
-moe_status create(const Model& m, const Setup& s, moe_context** out) {
-    moe_sched_policy pol;
+// The params of a context for `s`; its policy is filled into `pol`, which they point to.
+moe_context_params params(const Setup& s, moe_sched_policy& pol) {
     moe_sched_policy_init(&pol);
     pol.expert_copy = s.expert_copy;
     pol.expert_split = s.expert_split;
@@ -55,41 +56,18 @@ moe_status create(const Model& m, const Setup& s, moe_context** out) {
     p.n_tensor_split = static_cast<int32_t>(s.split.size());
     p.vram_budgets = s.budgets.empty() ? nullptr : s.budgets.data();
     p.n_vram_budgets = static_cast<int32_t>(s.budgets.size());
-    return moe_context_create(m.get(), &p, out);
+    return p;
 }
 
-struct Ctx {
-    moe_context* ctx = nullptr;
-    Ctx(const Model& m, const Setup& s) {
-        const moe_status st = create(m, s, &ctx);
-        INFO(moe_last_error());
-        REQUIRE(st == MOE_STATUS_OK);
-    }
-    ~Ctx() { moe_context_free(ctx); }
-    std::vector<float> decode(const std::vector<int32_t>& tokens, int32_t n_vocab, bool all = true) {
-        const moe_status s = moe_decode(ctx, tokens.data(), nullptr, static_cast<int32_t>(tokens.size()), all ? 1 : 0);
-        INFO(moe_last_error());
-        REQUIRE(s == MOE_STATUS_OK);
-        const float* logits = nullptr;
-        int32_t rows = 0, nv = 0;
-        REQUIRE(moe_get_logits(ctx, &logits, &rows, &nv) == MOE_STATUS_OK);
-        REQUIRE(nv == n_vocab);
-        return std::vector<float>(logits, logits + static_cast<size_t>(rows) * static_cast<size_t>(nv));
-    }
-    moe_sched_stats stats() const {
-        moe_sched_stats st;
-        st.struct_size = sizeof st;
-        REQUIRE(moe_context_get_stats(ctx, &st) == MOE_STATUS_OK);
-        return st;
-    }
+struct Ctx : moe::test::ApiContext {
+    Ctx(const Model& m, const Setup& s) : Ctx(m, s, moe_sched_policy{}) {}
+
+private:
+    // The policy argument outlives the creation: it lives until the delegating call returns.
+    Ctx(const Model& m, const Setup& s, moe_sched_policy&& pol) : ApiContext(m.get(), params(s, pol)) {}
 };
 
-std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int32_t n_vocab) {
-    std::uniform_int_distribution<int32_t> tok(0, n_vocab - 1);
-    std::vector<int32_t> t(static_cast<size_t>(n));
-    for (auto& x : t) x = tok(rng);
-    return t;
-}
+using moe::test::random_tokens;
 
 // The device of each layer by exact integer arithmetic: the j-th of m unpinned layers goes to the first
 // device d with j * total < m * (p_0 + ... + p_d).
@@ -330,18 +308,8 @@ TEST_CASE("several devices: every bad value is INVALID_ARGUMENT naming it", "[sc
     Model m("qwen3moe", "moe_multi_bad", rng());
     auto refused = [&](Setup s, int32_t devices_n_override, const char* field) {
         moe_sched_policy pol;
-        moe_sched_policy_init(&pol);
-        moe_context_params p;
-        moe_context_params_init(&p);
-        p.device = MOE_DEVICE_EMULATED;
-        p.n_ctx = 64;
-        p.tensor_overrides = s.overrides;
-        p.devices = s.devices.empty() ? nullptr : s.devices.data();
-        p.n_devices = devices_n_override >= 0 ? devices_n_override : static_cast<int32_t>(s.devices.size());
-        p.tensor_split = s.split.empty() ? nullptr : s.split.data();
-        p.n_tensor_split = static_cast<int32_t>(s.split.size());
-        p.vram_budgets = s.budgets.empty() ? nullptr : s.budgets.data();
-        p.n_vram_budgets = static_cast<int32_t>(s.budgets.size());
+        moe_context_params p = params(s, pol);
+        if (devices_n_override >= 0) p.n_devices = devices_n_override;
         moe_context* ctx = nullptr;
         const moe_status st = moe_context_create(m.get(), &p, &ctx);
         INFO(field << ": " << moe_last_error());

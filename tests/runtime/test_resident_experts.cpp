@@ -14,6 +14,7 @@
 
 #include <unistd.h>
 
+#include "common/api_context.h"
 #include "common/logits_check.h"
 #include "common/tiny_model.h"
 #include "moeinfer/moeinfer.h"
@@ -26,9 +27,11 @@ using moe::test::require_close;
 constexpr uint64_t kAlign = 256;
 uint64_t pad(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-struct Ctx {
-    moe_context* ctx = nullptr;
-    Ctx(const Model& m, int32_t device, uint64_t vram_budget, const moe_sched_policy* policy) {
+// A context of device `device` (CPU or emulated) under vram_budget (0: none), with the given policy.
+struct Ctx : moe::test::ApiContext {
+    Ctx(const Model& m, int32_t device, uint64_t vram_budget, const moe_sched_policy* policy)
+        : ApiContext(m.get(), params(device, vram_budget, policy)) {}
+    static moe_context_params params(int32_t device, uint64_t vram_budget, const moe_sched_policy* policy) {
         moe_context_params p;
         moe_context_params_init(&p);
         p.n_ctx = 128;
@@ -37,25 +40,7 @@ struct Ctx {
         p.device = device;
         p.vram_budget = vram_budget;
         p.policy = policy;
-        const moe_status s = moe_context_create(m.get(), &p, &ctx);
-        INFO(moe_last_error());
-        REQUIRE(s == MOE_STATUS_OK);
-    }
-    ~Ctx() { moe_context_free(ctx); }
-    std::vector<float> decode(const std::vector<int32_t>& tokens, int32_t n_vocab) {
-        const moe_status s = moe_decode(ctx, tokens.data(), nullptr, static_cast<int32_t>(tokens.size()), 1);
-        INFO(moe_last_error());
-        REQUIRE(s == MOE_STATUS_OK);
-        const float* logits = nullptr;
-        int32_t rows = 0, nv = 0;
-        REQUIRE(moe_get_logits(ctx, &logits, &rows, &nv) == MOE_STATUS_OK);
-        return std::vector<float>(logits, logits + static_cast<size_t>(rows) * static_cast<size_t>(nv));
-    }
-    moe_sched_stats stats() const {
-        moe_sched_stats st;
-        st.struct_size = sizeof st;
-        REQUIRE(moe_context_get_stats(ctx, &st) == MOE_STATUS_OK);
-        return st;
+        return p;
     }
 };
 
@@ -85,12 +70,7 @@ std::vector<Tensor> tensors(const Model& m, const moe_context* ctx) {
     return out;
 }
 
-std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int32_t n_vocab) {
-    std::uniform_int_distribution<int32_t> tok(0, n_vocab - 1);
-    std::vector<int32_t> t(static_cast<size_t>(n));
-    for (auto& x : t) x = tok(rng);
-    return t;
-}
+using moe::test::random_tokens;
 
 std::string temp_path(const std::string& tag) {
     return (std::filesystem::temp_directory_path() / (tag + "_" + std::to_string(getpid()) + ".txt")).string();
@@ -168,10 +148,7 @@ TEST_CASE("partly resident layers match the all-host and all-device contexts", "
             CHECK(used <= budget);
 
             // Counts: every (token, expert) pair once per MoE layer, slice rows mapped back to experts.
-            int64_t nc = 0;
-            REQUIRE(moe_context_get_expert_counts(hy.ctx, nullptr, 0, &nc) == MOE_STATUS_OK);
-            std::vector<uint64_t> counts(static_cast<size_t>(nc));
-            REQUIRE(moe_context_get_expert_counts(hy.ctx, counts.data(), nc, &nc) == MOE_STATUS_OK);
+            const std::vector<uint64_t> counts = hy.counts();
             uint64_t n_tokens = 0;
             for (const auto& b : batches) n_tokens += b.size();
             for (int32_t il = 0; il < n_layer; ++il) {
