@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "c_older_caller.h"
 #include "moeinfer/moeinfer.h"
 
 static int g_failures = 0;
@@ -172,10 +173,8 @@ static void test_params_and_create(moe_model* model) {
 
     /* An older caller whose struct ends after n_ctx: fields past struct_size are not read. */
     moe_context_params_init(&p);
-    p.struct_size = (uint32_t)(offsetof(moe_context_params, n_ctx) + sizeof(int32_t));
     p.n_ctx = 8;
-    p.n_ubatch = -5;
-    p.n_threads = -5;
+    as_older_caller(&p, sizeof p, offsetof(moe_context_params, n_ctx) + sizeof(int32_t));
     ctx = NULL;
     EXPECT_STATUS(moe_context_create(model, &p, &ctx), MOE_STATUS_OK);
     EXPECT(ctx != NULL);
@@ -514,7 +513,7 @@ static void test_backend_options(moe_model* model) {
     p.backend_options = "emulated_async=off,nonsense=3";
     EXPECT_ERROR(moe_context_create(model, &p, &ctx), MOE_STATUS_INVALID_ARGUMENT, "unknown key 'nonsense'");
     EXPECT(ctx == NULL);
-    p.struct_size = (uint32_t)offsetof(moe_context_params, backend_options); /* built before the field */
+    as_older_caller(&p, sizeof p, offsetof(moe_context_params, backend_options)); /* built before the field */
     EXPECT_STATUS(moe_context_create(model, &p, &ctx), MOE_STATUS_OK);
     moe_context_free(ctx);
     ctx = NULL;
@@ -543,15 +542,11 @@ static void test_older_struct_sizes(moe_model* model) {
     moe_sched_policy old_policy, got;
     moe_sched_stats old_stats;
     moe_context* ctx = NULL;
-    unsigned char* tail;
-    size_t i;
-    int untouched = 1;
     int32_t tokens[N_PROMPT];
 
     moe_sched_policy_init(&old_policy);
-    old_policy.struct_size = (uint32_t)offsetof(moe_sched_policy, expert_split);
-    old_policy.expert_split = 7; /* beyond the caller's struct_size: must be ignored */
     old_policy.bias_dup = 0;
+    as_older_caller(&old_policy, sizeof old_policy, offsetof(moe_sched_policy, expert_split));
     moe_context_params_init(&p);
     p.n_ctx = 64;
     p.n_ubatch = 16;
@@ -568,22 +563,17 @@ static void test_older_struct_sizes(moe_model* model) {
     random_tokens(tokens, N_PROMPT, vocab_of(model));
     EXPECT_STATUS(moe_decode(ctx, tokens, NULL, N_PROMPT, 0), MOE_STATUS_OK);
     memset(&old_stats, 0xAB, sizeof old_stats);
-    old_stats.struct_size = (uint32_t)offsetof(moe_sched_stats, n_split_layers);
+    as_older_caller(&old_stats, sizeof old_stats, offsetof(moe_sched_stats, n_split_layers));
     EXPECT_STATUS(moe_context_get_stats(ctx, &old_stats), MOE_STATUS_OK);
     EXPECT(old_stats.n_ubatches == 1);
-    tail = (unsigned char*)&old_stats + offsetof(moe_sched_stats, n_split_layers);
-    for (i = 0; i < sizeof old_stats - offsetof(moe_sched_stats, n_split_layers); ++i) untouched &= tail[i] == 0xAB;
-    EXPECT(untouched);
+    EXPECT(older_caller_tail_untouched(&old_stats, sizeof old_stats, offsetof(moe_sched_stats, n_split_layers)));
     /* A caller built before n_split_trials: the split fields it knows are written, the new tail is not. */
     memset(&old_stats, 0xAB, sizeof old_stats);
-    old_stats.struct_size = (uint32_t)offsetof(moe_sched_stats, n_split_trials);
+    as_older_caller(&old_stats, sizeof old_stats, offsetof(moe_sched_stats, n_split_trials));
     EXPECT_STATUS(moe_context_get_stats(ctx, &old_stats), MOE_STATUS_OK);
     EXPECT(old_stats.n_ubatches == 1);
     EXPECT(old_stats.n_split_layers != 0xABABABABABABABABull && old_stats.n_split_host_experts != 0xABABABABABABABABull);
-    tail = (unsigned char*)&old_stats + offsetof(moe_sched_stats, n_split_trials);
-    untouched = 1;
-    for (i = 0; i < sizeof old_stats - offsetof(moe_sched_stats, n_split_trials); ++i) untouched &= tail[i] == 0xAB;
-    EXPECT(untouched);
+    EXPECT(older_caller_tail_untouched(&old_stats, sizeof old_stats, offsetof(moe_sched_stats, n_split_trials)));
     moe_context_free(ctx);
 }
 

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "c_check.h"
+#include "c_older_caller.h"
 #include "moeinfer/moeinfer.h"
 
 #define N_PROMPT 9
@@ -83,9 +84,7 @@ int main(void) {
 
     /* A caller built before the fields: garbage past its struct_size is never read. */
     base_params(&p);
-    p.n_devices = -5;
-    p.split_mode = 77;
-    p.struct_size = (uint32_t)offsetof(moe_context_params, devices);
+    as_older_caller(&p, sizeof p, offsetof(moe_context_params, devices));
     EXPECT(moe_context_create(model, &p, &ctx) == MOE_STATUS_OK);
     moe_context_free(ctx);
     ctx = NULL;
