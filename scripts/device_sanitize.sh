@@ -6,7 +6,8 @@
 # it with a time limit (default 120 s: the sanitizers slow kernels 10-100x, and a few cases loop over
 # many shapes); a case that hits the limit is reported as such, not as clean. Per-case logs go to
 # OUT_DIR/TOOL-logs.tar.gz, a summary line per case to stdout and OUT_DIR/TOOL.txt. CASES=REGEX runs
-# only the cases whose names match; JOBS=N runs N cases at once.
+# only the cases whose names match; JOBS=N runs N cases at once; DONE=FILE skips the cases a summary of an
+# earlier run lists (to go on after a run cut by the device's time limit).
 set -uo pipefail
 carry=$1; out=$2; tool=$3; limit=${4:-120}; tags=${5:-[gpu]}
 export LD_LIBRARY_PATH="$carry/lib:${LD_LIBRARY_PATH:-}"
@@ -21,7 +22,8 @@ case "$tool" in
   racecheck) extra=(--racecheck-report all) ;;
 esac
 mapfile -t cases < <("$carry/moeinfer_tests" "$tags" --list-test-names-only 2>/dev/null | sed '/^$/d' | grep -v 'perf' |
-                     grep -E "${CASES:-.}")
+                     grep -E "${CASES:-.}" | { if [ -n "${DONE:-}" ] && [ -f "$DONE" ]; then
+                       grep -vxF -f <(sed -nE 's/^(clean|TIMEOUT|ERRORS\([^)]*\)) +[0-9]+s  //p' "$DONE"); else cat; fi; })
 run_case() {  # index name
   local i=$1 name=$2 log="$out/$tool/case$1.log" t0 rc dt errors state filter
   t0=$(date +%s)
