@@ -15,6 +15,7 @@ import moeinfer
 from conftest import model_seed
 from reference import load as load_reference
 from test_forward_reference import (EXACT_REF_TOL, UBATCH_TOL, Weights, check_close, per_token_error, prompt)
+from test_sched_emulated import assert_logits_close, check_placement_figures, emulated
 
 # --- the CPU forward pass against the float64 reference -----------------------------------------------------------
 
@@ -61,19 +62,11 @@ def check_ubatch_splits_and_token_by_token_agree(model: moeinfer.Model, rng) -> 
 
 # --- the hybrid scheduler on the emulated device ------------------------------------------------------------------
 
-REL_TOL = 1e-4  # |emulated - cpu| per token, relative to max |cpu|: only op placement differs
-
-
 def write_sched_model(tmp_path_factory, arch: str, preset: str, name: str, **kw) -> moeinfer.Model:
     seed = model_seed()
     path = tmp_path_factory.mktemp("sched") / f"{name}.gguf"
     moeinfer.synth_write(str(path), arch, preset=preset, seed=seed, **kw)
     return moeinfer.Model(str(path))
-
-
-def emulated(model, policy=None, **kw) -> moeinfer.Context:
-    kw.setdefault("n_ctx", 128)
-    return moeinfer.Context(model, device="emulated", policy=policy, **kw)
 
 
 def layer_of(name: str) -> int:
@@ -101,12 +94,6 @@ def expert_bytes(model) -> int:
         // model.info.n_expert
 
 
-def assert_logits_close(got: np.ndarray, ref: np.ndarray) -> None:
-    assert got.shape == ref.shape and np.all(np.isfinite(got))
-    err = np.max(np.abs(got - ref), axis=1) / np.max(np.abs(ref), axis=1)
-    assert np.all(err <= REL_TOL), f"worst token: {err.max():.3g} relative (bound {REL_TOL})"
-
-
 def check_exps_rule_placement(model) -> dict:
     """exps=CPU catches exactly the routed experts (ffn_{up,gate,down}_exps): the shared experts, the dense layers'
     FFN and the router's selection bias stay on the device with the other dense weights, and the tensors of
@@ -114,7 +101,6 @@ def check_exps_rule_placement(model) -> dict:
     ctx = emulated(model, tensor_overrides="exps=CPU")
     n_layer, n_moe, n_dense = model.info.n_layer, len(moe_layers(model)), n_dense_layers(model)
     seen = {"shexp": 0, "dense": 0, "bias": 0, "routed": 0, "unused": 0}
-    host = 0
     for t in model.tensors:
         if layer_of(t.name) >= n_layer:
             with pytest.raises(KeyError, match=t.name.replace(".", r"\.")):
@@ -124,7 +110,6 @@ def check_exps_rule_placement(model) -> dict:
         routed = is_routed_expert(t.name)
         assert ctx.tensor_location(t.name)[0] == ("host" if routed else "device"), t.name
         seen["routed"] += routed
-        host += t.n_bytes if routed else 0
         seen["shexp"] += "_shexp." in t.name
         seen["dense"] += t.name.endswith(("ffn_up.weight", "ffn_gate.weight", "ffn_down.weight"))
         seen["bias"] += "exp_probs_b" in t.name
@@ -133,7 +118,8 @@ def check_exps_rule_placement(model) -> dict:
     assert seen["routed"] == seen["shexp"] == 3 * n_moe
     assert seen["dense"] == 3 * n_dense and seen["bias"] in (0, n_moe)
     # The model's expert bytes are those of the layers run.
-    assert host == model.info.n_expert_bytes
+    assert check_placement_figures(ctx, [t for t in model.tensors if layer_of(t.name) < n_layer]) == \
+        model.info.n_expert_bytes
     return seen
 
 

@@ -112,6 +112,26 @@ def assert_logits_close(got: np.ndarray, ref: np.ndarray) -> None:
     assert np.all(err <= REL_TOL), f"worst token: {err.max():.3g} relative (bound {REL_TOL})"
 
 
+def check_placement_figures(ctx: moeinfer.Context, tensors) -> int:
+    """The context's placement figures (weights_host_bytes, weights_device_bytes) against the bytes of `tensors`
+    where ctx placed them: each tensor's allocation is padded to the buffer alignment (less than PAD more), and a
+    tensor duplicated on the device (an expert bias under bias_dup) counts on both sides. Returns the bytes in
+    host RAM."""
+    host = device = n_host = n_device = 0
+    for t in tensors:
+        where, duplicated = ctx.tensor_location(t.name)
+        if where == "host":
+            host += t.n_bytes
+            n_host += 1
+        if where == "device" or duplicated:
+            device += t.n_bytes
+            n_device += 1
+    s = ctx.stats()
+    assert 0 <= s["weights_host_bytes"] - host < PAD * n_host
+    assert 0 <= s["weights_device_bytes"] - device < PAD * n_device
+    return host
+
+
 # ---------------------------------------------------------------------------------------------
 # placement
 # ---------------------------------------------------------------------------------------------
@@ -120,26 +140,15 @@ def assert_logits_close(got: np.ndarray, ref: np.ndarray) -> None:
 def test_experts_on_host_with_override(model, bias_dup):
     ctx = emulated(model, moeinfer.Policy(bias_dup=bias_dup), tensor_overrides="exps=CPU")
     assert ctx.device == "emulated"
-    host = device = 0
-    n_host = n_device = 0
     for t in model.tensors:
         where, duplicated = ctx.tensor_location(t.name)
         if is_expert_tensor(t.name):
             assert where == "host", t.name
             # Expert biases are kept on both sides when bias_dup is on; weights never are.
             assert duplicated == (bias_dup and t.name.endswith(".bias")), t.name
-            host += t.n_bytes
-            n_host += 1
         else:
             assert (where, duplicated) == ("device", False), t.name
-        if where == "device" or duplicated:
-            device += t.n_bytes
-            n_device += 1
-    assert host == model.info.n_expert_bytes
-    # The placement figures count each tensor's allocation, padded to the buffer alignment.
-    s = ctx.stats()
-    assert 0 <= s["weights_host_bytes"] - host < PAD * n_host
-    assert 0 <= s["weights_device_bytes"] - device < PAD * n_device
+    assert check_placement_figures(ctx, model.tensors) == model.info.n_expert_bytes
     with pytest.raises(KeyError, match="no_such.weight"):
         ctx.tensor_location("no_such.weight")
 
