@@ -154,40 +154,6 @@ inline __m512 u8_to_ps(__m128i v, int offset) {
     return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(v), _mm512_set1_epi32(offset)));
 }
 
-// Q6_K: element 128 h + 64 a + m (m < 64) has its low nibble in half a of ql[64 h + m] and its top two
-// bits at 2 (2 a + m / 32) of qh[32 h + m % 32]; x = (d sc) (q - 32), both products rounded as in
-// to_float.
-void decode_q6_k(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
-    const __m128i nib = _mm_set1_epi8(0x0F);
-    const __m128i two = _mm_set1_epi8(0x03);
-    for (int r = 0; r < n_rows; ++r) {
-        const uint8_t* p = w + r * ws + (k0 / kQK_K) * sizeof(BlockQ6_K);
-        uint16_t* d = dst + r * kChunk;
-        for (int64_t sb = 0; sb < kc / kQK_K; ++sb, p += sizeof(BlockQ6_K), d += kQK_K) {
-            for (size_t line = 0; line < sizeof(BlockQ6_K); line += 64) {
-                prefetch_next_chunk(p + line, kChunk / kQK_K * sizeof(BlockQ6_K));
-            }
-            const auto* b = reinterpret_cast<const BlockQ6_K*>(p);
-            const float dd = fp16_at(p + offsetof(BlockQ6_K, d));
-            for (int h = 0; h < 2; ++h) {
-                for (int a = 0; a < 2; ++a) {
-                    __m512 v[4];
-                    for (int j = 0; j < 4; ++j) {  // m = 16 j ..
-                        const __m128i lo = _mm_and_si128(_mm_srli_epi16(loadu128(b->ql + 64 * h + 16 * j), 4 * a), nib);
-                        const __m128i hi = _mm_and_si128(
-                            _mm_srli_epi16(loadu128(b->qh + 32 * h + 16 * (j % 2)), 2 * (2 * a + j / 2)), two);
-                        const int e0 = 128 * h + 64 * a + 16 * j;
-                        const __m512 dl = _mm512_set1_ps(dd * static_cast<float>(b->scales[e0 / 16]));
-                        v[j] = _mm512_mul_ps(dl, u8_to_ps(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), 32));
-                    }
-                    store_bf16(d + 128 * h + 64 * a, v[0], v[1]);
-                    store_bf16(d + 128 * h + 64 * a + 32, v[2], v[3]);
-                }
-            }
-        }
-    }
-}
-
 // The kinds decoded group by group: group(block, g, lo, hi) sets elements 32 g .. 32 g + 31 of a block
 // of B (kGroups groups of 32). The next chunk's bytes are prefetched once per cache line.
 template <class B, int kGroups, class Group>
@@ -204,6 +170,9 @@ inline void decode_groups(const uint8_t* w, size_t ws, int n_rows, int64_t k0, i
                 prefetch_next_chunk(row + line, kChunkBytes);
             }
             const auto& blk = *reinterpret_cast<const B*>(row + at);
+            // Unrolled, so that each group's byte offsets and shifts are constants: GCC keeps the loop
+            // otherwise, and the super-block decoders (Q2_K .. Q6_K) are then markedly slower.
+#pragma GCC unroll 8
             for (int g = 0; g < kGroups; ++g) {
                 __m512 lo, hi;
                 group(blk, g, lo, hi);
@@ -345,6 +314,25 @@ void decode_q5_k(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc
             const __m128i nib = byte_bits(loadu128(q + 16 * h), 4 * (g % 2), 4);
             const __m128i hb = byte_bits(loadu128(b.qh + 16 * h), g, 1);
             *out[h] = _mm512_sub_ps(_mm512_mul_ps(dl, u8_to_ps(_mm_or_si128(nib, _mm_slli_epi16(hb, 4)), 0)), ml);
+        }
+    });
+}
+
+// Q6_K: element 128 h + 64 a + m (m < 64) has its low nibble in half a of ql[64 h + m] and its top two
+// bits at 2 (2 a + m / 32) of qh[32 h + m % 32] (kq::q6_k_value); group g = 4 h + 2 a + m / 32 therefore
+// takes half a = g / 2 % 2 of ql[64 h + 32 (g % 2) ..] and bits 2 (g % 4) of qh[32 h ..], h = g / 4, with
+// a scale per 16 values. x = (d sc) (q - 32), both products rounded as in to_float.
+void decode_q6_k(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
+    decode_groups<BlockQ6_K, 8>(w, ws, n_rows, k0, kc, dst, [](const BlockQ6_K& b, int g, __m512& lo, __m512& hi) {
+        const float d = _cvtsh_ss(b.d);
+        const uint8_t* ql = b.ql + 64 * (g / 4) + 32 * (g % 2);
+        const uint8_t* qh = b.qh + 32 * (g / 4);
+        __m512* out[2] = {&lo, &hi};
+        for (int i = 0; i < 2; ++i) {  // values 16 i .. 16 i + 15 of the group
+            const __m128i low = byte_bits(loadu128(ql + 16 * i), 4 * (g / 2 % 2), 4);
+            const __m128i top = byte_bits(loadu128(qh + 16 * i), 2 * (g % 4), 2);
+            const __m512 dl = _mm512_set1_ps(d * static_cast<float>(b.scales[2 * g + i]));
+            *out[i] = _mm512_mul_ps(dl, u8_to_ps(_mm_or_si128(low, _mm_slli_epi16(top, 4)), 32));
         }
     });
 }
