@@ -1,15 +1,14 @@
 /* C99 test of the context API: creating contexts on tiny synthetic models, decoding, logits, the KV
  * cache, profiling and every error path, as a C user sees them. (The logits' values are checked against
  * a float64 reference in tests/python/test_forward_reference.py; here the contract is.) */
-#include <inttypes.h>
 #include <math.h> /* isfinite (a macro) */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "c_older_caller.h"
+#include "c_random.h"
 #include "moeinfer/moeinfer.h"
 
 static int g_failures = 0;
@@ -46,17 +45,6 @@ static int g_failures = 0;
     } while (0)
 
 #define N_PROMPT 12
-
-static uint64_t g_rng;
-
-/* Fresh random token ids in [0, n_vocab) (a 64-bit LCG; the seed is printed for replays). */
-static void random_tokens(int32_t* dst, int n, int32_t n_vocab) {
-    int i;
-    for (i = 0; i < n; ++i) {
-        g_rng = g_rng * 6364136223846793005ULL + 1442695040888963407ULL;
-        dst[i] = (int32_t)((g_rng >> 33) % (uint64_t)n_vocab);
-    }
-}
 
 static const char* tmp_path(const char* name) {
     static char buf[1024];
@@ -580,9 +568,7 @@ static void test_older_struct_sizes(moe_model* model) {
 int main(void) {
     static const char* const archs[] = {"qwen3moe", "gpt-oss"};
     size_t a;
-    g_rng = (uint64_t)time(NULL);
-    if (getenv("MOEINFER_TEST_SEED") != NULL) g_rng = (uint64_t)strtoull(getenv("MOEINFER_TEST_SEED"), NULL, 10);
-    printf("test_c_context: MOEINFER_TEST_SEED=%" PRIu64 "\n", g_rng);
+    seed_random("test_c_context");
 
     for (a = 0; a < sizeof archs / sizeof archs[0]; ++a) {
         moe_model* model = tiny_model(archs[a]);

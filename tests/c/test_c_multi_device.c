@@ -1,29 +1,18 @@
 /* C99: the several-devices fields of moe_context_params (devices, split_mode, tensor_split, main_gpu,
  * vram_budgets) from C: defaults, a caller built before them (struct_size), every bad value named,
  * and a 2-device emulated context whose logits equal the one-device context's bit for bit. */
-#include <inttypes.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "c_check.h"
 #include "c_older_caller.h"
+#include "c_random.h"
 #include "moeinfer/moeinfer.h"
 
 #define N_PROMPT 9
-
-static uint64_t g_rng;
-
-static void random_tokens(int32_t* dst, int n, int32_t n_vocab) {
-    int i;
-    for (i = 0; i < n; ++i) {
-        g_rng = g_rng * 6364136223846793005ULL + 1442695040888963407ULL;
-        dst[i] = (int32_t)((g_rng >> 33) % (uint64_t)n_vocab);
-    }
-}
 
 static void base_params(moe_context_params* p) {
     moe_context_params_init(p);
@@ -63,9 +52,7 @@ int main(void) {
     int32_t tokens[N_PROMPT];
     float *one_dev, *two_dev;
 
-    g_rng = (uint64_t)time(NULL);
-    if (getenv("MOEINFER_TEST_SEED") != NULL) g_rng = (uint64_t)strtoull(getenv("MOEINFER_TEST_SEED"), NULL, 10);
-    printf("test_c_multi_device: MOEINFER_TEST_SEED=%" PRIu64 "\n", g_rng);
+    seed_random("test_c_multi_device");
     snprintf(path, sizeof path, "%s/c_multi_device.gguf", MOE_TEST_TMP_DIR);
     EXPECT(moe_synth_params_init(&sp, "qwen3moe") == MOE_STATUS_OK);
     sp.preset = "tiny";
