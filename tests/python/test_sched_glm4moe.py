@@ -25,6 +25,7 @@ import moeinfer
 from shared_expert_checks import (assert_logits_close, check_active_only_uploads, check_expert_split,
                                   check_exps_rule_placement, check_logits_match_cpu, emulated, layer_of, moe_layers,
                                   write_sched_model)
+from test_sched_emulated import check_expert_split_auto_and_off
 
 
 @pytest.fixture(scope="module")
@@ -84,19 +85,5 @@ def test_expert_split_matches_cpu_and_uploads_only_the_device_experts(model, rng
 
 
 def test_expert_split_auto_and_off(model, rng):
-    """Automatic splits (whatever count the measured costs pick) still add up to the CPU path, and split only
-    MoE layers; 0 never splits."""
-    cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=8)
-    auto = emulated(model, moeinfer.Policy(expert_split=-1).parse_offload("all=3"), n_ubatch=8,
-                    tensor_overrides="exps=CPU")
-    off = emulated(model, moeinfer.Policy(expert_split=0).parse_offload("all=3"), n_ubatch=8,
-                   tensor_overrides="exps=CPU")
-    for n in (8, 8, 5):
-        tokens = rng.integers(0, model.info.n_vocab, size=n, dtype=np.int32)
-        want = cpu.decode(tokens, logits_all=True)
-        assert_logits_close(auto.decode(tokens, logits_all=True), want)
-        assert_logits_close(off.decode(tokens, logits_all=True), want)
-    s = auto.stats()
-    assert s["n_split_layers"] % len(moe_layers(model)) == 0
-    assert s["n_split_layers"] <= s["n_split_host_experts"] <= s["n_split_layers"] * (model.info.n_expert - 1)
-    assert off.stats()["n_split_layers"] == 0
+    """Only MoE layers split (the leading dense layer has no experts)."""
+    check_expert_split_auto_and_off(model, rng, len(moe_layers(model)))
