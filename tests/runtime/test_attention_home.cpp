@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/api_context.h"
 #include "common/logits_check.h"
 #include "common/tiny_model.h"
 #include "moeinfer/moeinfer.h"
@@ -54,21 +55,16 @@ public:
     }
 };
 
-struct Context {
-    moe_context* ctx = nullptr;
-    Context(moe_model* m, int32_t device) {
+struct Context : moe::test::ApiContext {
+    Context(moe_model* m, int32_t device) : ApiContext(m, params(device)) {}
+    static moe_context_params params(int32_t device) {
         moe_context_params p;
         moe_context_params_init(&p);
         p.n_ctx = 64;
         p.n_threads = 2;
         p.device = device;
-        const moe_status s = moe_context_create(m, &p, &ctx);
-        INFO(moe_last_error());
-        REQUIRE(s == MOE_STATUS_OK);
+        return p;
     }
-    ~Context() { moe_context_free(ctx); }
-    Context(const Context&) = delete;
-    Context& operator=(const Context&) = delete;
 };
 
 }  // namespace
@@ -155,9 +151,7 @@ TEST_CASE("cuda contexts on a head size without cuda attention kernels run the a
         }
         INFO(off << " of " << rows << " rows outside the bound");
         CHECK(off * 10 <= rows);
-        moe_sched_stats st;
-        st.struct_size = sizeof st;
-        REQUIRE(moe_context_get_stats(gpu.ctx, &st) == MOE_STATUS_OK);
+        const moe_sched_stats st = gpu.stats();
         CHECK(st.n_ops_host > 0);    // the attention
         CHECK(st.n_ops_device > 0);  // everything else
     }

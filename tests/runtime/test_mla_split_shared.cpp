@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/gguf_edit.h"
+#include "common/logits_check.h"
 #include "common/tiny_model.h"
 #include "core/types.h"
 #include "moeinfer/moeinfer.h"
@@ -86,14 +87,6 @@ moe_status make_context(moe_model* model, int32_t device, const char* overrides,
     return s;
 }
 
-std::vector<float> decode(moe_context* ctx, const std::vector<int32_t>& tokens) {
-    REQUIRE(moe_decode(ctx, tokens.data(), nullptr, static_cast<int32_t>(tokens.size()), 1) == MOE_STATUS_OK);
-    const float* logits = nullptr;
-    int32_t rows = 0, n_vocab = 0;
-    REQUIRE(moe_get_logits(ctx, &logits, &rows, &n_vocab) == MOE_STATUS_OK);
-    return std::vector<float>(logits, logits + static_cast<size_t>(rows) * static_cast<size_t>(n_vocab));
-}
-
 }  // namespace
 
 TEST_CASE("the joint attn_kv_b split is made once per model and shared by its contexts", "[runtime][mla]") {
@@ -142,16 +135,16 @@ TEST_CASE("the joint attn_kv_b split is made once per model and shared by its co
     std::mt19937 rng(static_cast<uint32_t>(seed));
     std::vector<int32_t> tokens(11);
     for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(hp.n_vocab));
-    const std::vector<float> first = decode(ctx[0], tokens);
+    const std::vector<float> first = moe::test::decode_all(ctx[0], tokens);
     moe_context_free(ctx[0]);
     moe_context* later = nullptr;  // made after a context that used the split weights is freed
     std::string later_error;
     const moe_status later_status = make_context(model, MOE_DEVICE_CPU, nullptr, &later, &later_error);
     INFO(later_error);
     REQUIRE(later_status == MOE_STATUS_OK);
-    CHECK(decode(later, tokens) == first);
+    CHECK(moe::test::decode_all(later, tokens) == first);
     // The emulated device computes with the CPU kernels: its logits agree up to float reassociation.
-    const std::vector<float> device = decode(ctx[1], tokens);
+    const std::vector<float> device = moe::test::decode_all(ctx[1], tokens);
     REQUIRE(device.size() == first.size());
     float max_abs = 0.0f, max_diff = 0.0f;
     for (size_t i = 0; i < first.size(); ++i) {
