@@ -146,11 +146,23 @@ def router_gaps(logits: np.ndarray, choice: np.ndarray, sigmoid: bool):
     return gap
 
 
-def route(model: Model, p: MlaParams, il: int, h: np.ndarray, trace: dict | None = None):
+def group_mask(groups: np.ndarray, n_group: int, n_expert: int) -> np.ndarray:
+    """[n, n_expert] True for the experts of each row's groups [n, g]."""
+    mask = np.zeros((groups.shape[0], n_group), dtype=bool)
+    np.put_along_axis(mask, groups, True, axis=-1)
+    return np.repeat(mask, n_expert // n_group, axis=-1)
+
+
+def route(model: Model, p: MlaParams, il: int, h: np.ndarray, trace: dict | None = None,
+          flip: tuple[int, str] | None = None):
     """(expert ids [n, k], weights [n, k]) of layer il for normed hidden states h [n, n_embd].
 
-    With `trace`, appends the token's routing margins: the gap between the k-th and (k+1)-th choice, and
-    between the last kept and the first dropped group (router_gaps).
+    With `trace`, appends the token's routing margins: the gap between the k-th and (k+1)-th choice
+    ('topk_margin'), between the last kept and the first dropped group ('group_margin', inf without a group
+    limit) and the smaller ('router_margin'), all by router_gaps, and the groups best first ('group_order',
+    with a group limit). `flip` (token, "topk" or "group"): that token takes the runner-up of that decision
+    instead, the (k+1)-th choice for the k-th or the first dropped group for the last kept one: what a router
+    whose arithmetic noise exceeds the decision's margin selects (tests/python/router_flips.py).
     """
     hp = model.hparams
     logits = linear(h, model.blk(il, "ffn_gate_inp.weight", (hp.n_expert, hp.n_embd)))
@@ -163,37 +175,56 @@ def route(model: Model, p: MlaParams, il: int, h: np.ndarray, trace: dict | None
         choice = scores
     n = h.shape[0]
     gap = router_gaps(logits, choice, p.sigmoid)
-    margin = np.full(n, np.inf)
+    group_margin = np.full(n, np.inf)
+    group_order = None
+    unmasked = choice
     if p.n_group_used < p.n_group:
         grouped = choice.reshape(n, p.n_group, -1)
         if p.sigmoid or SOFTMAX_GROUP_SCORE == "top2_sum":
             group_score = np.sum(-np.sort(-grouped, axis=-1)[..., :2], axis=-1)
         else:
             group_score = np.max(grouped, axis=-1)
-        kept = top_k_desc(group_score, p.n_group_used)
-        mask = np.zeros((n, p.n_group), dtype=bool)
-        np.put_along_axis(mask, kept, True, axis=-1)
-        choice = np.where(np.repeat(mask, hp.n_expert // p.n_group, axis=-1), choice, -np.inf)
+        group_order = top_k_desc(group_score, p.n_group)
+        choice = np.where(group_mask(group_order[:, :p.n_group_used], p.n_group, hp.n_expert), choice, -np.inf)
         gs = -np.sort(-group_score, axis=-1)
-        margin = np.minimum(margin, gap(gs[:, p.n_group_used - 1], gs[:, p.n_group_used]))
+        group_margin = gap(gs[:, p.n_group_used - 1], gs[:, p.n_group_used])
     ids = top_k_desc(choice, hp.n_expert_used)
     k = hp.n_expert_used
     cs = -np.sort(-choice, axis=-1)
-    margin = np.minimum(margin, gap(cs[:, k - 1], cs[:, k]))
+    topk_margin = gap(cs[:, k - 1], cs[:, k])
+    margin = np.minimum(group_margin, topk_margin)
+    if flip is not None:
+        t, decision, u = flip[0], flip[1], p.n_group_used
+        if decision == "group":
+            if group_order is None:
+                raise ValueError(f"layer {il} has no group limit to flip")
+            groups = np.concatenate([group_order[t, :u - 1], group_order[t, u:u + 1]])
+            row = np.where(group_mask(groups[None], p.n_group, hp.n_expert)[0], unmasked[t], -np.inf)
+            ids[t] = top_k_desc(row, k)
+        elif decision == "topk":
+            order = top_k_desc(choice[t], k + 1)
+            ids[t] = np.concatenate([order[:k - 1], order[k:]])
+        else:
+            raise ValueError(f"flip decision must be 'topk' or 'group', got {decision!r}")
     w = np.take_along_axis(scores, ids, axis=-1)
     if p.weights_norm:
         w = w / (np.sum(w, axis=-1, keepdims=True) + 1e-20)
     w = w * p.weights_scale
     if trace is not None:
         trace.setdefault("router_margin", []).append(margin)
+        trace.setdefault("topk_margin", []).append(topk_margin)
+        trace.setdefault("group_margin", []).append(group_margin)
+        if group_order is not None:
+            trace.setdefault("group_order", []).append(group_order)
         trace.setdefault("expert_ids", []).append(ids)
         trace.setdefault("expert_weights", []).append(w)
     return ids, w
 
 
-def moe(model: Model, p: MlaParams, il: int, h: np.ndarray, trace: dict | None = None) -> np.ndarray:
+def moe(model: Model, p: MlaParams, il: int, h: np.ndarray, trace: dict | None = None,
+        flip: tuple[int, str] | None = None) -> np.ndarray:
     hp = model.hparams
-    ids, weights = route(model, p, il, h, trace)
+    ids, weights = route(model, p, il, h, trace, flip)
     out = routed_experts(model, il, h, ids, weights)
     sh = hp.n_ff_exp * p.n_shared
     return out + swiglu(h, model.blk(il, "ffn_gate_shexp.weight", (sh, hp.n_embd)),
@@ -214,11 +245,12 @@ def kv_up_projections(model: Model, p: MlaParams, il: int) -> tuple[np.ndarray, 
 
 
 def forward(model: Model, tokens, positions=None, cache: KVCache | None = None,
-            trace: dict | None = None) -> np.ndarray:
+            trace: dict | None = None, flip: tuple[int, int, str] | None = None) -> np.ndarray:
     """Logits [n_tokens, n_vocab] (float64) for `tokens`, attending to `cache` (extended in place).
 
-    `trace`, if given, receives per MoE layer 'router_margin', 'expert_ids', 'expert_weights', and per layer
-    'layer_out'.
+    `trace`, if given, receives per MoE layer 'router_margin' (and the margins route() adds), 'expert_ids',
+    'expert_weights', and per layer 'layer_out'. `flip` (layer, token, "topk" or "group"): that token takes the
+    runner-up of that decision in that layer (route).
     """
     hp = model.hparams
     if hp.arch != ARCH:
@@ -265,7 +297,7 @@ def forward(model: Model, tokens, positions=None, cache: KVCache | None = None,
                            model.blk(il, "ffn_up.weight", (p.n_ff, hp.n_embd)),
                            model.blk(il, "ffn_down.weight", (hp.n_embd, p.n_ff)))
         else:
-            x = x + moe(model, p, il, h, trace)
+            x = x + moe(model, p, il, h, trace, flip[1:] if flip is not None and flip[0] == il else None)
         if trace is not None:
             trace.setdefault("layer_out", []).append(x.copy())
     cache.commit(pos)
