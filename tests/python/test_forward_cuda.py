@@ -6,7 +6,9 @@ Tolerances: batches of more than 8 tokens run the expert and dense products on B
 attention and norms are F32 on both sides. So the logits must agree to cosine > 0.999 and
 max |gpu - cpu| <= 3e-2 * max |cpu| per token, and the argmax almost always. A token whose top-k
 router logits nearly tie may legitimately pick another expert under that rounding (a few % of
-tokens on these tiny random models), so up to 10% of a batch's rows may miss the per-token bound.
+tokens on these tiny random models), so up to 10% of a batch's rows may miss the per-token bound;
+where the float64 reference can say which rows a near-tie moves (router_flips.py: deepseek2, whose
+tiny V3 router nearly ties on 15% of the tokens), exactly those rows are excused instead.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 
 import moeinfer
+import router_flips
 from conftest import model_seed
 
 
@@ -40,56 +43,72 @@ def model(request, tmp_path_factory):
     return moeinfer.Model(str(path))
 
 
-def _compare(gpu: np.ndarray, cpu: np.ndarray) -> None:
+def _compare(gpu: np.ndarray, cpu: np.ndarray, excused: np.ndarray | None = None) -> None:
+    """Without `excused`, up to 10% of the rows may miss the per-row bound and the argmax must agree on 90%.
+    With it (router_flips.excused_rows: the rows a router near-tie can move), every other row must meet the
+    bound, and the argmax is not checked: the bound implies it wherever the CPU's top two logits are more than
+    twice the bound apart, and where they are not it is a coin toss."""
     assert gpu.shape == cpu.shape
     assert np.all(np.isfinite(gpu))
-    off = 0
-    for g, c in zip(gpu, cpu):
-        cos = float(np.dot(g, c) / (np.linalg.norm(g) * np.linalg.norm(c)))
-        if not (cos > 0.999 and np.max(np.abs(g - c)) <= 3e-2 * np.max(np.abs(c))):
-            off += 1
-    assert off * 10 <= len(cpu), f"{off} of {len(cpu)} rows outside the bound"
+    rel, cos = router_flips.row_shift(gpu, cpu)
+    off = ~((cos > router_flips.ROW_COS) & (rel <= router_flips.ROW_REL))
+    if excused is not None:
+        rows = [f"{i}: rel {rel[i]:.2e} cos {cos[i]:.6f}{' (excused)' if excused[i] else ''}" for i in range(len(cpu))]
+        assert not np.any(off & ~excused), "rows outside the bound with stable routing; " + ", ".join(rows)
+        return
+    assert off.sum() * 10 <= len(cpu), f"{off.sum()} of {len(cpu)} rows outside the bound"
     agree = np.mean(np.argmax(gpu, axis=1) == np.argmax(cpu, axis=1))
     assert agree >= 0.9, agree
 
 
+def _excused(flips, batches: list[np.ndarray]) -> list[np.ndarray | None]:
+    """Per batch, the rows a router near-tie can move (None for each without `flips`, a router_flips.Forward of
+    the model); at least a third of the rows of a sequence of 20 or more are checked (excused: 16% on average,
+    46% at most, over 600 deepseek2 "tiny" models)."""
+    if flips is None:
+        return [None] * len(batches)
+    excused, margins = router_flips.excused_rows(flips, np.concatenate(batches))
+    print(f"router margins {np.round(margins, 4)}; excused rows {np.nonzero(excused)[0]}")
+    assert len(excused) < 20 or excused.mean() <= 2 / 3, f"{excused.sum()} of {len(excused)} rows excused"
+    return np.split(excused, np.cumsum([len(b) for b in batches])[:-1])
+
+
 # --- the comparisons every architecture's GPU tests run (test_forward_cuda_*.py too) ----------------------------
 
-def compare_prompt(model, rng, n_prompt: int):
+def compare_prompt(model, rng, n_prompt: int, flips=None):
     """A prompt of n_prompt random tokens (ubatches of 32), all logits, on the GPU and the CPU; returns the GPU
-    context."""
+    context. `flips`: the model's router_flips.Forward, to check every row a router near-tie cannot move."""
     tokens = rng.integers(0, model.info.n_vocab, size=n_prompt, dtype=np.int32)
     gpu = _cuda_context(model, n_ctx=128, n_ubatch=32)
     cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=32)
-    _compare(gpu.decode(tokens, logits_all=True), cpu.decode(tokens, logits_all=True))
+    [excused] = _excused(flips, [tokens])
+    _compare(gpu.decode(tokens, logits_all=True), cpu.decode(tokens, logits_all=True), excused)
     return gpu
 
 
-def compare_generation(model, rng, n_steps: int = 12):
+def compare_generation(model, rng, n_steps: int = 12, flips=None):
     """A 24-token prompt, then n_steps tokens one at a time at growing depth (KV cache on the GPU); returns the
-    GPU context."""
+    GPU context. `flips` as compare_prompt's."""
     gpu = _cuda_context(model, n_ctx=128)
     cpu = moeinfer.Context(model, device="cpu", n_ctx=128)
-    prompt = rng.integers(0, model.info.n_vocab, size=24, dtype=np.int32)
-    _compare(gpu.decode(prompt), cpu.decode(prompt))
-    for _ in range(n_steps):
-        tok = rng.integers(0, model.info.n_vocab, size=1, dtype=np.int32)
-        _compare(gpu.decode(tok), cpu.decode(tok))
+    batches = [rng.integers(0, model.info.n_vocab, size=n, dtype=np.int32) for n in [24] + [1] * n_steps]
+    for tokens, excused in zip(batches, _excused(flips, batches)):
+        _compare(gpu.decode(tokens), cpu.decode(tokens), None if excused is None else excused[-1:])
     assert gpu.n_past == cpu.n_past == 24 + n_steps
     return gpu
 
 
-def compare_hybrid(model, rng, expert_copy: str, expert_split: int):
+def compare_hybrid(model, rng, expert_copy: str, expert_split: int, flips=None):
     """The hybrid path: routed experts in host RAM (exps=CPU), offloaded per ubatch from 3 tokens as whole tensors
     (full) or as the selected experts' slices (active), with or without the expert split (part of the experts
     computed on the host). Batches of 20 (tensor cores), 6 (GEMV) and single tokens kept on the host, all logits
-    against the CPU; something must have been offloaded. Returns the GPU context."""
+    against the CPU; something must have been offloaded. Returns the GPU context. `flips` as compare_prompt's."""
     policy = moeinfer.Policy(expert_copy=expert_copy, expert_split=expert_split).parse_offload("all=3")
     gpu = _cuda_context(model, n_ctx=128, n_ubatch=32, tensor_overrides="exps=CPU", policy=policy)
     cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=32)
-    for n in (20, 6, 1, 1):
-        tokens = rng.integers(0, model.info.n_vocab, size=n, dtype=np.int32)
-        _compare(gpu.decode(tokens, logits_all=True), cpu.decode(tokens, logits_all=True))
+    batches = [rng.integers(0, model.info.n_vocab, size=n, dtype=np.int32) for n in (20, 6, 1, 1)]
+    for tokens, excused in zip(batches, _excused(flips, batches)):
+        _compare(gpu.decode(tokens, logits_all=True), cpu.decode(tokens, logits_all=True), excused)
     s = gpu.stats()
     assert sum(s["n_offloaded"].values()) > 0, s["n_offloaded"]
     return gpu

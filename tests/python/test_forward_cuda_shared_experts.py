@@ -9,7 +9,10 @@ Both are MoE architectures with a leading dense layer and shared experts next to
   ROPE, ATTENTION over the latent cache) and GROUP_MASK run on the GPU.
 The sigmoid routers run as one fused launch on the GPU (ops_sigmoid_router.cu) where the batch allows.
 Bounds and the reasons for them are test_forward_cuda.py's (_compare: cosine > 0.999 and max |gpu - cpu| <=
-3e-2 * max |cpu| per token on 90% of the rows, argmax on 90%).
+3e-2 * max |cpu| per token on 90% of the rows, argmax on 90%); for deepseek2 on every row but those a router
+near-tie can move, which the float64 reference names (router_flips.py: 15% of the tiny V3 router's tokens have
+a margin below 1e-2, and 10% of a batch of 6 or of one token excused no row: the hybrid failures of
+2026-11-27).
 
 Skipped with "skipped: no CUDA device" where the build has no CUDA or the machine no GPU.
 """
@@ -20,6 +23,7 @@ import numpy as np
 import pytest
 
 import moeinfer
+import router_flips
 from conftest import model_seed
 from test_forward_cuda import compare_generation, compare_hybrid, compare_prompt
 
@@ -29,12 +33,24 @@ MODELS = [("glm4moe", "tiny", "q8_0", "q8_0", {"head_dim": 64}), ("glm4moe", "ti
 
 
 @pytest.fixture(scope="module", params=MODELS, ids=lambda p: "-".join(p[:4]))
-def model(request, tmp_path_factory):
+def model_file(request, tmp_path_factory):
     arch, preset, expert_type, dense_type, extra = request.param
     path = tmp_path_factory.mktemp("cuda") / f"{arch}-{preset}-{expert_type}.gguf"
     moeinfer.synth_write(str(path), arch, preset=preset, expert_type=expert_type, dense_type=dense_type,
                          seed=model_seed(), **extra)
-    return moeinfer.Model(str(path))
+    return arch, path
+
+
+@pytest.fixture(scope="module")
+def model(model_file):
+    return moeinfer.Model(str(model_file[1]))
+
+
+@pytest.fixture(scope="module")
+def flips(model_file):
+    """The model's router_flips.Forward (deepseek2), or None (glm4moe: _compare's 10% of the rows)."""
+    arch, path = model_file
+    return router_flips.deepseek2_forward(path) if arch == "deepseek2" else None
 
 
 def on_device_always(model) -> list[str]:
@@ -45,23 +61,23 @@ def on_device_always(model) -> list[str]:
 
 
 @pytest.mark.parametrize("n_prompt", [1, 5, 40])
-def test_cuda_prompt_matches_cpu(model, rng, n_prompt):
-    gpu = compare_prompt(model, rng, n_prompt)
+def test_cuda_prompt_matches_cpu(model, flips, rng, n_prompt):
+    gpu = compare_prompt(model, rng, n_prompt, flips)
     for name in on_device_always(model):
         assert gpu.tensor_location(name)[0] == "device", name
 
 
-def test_cuda_generation_matches_cpu(model, rng):
-    gpu = compare_generation(model, rng)
+def test_cuda_generation_matches_cpu(model, flips, rng):
+    gpu = compare_generation(model, rng, flips=flips)
     np.testing.assert_array_equal(gpu.expert_counts()[0], 0)  # the dense layer routes nothing
 
 
 @pytest.mark.parametrize("expert_copy", ["full", "active"])
 @pytest.mark.parametrize("expert_split", [0, 2])
-def test_cuda_hybrid_matches_cpu(model, rng, expert_copy, expert_split):
+def test_cuda_hybrid_matches_cpu(model, flips, rng, expert_copy, expert_split):
     """exps=CPU: the routed experts in host RAM; the shared experts, the dense layer (and deepseek2's per-head
     matrices) stay on the GPU."""
-    gpu = compare_hybrid(model, rng, expert_copy, expert_split)
+    gpu = compare_hybrid(model, rng, expert_copy, expert_split, flips)
     assert gpu.tensor_location("blk.1.ffn_up_exps.weight")[0] == "host"
     for name in on_device_always(model):
         assert gpu.tensor_location(name)[0] == "device", name
