@@ -8,6 +8,7 @@
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_common.cuh"
+#include "cuda/device_scope.h"
 
 namespace moe::cuda {
 namespace {
@@ -58,13 +59,9 @@ StatusOr<double> time_copy(const Timer& t, void* dst, const void* src, size_t by
 }  // namespace
 
 StatusOr<LinkBandwidth> measure_link(const BandwidthOptions& o) {
-    const int n = device_count();
-    if (o.device < 0 || o.device >= n) {
-        return failed_precondition("CUDA device " + std::to_string(o.device) + " is not available (" +
-                                   std::to_string(n) + " device(s) found)");
-    }
+    MOE_RETURN_IF_ERROR(check_device(o.device));
     const size_t bytes = o.bytes;
-    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device));
+    MOE_CUDA_DEVICE_SCOPE(o.device);  // also while the buffers below are freed
 
     void* p = nullptr;
     cudaError_t err = cudaMalloc(&p, bytes);

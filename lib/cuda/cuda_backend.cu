@@ -12,6 +12,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_ops.cuh"
+#include "cuda/device_scope.h"
 #include "cuda/launch.cuh"
 #include "cuda/mapped_copy.cuh"
 
@@ -72,14 +73,27 @@ int device_count() {
     return n;
 }
 
-StatusOr<std::unique_ptr<Buffer>> DeviceBuffer::allocate(Backend* backend, int device, size_t size) {
-    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-    void* p = nullptr;
-    MOE_RETURN_IF_ERROR(metered_malloc(&p, size));
-    return std::unique_ptr<Buffer>(new DeviceBuffer(backend, p, size));
+Status check_device(int device) {
+    const int n = device_count();
+    if (n == 0) return failed_precondition("no CUDA device found (CUDA device " + std::to_string(device) + " asked for)");
+    if (device < 0 || device >= n) {
+        return invalid_argument("CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(n) +
+                                " device(s) found: 0.." + std::to_string(n - 1) + ")");
+    }
+    return Status::ok();
 }
 
-DeviceBuffer::~DeviceBuffer() { metered_free(data_, size_); }
+StatusOr<std::unique_ptr<Buffer>> DeviceBuffer::allocate(Backend* backend, int device, size_t size) {
+    MOE_CUDA_DEVICE_SCOPE(device);
+    void* p = nullptr;
+    MOE_RETURN_IF_ERROR(metered_malloc(&p, size));
+    return std::unique_ptr<Buffer>(new DeviceBuffer(backend, device, p, size));
+}
+
+DeviceBuffer::~DeviceBuffer() {
+    const DeviceScope scope(device_);  // cudaFree synchronises the current device: make it the buffer's
+    metered_free(data_, size_);
+}
 
 StatusOr<std::unique_ptr<Buffer>> PinnedHostBuffer::allocate(Backend* backend, size_t size) {
     void* p = nullptr;
@@ -99,13 +113,9 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device) {
 }
 
 StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device, const BackendConfig& config) {
-    const int n = device_count();
-    if (device < 0 || device >= n) {
-        return failed_precondition("CUDA device " + std::to_string(device) + " is not available (" +
-                                   std::to_string(n) + " device(s) found)");
-    }
+    MOE_RETURN_IF_ERROR(check_device(device));
     std::unique_ptr<CudaBackend> b(new CudaBackend(device));
-    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    MOE_CUDA_DEVICE_SCOPE(device);
     MOE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&b->n_sm_, cudaDevAttrMultiProcessorCount, device));
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->compute_stream_, cudaStreamNonBlocking));
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->copy_stream_, cudaStreamNonBlocking));
@@ -152,6 +162,7 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device, const Backend
 }
 
 CudaBackend::~CudaBackend() {
+    const DeviceScope scope(device_);
     // Nothing queued may outlive the memory it uses.
     if (compute_stream_) cudaStreamSynchronize(compute_stream_);
     if (copy_stream_) cudaStreamSynchronize(copy_stream_);
@@ -236,11 +247,12 @@ StatusOr<std::unique_ptr<Buffer>> CudaBackend::alloc_buffer(size_t size) {
 }
 
 StatusOr<std::unique_ptr<Buffer>> CudaBackend::alloc_pinned_host_buffer(size_t size) {
+    MOE_CUDA_DEVICE_SCOPE(device_);  // portable: every GPU of the process copies from it at the pinned rate
     return PinnedHostBuffer::allocate(this, size);
 }
 
 StatusOr<std::unique_ptr<Buffer>> CudaBackend::register_host(void* p, size_t n, bool read_only) {
-    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    MOE_CUDA_DEVICE_SCOPE(device_);
     // Mapped: copy_to_device may pull small copies from page-locked memory with a kernel that reads it
     // through its device address (mapped_copy.cu); a registration without the flag is not mapped there,
     // and the kernel's reads fault (illegal address, seen on the H100 machine).
@@ -368,7 +380,7 @@ Status CudaBackend::launch_item(size_t i) {
 }
 
 Status CudaBackend::compute(std::span<Tensor* const> nodes) {
-    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    MOE_CUDA_DEVICE_SCOPE(device_);
     kernel_nodes_.clear();
     for (Tensor* n : nodes) {
         if (n->op != Op::NONE && n->op != Op::VIEW) kernel_nodes_.push_back(n);  // views only name memory
@@ -424,7 +436,7 @@ Status CudaBackend::copy_to_device(void* dst_dev, const void* src_host, size_t n
     // On the compute stream: activations are small, and behind queued weight uploads on the copy
     // stream they would wait for those. While uploads are in flight a kernel pulls them from
     // page-locked memory, as a DMA copy would still queue behind those uploads in the copy engine.
-    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    MOE_CUDA_DEVICE_SCOPE(device_);
     bool pull = pull_copies_ == PullCopies::ALWAYS;
     if (pull_copies_ == PullCopies::WHILE_UPLOADING && n <= kPullCopyMaxBytes) {
         const cudaError_t q = cudaStreamQuery(copy_stream_);
@@ -450,6 +462,7 @@ Status CudaBackend::copy_to_device(void* dst_dev, const void* src_host, size_t n
 // the driver refuses a copy across that border (cudaErrorInvalidValue). Such a copy is split at a page
 // border until each part lies in one kind of memory.
 Status CudaBackend::copy_host_range(void* dst_dev, const void* src_host, size_t n, cudaStream_t stream) {
+    MOE_CUDA_DEVICE_SCOPE(device_);
     const cudaError_t err = cudaMemcpyAsync(dst_dev, src_host, n, cudaMemcpyHostToDevice, stream);
     if (err == cudaSuccess) return Status::ok();
     (void)cudaGetLastError();
@@ -475,7 +488,7 @@ Status CudaBackend::copy_to_host(void* dst_host, const void* src_dev, size_t n) 
     if (dst_host == nullptr || src_dev == nullptr) {
         return invalid_argument("copy_to_host: dst_host and src_dev must not be null");
     }
-    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    MOE_CUDA_DEVICE_SCOPE(device_);
     MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_host, src_dev, n, cudaMemcpyDeviceToHost, compute_stream_));
     return Status::ok();
 }
@@ -491,7 +504,7 @@ Status CudaBackend::gather_to_host(void* dst_host, std::span<const DeviceRegion>
     }
     if (total == 0) return Status::ok();
     if (dst_host == nullptr) return invalid_argument("gather_to_host: dst_host must not be null");
-    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    MOE_CUDA_DEVICE_SCOPE(device_);
     if (total > gather_size_) {
         MOE_RETURN_IF_ERROR(regrow(gather_, gather_size_, (total + 4095) & ~size_t{4095}, "gather staging"));
     }
@@ -501,15 +514,13 @@ Status CudaBackend::gather_to_host(void* dst_host, std::span<const DeviceRegion>
 }
 
 size_t CudaBackend::free_memory() const {
-    if (cudaSetDevice(device_) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
+    const DeviceScope scope(device_);
+    if (!scope.status().is_ok()) return 0;
     return cuda_meter().free_bytes(current_device_free());
 }
 
 StatusOr<uint64_t> CudaBackend::mark_compute() {
-    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    MOE_CUDA_DEVICE_SCOPE(device_);
     const uint64_t fence = next_fence_++;
     MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(fences_[fence % kFences], compute_stream_));
     return fence;
@@ -519,7 +530,7 @@ Status CudaBackend::upload(void* dst_dev, const void* src_host, size_t n, uint64
     if (n == 0) return Status::ok();
     if (dst_dev == nullptr || src_host == nullptr) return invalid_argument("upload: dst_dev and src_host must not be null");
     if (after >= next_fence_) return invalid_argument("upload: fence " + std::to_string(after) + " was never marked");
-    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    MOE_CUDA_DEVICE_SCOPE(device_);
     if (after != 0) MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, fences_[after % kFences], 0));
     // Weights at load and expert slices can lie across the border of a page-locked run of another
     // context's placement (copy_host_range).
@@ -527,7 +538,7 @@ Status CudaBackend::upload(void* dst_dev, const void* src_host, size_t n, uint64
 }
 
 Status CudaBackend::order_after_uploads() {
-    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    MOE_CUDA_DEVICE_SCOPE(device_);
     MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_mark_, copy_stream_));
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, copy_mark_, 0));
     return Status::ok();
@@ -536,7 +547,7 @@ Status CudaBackend::order_after_uploads() {
 Status CudaBackend::wait_fence(uint64_t fence) {
     if (fence == 0) return Status::ok();
     if (fence >= next_fence_) return invalid_argument("wait_fence: fence " + std::to_string(fence) + " was never marked");
-    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    MOE_CUDA_DEVICE_SCOPE(device_);
     MOE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(fences_[fence % kFences]));
     return Status::ok();
 }
@@ -546,7 +557,7 @@ Status CudaBackend::wait_fence(uint64_t fence) {
 Status CudaBackend::read_now(void* dst_host, const void* src_dev, size_t n) {
     if (n == 0) return Status::ok();
     if (dst_host == nullptr || src_dev == nullptr) return invalid_argument("read_now: dst_host and src_dev must not be null");
-    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    MOE_CUDA_DEVICE_SCOPE(device_);
     MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_host, src_dev, n, cudaMemcpyDeviceToHost, compute_stream_));
     MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(readback_done_, compute_stream_));
     MOE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(readback_done_));
@@ -554,7 +565,7 @@ Status CudaBackend::read_now(void* dst_host, const void* src_dev, size_t n) {
 }
 
 Status CudaBackend::synchronize() {
-    MOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    MOE_CUDA_DEVICE_SCOPE(device_);
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_stream_));
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_stream_));
     const unsigned int flags = *reinterpret_cast<volatile unsigned int*>(error_flags_);

@@ -14,7 +14,7 @@
 
 namespace moe::cuda {
 
-// Device memory (cudaMalloc), counted by DeviceMemoryMeter::of("cuda") (core/device_memory.h).
+// Device memory (cudaMalloc on `device`), counted by DeviceMemoryMeter::of("cuda") (core/device_memory.h).
 class DeviceBuffer final : public Buffer {
 public:
     static StatusOr<std::unique_ptr<Buffer>> allocate(Backend* backend, int device, size_t size);
@@ -24,13 +24,15 @@ public:
     bool is_host() const override { return false; }
 
 private:
-    DeviceBuffer(Backend* b, void* data, size_t size) : Buffer(b), data_(data), size_(size) {}
+    DeviceBuffer(Backend* b, int device, void* data, size_t size) : Buffer(b), device_(device), data_(data), size_(size) {}
+    int device_;
     void* data_;
     size_t size_;
 };
 
-// Page-locked host memory (cudaHostAlloc): weights that stay in RAM but may be uploaded. Pinned
-// memory roughly doubles H2D bandwidth over pageable (mmap'd) memory.
+// Page-locked host memory (cudaHostAlloc, portable: pinned for every GPU of the process, as host-resident
+// weights and staged activations serve the backends of several GPUs): weights that stay in RAM but may be
+// uploaded. Pinned memory roughly doubles H2D bandwidth over pageable (mmap'd) memory.
 class PinnedHostBuffer final : public Buffer {
 public:
     static StatusOr<std::unique_ptr<Buffer>> allocate(Backend* backend, size_t size);
@@ -65,10 +67,18 @@ private:
 // for it on the device): on by default (cuda_backend.cu, kPdlByDefault); cuda_pdl=off (MOEINFER_CUDA_PDL=0)
 // at creation, or set_pdl_enabled(false), turns it off.
 // Results are bitwise the same either way; PDL only hides the gap between kernels.
+//
+// A backend owns one GPU (device()): its streams, events, cuBLAS handle and workspace, scratch, graph
+// executables and its device's properties (SM count, PDL support) are made on that GPU, and every
+// public call makes it current for its duration (device_scope.h), restoring the caller's device, so
+// backends on several GPUs can be driven from one thread in any order. Kernel attributes (dynamic
+// shared memory above 48 KiB) are set before each launch, on the current device, so they hold on every
+// GPU. What it allocates on the host (pinned buffers, registered ranges, the error word) is portable.
 class CudaBackend final : public Backend {
 public:
     // The switches of `config` (graphs, fusion, PDL, pull copies); create(device) reads them from the
-    // environment as a context without backend_options does.
+    // environment as a context without backend_options does. `device`: the CUDA ordinal;
+    // INVALID_ARGUMENT naming it when there is no such GPU, FAILED_PRECONDITION when there is none.
     static StatusOr<std::unique_ptr<Backend>> create(int device, const BackendConfig& config);
     static StatusOr<std::unique_ptr<Backend>> create(int device);
     ~CudaBackend() override;
@@ -192,6 +202,9 @@ private:
 
 // Number of usable CUDA devices (0 when there is no driver or no GPU).
 int device_count();
+// OK when CUDA device `device` exists; INVALID_ARGUMENT naming it and the devices there are otherwise
+// (FAILED_PRECONDITION when there is none at all).
+Status check_device(int device);
 
 // Registers "cuda" in the backend registry (called by the generated backends_init.cpp).
 void register_backend();

@@ -494,6 +494,7 @@ StatusOr<std::unique_ptr<moe_context>> create_context(moe_model* model, const mo
         MOE_ASSIGN_OR_RETURN(devices, device_list(params, ctx->params.device, count));
         MOE_ASSIGN_OR_RETURN(ctx->device,
                              create_backend(name, params.n_threads, ctx->backend_config, devices.ordinals[0]));
+        ctx->device_ordinal = devices.ordinals[0];
     }
     MOE_RETURN_IF_ERROR(bind_model_weights(*ctx));
     moe_context_params during = params;  // the borrowed fields are valid during creation

@@ -22,6 +22,7 @@ struct moe_context {
 
     std::unique_ptr<moe::Backend> host;    // the CPU
     std::unique_ptr<moe::Backend> device;  // CUDA or the emulated device; nullptr for CPU contexts
+    int device_ordinal = 0;                // `device`'s ordinal in its backend (the first of the list)
     std::deque<moe::Tensor> weight_tensors;  // leaves over the weights' home copies
     std::unordered_map<std::string, moe::Tensor*> weight_by_name;
     std::unique_ptr<moe::Buffer> device_weights;  // weights placed on (or duplicated to) the device

@@ -114,7 +114,7 @@ StatusOr<DeviceList> device_list(const moe_context_params& p, int32_t device_kin
             list.ordinals.push_back(o);
         }
     } else {
-        // CUDA: GPU 0 until the CUDA backend selects its device on every call (docs/MULTI_GPU.md).
+        // No list: the backend's first device, as before contexts spanned several (docs/MULTI_GPU.md).
         list.ordinals.push_back(0);
     }
     const size_t n = list.ordinals.size();
@@ -155,14 +155,6 @@ StatusOr<DeviceList> device_list(const moe_context_params& p, int32_t device_kin
         list.ordinals = {list.ordinals[m]};
         list.budgets = {list.budgets[m]};
         list.proportions.clear();
-    }
-    if (device_kind == MOE_DEVICE_CUDA && (list.ordinals.size() > 1 || list.ordinals[0] != 0)) {
-        // The CUDA backend selects its GPU at creation only: calls from another thread, or a second
-        // backend on another GPU, would launch on the wrong one.
-        return unimplemented("CUDA contexts on GPUs other than GPU 0 (devices " + std::to_string(list.ordinals[0]) +
-                             (list.ordinals.size() > 1 ? " and more" : "") +
-                             "): the CUDA backend does not select its device per call yet; the emulated device "
-                             "plays several (MOE_DEVICE_EMULATED with devices)");
     }
     return list;
 }

@@ -153,7 +153,7 @@ StatusOr<sched::OffloadCalibration> measure_offload_calibration(moe_context& ctx
     if (std::all_of(weights.begin(), weights.end(), [](const Tensor* w) { return w == nullptr; })) return c;
     const BackendFactory* factory = find_backend_factory(ctx.device->name());
     if (factory != nullptr && factory->measure_link) {
-        MOE_ASSIGN_OR_RETURN(const LinkBandwidth link, cached_link(*factory, 0));
+        MOE_ASSIGN_OR_RETURN(const LinkBandwidth link, cached_link(*factory, ctx.device_ordinal));
         // Uploads run at the page-locked rate where the weights are locked in place (most of them, or none).
         const bool locked = 2 * ctx.weights_host_locked_bytes >= ctx.weights_host_bytes;
         c.link_gbps = locked ? link.h2d_pinned : link.h2d_pageable;

@@ -1,0 +1,398 @@
+// CUDA contexts on any GPU of the machine and over several (layer split; docs/MULTI_GPU.md).
+// CI (no GPU): the device list of a CUDA context as the runtime validates it, for machines of one and of
+// two GPUs. [gpu] (one GPU is enough): an ordinal the machine lacks is INVALID_ARGUMENT naming it, and a
+// backend makes its GPU current for its own calls only. [gpu][multi] (skipped visibly, "skipped: needs 2
+// CUDA devices", with fewer): a context on GPU 1 gives GPU 0's logits bit for bit with its memory on GPU
+// 1, and a 2-GPU layer split gives the one-GPU logits, with each layer's weights and KV cache on its GPU
+// and the bytes crossing between the GPUs as predicted.
+//
+// Bit for bit: both sides run the same kernels on the same shapes (the stage boundary changes no op's
+// shape, and the residual stream crosses in F32 unchanged) with fusion off, as the one fused launch
+// that would differ (a layer's last residual add with the next layer's RMS norm: one launch on one GPU,
+// two across a boundary) sums the norm in another order; offload calibration off, as measured
+// thresholds (one-device contexts only) would move offloaded ops. With fusion on, the tolerance of the
+// other GPU tests (common/logits_check.h: rows_off).
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/logits_check.h"
+#include "common/tiny_model.h"
+#include "moeinfer/moeinfer.h"
+#include "runtime/multi_device.h"
+#if MOEINFER_HAS_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/cuda_backend.h"
+#include "runtime/context.h"
+#include "sched/placement.h"
+#endif
+
+TEST_CASE("a CUDA context's device list: any GPU of the machine, a missing one named", "[runtime][multi_device]") {
+    moe_context_params p;
+    moe_context_params_init(&p);
+    std::vector<int32_t> devices = {1};
+    p.devices = devices.data();
+    p.n_devices = 1;
+    // GPU 1 alone, then both in either order, on a machine of two.
+    moe::StatusOr<moe::DeviceList> one = moe::device_list(p, MOE_DEVICE_CUDA, 2);
+    INFO(one.status().message());
+    REQUIRE(one.is_ok());
+    CHECK(one->ordinals == std::vector<int>{1});
+    devices = {1, 0};
+    p.devices = devices.data();
+    p.n_devices = 2;
+    moe::StatusOr<moe::DeviceList> both = moe::device_list(p, MOE_DEVICE_CUDA, 2);
+    INFO(both.status().message());
+    REQUIRE(both.is_ok());
+    CHECK(both->ordinals == std::vector<int>{1, 0});
+    // -sm none -mg 1: the second of the list.
+    devices = {0, 1};
+    p.devices = devices.data();
+    p.split_mode = MOE_SPLIT_NONE;
+    p.main_gpu = 1;
+    moe::StatusOr<moe::DeviceList> main = moe::device_list(p, MOE_DEVICE_CUDA, 2);
+    REQUIRE(main.is_ok());
+    CHECK(main->ordinals == std::vector<int>{1});
+    // The same on a machine of one: GPU 1 is named, whichever field asks for it.
+    const moe::Status missing = moe::device_list(p, MOE_DEVICE_CUDA, 1).status();
+    CHECK(missing.code() == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(missing.message().find("devices[1] = 1") != std::string::npos);
+    CHECK(missing.message().find("cuda backend has 1 device(s)") != std::string::npos);
+    p.split_mode = MOE_SPLIT_LAYER;
+    p.main_gpu = 0;
+    p.devices = nullptr;
+    p.n_devices = 0;
+    p.tensor_overrides = "blk\\.0\\.=CUDA1";
+    const moe::Status pinned = moe::device_list(p, MOE_DEVICE_CUDA, 1).status();
+    CHECK(pinned.code() == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(pinned.message().find("CUDA1") != std::string::npos);
+}
+
+#if MOEINFER_HAS_CUDA
+namespace {
+
+using Model = moe::test::TinyModel;
+
+// Whether the machine has `n` CUDA devices; prints the visible skip line when not.
+bool have_gpus(int n) {
+    const int found = moe::cuda::device_count();
+    if (found >= n) return true;
+    if (found == 0) {
+        WARN("skipped: no CUDA device");
+    } else {
+        WARN("skipped: needs " << n << " CUDA devices (" << found << " found)");
+    }
+    return false;
+}
+
+int current_device() {
+    int d = -1;
+    REQUIRE(cudaGetDevice(&d) == cudaSuccess);
+    return d;
+}
+
+// The GPU that device memory at p belongs to.
+int device_of(const void* p) {
+    cudaPointerAttributes a{};
+    REQUIRE(cudaPointerGetAttributes(&a, p) == cudaSuccess);
+    REQUIRE(a.type == cudaMemoryTypeDevice);
+    return a.device;
+}
+
+struct Setup {
+    std::vector<int32_t> devices;  // empty: one device, GPU 0
+    std::vector<float> split;
+    const char* overrides = nullptr;
+    int32_t split_mode = MOE_SPLIT_LAYER;
+    int32_t main_gpu = 0;
+    int32_t expert_copy = MOE_EXPERT_COPY_AUTO;
+    const char* offload = nullptr;
+    bool fusion = false;
+};
+
+struct Ctx {
+    moe_context* ctx = nullptr;
+    Ctx(const Model& m, const Setup& s) {
+        moe_sched_policy pol;
+        moe_sched_policy_init(&pol);
+        pol.expert_copy = s.expert_copy;
+        pol.expert_split = 0;  // the same nodes on the same sides in both contexts (no timing involved)
+        if (s.offload != nullptr) REQUIRE(moe_sched_policy_parse_offload(&pol, s.offload) == MOE_STATUS_OK);
+        moe_context_params p;
+        moe_context_params_init(&p);
+        p.n_ctx = 128;
+        p.n_ubatch = 32;
+        p.n_threads = 2;
+        p.device = MOE_DEVICE_CUDA;
+        p.tensor_overrides = s.overrides;
+        p.policy = &pol;
+        p.devices = s.devices.empty() ? nullptr : s.devices.data();
+        p.n_devices = static_cast<int32_t>(s.devices.size());
+        p.tensor_split = s.split.empty() ? nullptr : s.split.data();
+        p.n_tensor_split = static_cast<int32_t>(s.split.size());
+        p.split_mode = s.split_mode;
+        p.main_gpu = s.main_gpu;
+        p.backend_options = s.fusion ? "offload_calibration=off" : "offload_calibration=off,cuda_fusion=off";
+        const moe_status st = moe_context_create(m.get(), &p, &ctx);
+        INFO(moe_last_error());
+        REQUIRE(st == MOE_STATUS_OK);
+    }
+    ~Ctx() { moe_context_free(ctx); }
+    Ctx(const Ctx&) = delete;
+    Ctx& operator=(const Ctx&) = delete;
+    std::vector<float> decode(const std::vector<int32_t>& tokens) { return moe::test::decode_all(ctx, tokens); }
+    moe_sched_stats stats() const {
+        moe_sched_stats st;
+        st.struct_size = sizeof st;
+        REQUIRE(moe_context_get_stats(ctx, &st) == MOE_STATUS_OK);
+        return st;
+    }
+};
+
+moe::test::TinyModelOptions gpu_model(int32_t n_layer) {
+    moe::test::TinyModelOptions o;
+    o.head_dim = 64;  // the CUDA attention kernels cover 32..256
+    o.n_layer = n_layer;
+    return o;
+}
+
+// A prompt over two ubatches, decode steps, a batch on the tensor cores (17) and one on the GEMVs (5).
+std::vector<std::vector<int32_t>> token_batches(std::mt19937& rng, int32_t n_vocab) {
+    std::uniform_int_distribution<int32_t> tok(0, n_vocab - 1);
+    std::vector<std::vector<int32_t>> out;
+    for (int n : {40, 1, 1, 17, 1, 5}) {
+        std::vector<int32_t> t(static_cast<size_t>(n));
+        for (auto& x : t) x = tok(rng);
+        out.push_back(t);
+    }
+    return out;
+}
+
+}  // namespace
+#endif
+
+TEST_CASE("a CUDA device the machine lacks is INVALID_ARGUMENT naming it", "[gpu]") {
+#if !MOEINFER_HAS_CUDA
+    WARN("skipped: no CUDA device (this build has no CUDA backend)");
+#else
+    if (!have_gpus(1)) return;
+    const int n = moe::cuda::device_count();
+    const moe::Status created = moe::cuda::CudaBackend::create(n).status();
+    CHECK(created.code() == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(created.message().find("CUDA device " + std::to_string(n)) != std::string::npos);
+    std::mt19937 rng(std::random_device{}());
+    Model m("qwen3moe", "moe_cuda_missing", rng(), gpu_model(2));
+    for (const std::vector<int32_t>& devices : {std::vector<int32_t>{n}, std::vector<int32_t>{0, n}}) {
+        moe_context_params p;
+        moe_context_params_init(&p);
+        p.n_ctx = 64;
+        p.device = MOE_DEVICE_CUDA;
+        p.devices = devices.data();
+        p.n_devices = static_cast<int32_t>(devices.size());
+        moe_context* ctx = nullptr;
+        const moe_status st = moe_context_create(m.get(), &p, &ctx);
+        const std::string err = moe_last_error();
+        INFO(err);
+        CHECK(st == MOE_STATUS_INVALID_ARGUMENT);
+        CHECK(ctx == nullptr);
+        const std::string field = "devices[" + std::to_string(devices.size() - 1) + "] = " + std::to_string(n);
+        CHECK(err.find(field) != std::string::npos);
+    }
+#endif
+}
+
+TEST_CASE("a CUDA backend makes its GPU current for its own calls only", "[gpu]") {
+#if !MOEINFER_HAS_CUDA
+    WARN("skipped: no CUDA device (this build has no CUDA backend)");
+#else
+    if (!have_gpus(1)) return;
+    // The last GPU's backend driven while the caller has GPU 0 current (on one GPU both are GPU 0), from
+    // this thread and from a fresh one: its memory and copies are on its GPU, the caller's device stays.
+    const int last = moe::cuda::device_count() - 1;
+    REQUIRE(cudaSetDevice(0) == cudaSuccess);
+    auto created = moe::cuda::CudaBackend::create(last);
+    INFO(created.status().message());
+    REQUIRE(created.is_ok());
+    std::unique_ptr<moe::Backend> be = std::move(created).value();
+    CHECK(current_device() == 0);
+    auto round_trip = [&be, last](uint32_t salt) {
+        constexpr size_t kN = 2048;
+        std::vector<float> in(2 * kN), out(kN, 0.0f);
+        std::mt19937 rng(salt);
+        for (float& x : in) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+        auto buf = be->alloc_buffer(3 * kN * sizeof(float));
+        REQUIRE(buf.is_ok());
+        CHECK(device_of((*buf)->data()) == last);
+        // An ADD on the device: the kernel runs on the backend's GPU whatever the caller's current one is.
+        moe::Tensor a, b, sum;
+        const int64_t ne[1] = {static_cast<int64_t>(kN)};
+        for (moe::Tensor* t : {&a, &b, &sum}) moe::set_shape(*t, moe::Type::F32, 1, ne);
+        float* base = static_cast<float*>((*buf)->data());
+        a.data = base;
+        b.data = base + kN;
+        sum.data = base + 2 * kN;
+        sum.op = moe::Op::ADD;
+        sum.src[0] = &a;
+        sum.src[1] = &b;
+        REQUIRE(be->copy_to_device(a.data, in.data(), in.size() * sizeof(float)).is_ok());
+        moe::Tensor* nodes[] = {&sum};
+        const moe::Status computed = be->compute(nodes);
+        INFO(computed.message());
+        REQUIRE(computed.is_ok());
+        REQUIRE(be->copy_to_host(out.data(), sum.data, kN * sizeof(float)).is_ok());
+        REQUIRE(be->synchronize().is_ok());
+        for (size_t i = 0; i < kN; ++i) REQUIRE(out[i] == in[i] + in[kN + i]);  // one F32 add: exact
+        CHECK(be->free_memory() > 0);
+    };
+    round_trip(1);
+    CHECK(current_device() == 0);
+    int thread_device = -1;
+    std::thread t([&] {
+        round_trip(2);
+        (void)cudaGetDevice(&thread_device);
+    });
+    t.join();
+    CHECK(thread_device == 0);  // a fresh thread starts on GPU 0 and is left there
+    be.reset();  // the destructor too
+    CHECK(current_device() == 0);
+#endif
+}
+
+TEST_CASE("a CUDA context on GPU 1 gives GPU 0's logits bit for bit", "[gpu][multi]") {
+#if !MOEINFER_HAS_CUDA
+    WARN("skipped: needs 2 CUDA devices (this build has no CUDA backend)");
+#else
+    if (!have_gpus(2)) return;
+    std::mt19937 rng(std::random_device{}());
+    for (const char* arch : {"qwen3moe", "gpt-oss"}) {
+        Model m(arch, "moe_cuda_gpu1", rng(), gpu_model(4));
+        const auto batches = token_batches(rng, m.info().n_vocab);
+        for (const char* ot : {static_cast<const char*>(nullptr), "exps=CPU"}) {
+            INFO(arch << " -ot " << (ot ? ot : "(none)"));
+            Setup s0;
+            s0.overrides = ot;
+            s0.offload = ot != nullptr ? "all=4" : nullptr;
+            s0.fusion = true;  // one device each: the same launches on both
+            Setup s1 = s0;
+            s1.devices = {1};
+            Setup mg = s0;  // -dev CUDA0,CUDA1 -sm none -mg 1
+            mg.devices = {0, 1};
+            mg.split_mode = MOE_SPLIT_NONE;
+            mg.main_gpu = 1;
+            Ctx c0(m, s0), c1(m, s1), cm(m, mg);
+            for (const Ctx* c : {&c1, &cm}) {
+                REQUIRE(c->ctx->parts.empty());
+                CHECK(device_of(c->ctx->device_weights->data()) == 1);
+                CHECK(device_of(c->ctx->kv.k[0]->data) == 1);
+            }
+            CHECK(device_of(c0.ctx->device_weights->data()) == 0);
+            for (const auto& b : batches) {
+                const std::vector<float> want = c0.decode(b);
+                REQUIRE(moe::test::bitwise_equal(c1.decode(b), want));
+                REQUIRE(moe::test::bitwise_equal(cm.decode(b), want));
+            }
+            const moe_sched_stats a = c0.stats(), b = c1.stats();
+            CHECK(b.weights_device_bytes == a.weights_device_bytes);
+            CHECK(b.bytes_weights_full + b.bytes_weights_experts == a.bytes_weights_full + a.bytes_weights_experts);
+        }
+    }
+#endif
+}
+
+TEST_CASE("a 2-GPU layer split gives the one-GPU logits", "[gpu][multi]") {
+#if !MOEINFER_HAS_CUDA
+    WARN("skipped: needs 2 CUDA devices (this build has no CUDA backend)");
+#else
+    if (!have_gpus(2)) return;
+    std::mt19937 rng(std::random_device{}());
+    for (const char* arch : {"qwen3moe", "gpt-oss"}) {
+        Model m(arch, "moe_cuda_split", rng(), gpu_model(4));  // 1:1 and 3:1 both leave layers on each GPU
+        const int64_t n_embd = m.info().n_embd;
+        const auto batches = token_batches(rng, m.info().n_vocab);
+        struct Case {
+            std::vector<int32_t> devices;
+            std::vector<float> split;
+            const char* ot;
+            int32_t copy;
+            const char* offload;
+            bool fusion;
+        };
+        const Case cases[] = {
+            {{0, 1}, {1, 1}, nullptr, MOE_EXPERT_COPY_AUTO, nullptr, false},
+            {{0, 1}, {3, 1}, nullptr, MOE_EXPERT_COPY_AUTO, nullptr, false},
+            {{1, 0}, {1, 1}, nullptr, MOE_EXPERT_COPY_AUTO, nullptr, false},  // CUDA0 of the list is GPU 1
+            {{0, 1}, {1, 1}, "exps=CPU", MOE_EXPERT_COPY_FULL, "all=4", false},
+            {{0, 1}, {1, 1}, "exps=CPU", MOE_EXPERT_COPY_ACTIVE_ONLY, "all=4", false},
+            {{0, 1}, {3, 1}, "exps=CPU", MOE_EXPERT_COPY_ACTIVE_ONLY, nullptr, false},
+            // Layer 0 pinned to the second GPU: stages on GPUs 1, 0, 1 (two boundaries).
+            {{0, 1}, {1, 1}, "exps=CPU,blk\\.0\\.=CUDA1", MOE_EXPERT_COPY_ACTIVE_ONLY, "all=4", false},
+            {{0, 1}, {1, 1}, nullptr, MOE_EXPERT_COPY_AUTO, nullptr, true},
+            {{0, 1}, {1, 1}, "exps=CPU", MOE_EXPERT_COPY_ACTIVE_ONLY, "all=4", true},
+        };
+        for (const Case& k : cases) {
+            INFO(arch << " devices " << k.devices[0] << "," << k.devices[1] << " split " << k.split[0] << ":" << k.split[1]
+                      << " -ot " << (k.ot ? k.ot : "(none)") << " copy " << k.copy << " offload "
+                      << (k.offload ? k.offload : "(default)") << " fusion " << k.fusion);
+            const bool pinned = k.ot != nullptr && std::string(k.ot).find("CUDA1") != std::string::npos;
+            Setup one;
+            one.overrides = pinned ? "exps=CPU" : k.ot;  // the same placement on one GPU
+            one.expert_copy = k.copy;
+            one.offload = k.offload;
+            one.fusion = k.fusion;
+            Setup two = one;
+            two.overrides = k.ot;
+            two.devices = k.devices;
+            two.split = k.split;
+            Ctx a(m, one), b(m, two);
+            const moe_context& ctx = *b.ctx;
+            REQUIRE(ctx.parts.size() == 2);
+            REQUIRE(ctx.parts[0].n_layers > 0);
+            REQUIRE(ctx.parts[1].n_layers > 0);
+            // Each layer's weights in device memory and its KV cache on its GPU.
+            for (const moe::Tensor& t : ctx.weight_tensors) {
+                const int layer = moe::sched::layer_of(t.name);
+                if (!t.is_weight || layer < 0) continue;
+                const std::optional<moe::sched::WeightCopies> c = moe::weight_copies(ctx, &t);
+                REQUIRE(c);
+                if (c->device == nullptr) continue;  // in host RAM (exps=CPU)
+                INFO(t.name);
+                CHECK(device_of(c->device) == k.devices[static_cast<size_t>(ctx.layer_device[static_cast<size_t>(layer)])]);
+            }
+            for (size_t il = 0; il < ctx.layer_device.size(); ++il) {
+                CHECK(device_of(ctx.kv.k[il]->data) == k.devices[static_cast<size_t>(ctx.layer_device[il])]);
+            }
+            int64_t tokens = 0;
+            size_t off = 0, rows = 0;
+            for (const auto& batch : batches) {
+                const std::vector<float> got = b.decode(batch), want = a.decode(batch);
+                if (k.fusion) {
+                    off += moe::test::rows_off(got, want, m.info().n_vocab);
+                    rows += batch.size();
+                } else {
+                    REQUIRE(moe::test::bitwise_equal(got, want));
+                }
+                tokens += static_cast<int64_t>(batch.size());
+            }
+            INFO(off << " of " << rows << " rows outside the bound");
+            CHECK(off * 10 <= rows);
+            // Each boundary between consecutive layers on different GPUs: the residual stream
+            // [n_embd, tokens] F32 out of one and into the other.
+            int64_t boundaries = 0;
+            for (size_t il = 1; il < ctx.layer_device.size(); ++il) boundaries += ctx.layer_device[il] != ctx.layer_device[il - 1];
+            CHECK(boundaries == (pinned ? 2 : 1));
+            const moe_sched_stats sa = a.stats(), sb = b.stats();
+            CHECK(sb.bytes_between_devices == static_cast<uint64_t>(boundaries * 2 * 4 * n_embd * tokens));
+            CHECK(sa.bytes_between_devices == 0);
+            CHECK(sb.n_ubatches == sa.n_ubatches);
+            CHECK(sb.weights_device_bytes == sa.weights_device_bytes);
+            CHECK(sb.weights_host_bytes == sa.weights_host_bytes);
+            CHECK(sb.bytes_weights_full + sb.bytes_weights_experts == sa.bytes_weights_full + sa.bytes_weights_experts);
+        }
+    }
+#endif
+}
