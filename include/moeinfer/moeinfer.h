@@ -442,9 +442,10 @@ typedef struct moe_context_params {
      * DEVICE the device of the tensor's layer.
      * devices: the ordinals of the devices, n_devices entries, each at most once (the first is CUDA0 of
      * the overrides). NULL with n_devices 0: one device, ordinal 0. The emulated backend plays up to 8
-     * devices, each with its own memory (MOEINFER_EMULATED_VRAM bytes). MOE_DEVICE_CUDA on GPUs other
-     * than GPU 0, or on several, is UNIMPLEMENTED as of this version (docs/MULTI_GPU.md). Borrowed during
-     * the call. Default: NULL, 0. */
+     * devices, each with its own memory (MOEINFER_EMULATED_VRAM bytes). MOE_DEVICE_CUDA: any GPUs of the
+     * machine by CUDA ordinal (an ordinal it lacks is INVALID_ARGUMENT naming the entry); activations
+     * cross between GPUs through host memory (docs/MULTI_GPU.md). Borrowed during the call.
+     * Default: NULL, 0. */
     const int32_t* devices;
     int32_t n_devices;
     /* A moe_split_mode. Default: MOE_SPLIT_LAYER. */

@@ -293,7 +293,7 @@ inline std::vector<Option> make_options(Config& c) {
          }},
         {"-dev", "--dev", "LIST",
          "the devices to use, comma-separated: CUDAn (or EMULATEDn with --device emulated, or the ordinal n); "
-         "the first is CUDA0 of -ot and -mg", "every visible GPU (cuda), one (emulated)", sched,
+         "the first is CUDA0 of -ot and -mg", "GPU 0 (cuda), one (emulated)", sched,
          [&c](const std::string& v) -> std::optional<std::string> {
              c.devices.clear();
              size_t start = 0;

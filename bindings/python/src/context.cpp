@@ -436,8 +436,8 @@ go to the device (-1: all). vram_budget: bytes of device memory for weights (0: 
 expert tensors move to host RAM until the rest fits; a list gives one budget per device.
 policy: a moeinfer.Policy (None: defaults).
 
-Several devices (llama.cpp's -dev, -ts, -mg, -sm): devices: the device ordinals to use (None: every
-visible GPU for "cuda", 0 .. N-1 for "emulated:N"); each layer (weights, KV cache) belongs to one
+Several devices (llama.cpp's -dev, -ts, -mg, -sm): devices: the device ordinals to use (None: GPU 0
+for "cuda", 0 .. N-1 for "emulated:N"); each layer (weights, KV cache) belongs to one
 device and runs there. tensor_split: proportions of the layers per device (None: the budgets, else
 free memory). split_mode: "layer" (default), "none" (only devices[main_gpu]) or "row" (not
 implemented). In tensor_overrides, CUDAn names device n of the list.
