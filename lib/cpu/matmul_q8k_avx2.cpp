@@ -219,12 +219,22 @@ struct Avx2 {
     static constexpr int kCols = kColsMax;
     using Unpacked = avx2::Unpacked;
     using Acc = __m256;
-    using BSums = __m256i;
+    struct X {
+        const uint8_t* xq;  // the 256 int8 values, read chunk by chunk
+        __m256i bs;
+        float dx;
+    };
     static Acc zero() { return _mm256_setzero_ps(); }
-    static BSums load_bsums(const uint8_t* p) { return loadu256(p); }
+    template <class W>
+    static X load_x(const uint8_t* row, int64_t nb, int64_t b) {
+        return {row + 256 * b, loadu256(row + nb * 260 + 32 * b), reinterpret_cast<const float*>(row + nb * 256)[b]};
+    }
     static float reduce(Acc acc) { return hsum(acc); }
     template <class W>
-    static Acc block(const Unpacked& u, const uint8_t* xq, BSums bs, float dx, Acc acc) {
+    static Acc block(const Unpacked& u, const X& x, Acc acc) {
+        const uint8_t* xq = x.xq;
+        const __m256i bs = x.bs;
+        const float dx = x.dx;
         __m256i isum = _mm256_madd_epi16(u.corr, bs);
 #pragma GCC unroll 8
         for (int j = 0; j < 8; ++j) {

@@ -7,10 +7,12 @@
 //   static constexpr int kRows, kCols;            the largest micro-kernel (weight rows x tokens)
 //   using Unpacked = ...;                         one weight super-block, unpacked
 //   using Acc = ...;                              F32 accumulator of one (row, token)
-//   using BSums = ...;                            the 16 int16 bsums of one activation super-block
+//   using X = ...;                                one activation super-block as the kernels read it
 //   static Acc zero();
-//   static BSums load_bsums(const uint8_t* p);
-//   template <class W> static Acc block(const Unpacked& u, const uint8_t* xq, BSums bs, float dx, Acc acc);
+//   template <class W> static X load_x(const uint8_t* row, int64_t nb, int64_t b);
+//                                                 super-block b of a Q8K row of nb super-blocks (loaded
+//                                                 once per micro-kernel step and used for every row)
+//   template <class W> static Acc block(const Unpacked& u, const X& x, Acc acc);
 //                                                 acc + this super-block's dot times its scales
 //   static float reduce(Acc acc);
 // and a weight kind W has `kBytes` and `static void unpack(const uint8_t* p, Isa::Unpacked& u)`.
@@ -37,12 +39,8 @@ void q8k_micro(const uint8_t* w, size_t ws, intptr_t pf, const uint8_t* const* x
         for (int c = 0; c < C; ++c) acc[r][c] = Isa::zero();
     }
     for (int64_t b = 0; b < nb; ++b) {
-        typename Isa::BSums bs[C];
-        float dx[C];
-        for (int c = 0; c < C; ++c) {
-            bs[c] = Isa::load_bsums(x[c] + nb * 260 + 32 * b);
-            dx[c] = reinterpret_cast<const float*>(x[c] + nb * 256)[b];
-        }
+        typename Isa::X xb[C];
+        for (int c = 0; c < C; ++c) xb[c] = Isa::template load_x<W>(x[c], nb, b);
         for (int r = 0; r < R; ++r) {
             const uint8_t* wp = w + r * ws + b * W::kBytes;
             for (size_t line = 0; line < W::kBytes; line += 64) {
@@ -52,7 +50,7 @@ void q8k_micro(const uint8_t* w, size_t ws, intptr_t pf, const uint8_t* const* x
             }
             typename Isa::Unpacked u;
             W::unpack(wp, u);
-            for (int c = 0; c < C; ++c) acc[r][c] = Isa::template block<W>(u, x[c] + 256 * b, bs[c], dx[c], acc[r][c]);
+            for (int c = 0; c < C; ++c) acc[r][c] = Isa::template block<W>(u, xb[c], acc[r][c]);
         }
     }
     for (int r = 0; r < R; ++r) {

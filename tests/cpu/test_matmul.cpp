@@ -304,10 +304,35 @@ struct MatShape {
     int64_t k, n, m;
 };
 
-void run_mul_mat_case(Type type, MatShape s, const std::vector<Isa>& isas) {
+// Every byte of every block of a super-block type but the fp16 scales set to `fill`: the values and
+// group scales at the ends of their ranges (0xFF: Q4_K 15 with scale and min 63, Q6_K 31 with scale -1;
+// 0x80: Q6_K scales -128; 0x00: IQ4_XS -127 with scale -32), where the kernels' int16 pair products
+// and int32 group sums are largest.
+void fill_fields(Type type, std::vector<uint8_t>& bytes, uint8_t fill) {
+    const ScaleFields* f = nullptr;
+    for (const ScaleFields& sf : kScaleFields) {
+        if (sf.type == type) f = &sf;
+    }
+    REQUIRE(f != nullptr);
+    const auto size = static_cast<size_t>(moe::traits(type).block_bytes);
+    for (size_t b = 0; b + size <= bytes.size(); b += size) {
+        for (size_t i = 0; i < size; ++i) {
+            const int field = static_cast<int>(i) & ~1;
+            if (field != f->offsets[0] && field != f->offsets[1]) bytes[b + i] = fill;
+        }
+    }
+}
+
+// fill >= 0: the weights' fields all `fill` (fill_fields) and activation row 0 all ones, the others
+// +-1 at random, so that every activation quantises to +-127.
+void run_mul_mat_case(Type type, MatShape s, const std::vector<Isa>& isas, int fill = -1) {
     HostTensor w = random_weights(type, s.k, s.n);
     HostTensor x = random_acts({s.k, s.m});
-    if (s.k >= 64 && s.m >= 2) {
+    if (fill >= 0) {
+        fill_fields(type, w.bytes, static_cast<uint8_t>(fill));
+        auto* xf = reinterpret_cast<float*>(x.bytes.data());
+        for (int64_t i = 0; i < s.k * s.m; ++i) xf[i] = i < s.k || xf[i] >= 0.0f ? 1.0f : -1.0f;
+    } else if (s.k >= 64 && s.m >= 2) {
         // one all-zero activation block exercises the amax = 0 path of the quantiser
         std::fill_n(reinterpret_cast<float*>(x.bytes.data()) + s.k + 32, 32, 0.0f);
     }
@@ -472,6 +497,20 @@ TEST_CASE("matmul: MUL_MAT matches the float64 reference for every type, ISA and
     const MatShape odd[] = {{1, 5, 3}, {19, 77, 7}, {45, 5, 130}, {100, 6, 2}};
     for (Type type : {Type::F32, Type::F16, Type::BF16}) {
         for (const MatShape& s : odd) run_mul_mat_case(type, s, isas);
+    }
+}
+
+// The super-block kernels' micro-kernels take up to 4 rows x 4 tokens (AVX-512) or 4 x 2 (AVX2): every
+// corner of 1..8 tokens against row counts below, at and past a multiple of 4, over 1 and 3
+// super-blocks, and blocks with every field at the end of its range.
+TEST_CASE("matmul: the super-block kinds at 1..8 tokens, odd row counts and saturated blocks", "[matmul]") {
+    const std::vector<Isa> isas = available_isas();
+    const Type kinds[] = {Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K, Type::IQ4_XS};
+    for (Type type : kinds) {
+        for (int64_t m = 1; m <= 8; ++m) {
+            for (int64_t n : {1, 3, 4, 6, 9}) run_mul_mat_case(type, {m % 2 ? 256 : 768, n, m}, isas);
+        }
+        for (int fill : {0x00, 0x80, 0xFF, 0x55}) run_mul_mat_case(type, {512, 5, 3}, isas, fill);
     }
 }
 
