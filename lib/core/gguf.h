@@ -7,6 +7,7 @@
 // It never crashes and never reads out of bounds (fuzzed: tests/fuzz/fuzz_gguf.cpp).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -88,10 +89,15 @@ public:
     // anonymous memory holding the same bytes, at the same addresses, so readers never see a change.
     // Why: the NVIDIA driver page-locks a read-only FILE mapping pathologically slowly (an 11 GB
     // model's host-resident experts had not been locked after 5 minutes of system time on the H200
-    // machine, 2026-11-26), while anonymous memory locks at memory speed. The pages move one chunk at
-    // a time, so the process holds at most one chunk twice. Ranges already replaced are skipped;
-    // thread-safe. No-op (OK) for a file that is not mapped.
-    Status make_anonymous(uintptr_t begin, uintptr_t end);
+    // machine, 2026-11-26), while anonymous memory locks at memory speed. The bytes are read from the
+    // file (pread: no page faults on the mapping) by n_threads threads (>= 1) in pieces, and the file
+    // pages of a piece, if resident, are dropped once it is read, so the process holds at most
+    // n_threads pieces twice (a piece is 1% of the file / n_threads: whole 2 MiB from 2 MiB up, at
+    // most 16 MiB; whole pages, at least 16, below).
+    // `copied`, if set, grows by each piece's bytes as it is read (from any of the threads),
+    // so that another thread can report progress. Ranges already replaced are skipped; thread-safe
+    // (calls are serialised). No-op (OK) for a file that is not mapped.
+    Status make_anonymous(uintptr_t begin, uintptr_t end, int n_threads = 1, std::atomic<uint64_t>* copied = nullptr);
 
     const std::vector<GgufKV>& metadata() const { return kvs_; }
     const GgufValue* find(std::string_view key) const;  // nullptr when absent
@@ -111,10 +117,12 @@ public:
 private:
     GgufFile() = default;
     Status parse();
+    Status replace_range(uintptr_t begin, uintptr_t end, int n_threads, std::atomic<uint64_t>* copied);
 
     const uint8_t* base_ = nullptr;
     uint64_t size_ = 0;
     void* mapping_ = nullptr;       // mmap'd region (munmap in the destructor)
+    int fd_ = -1;                   // the mapped file, open for make_anonymous's reads (closed in the destructor)
     std::mutex anonymous_mutex_;    // guards anonymous_
     std::vector<std::pair<uintptr_t, uintptr_t>> anonymous_;  // ranges make_anonymous replaced, sorted
     std::vector<uint8_t> owned_;    // the file's bytes when not mapped

@@ -75,6 +75,9 @@ StatusOr<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path, bool
             if (p == MAP_FAILED) return io_error(path + ": mmap failed: " + errno_text(errno));
             f->mapping_ = p;
             f->base_ = static_cast<const uint8_t*>(p);
+            // Kept for make_anonymous, which reads the mapped bytes with pread.
+            f->fd_ = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+            if (f->fd_ < 0) return io_error(path + ": cannot keep the file open: " + errno_text(errno));
         } else {
             try {
                 f->owned_.resize(static_cast<size_t>(f->size_));
@@ -104,6 +107,7 @@ StatusOr<std::unique_ptr<GgufFile>> GgufFile::from_memory(const void* data, size
 
 GgufFile::~GgufFile() {
     if (mapping_ != nullptr) ::munmap(mapping_, static_cast<size_t>(size_));
+    if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace moe

@@ -344,6 +344,7 @@ Status place_weights(moe_context& ctx, const sched::Policy& policy) {
     if (!uploadable.empty()) {
         MOE_ASSIGN_OR_RETURN(ctx.host_weights,
                              HostWeights::register_ranges(*ctx.device, uploadable, *ctx.model->file,
+                                                          ctx.params.n_threads,
                                                           [&](uint64_t n) { return progress.advance(n); }));
         ctx.weights_host_locked_bytes = ctx.host_weights.locked_bytes();
     }

@@ -28,11 +28,17 @@ public:
     // Page-locks the pages under `ranges` with `device`: the ranges, widened to whole pages, are
     // merged where they touch or overlap and each run is registered once. When the bytes are `file`'s
     // mapping, each run's file pages are first replaced by anonymous memory in place
-    // (GgufFile::make_anonymous: the driver locks a file mapping far too slowly). progress(bytes)
-    // follows each run; an error from it stops and is returned. A run that cannot be replaced or that
-    // the device refuses is left pageable (first_refusal() says why).
+    // (GgufFile::make_anonymous: the driver locks a file mapping far too slowly), on
+    // convert_threads(n_threads) threads, the next run while this thread locks the one before.
+    // progress(bytes) is called on this thread only: as a run's bytes are read, and when it is locked;
+    // an error from it stops and is returned. A run that cannot be replaced or that the device refuses
+    // is left pageable (first_refusal() says why).
     static StatusOr<HostWeights> register_ranges(Backend& device, std::span<const HostRange> ranges, GgufFile& file,
-                                                 const std::function<Status(uint64_t)>& progress);
+                                                 int n_threads, const std::function<Status(uint64_t)>& progress);
+    // Threads that read the weights into anonymous memory for a context of n_threads (0 = all cores):
+    // at most 8, where reading from the page cache into fresh pages is bound by memory bandwidth rather
+    // than by cores, and which leaves cores for the page-locking that runs beside it.
+    static int convert_threads(int n_threads);
 
     // The registration holding [p, p + n), or nullptr where those bytes are pageable.
     Buffer* buffer_of(const void* p, size_t n) const;

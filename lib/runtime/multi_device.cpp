@@ -315,6 +315,7 @@ Status place_weights_multi(moe_context& ctx, const DeviceList& list, const sched
         if (!dw.uploadable.empty()) {
             MOE_ASSIGN_OR_RETURN(host_weights,
                                  HostWeights::register_ranges(be, dw.uploadable, *ctx.model->file,
+                                                              ctx.params.n_threads,
                                                               [&](uint64_t n) { return progress.advance(n); }));
             part.weights_host_locked_bytes = host_weights.locked_bytes();
         }

@@ -151,14 +151,14 @@ TEST_CASE("make_anonymous from several threads while others read the bytes", "[g
     std::atomic<int> failures{0};
     for (int k = 0; k < 4; ++k) {
         writers.emplace_back([&, k] {
-            // Overlapping runs of adjacent tensors, in a different order per thread.
+            // Overlapping runs of adjacent tensors, in a different order per thread, each call on 1 + k threads.
             for (size_t i = 0; i < w.data.size(); ++i) {
                 const size_t t = (i * 3 + static_cast<size_t>(k)) % w.data.size();
                 const size_t u = std::min(w.data.size() - 1, t + 1);
                 uintptr_t b = 0, e = 0, b2 = 0, e2 = 0;
                 moe::page_align(f.tensor_data(f.tensors()[t]), w.data[t].size(), &b, &e);
                 moe::page_align(f.tensor_data(f.tensors()[u]), w.data[u].size(), &b2, &e2);
-                if (!f.make_anonymous(b, std::max(e, e2)).is_ok()) failures.fetch_add(1);
+                if (!f.make_anonymous(b, std::max(e, e2), 1 + k).is_ok()) failures.fetch_add(1);
             }
         });
     }
@@ -171,5 +171,41 @@ TEST_CASE("make_anonymous from several threads while others read the bytes", "[g
     for (size_t t = 0; t < w.data.size(); ++t) {
         CHECK(mapping_name(reinterpret_cast<uintptr_t>(f.tensor_data(f.tensors()[t]))).empty());
     }
+    std::remove(w.path.c_str());
+}
+
+TEST_CASE("make_anonymous on several threads: same bytes, every byte counted once, up to the mapping's end",
+          "[gguf][anonymous]") {
+    std::mt19937_64 rng(Catch::rngSeed());
+    // ~16 MB of tensors: pieces of 1% of the file per thread, dozens of them for the threads to share.
+    const Written w = write_file("pieces", 40, rng);
+    auto opened = GgufFile::open(w.path, true);
+    REQUIRE(opened.is_ok());
+    GgufFile& f = **opened;
+    const size_t page = moe::host_page_size();
+    const uintptr_t map_begin = reinterpret_cast<uintptr_t>(f.tensor_data(f.tensors()[0])) / page * page;
+    const uintptr_t map_end = map_begin + (f.file_size() + page - 1) / page * page;  // past EOF when unaligned
+    const int n_threads = 2 + static_cast<int>(rng() % 6);
+    INFO("threads " << n_threads << ", file " << f.file_size() << " bytes");
+
+    // A middle part first, then everything: the second call reads only the gaps around it.
+    const uintptr_t mid_b = map_begin + (map_end - map_begin) / 3 / page * page;
+    const uintptr_t mid_e = mid_b + (map_end - mid_b) / 2 / page * page;
+    std::atomic<uint64_t> copied{0};
+    REQUIRE(f.make_anonymous(mid_b, mid_e, n_threads, &copied).is_ok());
+    CHECK(copied.load() == mid_e - mid_b);
+    REQUIRE(f.make_anonymous(map_begin, map_end, n_threads, &copied).is_ok());
+    CHECK(copied.load() == map_end - map_begin);
+    REQUIRE(f.make_anonymous(map_begin, map_end, n_threads, &copied).is_ok());  // nothing left to read
+    CHECK(copied.load() == map_end - map_begin);
+    for (uintptr_t a = map_begin; a < map_end; a += page) {
+        INFO("page at offset " << (a - map_begin));
+        REQUIRE(mapping_name(a).empty());
+    }
+    CHECK(bytes_match(f, w));
+    // The bytes past the end of the file read as the mapping gave them: zero.
+    const auto* tail = reinterpret_cast<const uint8_t*>(map_begin);
+    for (uint64_t i = f.file_size(); i < map_end - map_begin; ++i) REQUIRE(tail[i] == 0);
+    CHECK(f.make_anonymous(map_begin, map_end, 0).code() == MOE_STATUS_INVALID_ARGUMENT);
     std::remove(w.path.c_str());
 }
