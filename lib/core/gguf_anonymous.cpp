@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -110,7 +111,13 @@ Status GgufFile::replace_range(uintptr_t begin, uintptr_t end, int n_threads, st
     const size_t helpers = std::min(n_pieces, static_cast<size_t>(std::max(n_threads, 1))) - 1;
     std::vector<std::thread> threads;
     threads.reserve(helpers);
-    for (size_t t = 0; t < helpers; ++t) threads.emplace_back(work);
+    for (size_t t = 0; t < helpers; ++t) {
+        try {
+            threads.emplace_back(work);
+        } catch (const std::system_error&) {
+            break;  // the threads started (and this one) read every piece, more slowly
+        }
+    }
     work();
     for (std::thread& t : threads) t.join();
     if (failed.load()) {

@@ -4,12 +4,16 @@
 // copy mechanism differs; expert split off, so nothing depends on timing), and those logits match a
 // CPU context as in test_hybrid_context.cpp (|hybrid - cpu| <= 1e-4 * max|cpu| per row). The pinned
 // byte counts are checked against the expert tensors' sizes from the tensor table, and the process's
-// registrations against what the live contexts hold. Tagged [sched]: ctest runs these once more on the
+// registrations against what the live contexts hold. HostWeights::register_ranges is also driven
+// directly on a file whose one run spans more than a progress step: the same bytes, locks and progress
+// reports on 1, 3 and 8 reading threads. Tagged [sched]: ctest runs these once more on the
 // asynchronous emulated device, where staged uploads block like CUDA's.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -17,9 +21,12 @@
 
 #include "common/logits_check.h"
 #include "common/tiny_model.h"
+#include "core/backend_registry.h"
+#include "core/gguf_writer.h"
 #include "core/host_registry.h"
 #include "moeinfer/moeinfer.h"
 #include "runtime/context.h"
+#include "runtime/host_weights.h"
 
 namespace {
 
@@ -212,4 +219,91 @@ TEST_CASE("context creation reports the locking and uploads, and a cancel leaves
         CHECK(ctx == nullptr);
         CHECK(registry().n_ranges() == 0);
     }
+}
+
+namespace {
+
+// HostWeights::register_ranges over every tensor of a freshly mapped file on the emulated device, each
+// progress report recorded; members in the order they must outlive each other.
+struct Registered {
+    std::unique_ptr<moe::Backend> device;
+    std::unique_ptr<moe::GgufFile> file;
+    moe::HostWeights weights;
+    std::vector<uint64_t> steps;
+    size_t cancel_at = SIZE_MAX;  // the report that cancels (1-based)
+
+    moe::Status run(const std::string& path, int n_threads) {
+        auto opened = moe::GgufFile::open(path, /*use_mmap=*/true);
+        REQUIRE(opened.is_ok());
+        file = std::move(opened).value();
+        const moe::BackendFactory* factory = moe::find_backend_factory("emulated");
+        REQUIRE(factory != nullptr);
+        auto created = factory->create(moe::BackendOptions{});
+        REQUIRE(created.is_ok());
+        device = std::move(created).value();
+        std::vector<moe::HostRange> ranges;
+        for (const moe::GgufTensorInfo& t : file->tensors()) ranges.push_back({file->tensor_data(t), t.n_bytes});
+        auto w = moe::HostWeights::register_ranges(*device, ranges, *file, n_threads, [this](uint64_t n) {
+            steps.push_back(n);
+            return steps.size() >= cancel_at ? moe::cancelled("cancelled by the test") : moe::Status::ok();
+        });
+        if (!w.is_ok()) return w.status();
+        weights = std::move(w).value();
+        uint64_t total = 0, tensor_bytes = 0;
+        for (uint64_t s : steps) total += s;
+        for (const moe::HostRange& r : ranges) tensor_bytes += r.n;
+        CHECK(total == moe::HostWeights::run_bytes(ranges));
+        CHECK(weights.locked_bytes() == tensor_bytes);
+        return moe::Status::ok();
+    }
+};
+
+}  // namespace
+
+TEST_CASE("page-locking reads a large run on threads, reports progress inside it the same whatever the threads",
+          "[sched][anonymous]") {
+    std::mt19937_64 rng(Catch::rngSeed());
+    // One tensor of ~70 MB (more than one 64 MiB progress step) between two small ones: the runs merge
+    // into one, read by every thread.
+    const std::string path = std::string(MOE_TEST_TMP_DIR) + "/host_weights_progress.gguf";
+    moe::GgufWriter writer;
+    const std::vector<std::vector<int64_t>> shapes = {{1024, 3}, {4096, 4300 + static_cast<int64_t>(rng() % 100)},
+                                                      {1024, 5}};
+    std::vector<std::vector<uint8_t>> data;
+    for (size_t t = 0; t < shapes.size(); ++t) {
+        writer.add_tensor(std::string("t").append(std::to_string(t)), moe::Type::F32, shapes[t]);  // (GCC 12 -Wrestrict)
+        data.emplace_back(static_cast<size_t>(shapes[t][0] * shapes[t][1] * 4));
+        for (size_t i = 0; i + 8 <= data.back().size(); i += 8) {
+            const uint64_t v = rng();
+            std::memcpy(data.back().data() + i, &v, 8);
+        }
+    }
+    REQUIRE(writer.begin(path).is_ok());
+    for (const auto& d : data) REQUIRE(writer.append(d.data(), d.size()).is_ok());
+    REQUIRE(writer.finish().is_ok());
+
+    std::vector<uint64_t> first;
+    for (int n_threads : {1, 3, 8}) {
+        INFO(n_threads << " threads");
+        Registered r;
+        REQUIRE(r.run(path, n_threads).is_ok());
+        CHECK(r.steps.size() >= 2);  // a step of the read inside the run, then its end when locked
+        if (first.empty()) first = r.steps;
+        CHECK(r.steps == first);
+        for (size_t t = 0; t < data.size(); ++t) {
+            INFO("tensor " << t);
+            const uint8_t* p = r.file->tensor_data(r.file->tensors()[t]);
+            CHECK(std::memcmp(p, data[t].data(), data[t].size()) == 0);
+            CHECK(r.weights.buffer_of(p, data[t].size()) != nullptr);
+        }
+    }
+    // An error from the progress callback during the read or at the run's end stops: nothing stays locked.
+    for (size_t at : {size_t{1}, first.size()}) {
+        INFO("cancelled at report " << at);
+        Registered r;
+        r.cancel_at = at;
+        CHECK(r.run(path, 4).code() == MOE_STATUS_CANCELLED);
+        CHECK(registry().n_ranges() == 0);
+    }
+    std::remove(path.c_str());
 }
