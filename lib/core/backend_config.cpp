@@ -125,6 +125,19 @@ const std::vector<Key>& keys() {
              return b.has_value();
          },
          nullptr},
+        {"expert_gemm_decode", "MOEINFER_EXPERT_GEMM_DECODE", "fused|scratch", "scratch",
+         "CUDA expert prefill of K-quant / IQ4 / Q4_1 / Q5_* weights: fused, the tensor-core GEMM decodes "
+         "the quantised weight tiles itself; scratch, the routed experts are dequantised to BF16 rows first",
+         [](std::string_view v, BackendConfig& c) {
+             if (v == "fused") c.expert_gemm_decode = ExpertGemmDecode::FUSED;
+             else if (v == "scratch") c.expert_gemm_decode = ExpertGemmDecode::SCRATCH;
+             else return false;
+             return true;
+         },
+         [](const char* v, BackendConfig& c) {
+             if (std::strcmp(v, "fused") == 0) c.expert_gemm_decode = ExpertGemmDecode::FUSED;
+             if (std::strcmp(v, "scratch") == 0) c.expert_gemm_decode = ExpertGemmDecode::SCRATCH;
+         }},
     };
     return table;
 }

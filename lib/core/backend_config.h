@@ -19,6 +19,13 @@ namespace moe {
 // memory instead of a DMA copy (lib/cuda/mapped_copy.cuh).
 enum class PullCopies : int32_t { WHILE_UPLOADING = 0, NEVER = 1, ALWAYS = 2 };
 
+// How the CUDA backend's batched expert products read weights of the types it decodes with
+// core/quant_decode.h (Q4_1 .. IQ4_XS): FUSED, its tensor-core GEMM decodes the quantised bytes of each
+// weight tile itself; SCRATCH, the routed experts are first dequantised to BF16 rows in scratch (a chunk
+// of at most 32 experts / 256 MiB at a time) and the GEMM reads those (an extra write and read of 2
+// bytes per weight).
+enum class ExpertGemmDecode : int32_t { FUSED = 0, SCRATCH = 1 };
+
 struct BackendConfig {
     bool cuda_graphs = true;            // cuda_graphs / MOEINFER_CUDA_GRAPHS
     bool cuda_fusion = true;            // cuda_fusion / MOEINFER_CUDA_FUSION
@@ -28,6 +35,7 @@ struct BackendConfig {
     double emulated_pcie_gbps = 0.0;    // emulated_pcie_gbps / MOEINFER_EMULATED_PCIE_GBPS; 0: no floor
     uint64_t emulated_vram = uint64_t{64} << 30;  // emulated_vram / MOEINFER_EMULATED_VRAM, bytes
     std::optional<bool> offload_calibration;  // offload_calibration (no variable); nullopt: auto
+    ExpertGemmDecode expert_gemm_decode = ExpertGemmDecode::SCRATCH;  // expert_gemm_decode / MOEINFER_EXPERT_GEMM_DECODE
 };
 
 // Looks an environment variable up: nullptr when unset.

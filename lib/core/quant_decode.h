@@ -69,6 +69,17 @@ MOE_HD inline float fp16_to_float(uint32_t h) {
     return sign != 0 ? -v : v;
 }
 
+// An integer |q| < 2^22 as a float, exactly (static_cast<float>(q) on the host). Device code adds q to the
+// bits of 1.5 * 2^23 (whose ulp is 1) and subtracts 1.5 * 2^23: an integer add and a float add at full
+// rate, where the conversion instruction runs at a quarter of it. The same value either way.
+MOE_HD inline float small_to_float(int q) {
+#if defined(__CUDA_ARCH__)
+    return __int_as_float(0x4B400000 + q) - 12582912.0f;
+#else
+    return static_cast<float>(q);
+#endif
+}
+
 // a * b rounded to float, never fused with a following sum (quant_rows.h's mul_rounded on the host).
 MOE_HD inline float mul_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
@@ -89,31 +100,29 @@ MOE_HD inline int iq4nl_value(int i) {
 
 MOE_HD inline uint32_t load_u16(const uint8_t* p) { return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8; }
 
-// v[i] = element 32 g + i of the block (or super-block) at blk.
+// v[j] = element 32 g + 16 h + j of the block (or super-block) at blk, h = 0 or 1: half a group, so that
+// a kernel can decode a group in two passes of 16 values instead of holding 32 and their inputs at once.
 template <Type W>
-MOE_HD inline void decode32(const uint8_t* blk, int g, float (&v)[32]) {
+MOE_HD inline void decode16(const uint8_t* blk, int g, int h, float (&v)[16]) {
     static_assert(decodes(W), "a type of quant_decode.h");
     if constexpr (W == Type::Q4_1 || W == Type::Q5_1) {
         constexpr int kQs = W == Type::Q4_1 ? 4 : 8;  // after d, m (and qh)
         const float d = fp16_to_float(load_u16(blk));
         const float m = fp16_to_float(load_u16(blk + 2));
         const uint8_t* qs = blk + kQs;
-        const uint32_t h = W == Type::Q5_1 ? load_u16(blk + 4) | load_u16(blk + 6) << 16 : 0u;
+        // Q5_1's fifth bits: element j's in bit j of qh, element 16 + j's in bit 16 + j.
+        const uint32_t hb = W == Type::Q5_1 ? (load_u16(blk + 4) | load_u16(blk + 6) << 16) >> (16 * h) : 0u;
         for (int j = 0; j < 16; ++j) {
-            const int lo = (qs[j] & 0x0F) | static_cast<int>((h >> j) & 1u) << 4;
-            const int hi = (qs[j] >> 4) | static_cast<int>((h >> (j + 16)) & 1u) << 4;
-            v[j] = mul_rn(static_cast<float>(lo), d) + m;
-            v[16 + j] = mul_rn(static_cast<float>(hi), d) + m;
+            const int q = ((qs[j] >> (4 * h)) & 0x0F) | static_cast<int>((hb >> j) & 1u) << 4;
+            v[j] = mul_rn(small_to_float(q), d) + m;
         }
     } else if constexpr (W == Type::Q5_0) {
         const float d = fp16_to_float(load_u16(blk));
-        const uint32_t h = load_u16(blk + 2) | load_u16(blk + 4) << 16;
+        const uint32_t hb = (load_u16(blk + 2) | load_u16(blk + 4) << 16) >> (16 * h);
         const uint8_t* qs = blk + 6;
         for (int j = 0; j < 16; ++j) {
-            const int lo = (qs[j] & 0x0F) | static_cast<int>((h >> j) & 1u) << 4;
-            const int hi = (qs[j] >> 4) | static_cast<int>((h >> (j + 16)) & 1u) << 4;
-            v[j] = static_cast<float>(lo - 16) * d;
-            v[16 + j] = static_cast<float>(hi - 16) * d;
+            const int q = ((qs[j] >> (4 * h)) & 0x0F) | static_cast<int>((hb >> j) & 1u) << 4;
+            v[j] = small_to_float(q - 16) * d;
         }
     } else if constexpr (W == Type::IQ4_NL || W == Type::IQ4_XS) {
         const float d0 = fp16_to_float(load_u16(blk));
@@ -121,33 +130,26 @@ MOE_HD inline void decode32(const uint8_t* blk, int g, float (&v)[32]) {
         const uint8_t* qs = blk + 2;
         if constexpr (W == Type::IQ4_XS) {
             const auto& b = *reinterpret_cast<const BlockIQ4_XS*>(blk);
-            d = d0 * static_cast<float>(kq::iq4_xs_scale(b, g) - 32);
+            d = d0 * small_to_float(kq::iq4_xs_scale(b, g) - 32);
             qs = b.qs + 16 * g;
         }
-        for (int j = 0; j < 16; ++j) {
-            v[j] = d * static_cast<float>(iq4nl_value(qs[j] & 0x0F));
-            v[16 + j] = d * static_cast<float>(iq4nl_value(qs[j] >> 4));
-        }
+        for (int j = 0; j < 16; ++j) v[j] = d * small_to_float(iq4nl_value((qs[j] >> (4 * h)) & 0x0F));
     } else if constexpr (W == Type::Q2_K) {
         const auto& b = *reinterpret_cast<const BlockQ2_K*>(blk);
         const float d = fp16_to_float(b.d);
         const float dmin = fp16_to_float(b.dmin);
-        for (int h = 0; h < 2; ++h) {  // the two groups of 16
-            const int sc = b.scales[2 * g + h];
-            const float dl = mul_rn(d, static_cast<float>(sc & 0x0F));
-            const float ml = mul_rn(dmin, static_cast<float>(sc >> 4));
-            for (int j = 0; j < 16; ++j) {
-                const int e = 32 * g + 16 * h + j;
-                v[16 * h + j] = mul_rn(dl, static_cast<float>(kq::two_bits(b.qs, e))) - ml;
-            }
-        }
+        const int sc = b.scales[2 * g + h];  // the group's halves have a scale each
+        const float dl = mul_rn(d, small_to_float(sc & 0x0F));
+        const float ml = mul_rn(dmin, small_to_float(sc >> 4));
+        int q[16];
+        kq::two_bits16(b.qs, 32 * g + 16 * h, q);
+        for (int j = 0; j < 16; ++j) v[j] = mul_rn(dl, small_to_float(q[j])) - ml;
     } else if constexpr (W == Type::Q3_K) {
         const auto& b = *reinterpret_cast<const BlockQ3_K*>(blk);
-        const float d = fp16_to_float(b.d);
-        for (int h = 0; h < 2; ++h) {
-            const float dl = d * static_cast<float>(kq::q3_k_scale(b.scales, 2 * g + h));
-            for (int j = 0; j < 16; ++j) v[16 * h + j] = dl * static_cast<float>(kq::q3_k_value(b, 32 * g + 16 * h + j));
-        }
+        const float dl = fp16_to_float(b.d) * small_to_float(kq::q3_k_scale(b.scales, 2 * g + h));
+        int q[16];
+        kq::q3_k_values16(b, 32 * g + 16 * h, q);
+        for (int j = 0; j < 16; ++j) v[j] = dl * small_to_float(q[j]);
     } else if constexpr (W == Type::Q4_K || W == Type::Q5_K) {
         // Q4_K and Q5_K share d, dmin, scales[12] at the front; Q5_K's qh[32] comes before its qs.
         const float d = fp16_to_float(load_u16(blk));
@@ -157,21 +159,58 @@ MOE_HD inline void decode32(const uint8_t* blk, int g, float (&v)[32]) {
         const uint8_t* qs = W == Type::Q4_K ? qh : qh + kQK_K / 8;
         int sc, m;
         kq::scale_min_k4(scales, g, sc, m);
-        const float dl = mul_rn(d, static_cast<float>(sc));
-        const float ml = mul_rn(dmin, static_cast<float>(m));
-        for (int j = 0; j < 32; ++j) {
-            const int e = 32 * g + j;
+        const float dl = mul_rn(d, small_to_float(sc));
+        const float ml = mul_rn(dmin, small_to_float(m));
+        for (int j = 0; j < 16; ++j) {
+            const int e = 32 * g + 16 * h + j;
             int q = kq::nibble_k(qs, e);
             if constexpr (W == Type::Q5_K) q |= kq::high_bit(qh, e) << 4;
-            v[j] = mul_rn(dl, static_cast<float>(q)) - ml;
+            v[j] = mul_rn(dl, small_to_float(q)) - ml;
         }
     } else {  // Q6_K
         const auto& b = *reinterpret_cast<const BlockQ6_K*>(blk);
-        const float d = fp16_to_float(b.d);
-        for (int h = 0; h < 2; ++h) {
-            const float dl = d * static_cast<float>(b.scales[2 * g + h]);
-            for (int j = 0; j < 16; ++j) v[16 * h + j] = dl * static_cast<float>(kq::q6_k_value(b, 32 * g + 16 * h + j));
-        }
+        const float dl = fp16_to_float(b.d) * small_to_float(b.scales[2 * g + h]);
+        int q[16];
+        kq::q6_k_values16(b, 32 * g + 16 * h, q);
+        for (int j = 0; j < 16; ++j) v[j] = dl * small_to_float(q[j]);
+    }
+}
+
+// v[i] = element 32 g + i of the block (or super-block) at blk.
+template <Type W>
+MOE_HD inline void decode32(const uint8_t* blk, int g, float (&v)[32]) {
+    float lo[16], hi[16];
+    decode16<W>(blk, g, 0, lo);
+    decode16<W>(blk, g, 1, hi);
+    for (int j = 0; j < 16; ++j) {
+        v[j] = lo[j];
+        v[16 + j] = hi[j];
+    }
+}
+
+// ---- rows staged for a tile kernel ----
+// The tensor-core GEMM (cuda/matmul_mma.cuh) copies a row's bytes into shared memory 256 elements at a time
+// (a unit: one super-block, or 8 blocks of 32) as the aligned 16-byte chunks that cover them, so that the
+// unit starts at byte (its address & 15) of its staged copy, and decodes the unit's 8 groups from there,
+// half a group at a time.
+// tests/core/test_quant_decode.cpp stages rows this way on the host.
+constexpr int kUnitElems = 256;
+constexpr int kUnitGroups = kUnitElems / 32;
+
+// Bytes of a unit of t.
+MOE_HD constexpr int unit_bytes(Type t) { return block_bytes(t) * (kUnitElems / block_elems(t)); }
+// 16-byte chunks that cover a unit at any even address (decoded rows are 2-byte aligned: the decoders'
+// REQUIRES).
+MOE_HD constexpr int unit_chunks16(Type t) { return (14 + unit_bytes(t) + 15) / 16; }
+
+// v[j] = element 32 q + 16 h + j of the unit at u (q < kUnitGroups, h = 0 or 1). A row of 32-element
+// blocks may end inside its last unit: only its groups are decoded.
+template <Type W>
+MOE_HD inline void decode_unit_half(const uint8_t* u, int q, int h, float (&v)[16]) {
+    if constexpr (block_elems(W) == kUnitElems) {
+        decode16<W>(u, q, h, v);
+    } else {
+        decode16<W>(u + q * block_bytes(W), 0, h, v);
     }
 }
 

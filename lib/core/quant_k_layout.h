@@ -61,6 +61,28 @@ MOE_HD static inline int q6_k_value(const BlockQ6_K& b, int e) {
     return (lo | hi << 4) - 32;
 }
 
+// Runs of 16 elements e0 .. e0 + 15 (e0 a multiple of 16), as a decoder of half groups reads them: each
+// run's elements share e0's byte rows and bit positions in the accessors above (e % 32, e % 64 only add
+// j), so the index arithmetic is done once per run. q[j] is the accessor's value of element e0 + j.
+MOE_HD static inline void two_bits16(const uint8_t* qs, int e0, int (&q)[16]) {
+    const uint8_t* p = qs + 32 * (e0 / 128) + e0 % 32;
+    const int shift = 2 * (e0 % 128 / 32);
+    for (int j = 0; j < 16; ++j) q[j] = (p[j] >> shift) & 3;
+}
+MOE_HD static inline void q3_k_values16(const BlockQ3_K& b, int e0, int (&q)[16]) {
+    two_bits16(b.qs, e0, q);
+    const uint8_t* hm = b.hmask + e0 % 32;
+    const int bit = e0 / 32;
+    for (int j = 0; j < 16; ++j) q[j] -= (hm[j] >> bit) & 1 ? 0 : 4;
+}
+MOE_HD static inline void q6_k_values16(const BlockQ6_K& b, int e0, int (&q)[16]) {
+    const uint8_t* ql = b.ql + 64 * (e0 / 128) + e0 % 64;
+    const uint8_t* qh = b.qh + 32 * (e0 / 128) + e0 % 32;
+    const int sl = 4 * (e0 % 128 / 64);
+    const int sh = 2 * (e0 % 128 / 32);
+    for (int j = 0; j < 16; ++j) q[j] = (((ql[j] >> sl) & 0x0F) | ((qh[j] >> sh) & 3) << 4) - 32;
+}
+
 // IQ4_XS: the 6-bit scale ls of group g (the group scale is d * (ls - 32)): low nibble in
 // scales_l[g / 2] (the low half for even g), top 2 bits at bit 2 * g of scales_h.
 MOE_HD static inline int iq4_xs_scale(const BlockIQ4_XS& b, int g) {

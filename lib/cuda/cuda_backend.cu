@@ -158,6 +158,7 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device, const Backend
     b->pdl_supported_ = cc_major >= 9;
     b->pdl_enabled_ = b->pdl_supported_ && config.cuda_pdl.value_or(kPdlByDefault);
     b->pull_copies_ = config.cuda_pull_copies;
+    b->expert_decode_ = config.expert_gemm_decode;
     return std::unique_ptr<Backend>(std::move(b));
 }
 
@@ -299,9 +300,9 @@ size_t CudaBackend::scratch_bytes(const Tensor& node) const {
     switch (node.op) {
         case Op::MUL_MAT:
         case Op::MUL_MAT_ID:
-        case Op::MOE_UP_GATE: return matmul_scratch_bytes(node);
+        case Op::MOE_UP_GATE: return matmul_scratch_bytes(node, expert_decode_);
         case Op::ATTENTION: return attention_scratch_bytes(node, n_sm_);
-        case Op::MUL_MAT_HEADS: return mul_mat_heads_scratch_bytes(node);
+        case Op::MUL_MAT_HEADS: return mul_mat_heads_scratch_bytes(node, expert_decode_);
         default: return 0;
     }
 }
@@ -359,6 +360,7 @@ Status CudaBackend::launch_item(size_t i) {
     ctx.attn_counters = attn_counters_;
     ctx.router_counter = attn_counters_ + kAttnCounters;
     ctx.moe_route_ready = item.route_from_prev;
+    ctx.expert_decode = expert_decode_;
     const size_t slot_stride = (plan_.slot_bytes + 255) & ~size_t{255};
     if (item.q8_in >= 0) ctx.q8_act = static_cast<uint8_t*>(slots_) + static_cast<size_t>(item.q8_in) * slot_stride;
     if (item.q8_out >= 0) ctx.q8_out = static_cast<uint8_t*>(slots_) + static_cast<size_t>(item.q8_out) * slot_stride;

@@ -191,6 +191,7 @@ private:
     bool pdl_supported_ = false;  // compute capability 9.0+
     bool pdl_enabled_ = false;
     PullCopies pull_copies_ = PullCopies::WHILE_UPLOADING;
+    ExpertGemmDecode expert_decode_ = BackendConfig{}.expert_gemm_decode;  // OpContext::expert_decode
     std::unique_ptr<GraphRunner> graphs_;
     std::vector<Tensor*> kernel_nodes_;  // compute()'s nodes that launch kernels (reused storage)
     FusionPlan plan_;                    // compute()'s launches

@@ -15,6 +15,7 @@
 #include <span>
 
 #include "core/backend.h"
+#include "core/backend_config.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -45,6 +46,10 @@ struct OpContext {
     // MUL_MAT_ID on the grouped path: the previous launch, an expert product of the same ids, left the
     // route (tokens grouped by expert) in the scratch block (LaunchItem::route_from_prev).
     bool moe_route_ready = false;
+    // Batched expert products of the decoded types (Q4_1 .. IQ4_XS): the tensor-core GEMM decodes their
+    // tiles, or reads BF16 rows dequantised into scratch first (backend option expert_gemm_decode). The
+    // scratch a node needs depends on it: matmul_scratch_bytes(node, expert_decode).
+    ExpertGemmDecode expert_decode = BackendConfig{}.expert_gemm_decode;
 };
 
 constexpr int kAttnCounters = 1024;
@@ -56,8 +61,9 @@ Status mul_mat(Tensor& dst, const OpContext& ctx);
 Status mul_mat_id(Tensor& dst, const OpContext& ctx);
 Status moe_up_gate(Tensor& dst, const OpContext& ctx);
 bool supports_matmul_type(Type weight_type);
-// Device scratch a MUL_MAT / MUL_MAT_ID / MOE_UP_GATE node needs (0 if none).
-size_t matmul_scratch_bytes(const Tensor& node);
+// Device scratch a MUL_MAT / MUL_MAT_ID / MOE_UP_GATE node needs (0 if none) when run with
+// OpContext::expert_decode = decode.
+size_t matmul_scratch_bytes(const Tensor& node, ExpertGemmDecode decode);
 // The 2-D weight w (device memory, any type but F32) as BF16 rows of w.ne[0] at dst (device memory,
 // w.ne[1] rows): the decode the tensor-core kernel and the cuBLAS path's dequantisation share
 // (decode_half_bf16), each value RN(to_float) of the CPU's traits, bit for bit up to NaN payloads.
@@ -84,7 +90,7 @@ Status cpy(Tensor& dst, const OpContext& ctx);
 Status concat(Tensor& dst, const OpContext& ctx);
 Status group_mask(Tensor& dst, const OpContext& ctx);
 Status mul_mat_heads(Tensor& dst, const OpContext& ctx);
-size_t mul_mat_heads_scratch_bytes(const Tensor& node);
+size_t mul_mat_heads_scratch_bytes(const Tensor& node, ExpertGemmDecode decode);
 // Copies the device regions back to back into dst_dev (ops_copy.cu): a block per region, a launch per
 // kMaxGatherRegions of them.
 Status gather_regions(std::span<const DeviceRegion> regions, uint8_t* dst_dev, cudaStream_t stream);

@@ -299,7 +299,7 @@ Status check_scratch(const char* op, size_t need, const OpContext& ctx) {
 
 bool supports_matmul_type(Type weight_type) { return kernel_type(weight_type); }
 
-size_t matmul_scratch_bytes(const Tensor& node) {
+size_t matmul_scratch_bytes(const Tensor& node, ExpertGemmDecode decode) {
     switch (node.op) {
         case Op::MUL_MAT: {
             const StatusOr<DenseOp> d = parse_mul_mat(node);
@@ -307,8 +307,10 @@ size_t matmul_scratch_bytes(const Tensor& node) {
         }
         case Op::MUL_MAT_ID:
         case Op::MOE_UP_GATE: {
-            const StatusOr<mm::MoeArgs> a = parse_expert_product(node);
-            return a.is_ok() ? mm::moe_scratch(*a) : 0;
+            StatusOr<mm::MoeArgs> a = parse_expert_product(node);
+            if (!a.is_ok()) return 0;
+            a->decode = decode;
+            return mm::moe_scratch(*a);
         }
         default: return 0;
     }
@@ -514,7 +516,8 @@ Status mul_mat_router(std::span<Tensor* const> parts, const OpContext& ctx) {
 }
 
 Status mul_mat_id(Tensor& dst, const OpContext& ctx) {
-    MOE_ASSIGN_OR_RETURN(const mm::MoeArgs a, parse_mul_mat_id(dst));
+    MOE_ASSIGN_OR_RETURN(mm::MoeArgs a, parse_mul_mat_id(dst));
+    a.decode = ctx.expert_decode;
     MOE_RETURN_IF_ERROR(check_scratch("MUL_MAT_ID", mm::moe_scratch(a), ctx));
     return mm::moe_run(a, ctx);
 }
@@ -533,6 +536,7 @@ Status mul_mat_id_bias(std::span<Tensor* const> parts, const OpContext& ctx) {
     a.bias.stride = static_cast<int64_t>(bias->nb[1] / 4);
     a.bias.picked = static_cast<float*>(parts[1]->data);
     a.bias.sum = static_cast<float*>(parts[2]->data);
+    a.decode = ctx.expert_decode;
     MOE_RETURN_IF_ERROR(check_scratch("MUL_MAT_ID", mm::moe_scratch(a), ctx));
     return mm::moe_run(a, ctx);
 }
@@ -549,7 +553,8 @@ Status dequant_rows_bf16(const Tensor& w, void* dst, cudaStream_t stream) {
 }
 
 Status moe_up_gate(Tensor& dst, const OpContext& ctx) {
-    MOE_ASSIGN_OR_RETURN(const mm::MoeArgs a, parse_moe_up_gate(dst));
+    MOE_ASSIGN_OR_RETURN(mm::MoeArgs a, parse_moe_up_gate(dst));
+    a.decode = ctx.expert_decode;
     MOE_RETURN_IF_ERROR(check_scratch("MOE_UP_GATE", mm::moe_scratch(a), ctx));
     return mm::moe_run(a, ctx);
 }

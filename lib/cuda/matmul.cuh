@@ -7,9 +7,11 @@
 //   matmul_moe.cu   MUL_MAT_ID / MOE_UP_GATE: routing on the device (count, scan, permutation) and
 //                   the per-expert products
 // The weight types of core/quant_decode.h (Q4_1, Q5_0, Q5_1, IQ4_NL, the K-quants, IQ4_XS: "decoded
-// types") take simpler paths: a GEMV that dots whole groups of 32 as integers against Q8 activations
-// (core/quant_decode_dot.h, host-tested), and for larger batches a dequantisation to BF16 rows followed
-// by the BF16 products (cuBLAS dense, the tensor-core kernel for experts).
+// types") take their own paths: a GEMV that dots whole groups of 32 as integers against Q8 activations
+// (core/quant_decode_dot.h, host-tested); for larger batches, expert products run the tensor-core kernel
+// decoding their weight tiles with core/quant_decode.h (ExpertGemmDecode::FUSED) or a dequantisation of
+// the routed experts to BF16 rows followed by the kernel on those (SCRATCH), and dense products a
+// dequantisation to BF16 rows and cuBLAS.
 // Everything here is asynchronous on the given stream; nothing synchronises with the host.
 #pragma once
 
@@ -242,6 +244,8 @@ struct MoeArgs {
     int64_t n_tokens = 0;
     float* dst = nullptr;        // [n, n_used, n_tokens], contiguous
     ExpertBias bias;             // MUL_MAT_ID on the GEMV path only (GemvRoute)
+    // Decoded weight types on the tensor-core path: decode in the GEMM or dequantise to scratch first.
+    ExpertGemmDecode decode = ExpertGemmDecode::SCRATCH;
 };
 
 size_t moe_scratch(const MoeArgs& a);

@@ -14,11 +14,12 @@
 //   4. activations are converted to BF16 once (per token, or per pair row when B = n_used); the
 //      grouped tensor-core kernel gathers them through perm while loading its tiles and scatters the
 //      results straight into [N, n_used, T], so there is no separate gather or scatter pass.
-// Weights of the decoded types (qd::decodes: Q4_1 .. IQ4_XS) have no decode in the tensor-core kernel: the
-// experts that step 1 counted pairs for are dequantised to BF16 rows in scratch first, and step 4 reads those,
-// a chunk of experts at a time (expert_chunk): the scratch holds at most 32 experts' or kExpertBf16Bytes of
-// BF16 rows (all of a Qwen3-30B layer's up and gate experts would be 805 MB, Qwen3-235B's 3.2 GB), each
-// chunk's GEMM taking only its experts' column tiles.
+// Weights of the decoded types (qd::decodes: Q4_1 .. IQ4_XS): with ExpertGemmDecode::FUSED, step 4's
+// kernel decodes their tiles itself (matmul_mma.cuh), as for the other quantised types. With SCRATCH, the
+// experts that step 1 counted pairs for are dequantised to BF16 rows in scratch first, and step 4 reads
+// those, a chunk of experts at a time (expert_chunk): the scratch holds at most 32 experts' or
+// kExpertBf16Bytes of BF16 rows (all of a Qwen3-30B layer's up and gate experts would be 805 MB,
+// Qwen3-235B's 3.2 GB), each chunk's GEMM taking only its experts' column tiles.
 // The grid of step 4 is sized on the host from an upper bound of the number of tiles; CTAs past the
 // real count exit at once.
 // Steps 1-3 depend only on the ids, so the down product of an expert block takes the route its up/gate
@@ -154,6 +155,9 @@ __global__ void route_bad_columns_kernel(const int32_t* pair_expert, int64_t n_p
 
 bool use_gemv(const MoeArgs& a) { return moe_takes_gemv(a); }
 
+// Whether the tensor-core path dequantises the routed experts to BF16 scratch rows first.
+bool dequantises_experts(const MoeArgs& a) { return qd::decodes(a.w.type) && a.decode == ExpertGemmDecode::SCRATCH; }
+
 // Scratch for the BF16 rows of a chunk of decoded experts (up and gate together), and at most
 // kMaxChunkExperts experts per chunk; a chunk is one expert where an expert alone is larger. Chunks of 32
 // experts or 256 MiB keep the tensor-core kernel's grid at about a wave or more per chunk for the Qwen3
@@ -191,7 +195,7 @@ struct MoeLayout {
     int32_t* tile_off = nullptr;
     int32_t* pair_expert = nullptr;
     int32_t* perm = nullptr;
-    void* w_bf16 = nullptr;     // decoded types: a chunk of experts (and the gate's) as BF16 rows [chunk][N][K]
+    void* w_bf16 = nullptr;     // dequantises_experts: a chunk of experts (and the gate's) as BF16 rows [chunk][N][K]
     void* gate_bf16 = nullptr;
     int64_t chunk = 0;          // experts per chunk
 };
@@ -212,7 +216,7 @@ MoeLayout moe_layout(const MoeArgs& a, Carver& c) {
     l.pair_expert = c.take<int32_t>(pairs);
     l.perm = c.take<int32_t>(pairs);
     l.acts = c.take<uint16_t>(static_cast<size_t>(x_rows * a.w.k));
-    if (qd::decodes(a.w.type)) {
+    if (dequantises_experts(a)) {
         l.chunk = expert_chunk(a);
         const size_t n = static_cast<size_t>(l.chunk * a.w.n * a.w.k);
         l.w_bf16 = c.take<uint16_t>(n);
@@ -303,10 +307,10 @@ Status moe_run(const MoeArgs& a, const OpContext& ctx) {
     route.x_rows = x_rows;
     // Each non-empty expert adds at most one partial tile.
     route.max_tiles = n_pairs / bn + std::min<int64_t>(n_expert, n_pairs) + 1;
-    if (!qd::decodes(a.w.type)) return mma_gemm(a.w, a.fused ? &a.gate : nullptr, l.acts, 0, &route, bn, glu, a.dst, ctx.stream);
+    if (!dequantises_experts(a)) return mma_gemm(a.w, a.fused ? &a.gate : nullptr, l.acts, 0, &route, bn, glu, a.dst, ctx.stream);
 
-    // Decoded types, a chunk of experts at a time: the chunk's routed experts as BF16 rows (the others
-    // are skipped), then the BF16 kernel over the chunk's column tiles.
+    // Decoded types through scratch, a chunk of experts at a time: the chunk's routed experts as BF16 rows
+    // (the others are skipped), then the BF16 kernel over the chunk's column tiles.
     for (int64_t e0 = 0; e0 < n_expert; e0 += l.chunk) {
         const int64_t e1 = std::min<int64_t>(n_expert, e0 + l.chunk);
         MOE_RETURN_IF_ERROR(dequant_experts_bf16(a.w, e0, e1, l.counts, l.w_bf16, ctx.stream));

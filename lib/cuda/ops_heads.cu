@@ -134,12 +134,12 @@ Status group_mask(Tensor& dst, const OpContext& ctx) {
                          dst.params.i[2]);
 }
 
-size_t mul_mat_heads_scratch_bytes(const Tensor& dst) {
+size_t mul_mat_heads_scratch_bytes(const Tensor& dst, ExpertGemmDecode decode) {
     if (!check_heads(dst).is_ok()) return 0;
     Tensor ids;
     // Sizing reads shapes only; the ids pointer just has to be set.
     int32_t placeholder = 0;
-    return head_ids_bytes(dst) + matmul_scratch_bytes(as_expert_product(dst, ids, &placeholder));
+    return head_ids_bytes(dst) + matmul_scratch_bytes(as_expert_product(dst, ids, &placeholder), decode);
 }
 
 Status mul_mat_heads(Tensor& dst, const OpContext& ctx) {

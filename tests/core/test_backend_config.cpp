@@ -9,6 +9,7 @@
 #include "core/backend_config.h"
 
 using moe::BackendConfig;
+using moe::ExpertGemmDecode;
 using moe::parse_backend_config;
 using moe::PullCopies;
 
@@ -51,6 +52,7 @@ TEST_CASE("backend options: nothing given and no environment gives the documente
     CHECK(c.emulated_pcie_gbps == 0.0);
     CHECK(c.emulated_vram == (uint64_t{64} << 30));
     CHECK_FALSE(c.offload_calibration.has_value());
+    CHECK(c.expert_gemm_decode == ExpertGemmDecode::SCRATCH);
 }
 
 TEST_CASE("backend options: each key takes each of its values", "[core]") {
@@ -81,6 +83,8 @@ TEST_CASE("backend options: each key takes each of its values", "[core]") {
     CHECK(parse_ok("emulated_pcie_gbps=0").emulated_pcie_gbps == 0.0);
     CHECK(parse_ok("emulated_vram=123456789").emulated_vram == 123456789u);
     CHECK(parse_ok("emulated_vram=0").emulated_vram == 0u);
+    CHECK(parse_ok("expert_gemm_decode=fused").expert_gemm_decode == ExpertGemmDecode::FUSED);
+    CHECK(parse_ok("expert_gemm_decode=scratch").expert_gemm_decode == ExpertGemmDecode::SCRATCH);
 }
 
 TEST_CASE("backend options: a bad entry is refused naming it", "[core]") {
@@ -98,6 +102,7 @@ TEST_CASE("backend options: a bad entry is refused naming it", "[core]") {
     CHECK_THAT(refused("emulated_vram=1GiB"), Catch::Contains("got '1GiB'"));
     CHECK_THAT(refused("emulated_vram="), Catch::Contains("got ''"));
     CHECK_THAT(refused("offload_calibration=yes"), Catch::Contains("offload_calibration takes auto|on|off"));
+    CHECK_THAT(refused("expert_gemm_decode=on"), Catch::Contains("expert_gemm_decode takes fused|scratch, got 'on'"));
     CHECK_THAT(refused("cuda_graphs"), Catch::Contains("'cuda_graphs': expected key=value"));
     CHECK_THAT(refused("cuda_graphs=on,"), Catch::Contains("empty entry"));
     CHECK_THAT(refused(",cuda_graphs=on"), Catch::Contains("empty entry"));
@@ -110,8 +115,9 @@ TEST_CASE("backend options: a key left out takes its environment variable, with 
     env.vars = {{"MOEINFER_CUDA_GRAPHS", "0"},        {"MOEINFER_CUDA_FUSION", "0"},
                 {"MOEINFER_CUDA_PDL", "0"},           {"MOEINFER_CUDA_PULL_COPIES", "1"},
                 {"MOEINFER_EMULATED_ASYNC", "1"},     {"MOEINFER_EMULATED_PCIE_GBPS", "2.5"},
-                {"MOEINFER_EMULATED_VRAM", "1048576"}};
+                {"MOEINFER_EMULATED_VRAM", "1048576"}, {"MOEINFER_EXPERT_GEMM_DECODE", "fused"}};
     BackendConfig c = parse_ok("", env);
+    CHECK(c.expert_gemm_decode == ExpertGemmDecode::FUSED);
     CHECK_FALSE(c.cuda_graphs);
     CHECK_FALSE(c.cuda_fusion);
     CHECK(c.cuda_pdl == std::optional<bool>(false));
@@ -124,8 +130,10 @@ TEST_CASE("backend options: a key left out takes its environment variable, with 
     // asynchronous device on, "0" / "1" select the pull mode, malformed numbers are ignored.
     env.vars = {{"MOEINFER_CUDA_GRAPHS", "off"},      {"MOEINFER_CUDA_PDL", "yes"},
                 {"MOEINFER_CUDA_PULL_COPIES", "0"},   {"MOEINFER_EMULATED_ASYNC", "on"},
-                {"MOEINFER_EMULATED_PCIE_GBPS", "-3"}, {"MOEINFER_EMULATED_VRAM", "12x"}};
+                {"MOEINFER_EMULATED_PCIE_GBPS", "-3"}, {"MOEINFER_EMULATED_VRAM", "12x"},
+                {"MOEINFER_EXPERT_GEMM_DECODE", "on"}};
     c = parse_ok("", env);
+    CHECK(c.expert_gemm_decode == ExpertGemmDecode::SCRATCH);
     CHECK(c.cuda_graphs);
     CHECK(c.cuda_pdl == std::optional<bool>(true));
     CHECK(c.cuda_pull_copies == PullCopies::NEVER);
@@ -152,7 +160,8 @@ TEST_CASE("backend options: the help text names every key, its values and its va
     for (const char* key : {"cuda_graphs=on|off", "cuda_fusion=on|off", "cuda_pdl=on|off",
                             "cuda_pull_copies=auto|never|always", "emulated_async=on|off", "emulated_pcie_gbps=",
                             "emulated_vram=bytes", "offload_calibration=auto|on|off", "env MOEINFER_CUDA_GRAPHS",
-                            "env MOEINFER_EMULATED_VRAM"}) {
+                            "env MOEINFER_EMULATED_VRAM", "expert_gemm_decode=fused|scratch",
+                            "env MOEINFER_EXPERT_GEMM_DECODE"}) {
         CHECK_THAT(help, Catch::Contains(key));
     }
 }

@@ -1,10 +1,13 @@
 // core/quant_decode.h, the group decoders the CUDA kernels run, on the host: bit for bit the values of
 // lib/core's dequantisation (traits().to_float, itself checked against gguf-py) on random block bytes,
 // with scales at the extremes of fp16 (zero, subnormal, largest finite, infinite, NaN) on a share of
-// the blocks; every fp16 bit pattern through the decoders' fp16 conversion.
+// the blocks; every fp16 bit pattern through the decoders' fp16 conversion. A NaN from a sum of two NaNs
+// (Q4_1 / Q5_1 with NaN d and m) may carry either's payload: IEEE 754 leaves that to the implementation,
+// and compilers commute the add, so there both sides need only be NaN.
 #include <catch2/catch.hpp>
 
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -45,6 +48,26 @@ void decode32(Type t, const uint8_t* blk, int g, float (&v)[32]) {
         case Type::Q5_K: return moe::qd::decode32<Type::Q5_K>(blk, g, v);
         case Type::Q6_K: return moe::qd::decode32<Type::Q6_K>(blk, g, v);
         default: return moe::qd::decode32<Type::IQ4_XS>(blk, g, v);
+    }
+}
+
+// Bit for bit, or both NaN (see the top of this file).
+bool same_value(float a, float b) {
+    return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b) || (std::isnan(a) && std::isnan(b));
+}
+
+void decode_unit_half(Type t, const uint8_t* unit, int q, int h, float (&v)[16]) {
+    switch (t) {
+        case Type::Q4_1: return moe::qd::decode_unit_half<Type::Q4_1>(unit, q, h, v);
+        case Type::Q5_0: return moe::qd::decode_unit_half<Type::Q5_0>(unit, q, h, v);
+        case Type::Q5_1: return moe::qd::decode_unit_half<Type::Q5_1>(unit, q, h, v);
+        case Type::IQ4_NL: return moe::qd::decode_unit_half<Type::IQ4_NL>(unit, q, h, v);
+        case Type::Q2_K: return moe::qd::decode_unit_half<Type::Q2_K>(unit, q, h, v);
+        case Type::Q3_K: return moe::qd::decode_unit_half<Type::Q3_K>(unit, q, h, v);
+        case Type::Q4_K: return moe::qd::decode_unit_half<Type::Q4_K>(unit, q, h, v);
+        case Type::Q5_K: return moe::qd::decode_unit_half<Type::Q5_K>(unit, q, h, v);
+        case Type::Q6_K: return moe::qd::decode_unit_half<Type::Q6_K>(unit, q, h, v);
+        default: return moe::qd::decode_unit_half<Type::IQ4_XS>(unit, q, h, v);
     }
 }
 
@@ -103,12 +126,81 @@ TEST_CASE("quant_decode's groups are core's dequantisation bit for bit on random
                 decode32(t, bytes.data() + static_cast<size_t>(i) * bb, g, v);
                 for (int j = 0; j < 32; ++j) {
                     const float w = want[static_cast<size_t>(i * elems + 32 * g + j)];
-                    if (std::bit_cast<uint32_t>(v[j]) != std::bit_cast<uint32_t>(w) && bad++ < 4) {
+                    if (!same_value(v[j], w) && bad++ < 4) {
                         UNSCOPED_INFO("block " << i << " group " << g << " element " << j << ": " << v[j] << " != " << w);
                     }
                 }
             }
         }
         CHECK(bad == 0);
+    }
+}
+
+// The staging of the tensor-core GEMM (quant_decode.h's units), run on the host: rows of a tensor at every
+// even alignment mod 16, back to back or with padding, each unit copied as the aligned 16-byte chunks that
+// cover it (bytes outside the tensor as zeros, as the kernel's guarded loads give them) and its groups
+// decoded, half a group at a time, from byte (address & 15) of the copy: bit for bit the row's dequantisation. Rows of 32-element
+// blocks that end inside a unit (K = 800: 3 units and one group) decode their groups only. Random bytes, so
+// a byte the chunks miss or an offset off by any amount changes values.
+TEST_CASE("quant_decode's units staged in 16-byte chunks decode to core's dequantisation", "[types][quant_decode]") {
+    const uint32_t seed = std::random_device{}();
+    INFO("seed " << seed);
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (Type t : kDecoded) {
+        INFO(moe::type_name(t));
+        const int ub = moe::qd::unit_bytes(t);
+        const int chunks = moe::qd::unit_chunks16(t);
+        CHECK(static_cast<size_t>(ub) == moe::row_bytes(t, moe::qd::kUnitElems));
+        CHECK(16 * chunks >= 14 + ub);
+        const std::vector<int64_t> ks = moe::qd::block_elems(t) == 256 ? std::vector<int64_t>{256, 768, 2304}
+                                                                        : std::vector<int64_t>{32, 96, 256, 800};
+        for (int64_t k : ks) {
+            for (int start = 0; start < 16; start += 2) {
+                for (int pad : {0, 2, 6}) {
+                    INFO("K " << k << ", first byte at 16 n + " << start << ", rows " << pad << " bytes apart");
+                    constexpr int kRows = 3;
+                    const auto rb = static_cast<int64_t>(moe::row_bytes(t, k));
+                    const int64_t nb1 = rb + pad;
+                    const int64_t size = (kRows - 1) * nb1 + rb;
+                    std::vector<uint8_t> buf(static_cast<size_t>(size + 64));
+                    for (uint8_t& b : buf) b = static_cast<uint8_t>(byte(rng));
+                    const auto base = reinterpret_cast<uintptr_t>(buf.data());
+                    const uint8_t* lo = buf.data() + ((16 - base % 16) % 16) + start;
+                    const uint8_t* hi = lo + size;
+                    std::vector<float> want(static_cast<size_t>(k));
+                    const int64_t nblk = k / 32;
+                    int bad = 0;
+                    for (int r = 0; r < kRows; ++r) {
+                        moe::traits(t).to_float(lo + r * nb1, want.data(), k);
+                        for (int64_t u = 0; u * moe::qd::kUnitElems < k; ++u) {
+                            const uint8_t* first = lo + r * nb1 + u * ub;
+                            const uint8_t* chunk0 = first - reinterpret_cast<uintptr_t>(first) % 16;
+                            alignas(16) uint8_t staged[16 * 16] = {};
+                            REQUIRE(chunks <= 16);
+                            for (int i = 0; i < 16 * chunks; ++i) {
+                                const uint8_t* p = chunk0 + i;
+                                staged[i] = p >= lo && p < hi ? *p : 0;
+                            }
+                            const int off = static_cast<int>(reinterpret_cast<uintptr_t>(first) % 16);
+                            for (int q = 0; q < moe::qd::kUnitGroups && u * moe::qd::kUnitGroups + q < nblk; ++q) {
+                                for (int h = 0; h < 2; ++h) {
+                                    float v[16];
+                                    decode_unit_half(t, staged + off, q, h, v);
+                                    for (int j = 0; j < 16; ++j) {
+                                        const auto e = static_cast<size_t>(u * moe::qd::kUnitElems + 32 * q + 16 * h + j);
+                                        if (!same_value(v[j], want[e]) && bad++ < 4) {
+                                            UNSCOPED_INFO("row " << r << " unit " << u << " group " << q << " element "
+                                                                 << 16 * h + j << ": " << v[j] << " != " << want[e]);
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    CHECK(bad == 0);
+                }
+            }
+        }
     }
 }

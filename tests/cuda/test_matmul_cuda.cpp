@@ -64,6 +64,7 @@ using moe::Type;
     } while (0)
 
 const Type kAllTypes[] = {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q4_0, Type::MXFP4};
+const moe::ExpertGemmDecode kDefaultDecode = moe::BackendConfig{}.expert_gemm_decode;
 // The types the CUDA kernels decode with core/quant_decode.h (the [decoded] cases).
 const Type kDecodedTypes[] = {Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::IQ4_NL, Type::Q2_K,
                               Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K, Type::IQ4_XS};
@@ -106,7 +107,7 @@ public:
     GpuEnv(const GpuEnv&) = delete;
     GpuEnv& operator=(const GpuEnv&) = delete;
 
-    moe::cuda::OpContext ctx(size_t scratch_bytes) {
+    moe::cuda::OpContext ctx(size_t scratch_bytes, moe::ExpertGemmDecode decode) {
         if (scratch_bytes > scratch_size_) {
             CUDA_REQUIRE(cudaStreamSynchronize(stream_));
             scratch_.reset();
@@ -119,6 +120,7 @@ public:
         c.scratch = scratch_.get();
         c.scratch_size = scratch_size_;
         c.error_flags = flags_dev_;
+        c.expert_decode = decode;
         return c;
     }
     cudaStream_t stream() const { return stream_; }
@@ -340,9 +342,9 @@ moe::Status run_gpu_node(Tensor& node, const moe::cuda::OpContext& ctx) {
 }
 
 // Runs op(srcs) on the CPU (unless run_cpu is false) and on the GPU (sources uploaded, dst poisoned
-// with NaN first so that unwritten outputs fail).
+// with NaN first so that unwritten outputs fail), the GPU's decoded expert products as `decode` says.
 Outputs run_both(Op op, const std::vector<const HostTensor*>& srcs, std::initializer_list<int64_t> dst_shape,
-                 const moe::OpParams& params, bool run_cpu = true) {
+                 const moe::OpParams& params, bool run_cpu = true, moe::ExpertGemmDecode decode = kDefaultDecode) {
     Outputs out;
     HostTensor dst = make_tensor(Type::F32, dst_shape);
     Tensor node = dst.t;
@@ -375,7 +377,7 @@ Outputs run_both(Op op, const std::vector<const HostTensor*>& srcs, std::initial
     DevMem ddst = dev_alloc(dst.bytes.size());
     CUDA_REQUIRE(cudaMemset(ddst.get(), 0xFF, dst.bytes.size()));  // NaN
     gnode.data = ddst.get();
-    const moe::cuda::OpContext ctx = env.ctx(moe::cuda::matmul_scratch_bytes(gnode));
+    const moe::cuda::OpContext ctx = env.ctx(moe::cuda::matmul_scratch_bytes(gnode, decode), decode);
     const moe::Status s = run_gpu_node(gnode, ctx);
     INFO("gpu: " << s.message());
     REQUIRE(s.is_ok());
@@ -447,12 +449,50 @@ struct MoeShape {
     std::vector<int32_t> allowed;  // experts that may be chosen; the others get no tokens
 };
 
-void check_mul_mat_id(Type type, const MoeShape& s, int64_t n_tokens, bool shared_input) {
+// The GPU runs of an expert product: the decoded types' tensor-core path both ways (the GEMM decoding
+// their tiles, and through BF16 scratch rows), each against the one CPU result; anything else once.
+std::vector<moe::ExpertGemmDecode> decode_modes(Type type, int64_t n_tokens) {
+    if (moe::qd::decodes(type) && n_tokens > 8) return {moe::ExpertGemmDecode::FUSED, moe::ExpertGemmDecode::SCRATCH};
+    return {kDefaultDecode};
+}
+
+std::string mode_suffix(Type type, int64_t n_tokens, moe::ExpertGemmDecode m) {
+    if (decode_modes(type, n_tokens).size() == 1) return "";
+    return m == moe::ExpertGemmDecode::FUSED ? " fused" : " scratch";
+}
+
+// The two ways of reading decoded weights give the same bits: the same BF16 weight values (the one decoder,
+// core/quant_decode.h, rounded once) reach the same tensor-core products in the same k order.
+void check_same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    REQUIRE(a.size() == b.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0 ? 1 : 0;
+    INFO(differ << " of " << a.size() << " outputs differ in their bits between expert_gemm_decode=fused and scratch");
+    CHECK(differ == 0);
+}
+
+// ids [n_used, T] with T = sum(counts) / n_used that give expert e exactly counts[e] pairs, in random order.
+HostTensor ids_with_counts(int64_t n_used, const std::vector<int64_t>& counts) {
+    std::vector<int32_t> pairs;
+    for (size_t e = 0; e < counts.size(); ++e) pairs.insert(pairs.end(), static_cast<size_t>(counts[e]), static_cast<int32_t>(e));
+    REQUIRE(pairs.size() % static_cast<size_t>(n_used) == 0);
+    std::shuffle(pairs.begin(), pairs.end(), rng());
+    HostTensor h = make_tensor(Type::I32, {n_used, static_cast<int64_t>(pairs.size()) / n_used});
+    std::memcpy(h.bytes.data(), pairs.data(), pairs.size() * sizeof(int32_t));
+    return h;
+}
+
+void check_mul_mat_id(Type type, const MoeShape& s, int64_t n_tokens, bool shared_input,
+                      const HostTensor* fixed_ids = nullptr) {
     const HostTensor w = random_weights(type, s.k, s.n, s.n_expert);
     const int64_t b = shared_input ? 1 : s.n_used;
     const HostTensor x = random_acts({s.k, b, n_tokens});
-    const HostTensor ids = random_ids(s.n_used, n_tokens, s.allowed);
-    const Outputs o = run_both(Op::MUL_MAT_ID, {&w, &x, &ids}, {s.n, s.n_used, n_tokens}, moe::OpParams{});
+    HostTensor ids = fixed_ids != nullptr ? *fixed_ids : random_ids(s.n_used, n_tokens, s.allowed);
+    ids.t.data = ids.bytes.data();  // a copy's own bytes
+    REQUIRE(ids.t.ne[0] == s.n_used);
+    REQUIRE(ids.t.ne[1] == n_tokens);
+    const std::vector<moe::ExpertGemmDecode> modes = decode_modes(type, n_tokens);
+    const Outputs o = run_both(Op::MUL_MAT_ID, {&w, &x, &ids}, {s.n, s.n_used, n_tokens}, moe::OpParams{}, true, modes[0]);
     const std::vector<float> wf = dequant_all(w);
     const auto* xf = reinterpret_cast<const float*>(x.bytes.data());
     const auto* id = reinterpret_cast<const int32_t*>(ids.bytes.data());
@@ -467,25 +507,37 @@ void check_mul_mat_id(Type type, const MoeShape& s, int64_t n_tokens, bool share
             }
         }
     }
-    compare(case_name(shared_input ? "MUL_MAT_ID B=1" : "MUL_MAT_ID B=n_used", type,
-                      {s.k, s.n, s.n_expert, s.n_used, n_tokens}),
-            o.gpu, o.cpu, tol);
-    CHECK(o.flags == 0);
+    for (moe::ExpertGemmDecode m : modes) {
+        const Outputs other = m == modes[0] ? Outputs{} : run_both(Op::MUL_MAT_ID, {&w, &x, &ids}, {s.n, s.n_used, n_tokens},
+                                                                    moe::OpParams{}, false, m);
+        const Outputs& g = m == modes[0] ? o : other;
+        compare(case_name(shared_input ? "MUL_MAT_ID B=1" : "MUL_MAT_ID B=n_used", type,
+                          {s.k, s.n, s.n_expert, s.n_used, n_tokens}) +
+                    mode_suffix(type, n_tokens, m),
+                g.gpu, o.cpu, tol);
+        CHECK(g.flags == 0);
+        if (m != modes[0]) check_same_bits(g.gpu, o.gpu);
+    }
 }
 
 // ---- MOE_UP_GATE ----
 
-void check_moe_up_gate(Type type, const MoeShape& s, int64_t n_tokens, Activation act, bool bias) {
+void check_moe_up_gate(Type type, const MoeShape& s, int64_t n_tokens, Activation act, bool bias,
+                       const HostTensor* fixed_ids = nullptr) {
     const HostTensor up = random_weights(type, s.k, s.n, s.n_expert);
     const HostTensor gate = random_weights(type, s.k, s.n, s.n_expert);
     const HostTensor x = random_acts({s.k, n_tokens});
-    const HostTensor ids = random_ids(s.n_used, n_tokens, s.allowed);
+    HostTensor ids = fixed_ids != nullptr ? *fixed_ids : random_ids(s.n_used, n_tokens, s.allowed);
+    ids.t.data = ids.bytes.data();  // a copy's own bytes
+    REQUIRE(ids.t.ne[0] == s.n_used);
+    REQUIRE(ids.t.ne[1] == n_tokens);
     const HostTensor bu = random_bias(s.n, s.n_expert);
     const HostTensor bg = random_bias(s.n, s.n_expert);
     moe::OpParams params;
     params.i[0] = static_cast<int32_t>(act);
-    const Outputs o = run_both(Op::MOE_UP_GATE, {&up, &gate, &x, &ids, bias ? &bu : nullptr, bias ? &bg : nullptr},
-                               {s.n, s.n_used, n_tokens}, params);
+    const std::vector<const HostTensor*> srcs = {&up, &gate, &x, &ids, bias ? &bu : nullptr, bias ? &bg : nullptr};
+    const std::vector<moe::ExpertGemmDecode> modes = decode_modes(type, n_tokens);
+    const Outputs o = run_both(Op::MOE_UP_GATE, srcs, {s.n, s.n_used, n_tokens}, params, true, modes[0]);
     const std::vector<float> uf = dequant_all(up);
     const std::vector<float> gf = dequant_all(gate);
     const auto* xf = reinterpret_cast<const float*>(x.bytes.data());
@@ -510,10 +562,16 @@ void check_moe_up_gate(Type type, const MoeShape& s, int64_t n_tokens, Activatio
             }
         }
     }
-    compare(case_name(act == Activation::SILU ? "MOE_UP_GATE silu" : "MOE_UP_GATE swiglu_oai+bias", type,
-                      {s.k, s.n, s.n_expert, s.n_used, n_tokens}),
-            o.gpu, o.cpu, tol);
-    CHECK(o.flags == 0);
+    for (moe::ExpertGemmDecode m : modes) {
+        const Outputs other = m == modes[0] ? Outputs{} : run_both(Op::MOE_UP_GATE, srcs, {s.n, s.n_used, n_tokens}, params, false, m);
+        const Outputs& g = m == modes[0] ? o : other;
+        compare(case_name(act == Activation::SILU ? "MOE_UP_GATE silu" : "MOE_UP_GATE swiglu_oai+bias", type,
+                          {s.k, s.n, s.n_expert, s.n_used, n_tokens}) +
+                    mode_suffix(type, n_tokens, m),
+                g.gpu, o.cpu, tol);
+        CHECK(g.flags == 0);
+        if (m != modes[0]) check_same_bits(g.gpu, o.gpu);
+    }
 }
 
 // Batch sizes: GEMV (1, 2, 7), and each tensor-core tile width (32 / 64 / 128 columns): dense rows 33 ->
@@ -721,6 +779,41 @@ TEST_CASE("cuda MOE_UP_GATE matches the CPU backend on the decoded weight types 
     }
 }
 
+// The tensor-core kernel decoding the decoded types' tiles (ExpertGemmDecode::FUSED, against the CPU and
+// next to the scratch path, as every decoded case above past 8 tokens): routings that give experts 1, 17
+// and more than 64 pairs (one column; a partial tile; two or three tiles, one of 64 + 1) in each tile width
+// (32, 64 and 128 columns: mma_route_tile_cols of 1.5x the mean group), idle experts; K of one and of
+// three units of 256 (K-quants: one super-block, three, so both raw slots and their reuse), and for the
+// 32-element types K = 96 and 800 (3 and 25 groups: a partial unit, and an odd group count whose last
+// k-step has one group); 77 rows (a partial row tile, and for MOE_UP_GATE a second tile of 13 up / gate rows).
+TEST_CASE("cuda expert products of decoded types decode their tiles in the GEMM (experts of 1, 17, > 64 pairs)",
+          "[gpu][cuda][matmul][decoded]") {
+    if (moe::cuda::device_count() == 0) {
+        WARN("skipped: no CUDA device");
+        return;
+    }
+    const std::vector<int64_t> routings[] = {
+        {1, 17, 70, 2, 3, 0, 5, 6},        // 104 pairs over 8 experts: tiles of 32
+        {1, 17, 0, 100, 64, 65, 33, 0},  // 280 over 8: tiles of 64
+        {1, 17, 300, 130},               // 448 over 4: tiles of 128
+    };
+    for (Type type : kDecodedTypes) {
+        const bool super = moe::traits(type).block_size == 256;
+        for (int64_t k : super ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{96, 800}) {
+            for (const std::vector<int64_t>& counts : routings) {
+                const int64_t n_expert = static_cast<int64_t>(counts.size());
+                const MoeShape s{n_expert, 77, k, 2, {}};
+                const HostTensor ids = ids_with_counts(s.n_used, counts);
+                const int64_t n_tokens = ids.t.ne[1];
+                check_mul_mat_id(type, s, n_tokens, true, &ids);
+                check_mul_mat_id(type, s, n_tokens, false, &ids);
+                check_moe_up_gate(type, s, n_tokens, Activation::SILU, false, &ids);
+                check_moe_up_gate(type, s, n_tokens, Activation::SWIGLU_OAI, true, &ids);
+            }
+        }
+    }
+}
+
 // Weights end where their tensor-core tiles end: a row count that is a multiple of the row tile (128,
 // 64 for the fused up / gate halves) and an odd block count (the last 2-block k-step has one block), so
 // the CTA of the last rows must fall back to guarded loads: its unguarded copy of the last step's words
@@ -736,6 +829,14 @@ TEST_CASE("cuda tensor-core GEMM reads nothing past its weights (run under compu
         check_mul_mat(type, 288, 128, 64);
         check_mul_mat_id(type, edge, 96, false);
         check_moe_up_gate(type, edge, 96, Activation::SILU, false);
+    }
+    // Decoded types copy units of 256 elements: K = 288 of 32-element blocks ends a unit and a group into the
+    // next (whose copy runs past the tensor), and the super-block types' last unit ends the tensor itself
+    // (Q6_K's rows of 630 bytes start at every even address mod 16).
+    for (Type type : {Type::Q4_1, Type::IQ4_NL, Type::Q4_K, Type::Q6_K, Type::IQ4_XS}) {
+        const MoeShape dec_edge{4, 128, moe::traits(type).block_size == 256 ? 768 : 288, 2, {0, 1, 2, 3}};
+        check_mul_mat_id(type, dec_edge, 96, false);
+        check_moe_up_gate(type, dec_edge, 96, Activation::SILU, false);
     }
 }
 
@@ -844,7 +945,7 @@ TEST_CASE("cuda matmul argument checks fail on the host, before any launch", "[c
     SECTION("wrong dst shape") {
         node.ne[0] = 9;
         CHECK(moe::cuda::mul_mat(node, ctx).code() == MOE_STATUS_INVALID_ARGUMENT);
-        CHECK(moe::cuda::matmul_scratch_bytes(node) == 0);
+        CHECK(moe::cuda::matmul_scratch_bytes(node, kDefaultDecode) == 0);
     }
     SECTION("activation row length differs from the weight's") {
         HostTensor x2 = random_acts({96, 3});
@@ -859,7 +960,7 @@ TEST_CASE("cuda matmul argument checks fail on the host, before any launch", "[c
         CHECK(moe::cuda::mul_mat(node, ctx).code() == MOE_STATUS_UNIMPLEMENTED);
     }
     SECTION("missing scratch") {
-        CHECK(moe::cuda::matmul_scratch_bytes(node) > 0);
+        CHECK(moe::cuda::matmul_scratch_bytes(node, kDefaultDecode) > 0);
         CHECK(moe::cuda::mul_mat(node, ctx).code() == MOE_STATUS_INVALID_ARGUMENT);
     }
     SECTION("up and gate of different types") {
@@ -898,7 +999,9 @@ TEST_CASE("cuda matmul argument checks fail on the host, before any launch", "[c
 TEST_CASE("cuda expert scratch of decoded types holds a chunk of experts, not every expert", "[cuda][matmul][decoded]") {
     // Host only: sizes from shapes, no weight byte is read. The Qwen3-30B-A3B up/gate shape at 512 tokens:
     // every expert as BF16 rows would take 2 x 128 x 768 x 2048 x 2 bytes = 805 MB of scratch; a chunk of
-    // 32 experts 201 MB, plus the route and the BF16 activations (2 MB).
+    // 32 experts 201 MB, plus the route and the BF16 activations (2 MB). Decoding in the GEMM needs only
+    // the route and the activations.
+    using moe::ExpertGemmDecode;
     const int64_t k = 2048, n = 768, n_expert = 128, n_used = 8, n_tokens = 512;
     alignas(16) static uint8_t no_bytes[16];
     for (Type type : {Type::Q4_K, Type::IQ4_XS}) {
@@ -918,9 +1021,12 @@ TEST_CASE("cuda expert scratch of decoded types holds a chunk of experts, not ev
         ug.src[2] = &x.t;
         ug.src[3] = &ids.t;
         const size_t chunk = size_t{2} * 32 * n * k * 2;
-        const size_t need = moe::cuda::matmul_scratch_bytes(ug);
+        const size_t need = moe::cuda::matmul_scratch_bytes(ug, ExpertGemmDecode::SCRATCH);
         CHECK(need >= chunk);
         CHECK(need <= chunk + (size_t{8} << 20));
+        const size_t acts = size_t{n_tokens} * k * 2;
+        CHECK(moe::cuda::matmul_scratch_bytes(ug, ExpertGemmDecode::FUSED) >= acts);
+        CHECK(moe::cuda::matmul_scratch_bytes(ug, ExpertGemmDecode::FUSED) <= acts + (size_t{1} << 20));
         // The down product (K = 768, N = 2048): 32 experts of 3 MB.
         Tensor down;
         const int64_t ddims[] = {n, k, n_expert};
@@ -934,14 +1040,19 @@ TEST_CASE("cuda expert scratch of decoded types holds a chunk of experts, not ev
         id_node.src[1] = &y.t;
         id_node.src[2] = &ids.t;
         const size_t dchunk = size_t{32} * n * k * 2;
-        const size_t dneed = moe::cuda::matmul_scratch_bytes(id_node);
+        const size_t dneed = moe::cuda::matmul_scratch_bytes(id_node, ExpertGemmDecode::SCRATCH);
         CHECK(dneed >= dchunk);
         CHECK(dneed <= dchunk + (size_t{16} << 20));
+        const size_t dacts = size_t{n_used} * n_tokens * n * 2;  // a BF16 row per pair
+        CHECK(moe::cuda::matmul_scratch_bytes(id_node, ExpertGemmDecode::FUSED) >= dacts);
+        CHECK(moe::cuda::matmul_scratch_bytes(id_node, ExpertGemmDecode::FUSED) <= dacts + (size_t{1} << 20));
     }
 }
 
 TEST_CASE("cuda matmul scratch holds the BF16 rows of decoded weights past the GEMV", "[cuda][matmul][decoded]") {
-    // Host only: sizes from shapes. K = 512, N = 40, E = 6, 33 tokens (past the GEMV's 8).
+    // Host only: sizes from shapes. K = 512, N = 40, E = 6, 33 tokens (past the GEMV's 8). Expert products
+    // hold their weights' BF16 rows only where they dequantise to scratch.
+    using moe::ExpertGemmDecode;
     const int64_t k = 512, n = 40, n_expert = 6, n_tokens = 33;
     const size_t bf16_experts = static_cast<size_t>(n_expert * n * k) * 2;
     for (Type type : kDecodedTypes) {
@@ -957,21 +1068,28 @@ TEST_CASE("cuda matmul scratch holds the BF16 rows of decoded weights past the G
         id_node.src[0] = &w.t;
         id_node.src[1] = &x3.t;
         id_node.src[2] = &ids.t;
-        CHECK(moe::cuda::matmul_scratch_bytes(id_node) >= bf16_experts + static_cast<size_t>(n_tokens * k) * 2);
+        const size_t acts = static_cast<size_t>(n_tokens * k) * 2;
+        CHECK(moe::cuda::matmul_scratch_bytes(id_node, ExpertGemmDecode::SCRATCH) >= bf16_experts + acts);
+        CHECK(moe::cuda::matmul_scratch_bytes(id_node, ExpertGemmDecode::FUSED) < bf16_experts);
+        CHECK(moe::cuda::matmul_scratch_bytes(id_node, ExpertGemmDecode::FUSED) >= acts);
         Tensor ug = out.t;
         ug.op = Op::MOE_UP_GATE;
         ug.src[0] = &w.t;
         ug.src[1] = &gate.t;
         ug.src[2] = &x.t;
         ug.src[3] = &ids.t;
-        CHECK(moe::cuda::matmul_scratch_bytes(ug) >= 2 * bf16_experts + static_cast<size_t>(n_tokens * k) * 2);
+        CHECK(moe::cuda::matmul_scratch_bytes(ug, ExpertGemmDecode::SCRATCH) >= 2 * bf16_experts + acts);
+        CHECK(moe::cuda::matmul_scratch_bytes(ug, ExpertGemmDecode::FUSED) < bf16_experts);
+        CHECK(moe::cuda::matmul_scratch_bytes(ug, ExpertGemmDecode::FUSED) >= acts);
         HostTensor w2 = random_weights(type, k, n);
         HostTensor dst = make_tensor(Type::F32, {n, n_tokens});
         Tensor mm = dst.t;
         mm.op = Op::MUL_MAT;
         mm.src[0] = &w2.t;
         mm.src[1] = &x.t;
-        CHECK(moe::cuda::matmul_scratch_bytes(mm) >= static_cast<size_t>((n + n_tokens) * k) * 2);
+        for (ExpertGemmDecode d : {ExpertGemmDecode::FUSED, ExpertGemmDecode::SCRATCH}) {
+            CHECK(moe::cuda::matmul_scratch_bytes(mm, d) >= static_cast<size_t>((n + n_tokens) * k) * 2);
+        }
         // At 8 tokens the GEMV reads the weights as they are and Q8 activation rows (int8 qs[K], float
         // d[K / 32], 16-byte multiples: 576 bytes for K = 512).
         HostTensor x8 = random_acts({k, 8});
@@ -980,7 +1098,7 @@ TEST_CASE("cuda matmul scratch holds the BF16 rows of decoded weights past the G
         mm8.op = Op::MUL_MAT;
         mm8.src[0] = &w2.t;
         mm8.src[1] = &x8.t;
-        CHECK(moe::cuda::matmul_scratch_bytes(mm8) == size_t{8} * 576);
+        CHECK(moe::cuda::matmul_scratch_bytes(mm8, kDefaultDecode) == size_t{8} * 576);
     }
 }
 
@@ -1008,9 +1126,9 @@ struct PerfOp {
 };
 
 // Median of 10 event-timed runs after 3 warm-ups, in seconds.
-double time_node(Tensor& node) {
+double time_node(Tensor& node, moe::ExpertGemmDecode decode) {
     GpuEnv& env = GpuEnv::get();
-    const moe::cuda::OpContext ctx = env.ctx(moe::cuda::matmul_scratch_bytes(node));
+    const moe::cuda::OpContext ctx = env.ctx(moe::cuda::matmul_scratch_bytes(node, decode), decode);
     cudaEvent_t a, b;
     CUDA_REQUIRE(cudaEventCreate(&a));
     CUDA_REQUIRE(cudaEventCreate(&b));
@@ -1033,7 +1151,7 @@ double time_node(Tensor& node) {
     return 0.5 * (ms[4] + ms[5]) * 1e-3;
 }
 
-void perf_case(const PerfOp& p, Type type, int64_t n_tokens) {
+void perf_case(const PerfOp& p, Type type, int64_t n_tokens, moe::ExpertGemmDecode decode = kDefaultDecode) {
     const bool fused = p.op == Op::MOE_UP_GATE;
     const bool dense = p.op == Op::MUL_MAT;
     const int64_t n_expert = dense ? 1 : p.n_expert;
@@ -1104,7 +1222,7 @@ void perf_case(const PerfOp& p, Type type, int64_t n_tokens) {
         node.src[1] = &xt;
         node.src[2] = dense ? nullptr : &idt;
     }
-    const double sec = time_node(node);
+    const double sec = time_node(node, decode);
     const double mats = fused ? 2.0 : 1.0;
     const double flops = 2.0 * static_cast<double>(cols) * static_cast<double>(p.n) * static_cast<double>(p.k) * mats;
     if (n_tokens == 1) {
@@ -1113,8 +1231,11 @@ void perf_case(const PerfOp& p, Type type, int64_t n_tokens) {
         std::printf("%-14s %-6s T=%-5lld %9.1f us  %7.1f GB/s of weights\n", p.name, moe::type_name(type),
                     static_cast<long long>(n_tokens), sec * 1e6, bytes / sec * 1e-9);
     } else {
-        std::printf("%-14s %-6s T=%-5lld %9.1f us  %7.1f TFLOP/s\n", p.name, moe::type_name(type),
-                    static_cast<long long>(n_tokens), sec * 1e6, flops / sec * 1e-12);
+        const char* how = !moe::qd::decodes(type) || dense ? ""
+                          : decode == moe::ExpertGemmDecode::FUSED ? "  (fused)"
+                                                                   : "  (scratch)";
+        std::printf("%-14s %-6s T=%-5lld %9.1f us  %7.1f TFLOP/s%s\n", p.name, moe::type_name(type),
+                    static_cast<long long>(n_tokens), sec * 1e6, flops / sec * 1e-12, how);
     }
     std::fflush(stdout);
 }
@@ -1158,10 +1279,14 @@ TEST_CASE("cuda matmul perf (set MOEINFER_GPU_PERF=1)", "[gpu][cuda][matmul][per
             perf_case(g20_down, type, t);
         }
         for (Type type : {Type::Q8_0, Type::BF16}) perf_case(dense, type, t);
-        // The decoded types of llama.cpp's Q4_K_M and IQ4_XS files (core/quant_decode.h's first kernels).
+        // The decoded types of llama.cpp's Q4_K_M and IQ4_XS files (core/quant_decode.h's first kernels),
+        // expert products both ways (backend option expert_gemm_decode).
         for (Type type : {Type::Q4_K, Type::Q6_K, Type::IQ4_XS}) {
-            perf_case(q30_up, type, t);
-            perf_case(q30_down, type, t);
+            for (moe::ExpertGemmDecode d : {moe::ExpertGemmDecode::FUSED, moe::ExpertGemmDecode::SCRATCH}) {
+                perf_case(q30_up, type, t, d);
+                perf_case(q30_down, type, t, d);
+                if (t == 1) break;  // the GEMV either way
+            }
             perf_case(dense, type, t);
         }
     }
