@@ -15,6 +15,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -220,14 +222,18 @@ TEST_CASE("a CUDA backend makes its GPU current for its own calls only", "[gpu]"
     REQUIRE(created.is_ok());
     std::unique_ptr<moe::Backend> be = std::move(created).value();
     CHECK(current_device() == 0);
-    auto round_trip = [&be, last](uint32_t salt) {
+    // Catch's assertions are for the main thread only: the round trip reports what went wrong in words.
+    auto round_trip = [&be, last](uint32_t salt) -> std::string {
         constexpr size_t kN = 2048;
         std::vector<float> in(2 * kN), out(kN, 0.0f);
         std::mt19937 rng(salt);
         for (float& x : in) x = std::uniform_real_distribution<float>(-1, 1)(rng);
         auto buf = be->alloc_buffer(3 * kN * sizeof(float));
-        REQUIRE(buf.is_ok());
-        CHECK(device_of((*buf)->data()) == last);
+        if (!buf.is_ok()) return buf.status().message();
+        cudaPointerAttributes attr{};
+        if (cudaPointerGetAttributes(&attr, (*buf)->data()) != cudaSuccess || attr.device != last) {
+            return "the buffer is not on GPU " + std::to_string(last);
+        }
         // An ADD on the device: the kernel runs on the backend's GPU whatever the caller's current one is.
         moe::Tensor a, b, sum;
         const int64_t ne[1] = {static_cast<int64_t>(kN)};
@@ -239,24 +245,27 @@ TEST_CASE("a CUDA backend makes its GPU current for its own calls only", "[gpu]"
         sum.op = moe::Op::ADD;
         sum.src[0] = &a;
         sum.src[1] = &b;
-        REQUIRE(be->copy_to_device(a.data, in.data(), in.size() * sizeof(float)).is_ok());
         moe::Tensor* nodes[] = {&sum};
-        const moe::Status computed = be->compute(nodes);
-        INFO(computed.message());
-        REQUIRE(computed.is_ok());
-        REQUIRE(be->copy_to_host(out.data(), sum.data, kN * sizeof(float)).is_ok());
-        REQUIRE(be->synchronize().is_ok());
-        for (size_t i = 0; i < kN; ++i) REQUIRE(out[i] == in[i] + in[kN + i]);  // one F32 add: exact
-        CHECK(be->free_memory() > 0);
+        moe::Status st = be->copy_to_device(a.data, in.data(), in.size() * sizeof(float));
+        if (st.is_ok()) st = be->compute(nodes);
+        if (st.is_ok()) st = be->copy_to_host(out.data(), sum.data, kN * sizeof(float));
+        if (st.is_ok()) st = be->synchronize();
+        if (!st.is_ok()) return st.message();
+        for (size_t i = 0; i < kN; ++i) {
+            if (out[i] != in[i] + in[kN + i]) return "sum " + std::to_string(i) + " is wrong";  // one F32 add: exact
+        }
+        return be->free_memory() > 0 ? "" : "no free memory reported";
     };
-    round_trip(1);
+    CHECK(round_trip(1).empty());
     CHECK(current_device() == 0);
     int thread_device = -1;
+    std::string thread_error;
     std::thread t([&] {
-        round_trip(2);
+        thread_error = round_trip(2);
         (void)cudaGetDevice(&thread_device);
     });
     t.join();
+    CHECK(thread_error.empty());
     CHECK(thread_device == 0);  // a fresh thread starts on GPU 0 and is left there
     be.reset();  // the destructor too
     CHECK(current_device() == 0);
