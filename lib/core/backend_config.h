@@ -26,6 +26,12 @@ enum class PullCopies : int32_t { WHILE_UPLOADING = 0, NEVER = 1, ALWAYS = 2 };
 // bytes per weight).
 enum class ExpertGemmDecode : int32_t { FUSED = 0, SCRATCH = 1 };
 
+// Which GEMV kernel the CUDA backend's small-batch products (1 .. 8 columns, dense and routed experts)
+// run on weights of those same types: V2 stages 16-byte coalesced weight loads per warp in shared
+// memory as the Q8_0 / Q4_0 / MXFP4 kernel does; V1, the first kernel, reads each lane's group of 32
+// from global memory in 2-byte loads. The same bits either way; V1 is kept for A/B timing.
+enum class KquantGemv : int32_t { V2 = 0, V1 = 1 };
+
 struct BackendConfig {
     bool cuda_graphs = true;            // cuda_graphs / MOEINFER_CUDA_GRAPHS
     bool cuda_fusion = true;            // cuda_fusion / MOEINFER_CUDA_FUSION
@@ -36,6 +42,7 @@ struct BackendConfig {
     uint64_t emulated_vram = uint64_t{64} << 30;  // emulated_vram / MOEINFER_EMULATED_VRAM, bytes
     std::optional<bool> offload_calibration;  // offload_calibration (no variable); nullopt: auto
     ExpertGemmDecode expert_gemm_decode = ExpertGemmDecode::SCRATCH;  // expert_gemm_decode / MOEINFER_EXPERT_GEMM_DECODE
+    KquantGemv kquant_gemv = KquantGemv::V2;  // kquant_gemv / MOEINFER_KQUANT_GEMV
 };
 
 // Looks an environment variable up: nullptr when unset.

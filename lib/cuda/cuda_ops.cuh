@@ -43,6 +43,8 @@ struct OpContext {
     unsigned int* attn_counters = nullptr;
     // A word that is zero between launches, for the router GEMV's last-block selection (kRouterGemv).
     unsigned int* router_counter = nullptr;
+    // The GEMV kernel of the decoded types (Q4_1 .. IQ4_XS) at 1 .. 8 columns (backend option kquant_gemv).
+    KquantGemv kquant_gemv = BackendConfig{}.kquant_gemv;
     // MUL_MAT_ID on the grouped path: the previous launch, an expert product of the same ids, left the
     // route (tokens grouped by expert) in the scratch block (LaunchItem::route_from_prev).
     bool moe_route_ready = false;

@@ -373,8 +373,13 @@ Status run_gemv_units(std::span<const GemvUnit> units, const OpContext& ctx, con
         MOE_RETURN_IF_ERROR(check_scratch("MUL_MAT", dense_scratch(d0), ctx));
         MOE_RETURN_IF_ERROR(mm::gemv_prepare(mm::rows_f32(x), d0.m, d0.w.k, d0.w.type, ctx.scratch, ctx.stream));
     }
+    mm::WeightArg ws[mm::kMaxGemvSegs];
     mm::GemvOut outs[mm::kMaxGemvSegs];
-    for (size_t i = 0; i < units.size(); ++i) outs[i] = mm::GemvOut{&units[i].d.w, units[i].out, units[i].bias, units[i].out2};
+    for (size_t i = 0; i < units.size(); ++i) {
+        ws[i] = units[i].d.w;
+        ws[i].kquant_gemv = ctx.kquant_gemv;
+        outs[i] = mm::GemvOut{&ws[i], units[i].out, units[i].bias, units[i].out2};
+    }
     return mm::gemv_multi(std::span<const mm::GemvOut>(outs, units.size()), nullptr, acts, act_stride, d0.m, nullptr,
                           nullptr, ctx.stream, router, routed);
 }
@@ -518,6 +523,7 @@ Status mul_mat_router(std::span<Tensor* const> parts, const OpContext& ctx) {
 Status mul_mat_id(Tensor& dst, const OpContext& ctx) {
     MOE_ASSIGN_OR_RETURN(mm::MoeArgs a, parse_mul_mat_id(dst));
     a.decode = ctx.expert_decode;
+    a.w.kquant_gemv = ctx.kquant_gemv;
     MOE_RETURN_IF_ERROR(check_scratch("MUL_MAT_ID", mm::moe_scratch(a), ctx));
     return mm::moe_run(a, ctx);
 }
@@ -537,6 +543,7 @@ Status mul_mat_id_bias(std::span<Tensor* const> parts, const OpContext& ctx) {
     a.bias.picked = static_cast<float*>(parts[1]->data);
     a.bias.sum = static_cast<float*>(parts[2]->data);
     a.decode = ctx.expert_decode;
+    a.w.kquant_gemv = ctx.kquant_gemv;
     MOE_RETURN_IF_ERROR(check_scratch("MUL_MAT_ID", mm::moe_scratch(a), ctx));
     return mm::moe_run(a, ctx);
 }
@@ -555,6 +562,7 @@ Status dequant_rows_bf16(const Tensor& w, void* dst, cudaStream_t stream) {
 Status moe_up_gate(Tensor& dst, const OpContext& ctx) {
     MOE_ASSIGN_OR_RETURN(mm::MoeArgs a, parse_moe_up_gate(dst));
     a.decode = ctx.expert_decode;
+    a.w.kquant_gemv = ctx.kquant_gemv;
     MOE_RETURN_IF_ERROR(check_scratch("MOE_UP_GATE", mm::moe_scratch(a), ctx));
     return mm::moe_run(a, ctx);
 }

@@ -66,6 +66,8 @@ struct WeightArg {
     // A model weight (Tensor::is_weight): no kernel writes its bytes (uploads are copies, which end
     // before any kernel after them starts), so a kernel may read them before its PDL wait (launch.cuh).
     bool constant = false;
+    // The GEMV kernel for a decoded type (OpContext::kquant_gemv, set by matmul.cu where it hands w to one).
+    KquantGemv kquant_gemv = KquantGemv::V2;
 };
 
 WeightArg weight_arg(const Tensor& w);

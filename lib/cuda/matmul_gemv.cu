@@ -9,9 +9,11 @@
 // - Quantised weights multiply activations quantised to Q8 (int8 per block of 32 with a float scale
 //   amax / 127, q = nearest-even(x * 127 / amax): the CPU backend's rule, so both backends compute
 //   the same integer dot products) with dp4a; Q4_0 and MXFP4 nibbles become int8 values first
-//   (byte-wise subtract / table permute); the decoded types (Q4_1 .. IQ4_XS) take the same Q8 rows in
-//   gemv_decode_kernel, as integer groups of 32 (core/quant_decode_dot.h). Float weights multiply the F32
-//   activations.
+//   (byte-wise subtract / table permute); the decoded types (Q4_1 .. IQ4_XS) take the same Q8 rows as
+//   integer groups of 32 (core/quant_decode_dot.h): in gemv_decode_v2_kernel, staged as above (chunks of
+//   32 groups, a group per lane), or in the first gemv_decode_kernel, which reads each lane's group
+//   straight from global memory (backend option kquant_gemv=v1; the same bits). Float weights multiply
+//   the F32 activations.
 // - Several weights that multiply the same activation (q, k, v) run as segments of one launch: grid x
 //   walks the row blocks of each weight in turn; each segment has its own output and optionally a
 //   bias row added in the epilogue (written to a second output, as MUL_MAT + ADD would).
@@ -26,6 +28,7 @@
 //   of weights before the PDL wait (EARLY), so those loads overlap the small kernel before them (launch.cuh).
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "cuda/cuda_common.cuh"
 #include "cuda/fusion_plan.h"
@@ -629,6 +632,151 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_decode_kernel(const GemvPar
     if (lane == 0) write_row<FUSED, MC>(p, seg, expert, out_col, n_cols, row, acc);
 }
 
+// The decoded types organised as gemv_kernel (KquantGemv::V2; gemv_decode_kernel above is V1): a warp per
+// row, walking it in chunks of 32 groups of 32 values, one group per lane (32 blocks of the 32-element
+// types, 4 super-blocks of the K-quants and IQ4_XS: 336 .. 840 bytes). A chunk's bytes are fetched with
+// aligned 16-byte loads (load16_guarded, coalesced, one or two per lane) into a per-warp shared buffer that
+// keeps the source misalignment: rows of blocks of 18 .. 210 bytes start at any even address (a row of 2048
+// Q4_K values is 1,152 bytes and stays 16-byte aligned, one of 768 Q6_K values is 630 bytes and does not),
+// so no alignment is asked of the tensor beyond qd::load_group's 2 bytes (matmul.cu checks it). The next
+// chunk's loads are issued before the current one is computed; each lane then unpacks its group's quants
+// and scales once (qd::load_group, from shared memory) and dots them with every column's activation block.
+// Lane l takes groups l, l + 32, ... in that order and the warp sums as in gemv_decode_kernel: the same
+// bits as V1. EARLY (dense products of model weights: the first chunk loaded before the PDL wait) and RPW
+// (MOE_UP_GATE: 2 rows per warp where that fits the grid into one wave) as in gemv_kernel.
+template <Type W, int MC, bool FUSED, bool EARLY, int RPW>
+__global__ void __launch_bounds__(kGemvThreads) gemv_decode_v2_kernel(const GemvParams p) {
+    if constexpr (!EARLY) pdl_grid_sync();
+    static_assert(qd::decodes(W), "decoded types only");
+    static_assert(!(EARLY && FUSED), "routed products read their expert id first");
+    static_assert(!FUSED || MC == 1, "MOE_UP_GATE reads one activation row per routed pair");
+    static_assert(RPW == 1 || (RPW == 2 && FUSED), "several rows per warp: MOE_UP_GATE, 2");
+    constexpr int kGroups = qd::block_elems(W) / 32;  // groups of 32 per block: 1 or 8, a divisor of 32
+    constexpr int kBB = qd::block_bytes(W);
+    constexpr int kChunk = 32 / kGroups * kBB;        // the bytes of 32 groups
+    constexpr int kVecs = (kChunk + 30) / 16;         // 16-byte vectors covering a chunk at any alignment
+    constexpr int kVpl = (kVecs + 31) / 32;           // per lane
+    constexpr int kNM = FUSED ? 2 : 1;
+    __shared__ uint4 stage[kGemvWarps][kNM][kVpl * 32];
+
+    const int warp = static_cast<int>(threadIdx.x) >> 5;
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const GemvSeg seg = block_segment(p);
+    const int64_t row0 = ((static_cast<int64_t>(blockIdx.x) - seg.blk0) * kGemvWarps + warp) * RPW;
+    if (row0 >= seg.n_rows) {  // no block-wide barrier below
+        if constexpr (EARLY) pdl_grid_sync();
+        return;
+    }
+    const int warp_rows = RPW == 1 ? 1 : static_cast<int>(min(static_cast<int64_t>(RPW), seg.n_rows - row0));
+
+    int64_t expert = 0, act_row = 0, out_col = 0;
+    int n_cols = p.n_cols;
+    if (!EARLY && p.ids != nullptr) {  // EARLY launches are dense
+        const int64_t pair = blockIdx.y;
+        const int64_t t = pair / p.n_used;
+        const int32_t e = p.ids[t * p.ids_stride + (pair - t * p.n_used)];
+        if (e < 0 || e >= p.n_expert) {
+            const int64_t o = pair * seg.n_rows + row0 + lane;  // lane r writes the warp's row r
+            if (lane < warp_rows) write_missing_expert(e, seg.dst, p.ebias, p.error_flags, o);
+            return;
+        }
+        expert = e;
+        act_row = p.b_rows == 1 ? t : pair;
+        out_col = pair;
+        n_cols = 1;
+    }
+
+    const uint8_t* wbase[2] = {seg.w, p.gate};
+    const uint8_t* wlo[2] = {seg.lo, p.gate_lo};
+    const uint8_t* whi[2] = {seg.hi, p.gate_hi};
+    const uint8_t* wrow0[kNM];  // the warp's first row
+#pragma unroll
+    for (int m = 0; m < kNM; ++m) wrow0[m] = wbase[m] + expert * p.nb2 + row0 * seg.nb1;
+
+    float acc[kNM][MC];
+#pragma unroll
+    for (int m = 0; m < kNM; ++m) {
+#pragma unroll
+        for (int c = 0; c < MC; ++c) acc[m][c] = 0.0f;
+    }
+
+    const int nchunks = (p.nblk + 31) / 32;
+    uint4 buf[kNM][kVpl];
+    // Chunk c of the warp's row r (r = 0 with RPW = 1).
+    auto chunk_at = [&](int m, int r, int c) {
+        return wrow0[m] + (RPW == 1 ? 0 : r * seg.nb1) + static_cast<int64_t>(c) * kChunk;
+    };
+    auto load_chunk = [&](int r, int c) {
+        const int groups = min(32, p.nblk - 32 * c);  // a multiple of kGroups (K is whole blocks)
+#pragma unroll
+        for (int m = 0; m < kNM; ++m) {
+            const uint8_t* base = chunk_at(m, r, c);
+            const uint8_t* end = base + groups / kGroups * kBB;
+            const uint8_t* a0 = align_down<16>(base);
+#pragma unroll
+            for (int v = 0; v < kVpl; ++v) {
+                const uint8_t* q = a0 + 16 * (lane + 32 * v);
+                buf[m][v] = q < end ? load16_guarded(q, wlo[m], whi[m]) : make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+    };
+    // Chunk c of row r into acc: staged from buf, the next chunk requested into buf, then computed.
+    auto chunk_step = [&](int r, int c) {
+        __syncwarp();  // every lane is done with the previous chunk
+#pragma unroll
+        for (int m = 0; m < kNM; ++m) {
+#pragma unroll
+            for (int v = 0; v < kVpl; ++v) stage[warp][m][lane + 32 * v] = buf[m][v];
+        }
+        __syncwarp();
+        // The next chunk (of this row, or the next row's first) is in flight while this one is computed.
+        if (c + 1 < nchunks) {
+            load_chunk(r, c + 1);
+        } else if (RPW > 1 && r + 1 < warp_rows) {
+            load_chunk(r + 1, 0);
+        }
+        const int g = 32 * c + lane;
+        if (g >= p.nblk) return;
+        qd::GroupQ wq[kNM];
+#pragma unroll
+        for (int m = 0; m < kNM; ++m) {
+            const uint8_t* blk = reinterpret_cast<const uint8_t*>(stage[warp][m]) +
+                                 (reinterpret_cast<uintptr_t>(chunk_at(m, r, c)) & 15) + lane / kGroups * kBB;
+            wq[m] = qd::load_group<W>(blk, lane % kGroups);  // g % kGroups: chunks start at a block
+        }
+#pragma unroll
+        for (int mc = 0; mc < MC; ++mc) {
+            if (mc < n_cols) {
+                const uint8_t* xr = p.acts + (act_row + mc) * p.act_stride;
+                const int4* xv = reinterpret_cast<const int4*>(xr + 32 * static_cast<int64_t>(g));
+                const int4 x0 = load_act<EARLY>(xv);
+                const int4 x1 = load_act<EARLY>(xv + 1);
+                const float dx = load_act<EARLY>(reinterpret_cast<const float*>(xr + p.k) + g);
+                const int xq[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+                for (int m = 0; m < kNM; ++m) acc[m][mc] += qd::group_value<W>(wq[m], qd::group_sums<W>(wq[m], xq), dx);
+            }
+        }
+    };
+
+    load_chunk(0, 0);
+    if constexpr (EARLY) pdl_grid_sync();  // activations and outputs only after it
+    for (int r = 0; r < warp_rows; ++r) {
+        for (int c = 0; c < nchunks; ++c) chunk_step(r, c);
+#pragma unroll
+        for (int m = 0; m < kNM; ++m) {
+#pragma unroll
+            for (int mc = 0; mc < MC; ++mc) acc[m][mc] = ops::warp_sum(acc[m][mc]);
+        }
+        if (lane == 0) write_row<FUSED, MC>(p, seg, expert, out_col, n_cols, row0 + r, acc);
+#pragma unroll
+        for (int m = 0; m < kNM; ++m) {
+#pragma unroll
+            for (int mc = 0; mc < MC; ++mc) acc[m][mc] = 0.0f;
+        }
+    }
+}
+
 // One warp per (row, block of 32): lane j takes element j (one coalesced 128-byte load per warp), the
 // block's amax is a warp max, and lanes 0, 4, ... store the packed words. Q8 quantisation exactly as
 // the CPU's quantize_q8a.
@@ -725,6 +873,43 @@ Status launch_gemv_decode(Type w, const GemvParams& p, int64_t blocks, int64_t n
         }
         return launch_kernel("gemv_decode_kernel", kernel, grid, kGemvThreads, 0, stream, p);
     });
+}
+
+// gemv_decode_v2_kernel over p (a decoded weight type): dense products with 1, 2, 4 or 8 columns, their
+// first chunk before the PDL wait where p.early_weights says; routed ones with one column, MOE_UP_GATE at
+// two rows per warp under gemv_kernel's rule (launch_gemv).
+template <Type W>
+Status launch_gemv_decode_v2(const GemvParams& p, int64_t blocks, int64_t n_jobs, bool fused, int n_sm,
+                             cudaStream_t stream) {
+    const dim3 grid(static_cast<unsigned int>(blocks), static_cast<unsigned int>(n_jobs));
+    if (fused) {
+        static const int per_sm_1 = gemv_blocks_per_sm(gemv_decode_v2_kernel<W, 1, true, false, 1>);
+        static const int per_sm_2 = gemv_blocks_per_sm(gemv_decode_v2_kernel<W, 1, true, false, 2>);
+        const int64_t blocks_2 = (p.seg[0].n_rows + 2 * kGemvWarps - 1) / (2 * kGemvWarps);
+        if (blocks * n_jobs > static_cast<int64_t>(per_sm_1) * n_sm &&
+            blocks_2 * n_jobs <= static_cast<int64_t>(per_sm_2) * n_sm) {
+            const dim3 grid_2(static_cast<unsigned int>(blocks_2), static_cast<unsigned int>(n_jobs));
+            return launch_kernel("gemv_decode_v2_kernel", gemv_decode_v2_kernel<W, 1, true, false, 2>, grid_2,
+                                 kGemvThreads, 0, stream, p);
+        }
+        return launch_kernel("gemv_decode_v2_kernel", gemv_decode_v2_kernel<W, 1, true, false, 1>, grid, kGemvThreads,
+                             0, stream, p);
+    }
+    const auto pick = [&](auto early) {
+        constexpr bool E = decltype(early)::value;
+        auto kernel = gemv_decode_v2_kernel<W, 8, false, E, 1>;
+        if (p.n_cols == 1) {
+            kernel = gemv_decode_v2_kernel<W, 1, false, E, 1>;
+        } else if (p.n_cols == 2) {
+            kernel = gemv_decode_v2_kernel<W, 2, false, E, 1>;
+        } else if (p.n_cols <= 4) {
+            kernel = gemv_decode_v2_kernel<W, 4, false, E, 1>;
+        }
+        return kernel;
+    };
+    // Routed launches have one column and never start early (p.early_weights is for dense ones only).
+    const auto kernel = p.early_weights ? pick(std::true_type{}) : pick(std::false_type{});
+    return launch_kernel("gemv_decode_v2_kernel", kernel, grid, kGemvThreads, 0, stream, p);
 }
 
 // gemv_short_kernel over the routed pairs of p.
@@ -849,7 +1034,12 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
     if (glu != nullptr) p.glu = *glu;
     const bool fused = gate != nullptr;
     if (fused && p.n_cols != 1) return internal_error("cuda gemv: up/gate pairs take one activation row each");
-    if (qd::decodes(w.type)) return launch_gemv_decode(w.type, p, blocks, n_jobs, fused, stream);
+    if (qd::decodes(w.type)) {
+        if (w.kquant_gemv == KquantGemv::V1) return launch_gemv_decode(w.type, p, blocks, n_jobs, fused, stream);
+        return with_decoded_type(w.type, [&](auto wt) -> Status {
+            return launch_gemv_decode_v2<decltype(wt)::value>(p, blocks, n_jobs, fused, n_sm, stream);
+        });
+    }
     // Float weights with few rows: a block per row (16-byte activation rows, aligned weight rows).
     if (route == nullptr && !is_quant(w.type) && reinterpret_cast<uintptr_t>(p.acts) % 16 == 0 &&
         p.act_stride % 16 == 0) {

@@ -121,8 +121,14 @@ public:
         c.scratch_size = scratch_size_;
         c.error_flags = flags_dev_;
         c.expert_decode = decode;
+        c.kquant_gemv = kquant_gemv;
+        c.n_sm = n_sm;
         return c;
     }
+    // The decoded types' GEMV kernel and the multiprocessor count (0: unknown, no grid sizing by
+    // occupancy) of the contexts ctx() makes; GemvKnobs sets them for a scope.
+    moe::KquantGemv kquant_gemv = moe::BackendConfig{}.kquant_gemv;
+    int n_sm = 0;
     cudaStream_t stream() const { return stream_; }
     // Synchronises, then returns and clears the error word.
     unsigned int take_flags() {
@@ -819,6 +825,123 @@ TEST_CASE("cuda expert products of decoded types decode their tiles in the GEMM 
 // the CTA of the last rows must fall back to guarded loads: its unguarded copy of the last step's words
 // would run past the tensor. Each tensor is a cudaMalloc of its own size: run this case under
 // `compute-sanitizer --tool memcheck` to see that no load leaves it (results are checked as usual).
+// The decoded types' two GEMV kernels (backend option kquant_gemv): v2 stages 16-byte weight loads in shared
+// memory, v1 reads each lane's group straight from global memory; each lane sums the same groups in the same
+// order, so the outputs are the same bits. The [decoded] cases above hold v2 (the default) to the CPU; these
+// hold it to v1 where those do not reach: dense products of model weights (the first chunk loaded before
+// the PDL wait), 1 .. 8 columns, rows of 1, 3 and 4 full chunks (K-quants: 4 super-blocks per chunk) and of
+// a partial one, odd row counts, and MOE_UP_GATE at two rows per warp, which a launch takes where that fits
+// its grid into one wave of the device's multiprocessors (n_sm set).
+namespace {
+
+struct GemvKnobs {
+    GemvKnobs(moe::KquantGemv g, int n_sm) {
+        GpuEnv::get().kquant_gemv = g;
+        GpuEnv::get().n_sm = n_sm;
+    }
+    ~GemvKnobs() {
+        GpuEnv::get().kquant_gemv = moe::BackendConfig{}.kquant_gemv;
+        GpuEnv::get().n_sm = 0;
+    }
+    GemvKnobs(const GemvKnobs&) = delete;
+    GemvKnobs& operator=(const GemvKnobs&) = delete;
+};
+
+int device_sms() {
+    int n = 0;
+    CUDA_REQUIRE(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0));
+    return n;
+}
+
+// op on the GPU with kquant_gemv=v1 and =v2: every output written (finite) and the same bits.
+void check_gemv_v1_v2(const std::string& what, Op op, const std::vector<const HostTensor*>& srcs,
+                      std::initializer_list<int64_t> dst_shape, const moe::OpParams& params, int n_sm) {
+    Outputs o1, o2;
+    {
+        const GemvKnobs k(moe::KquantGemv::V1, n_sm);
+        o1 = run_both(op, srcs, dst_shape, params, false);
+    }
+    {
+        const GemvKnobs k(moe::KquantGemv::V2, n_sm);
+        o2 = run_both(op, srcs, dst_shape, params, false);
+    }
+    REQUIRE(o1.gpu.size() == o2.gpu.size());
+    size_t differ = 0, not_finite = 0;
+    for (size_t i = 0; i < o2.gpu.size(); ++i) {
+        differ += std::memcmp(&o1.gpu[i], &o2.gpu[i], sizeof(float)) != 0 ? 1 : 0;
+        not_finite += std::isfinite(o2.gpu[i]) ? 0 : 1;
+    }
+    std::printf("  %-58s %zu of %zu differ\n", what.c_str(), differ, o2.gpu.size());
+    INFO(what << ": " << differ << " of " << o2.gpu.size() << " outputs differ in their bits between kquant_gemv=v1 and v2, "
+              << not_finite << " not finite");
+    CHECK(differ == 0);
+    CHECK(not_finite == 0);
+    CHECK(o1.flags == 0);
+    CHECK(o2.flags == 0);
+}
+
+}  // namespace
+
+TEST_CASE("cuda decoded-type GEMV: kquant_gemv=v2 gives v1's bits (early dense loads, two rows per warp)",
+          "[gpu][cuda][matmul][decoded]") {
+    if (moe::cuda::device_count() == 0) {
+        WARN("skipped: no CUDA device");
+        return;
+    }
+    const int n_sm = device_sms();
+    for (Type type : kDecodedTypes) {
+        // Dense, model weights: K of 1 (32-element types: 25 groups) or 3 partial chunks (K-quants: 72 groups),
+        // and of 4 whole chunks.
+        struct Dense {
+            int64_t k, n;
+            std::vector<int64_t> cols;
+        };
+        const Dense dense[] = {{odd_k(type), 203, {1, 2, 3, 4, 5, 8}}, {4096, 67, {1, 6}}, {1024, 45, {7}}};
+        for (const Dense& d : dense) {
+            HostTensor w = random_weights(type, d.k, d.n);
+            w.t.is_weight = true;
+            for (int64_t cols : d.cols) {
+                const HostTensor x = random_acts({d.k, cols});
+                check_gemv_v1_v2(case_name("MUL_MAT weight", type, {d.k, d.n, cols}), Op::MUL_MAT, {&w, &x},
+                                 {d.n, cols}, moe::OpParams{}, n_sm);
+            }
+        }
+        // Routed: MUL_MAT_ID with one activation row per token and per pair.
+        {
+            const HostTensor w = random_weights(type, odd_k(type), 77, 8);
+            for (int64_t t : {int64_t{1}, int64_t{5}}) {
+                const HostTensor ids = random_ids(3, t, {0, 1, 2, 3, 4, 5, 6, 7});
+                const HostTensor x1 = random_acts({odd_k(type), 1, t});
+                const HostTensor x3 = random_acts({odd_k(type), 3, t});
+                check_gemv_v1_v2(case_name("MUL_MAT_ID B=1", type, {odd_k(type), 77, 8, 3, t}), Op::MUL_MAT_ID,
+                                 {&w, &x1, &ids}, {77, 3, t}, moe::OpParams{}, n_sm);
+                check_gemv_v1_v2(case_name("MUL_MAT_ID B=n_used", type, {odd_k(type), 77, 8, 3, t}), Op::MUL_MAT_ID,
+                                 {&w, &x3, &ids}, {77, 3, t}, moe::OpParams{}, n_sm);
+            }
+        }
+        // MOE_UP_GATE, 64 pairs (8 tokens x 8 of 8 experts): a launch of ceil(n / 4) x 64 blocks takes two rows
+        // per warp where that grid exceeds one wave of p blocks per multiprocessor and ceil(n / 8) x 64 fits
+        // one; these n do so for p from 3 to 46 on 132 multiprocessors (H100, H200), whatever p the kernel
+        // gets. 385 rows: the last warp of two rows has one.
+        for (int64_t n : {int64_t{49}, int64_t{97}, int64_t{193}, int64_t{385}}) {
+            const HostTensor up = random_weights(type, 256, n, 8);
+            const HostTensor gate = random_weights(type, 256, n, 8);
+            const HostTensor x = random_acts({256, 8});
+            const HostTensor ids = random_ids(8, 8, {0, 1, 2, 3, 4, 5, 6, 7});
+            const HostTensor bu = random_bias(n, 8);
+            const HostTensor bg = random_bias(n, 8);
+            moe::OpParams silu;
+            silu.i[0] = static_cast<int32_t>(Activation::SILU);
+            moe::OpParams oai;
+            oai.i[0] = static_cast<int32_t>(Activation::SWIGLU_OAI);
+            check_gemv_v1_v2(case_name("MOE_UP_GATE silu", type, {256, n, 8, 8, 8}), Op::MOE_UP_GATE,
+                             {&up, &gate, &x, &ids}, {n, 8, 8}, silu, n_sm);
+            check_gemv_v1_v2(case_name("MOE_UP_GATE swiglu_oai+bias", type, {256, n, 8, 8, 8}), Op::MOE_UP_GATE,
+                             {&up, &gate, &x, &ids, &bu, &bg}, {n, 8, 8}, oai, n_sm);
+        }
+    }
+}
+
 TEST_CASE("cuda tensor-core GEMM reads nothing past its weights (run under compute-sanitizer)", "[gpu][cuda][matmul]") {
     if (moe::cuda::device_count() == 0) {
         WARN("skipped: no CUDA device");
