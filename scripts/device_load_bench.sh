@@ -10,7 +10,9 @@
 # ("load X s (model, context)") also give the time of the library calls alone (process time adds the
 # CUDA start-up, one decoded token and the exit).
 # Environment: DEVICE (default cuda; emulated tries the script without a GPU), SPEC (default Q30-48, the largest synthetic model the other scripts use), OT (default
-# exps=CPU), REPS (default 3) runs per build and mode, DIR (default /tmp/moe-load) for the model file.
+# exps=CPU), REPS (default 3) runs per build and mode, DIR (default /tmp/moe-load) for the model file,
+# ARGS (default none) more bench flags for every run (e.g. ARGS="-t 1": the weights read into anonymous
+# memory on one thread instead of min(cores, 8)).
 # The eviction works only for pages nothing else maps; "cold?" marks a cold median under twice the warm
 # one (the file may have stayed cached).
 set -uo pipefail
@@ -26,10 +28,11 @@ LD_LIBRARY_PATH="$new/lib:${LD_LIBRARY_PATH:-}" "$new/bin/moeinfer-bench" --synt
 model=$(ls -t "$dir"/*.gguf | head -1)
 echo "model $model ($(du -h "$model" | cut -f1)), -ot $ot"
 
-python3 - "$model" "$ot" "$device" "${REPS:-3}" "$new" $old <<'PY'
+python3 - "$model" "$ot" "$device" "${REPS:-3}" "${ARGS:-}" "$new" $old <<'PY'
 import os, re, statistics, subprocess, sys, time
 
-model, ot, device, reps, builds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
+model, ot, device, reps, args, builds = (sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5].split(),
+                                         sys.argv[6:])
 size = os.path.getsize(model)
 REPORT = re.compile(r"load ([0-9.]+) s \(model ([0-9.]+) s, context ([0-9.]+) s\), peak RSS ([0-9.]+) GB")
 # Runs the bench as the only child of a fresh interpreter, so that ru_maxrss is that bench's peak alone.
@@ -52,7 +55,7 @@ def warm():
 def run(build):
     env = dict(os.environ, LD_LIBRARY_PATH=f"{build}/lib:" + os.environ.get("LD_LIBRARY_PATH", ""))
     cmd = [f"{build}/bin/moeinfer-bench", "-m", model, "--device", device, "-ot", ot, "-p", "0", "-n", "1",
-           "-r", "1", "--no-warmup", "-v", "-o", "json"]
+           "-r", "1", "--no-warmup", "-v", "-o", "json"] + args
     t0 = time.monotonic()
     p = subprocess.Popen([sys.executable, "-c", WRAP] + cmd, env=env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
@@ -67,7 +70,7 @@ def run(build):
     return {"wall": wall, "child_peak": peak, "load": float(m.group(1)) if m else None,
             "context": float(m.group(3)) if m else None, "peak": float(m.group(4)) * 1e9 if m else None}
 
-print(f"file {size / 1e9:.2f} GB; per build and mode: median of {reps} runs")
+print(f"file {size / 1e9:.2f} GB; per build and mode: median of {reps} runs" + (f"; bench flags {' '.join(args)}" if args else ""))
 print(f"{'build':40s} {'mode':5s} {'process s':>9s} {'load s':>7s} {'context s':>9s} {'peak RSS GB':>11s} {'/ file':>6s}")
 for build in builds:
     medians = {}
