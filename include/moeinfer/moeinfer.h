@@ -387,7 +387,8 @@ typedef struct moe_context_params {
     /* Tokens per graph evaluation (micro-batch); moe_decode splits longer inputs. Default: 512. */
     int32_t n_ubatch;
     /* CPU threads, 0..MOE_MAX_THREADS (0: all available cores; more than the cores is allowed, but
-     * no more run than oneTBB may use). Default: 0. */
+     * no more run than oneTBB may use). A device context's creation also reads its host-resident
+     * weights into memory of its own (to page-lock them) on this many threads, at most 8. Default: 0. */
     int32_t n_threads;
     /* A moe_device. MOE_DEVICE_CUDA needs a build with CUDA (UNIMPLEMENTED otherwise) and a GPU
      * (FAILED_PRECONDITION otherwise); MOE_DEVICE_AUTO picks CUDA when both are there, else the CPU
@@ -426,8 +427,9 @@ typedef struct moe_context_params {
     /* Optional progress of creation's long work (may be NULL): the fraction of bytes done of
      * page-locking the host-resident weights (which reads them from disk when the file is not in the
      * page cache) and then of uploading the device-resident ones; nothing is reported for CPU
-     * contexts, which use the weights in place. As every moe_progress_fn: return non-zero to continue,
-     * 0 to cancel (MOE_STATUS_CANCELLED, nothing leaked). Default: NULL. */
+     * contexts, which use the weights in place. Called on the thread that creates the context. As
+     * every moe_progress_fn: return non-zero to continue, 0 to cancel (MOE_STATUS_CANCELLED, nothing
+     * leaked). Default: NULL. */
     moe_progress_fn progress;
     void* progress_user_data;  /* passed to `progress` unchanged. Default: NULL */
 
