@@ -642,8 +642,9 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_decode_kernel(const GemvPar
 // chunk's loads are issued before the current one is computed; each lane then unpacks its group's quants
 // and scales once (qd::load_group, from shared memory) and dots them with every column's activation block.
 // Lane l takes groups l, l + 32, ... in that order and the warp sums as in gemv_decode_kernel: the same
-// bits as V1. EARLY (dense products of model weights: the first chunk loaded before the PDL wait) and RPW
-// (MOE_UP_GATE: 2 rows per warp where that fits the grid into one wave) as in gemv_kernel.
+// bits as V1. EARLY (dense products of model weights: the first chunk loaded before the PDL wait), RPW
+// (MOE_UP_GATE: 2 rows per warp where that fits the grid into one wave) and MOE_UP_GATE's activations
+// requested before the chunk's weights are waited for, as in gemv_kernel.
 template <Type W, int MC, bool FUSED, bool EARLY, int RPW>
 __global__ void __launch_bounds__(kGemvThreads) gemv_decode_v2_kernel(const GemvParams p) {
     if constexpr (!EARLY) pdl_grid_sync();
@@ -720,8 +721,32 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_decode_v2_kernel(const Gemv
             }
         }
     };
+    // This lane's activation block of group g, column mc.
+    auto load_x = [&](int mc, int g, int (&xq)[8], float& dx) {
+        const uint8_t* xr = p.acts + (act_row + mc) * p.act_stride;
+        const int4* xv = reinterpret_cast<const int4*>(xr + 32 * static_cast<int64_t>(g));
+        const int4 x0 = load_act<EARLY>(xv);
+        const int4 x1 = load_act<EARLY>(xv + 1);
+        dx = load_act<EARLY>(reinterpret_cast<const float*>(xr + p.k) + g);
+        xq[0] = x0.x;
+        xq[1] = x0.y;
+        xq[2] = x0.z;
+        xq[3] = x0.w;
+        xq[4] = x1.x;
+        xq[5] = x1.y;
+        xq[6] = x1.z;
+        xq[7] = x1.w;
+    };
     // Chunk c of row r into acc: staged from buf, the next chunk requested into buf, then computed.
     auto chunk_step = [&](int r, int c) {
+        const int g = 32 * c + lane;
+        // MOE_UP_GATE (one activation row): the lane's activation block is requested before the chunk's
+        // weights are waited for, so that its L2 round trip overlaps theirs, as gemv_kernel's kActFirst.
+        [[maybe_unused]] int xf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        [[maybe_unused]] float dxf = 0.0f;
+        if constexpr (FUSED) {
+            if (g < p.nblk) load_x(0, g, xf, dxf);
+        }
         __syncwarp();  // every lane is done with the previous chunk
 #pragma unroll
         for (int m = 0; m < kNM; ++m) {
@@ -735,7 +760,6 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_decode_v2_kernel(const Gemv
         } else if (RPW > 1 && r + 1 < warp_rows) {
             load_chunk(r + 1, 0);
         }
-        const int g = 32 * c + lane;
         if (g >= p.nblk) return;
         qd::GroupQ wq[kNM];
 #pragma unroll
@@ -744,17 +768,18 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_decode_v2_kernel(const Gemv
                                  (reinterpret_cast<uintptr_t>(chunk_at(m, r, c)) & 15) + lane / kGroups * kBB;
             wq[m] = qd::load_group<W>(blk, lane % kGroups);  // g % kGroups: chunks start at a block
         }
+        if constexpr (FUSED) {
 #pragma unroll
-        for (int mc = 0; mc < MC; ++mc) {
-            if (mc < n_cols) {
-                const uint8_t* xr = p.acts + (act_row + mc) * p.act_stride;
-                const int4* xv = reinterpret_cast<const int4*>(xr + 32 * static_cast<int64_t>(g));
-                const int4 x0 = load_act<EARLY>(xv);
-                const int4 x1 = load_act<EARLY>(xv + 1);
-                const float dx = load_act<EARLY>(reinterpret_cast<const float*>(xr + p.k) + g);
-                const int xq[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+            for (int m = 0; m < kNM; ++m) acc[m][0] += qd::group_value<W>(wq[m], qd::group_sums<W>(wq[m], xf), dxf);
+        } else {
 #pragma unroll
-                for (int m = 0; m < kNM; ++m) acc[m][mc] += qd::group_value<W>(wq[m], qd::group_sums<W>(wq[m], xq), dx);
+            for (int mc = 0; mc < MC; ++mc) {
+                if (mc < n_cols) {
+                    int xq[8];
+                    float dx;
+                    load_x(mc, g, xq, dx);
+                    acc[0][mc] += qd::group_value<W>(wq[0], qd::group_sums<W>(wq[0], xq), dx);
+                }
             }
         }
     };
