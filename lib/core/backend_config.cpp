@@ -125,7 +125,7 @@ const std::vector<Key>& keys() {
              return b.has_value();
          },
          nullptr},
-        {"expert_gemm_decode", "MOEINFER_EXPERT_GEMM_DECODE", "fused|scratch", "scratch",
+        {"expert_gemm_decode", "MOEINFER_EXPERT_GEMM_DECODE", "fused|scratch", "fused",
          "CUDA expert prefill of K-quant / IQ4 / Q4_1 / Q5_* weights: fused, the tensor-core GEMM decodes "
          "the quantised weight tiles itself; scratch, the routed experts are dequantised to BF16 rows first",
          [](std::string_view v, BackendConfig& c) {

@@ -52,7 +52,7 @@ TEST_CASE("backend options: nothing given and no environment gives the documente
     CHECK(c.emulated_pcie_gbps == 0.0);
     CHECK(c.emulated_vram == (uint64_t{64} << 30));
     CHECK_FALSE(c.offload_calibration.has_value());
-    CHECK(c.expert_gemm_decode == ExpertGemmDecode::SCRATCH);
+    CHECK(c.expert_gemm_decode == ExpertGemmDecode::FUSED);
 }
 
 TEST_CASE("backend options: each key takes each of its values", "[core]") {
@@ -115,9 +115,9 @@ TEST_CASE("backend options: a key left out takes its environment variable, with 
     env.vars = {{"MOEINFER_CUDA_GRAPHS", "0"},        {"MOEINFER_CUDA_FUSION", "0"},
                 {"MOEINFER_CUDA_PDL", "0"},           {"MOEINFER_CUDA_PULL_COPIES", "1"},
                 {"MOEINFER_EMULATED_ASYNC", "1"},     {"MOEINFER_EMULATED_PCIE_GBPS", "2.5"},
-                {"MOEINFER_EMULATED_VRAM", "1048576"}, {"MOEINFER_EXPERT_GEMM_DECODE", "fused"}};
+                {"MOEINFER_EMULATED_VRAM", "1048576"}, {"MOEINFER_EXPERT_GEMM_DECODE", "scratch"}};
     BackendConfig c = parse_ok("", env);
-    CHECK(c.expert_gemm_decode == ExpertGemmDecode::FUSED);
+    CHECK(c.expert_gemm_decode == ExpertGemmDecode::SCRATCH);
     CHECK_FALSE(c.cuda_graphs);
     CHECK_FALSE(c.cuda_fusion);
     CHECK(c.cuda_pdl == std::optional<bool>(false));
@@ -133,7 +133,7 @@ TEST_CASE("backend options: a key left out takes its environment variable, with 
                 {"MOEINFER_EMULATED_PCIE_GBPS", "-3"}, {"MOEINFER_EMULATED_VRAM", "12x"},
                 {"MOEINFER_EXPERT_GEMM_DECODE", "on"}};
     c = parse_ok("", env);
-    CHECK(c.expert_gemm_decode == ExpertGemmDecode::SCRATCH);
+    CHECK(c.expert_gemm_decode == ExpertGemmDecode::FUSED);
     CHECK(c.cuda_graphs);
     CHECK(c.cuda_pdl == std::optional<bool>(true));
     CHECK(c.cuda_pull_copies == PullCopies::NEVER);
