@@ -5,6 +5,10 @@
 # image has no oneTBB), stripped. On the device: export LD_LIBRARY_PATH=$PWD/OUT_DIR/lib.
 # XZ=1 compresses the test binary and the library (the device tool carries at most 64 MiB with the tree):
 # unpack on the device with `xz -d OUT_DIR/moeinfer_tests.xz OUT_DIR/lib/libmoeinfer.so.0.xz`.
+# The other tools the device scripts use (moeinfer-synth, moeinfer-info, the matmul micro-benchmark) go to
+# OUT_DIR/bin when the build has them. PYTHON=1 adds the Python package (OUT_DIR/python/moeinfer, for pytest:
+# PYTHONPATH=OUT_DIR/python, MOEINFER_TOOLS_DIR=OUT_DIR/bin); its extension links the library statically, so it
+# is as large again (xz'd with XZ=1: unpack OUT_DIR/python/moeinfer/*.xz too).
 set -euo pipefail
 build=${1:-build}
 out=${2:-build-devcarry}
@@ -14,7 +18,19 @@ rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
 cp "$build/tests/moeinfer_tests" "$out/"
 cp "$build/tools/moeinfer-bench" "$out/bin/"
+for tool in tools/moeinfer-synth tools/moeinfer-info tests/moeinfer_bench_matmul; do
+  [ -x "$build/$tool" ] && cp "$build/$tool" "$out/bin/"
+done
 cp -L "$build/lib/libmoeinfer.so.0" "$tbb" "$out/lib/"
-strip "$out/moeinfer_tests" "$out/bin/moeinfer-bench" "$out/lib/"*
-if [ "${XZ:-0}" = 1 ]; then xz -T2 -f "$out/moeinfer_tests" "$out/lib/libmoeinfer.so.0"; fi
+strip "$out/moeinfer_tests" "$out/bin/"* "$out/lib/"*
+packed=("$out/moeinfer_tests" "$out/lib/libmoeinfer.so.0")
+if [ "${PYTHON:-0}" = 1 ]; then
+  ext=$(ls "$build"/python/moeinfer/_moeinfer*.so 2>/dev/null | head -n 1)
+  [ -n "$ext" ] || { echo "make_devcarry: no Python extension in $build/python/moeinfer (MOEINFER_BUILD_PYTHON=ON)" >&2; exit 1; }
+  mkdir -p "$out/python/moeinfer"
+  cp "$build"/python/moeinfer/*.py "$ext" "$out/python/moeinfer/"
+  strip "$out/python/moeinfer/$(basename "$ext")"
+  packed+=("$out/python/moeinfer/$(basename "$ext")")
+fi
+if [ "${XZ:-0}" = 1 ]; then xz -T2 -f "${packed[@]}"; fi
 du -sh "$out"
