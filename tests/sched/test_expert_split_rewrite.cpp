@@ -26,6 +26,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/api_context.h"
 #include "common/logits_check.h"
 #include "common/tiny_model.h"
 #include "moeinfer/moeinfer.h"
@@ -36,6 +37,8 @@
 namespace {
 
 using moe::Op;
+using moe::test::ApiContext;
+using moe::test::random_tokens;
 using moe::Tensor;
 using moe::sched::kDeviceExpertGroup;
 using moe::sched::kHostExpertGroup;
@@ -73,40 +76,20 @@ std::vector<Expected> expected_nodes(const std::vector<Tensor*>& built, const st
     return want;
 }
 
-std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int32_t n_vocab) {
-    std::uniform_int_distribution<int32_t> tok(0, n_vocab - 1);
-    std::vector<int32_t> t(static_cast<size_t>(n));
-    for (auto& x : t) x = tok(rng);
-    return t;
+// The params of the contexts below: n_ctx 96, 2 threads, the rest as each test asks.
+moe_context_params context_params(int32_t device, const char* overrides, uint64_t vram_budget,
+                                  const moe_sched_policy* policy, int32_t n_ubatch) {
+    moe_context_params p;
+    moe_context_params_init(&p);
+    p.n_ctx = 96;
+    p.n_ubatch = n_ubatch;
+    p.n_threads = 2;
+    p.device = device;
+    p.tensor_overrides = overrides;
+    p.vram_budget = vram_budget;
+    p.policy = policy;
+    return p;
 }
-
-struct Ctx {
-    moe_context* ctx = nullptr;
-    Ctx(const moe::test::TinyModel& m, int32_t device, const char* overrides, uint64_t vram_budget,
-        const moe_sched_policy* policy, int32_t n_ubatch) {
-        moe_context_params p;
-        moe_context_params_init(&p);
-        p.n_ctx = 96;
-        p.n_ubatch = n_ubatch;
-        p.n_threads = 2;
-        p.device = device;
-        p.tensor_overrides = overrides;
-        p.vram_budget = vram_budget;
-        p.policy = policy;
-        const moe_status s = moe_context_create(m.get(), &p, &ctx);
-        INFO(moe_last_error());
-        REQUIRE(s == MOE_STATUS_OK);
-    }
-    ~Ctx() { moe_context_free(ctx); }
-    Ctx(const Ctx&) = delete;
-    Ctx& operator=(const Ctx&) = delete;
-    moe_sched_stats stats() const {
-        moe_sched_stats st;
-        st.struct_size = sizeof st;
-        REQUIRE(moe_context_get_stats(ctx, &st) == MOE_STATUS_OK);
-        return st;
-    }
-};
 
 }  // namespace
 
@@ -117,7 +100,7 @@ TEST_CASE("the expert split rewrites each flagged layer's expert block into devi
     for (const char* arch : kArchs) {
         INFO(arch);
         const moe::test::TinyModel m(arch, "moe_split_rewrite", seed);
-        Ctx c(m, MOE_DEVICE_CPU, nullptr, 0, nullptr, 16);
+        ApiContext c(m.get(), context_params(MOE_DEVICE_CPU, nullptr, 0, nullptr, 16));
         const moe::HParams& hp = m.get()->hparams;
         REQUIRE(hp.n_layer >= 2);
         // Flagged: every layer, the even ones (dense lead layers included where there are some), none.
@@ -215,7 +198,7 @@ TEST_CASE("the expert split gives the cpu path's logits at several ubatch sizes"
         const uint64_t experts = moe::test::tensor_bytes_containing(m.get(), "_exps");
         const uint64_t budget = moe::test::tensor_bytes_containing(m.get(), "") - experts / 2;
         for (const int32_t n_ubatch : {2, 5, 16}) {
-            Ctx cpu(m, MOE_DEVICE_CPU, nullptr, 0, nullptr, n_ubatch);
+            ApiContext cpu(m.get(), context_params(MOE_DEVICE_CPU, nullptr, 0, nullptr, n_ubatch));
             std::vector<std::vector<float>> want;
             for (const auto& b : batches) want.push_back(moe::test::decode_all(cpu.ctx, b));
             for (const bool resident : {false, true}) {
@@ -226,8 +209,8 @@ TEST_CASE("the expert split gives the cpu path's logits at several ubatch sizes"
                     moe_sched_policy_init(&pol);
                     REQUIRE(moe_sched_policy_parse_offload(&pol, "all=2") == MOE_STATUS_OK);
                     pol.expert_split = split;
-                    Ctx hy(m, MOE_DEVICE_EMULATED, resident ? nullptr : "exps=CPU", resident ? budget : 0, &pol,
-                           n_ubatch);
+                    ApiContext hy(m.get(), context_params(MOE_DEVICE_EMULATED, resident ? nullptr : "exps=CPU",
+                                                         resident ? budget : 0, &pol, n_ubatch));
                     for (size_t i = 0; i < batches.size(); ++i) {
                         moe::test::require_close(moe::test::decode_all(hy.ctx, batches[i]), want[i], nv);
                     }
