@@ -52,9 +52,12 @@ const char* kUsage =
     "                          q3_k_xl  ffn_gate/up_exps Q3_K; ffn_down_exps, attention, token_embd Q4_K;\n"
     "                                   attn_v Q5_K; output Q6_K (a stand-in for the dynamic UD files)\n"
     "                          iq4_xs   IQ4_XS; attn_v Q5_K when heads / kv heads >= 4; output Q6_K\n"
+    "                        (--experts iq4_xs is the type, for the experts alone: give that recipe\n"
+    "                        with --recipe iq4_xs)\n"
     "                        norms, biases and routers stay f32; rows that are not whole blocks of 256\n"
     "                        take llama.cpp's fallbacks (Q4_K->Q5_0, Q5_K->Q5_1, Q6_K->Q8_0,\n"
     "                        Q3_K/IQ4_XS->IQ4_NL)\n"
+    "  --recipe RECIPE       a recipe above by name, also one spelt like a type (iq4_xs)\n"
     "  --dense TYPE          type of the other 2-D weights (attention, embeddings, output) (default: f16)\n"
     "  --embd N              embedding size (default: the preset's)\n"
     "  --n-expert N          experts per layer (default: the preset's)\n"
@@ -171,8 +174,9 @@ int main(int argc, char** argv) {
             continue;
         }
         static const char* const kValueFlags[] = {
-            "-o", "--output", "--arch", "--preset", "--layers", "--experts", "--dense", "--embd", "--n-expert",
-            "--n-expert-used", "--ff", "--vocab", "--heads", "--heads-kv", "--head-dim", "--seed", "--skew"};
+            "-o",         "--output", "--arch",  "--preset", "--layers", "--experts", "--recipe",
+            "--dense",    "--embd",   "--n-expert", "--n-expert-used", "--ff", "--vocab", "--heads",
+            "--heads-kv", "--head-dim", "--seed", "--skew"};
         bool known = false;
         for (const char* k : kValueFlags) known = known || a == k;
         if (!known) usage_error("unknown option '" + a + "'");
@@ -184,6 +188,7 @@ int main(int argc, char** argv) {
         else if (a == "--preset") preset = v;
         else if (a == "--layers") layers = parse_int(f, v);
         else if (a == "--experts") expert_type = parse_type(f, v, &recipe);
+        else if (a == "--recipe") recipe = v;  // the library validates the name
         else if (a == "--dense") dense_type = parse_type(f, v);
         else if (a == "--embd") embd = parse_int(f, v);
         else if (a == "--n-expert") n_expert = parse_int(f, v);

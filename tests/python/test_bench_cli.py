@@ -271,6 +271,15 @@ def test_synthetic_file_written_once_and_reused(tmp_path):
     import moeinfer  # only here: the other tests need just the tool
     types = {t.type for t in moeinfer.Model(str(recipe_file[0])).tensors}
     assert {"q4_K", "q6_K"} <= types, types
+    # recipe= names the same recipe (the same file); recipe=iq4_xs is the mix, experts=iq4_xs the type.
+    reused = run("--synthetic", spec.replace("experts=", "recipe=") + "q4_k_m", *args, "-v", cache=tmp_path)
+    assert "reusing synthetic model" in reused.stderr
+    for key in ("experts", "recipe"):
+        run("--synthetic", spec.replace("experts=", key + "=") + "iq4_xs", *args, cache=tmp_path)
+    iq4 = {("recipe-" in f.name): f for f in tmp_path.glob("*iq4_xs*.gguf")}
+    assert len(iq4) == 2 and len(list(tmp_path.glob("*.gguf"))) == 5
+    output_type = {k: {t.name: t.type for t in moeinfer.Model(str(f)).tensors}["output.weight"] for k, f in iq4.items()}
+    assert output_type == {True: "q6_K", False: "f16"}, output_type
 
 
 def test_gguf_path_positional_and_flag(cache_dir):
@@ -607,6 +616,7 @@ def test_help_documents_every_flag():
     (["--synthetic", "qwen3moe:layers=0"], "layers"),
     (["--synthetic", "qwen3moe:experts=q9_9"], "q9_9"),
     (["--synthetic", "qwen3moe:experts=q4_k_s"], "unknown type or recipe 'q4_k_s'"),
+    (["--synthetic", "qwen3moe:recipe=q4_k"], "unknown recipe 'q4_k' for key 'recipe'"),
     (["--synthetic", "qwen3moe:skew=1.5"], "skew"),
     (["--synthetic", "qwen3moe:nonsense=1"], "nonsense"),
     (["--synthetic", "qwen3moe:layers"], "key=value"),

@@ -179,7 +179,7 @@ def check_statistics(reader: GGUFReader, arch: str, shape: dict, experts: str) -
 
 def test_help_documents_the_flags_and_defaults():
     out = synth("--help").stdout
-    for flag in ["--arch", "--preset", "--layers", "--experts", "--dense", "--embd", "--n-expert ",
+    for flag in ["--arch", "--preset", "--layers", "--experts", "--recipe", "--dense", "--embd", "--n-expert ",
                  "--n-expert-used", "--ff", "--vocab", "--seed", "--skew", "-o, --output"]:
         assert flag in out
     assert "default: 42" in out and "default: f16" in out
@@ -192,6 +192,8 @@ def test_help_documents_the_flags_and_defaults():
     # --experts takes a type or a recipe name; a name that is neither is reported as an unknown recipe.
     (["--experts", "q9_k"], "recipe: unknown 'q9_k' (expected q4_k_m, q5_k_m, q3_k_xl, iq4_xs)"),
     (["--dense", "q4_k_m"], "--dense: unknown type 'q4_k_m'"),
+    (["--recipe", "q4_k"], "recipe: unknown 'q4_k' (expected q4_k_m, q5_k_m, q3_k_xl, iq4_xs)"),
+    (["--preset", "tiny", "--recipe", "q4_k_m", "--experts", "q8_0"], "expert_type and dense_type must be -1"),
     (["--preset", "tiny", "--experts", "q4_k_m", "--dense", "q8_0"], "expert_type and dense_type must be -1"),
     (["--skew", "1.5"], "--skew: '1.5' is not a number in [0, 1)"),
     (["--seed", "x1"], "--seed: 'x1' is not an integer"),
@@ -207,6 +209,22 @@ def test_bad_flags_fail_with_a_message(tmp_path, args, message):
     assert proc.returncode == 2
     assert message in proc.stderr
     assert not out.exists()
+
+
+def test_iq4_xs_names_the_type_and_the_recipe(tmp_path):
+    """iq4_xs is a type and a recipe: --experts iq4_xs sets the experts alone (the other weights keep the
+    f16 default), --recipe iq4_xs every weight by role (attn_q IQ4_XS, output Q6_K)."""
+    shape = ["--preset", "tiny", "--layers", "1", "--embd", "256", "--ff", "256", "--head-dim", "64"]
+    types = {}
+    for flag in ("--experts", "--recipe"):
+        reader = write(tmp_path / f"{flag[2:]}.gguf", *shape, flag, "iq4_xs")
+        types[flag] = {t.name: t.tensor_type for t in reader.tensors}
+    assert types["--experts"]["blk.0.ffn_up_exps.weight"] == QT.IQ4_XS
+    assert types["--experts"]["blk.0.attn_q.weight"] == QT.F16
+    assert types["--experts"]["output.weight"] == QT.F16
+    assert types["--recipe"]["blk.0.ffn_up_exps.weight"] == QT.IQ4_XS
+    assert types["--recipe"]["blk.0.attn_q.weight"] == QT.IQ4_XS
+    assert types["--recipe"]["output.weight"] == QT.Q6_K
 
 
 def test_missing_output_and_unwritable_path(tmp_path):

@@ -34,7 +34,7 @@ struct SyntheticSpec {
     int32_t n_ff_expert = 0;
     int32_t expert_type = -1;
     int32_t dense_type = -1;
-    std::string recipe;  // experts=<recipe>: moe_synth_params.recipe (the library validates the name)
+    std::string recipe;  // recipe= (or experts=<a recipe that is no type name>): moe_synth_params.recipe
     std::optional<uint64_t> seed;
     std::optional<double> skew;
 };
@@ -48,8 +48,9 @@ inline const std::vector<SyntheticKey>& synthetic_keys() {
     static const std::vector<SyntheticKey> keys = {
         {"preset", "shape preset: qwen3-30b-a3b, gpt-oss-20b, gpt-oss-120b, tiny"},
         {"layers", "number of layers"},
-        {"experts", "expert tensor type (q8_0, q4_0, q4_K, iq4_xs, mxfp4, f16, ...), or a recipe of types by role\n"
-                    "                   as in real files: q4_k_m, q5_k_m, q3_k_xl, iq4_xs (moeinfer-synth --help)"},
+        {"experts", "expert tensor type (q8_0, q4_0, q4_K, iq4_xs, mxfp4, f16, ...), or a recipe name (below)"},
+        {"recipe", "types of every weight by role, as in real files: q4_k_m, q5_k_m, q3_k_xl, iq4_xs\n"
+                   "                   (moeinfer-synth --help); experts=iq4_xs is the type, recipe=iq4_xs the mix"},
         {"dense", "type of the other 2-D weights"},
         {"embd", "embedding width"},
         {"n_expert", "experts per layer"},
@@ -96,14 +97,20 @@ inline std::optional<std::string> apply_key(const std::string& key, const std::s
     if (key == "preset") {
         if (value.empty()) return "key 'preset' needs a name";
         s.preset = value;
-    } else if (key == "experts") {
-        // A type name, or a recipe name (moe_synth_params.recipe; lower-cased: one cached file per recipe).
-        if (moe_type_from_name(value.c_str(), &s.expert_type) == MOE_STATUS_OK) return std::nullopt;
-        s.expert_type = -1;
+    } else if (key == "experts" || key == "recipe") {
+        // experts=: a type name, else a recipe name; recipe=: a recipe name, also one that is a type name
+        // too (iq4_xs). Recipes are lower-cased, so that every spelling shares one cached file.
+        if (key == "experts" && moe_type_from_name(value.c_str(), &s.expert_type) == MOE_STATUS_OK) {
+            return std::nullopt;
+        }
+        if (key == "experts") s.expert_type = -1;  // recipe= with experts= or dense= is the library's error
         s.recipe.clear();
         for (char c : value) s.recipe += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
         for (const char* r : {"q4_k_m", "q5_k_m", "q3_k_xl", "iq4_xs"}) {
             if (s.recipe == r) return std::nullopt;
+        }
+        if (key == "recipe") {
+            return "unknown recipe '" + value + "' for key 'recipe' (q4_k_m, q5_k_m, q3_k_xl, iq4_xs)";
         }
         return "unknown type or recipe '" + value +
                "' for key 'experts' (types: q8_0, q4_0, q4_K, iq4_xs, mxfp4, f16, ...; recipes: q4_k_m, q5_k_m, "
@@ -174,7 +181,7 @@ inline std::string canonical_spec(const SyntheticSpec& s) {
     if (!s.preset.empty()) add("preset", s.preset);
     add_int("layers", s.n_layer);
     add_type("experts", s.expert_type);
-    if (!s.recipe.empty()) add("experts", s.recipe);
+    if (!s.recipe.empty()) add("recipe", s.recipe);
     add_type("dense", s.dense_type);
     add_int("embd", s.n_embd);
     add_int("n_expert", s.n_expert);
