@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-kernel table of decode steps from an ncu CSV (scripts/device_decode_profile.sh).
 
-usage: ncu_step_summary.py NCU_CSV [--skip N]
+usage: ncu_step_summary.py NCU_CSV [--skip N] [--whole]
 
 The CSV is ncu's long format (--csv --metrics gpu__time_duration.sum,dram__bytes_read.sum): one row per
 (launch, metric). Launches are split into decode steps after each launch that reads the most DRAM
@@ -9,7 +9,7 @@ bytes of the run (the output projection, the last product of every step); the fi
 2: graph capture and first replays) are dropped. For each kernel (name with template arguments, grid)
 it prints launches per step, mean time, time per step and its share of the step's kernel time.
 ncu runs kernels one at a time (no overlap between launches), so the step sum is an upper bound of
-the GPU's own time per step.
+the GPU's own time per step. --whole takes every launch as one step (a profiled prefill ubatch).
 """
 import argparse
 import collections
@@ -47,6 +47,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("csv")
     ap.add_argument("--skip", type=int, default=2)
+    ap.add_argument("--whole", action="store_true", help="all launches are one step (no split, no skip)")
     args = ap.parse_args()
     launches = read_launches(args.csv)
     if not launches:
@@ -54,6 +55,8 @@ def main():
     t_key, b_key = "gpu__time_duration.sum", "dram__bytes_read.sum"
     most = max(l.get(b_key, 0.0) for l in launches)
     steps, cur = [], []
+    if args.whole:
+        steps, launches, args.skip = [launches], [], 0
     for l in launches:
         cur.append(l)
         if most > 0 and l.get(b_key, 0.0) >= 0.5 * most:
