@@ -17,6 +17,21 @@ void Assignment::set_calibration(const OffloadCalibration& c) {
     }
 }
 
+// Whether every host-resident expert matrix `node` reads is whole in the expert cache (and it reads one).
+bool Assignment::experts_cached(const Tensor& node) const {
+    if (!cached_whole_) return false;
+    bool any = false;
+    for (int i = 0; i < kMaxSrc; ++i) {
+        const Tensor* s = node.src[i];
+        if (s == nullptr || !s->is_weight || !is_expert_matrix(node, i)) continue;
+        const std::optional<WeightCopies> w = weights_.usable(s, policy_.bias_dup);
+        if (w && w->device != nullptr) continue;
+        if (!cached_whole_(s)) return false;
+        any = true;
+    }
+    return any;
+}
+
 Side Assignment::side_of(const Tensor& node, const RunState& rs, Stats& stats) const {
     if (device_ == nullptr) return Side::HOST;
     switch (node.op) {
@@ -41,7 +56,7 @@ Side Assignment::side_of(const Tensor& node, const RunState& rs, Stats& stats) c
         if (w && w->device != nullptr) return Side::DEVICE;
         const OffloadRule& rule = policy_.rule(*kind);
         const auto k = static_cast<size_t>(*kind);
-        if (rule.enabled && op_tokens(node) >= min_batch(*kind) && device_->supports_op(node)) {
+        if (rule.enabled && (op_tokens(node) >= min_batch(*kind) || experts_cached(node)) && device_->supports_op(node)) {
             ++stats.n_offloaded[k];
             return Side::DEVICE;
         }

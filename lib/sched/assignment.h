@@ -1,12 +1,16 @@
 // Does this op run on the GPU? The side of every node of a ubatch graph, in node order:
 // - the parts of a split expert block run where their group's experts are computed;
 // - an offloadable op (MUL_MAT, MUL_MAT_ID, MOE_UP_GATE) whose weights are only in host RAM runs on
-//   the device when the policy offloads it at this many tokens (its weights are uploaded then);
+//   the device when the policy offloads it at this many tokens (its weights are uploaded then), or at
+//   any number of tokens when the expert cache holds every expert of its expert matrices (nothing to
+//   upload: decode then reads the cached experts on the device instead of host RAM);
 // - weights available on one side only pin the op there; views, KV-cache writes and attention follow
 //   their storage;
 // - the rest follow their operands, preferring the device.
 // Nothing here copies anything (sched/transfers.h does) or knows an architecture.
 #pragma once
+
+#include <functional>
 
 #include "core/backend.h"
 #include "sched/offload_thresholds.h"
@@ -35,6 +39,8 @@ public:
     // The figures measured at context creation; the measured thresholds follow from them.
     void set_calibration(const OffloadCalibration& c);
     const OffloadCalibration& calibration() const { return calibration_; }
+    // Whether the expert cache holds every expert of a host-resident expert matrix (Transfers::cached_whole).
+    void set_cached_whole(std::function<bool(const Tensor*)> f) { cached_whole_ = std::move(f); }
 
 private:
     Backend& host_;
@@ -45,6 +51,9 @@ private:
     int n_expert_used_;
     OffloadCalibration calibration_;
     std::optional<int32_t> measured_[kOffloadOps];  // calibrated_min_batch of calibration_
+    std::function<bool(const Tensor*)> cached_whole_;
+
+    bool experts_cached(const Tensor& node) const;
 };
 
 }  // namespace moe::sched

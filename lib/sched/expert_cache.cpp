@@ -10,6 +10,20 @@ void ExpertCache::reset(size_t entries, int n_expert) {
     entries_.assign(entries, Entry{});
     score_.clear();
     where_.clear();
+    ++generation_;
+}
+
+void ExpertCache::filled(size_t entry) {
+    Entry& e = entries_[entry];
+    if (e.complete || std::find(e.valid.begin(), e.valid.end(), uint8_t{0}) != e.valid.end()) return;
+    e.complete = true;
+    ++generation_;
+}
+
+std::optional<size_t> ExpertCache::complete(const Tensor* weight, const void* host) const {
+    const std::optional<size_t> e = find(weight, host);
+    if (!e || !entries_[*e].complete) return std::nullopt;
+    return e;
 }
 
 std::optional<size_t> ExpertCache::find(const Tensor* weight, const void* host) const {
@@ -58,8 +72,10 @@ std::optional<size_t> ExpertCache::use(const Tensor* weight, const void* host, u
         if (victim_score >= own) return std::nullopt;
         where_.erase(*entry.key);
     }
+    if (entry.complete) ++generation_;
     entry.key = key;
     entry.valid.assign(static_cast<size_t>(n_expert_), 0);
+    entry.complete = false;
     where_[key] = *victim;
     return victim;
 }

@@ -48,8 +48,17 @@ public:
                               std::span<const size_t> busy);
     // The entry `weight` holds (uploaded from `host`), without recording a use.
     std::optional<size_t> find(const Tensor* weight, const void* host) const;
-    // Per expert of the matrix in `entry`: 1 once its bytes were uploaded there.
+    // Per expert of the matrix in `entry`: 1 once its bytes were uploaded there. After marking experts
+    // valid, call filled(entry).
     std::vector<uint8_t>& valid(size_t entry) { return entries_[entry].valid; }
+    // Notes that experts of `entry` were marked valid: an entry that now holds every expert is complete.
+    void filled(size_t entry);
+    // The entry of `weight` (uploaded from `host`) if it holds every expert: a use reads it whatever the
+    // router picks, with nothing to send (the scheduler then runs even a one-token use on the device).
+    std::optional<size_t> complete(const Tensor* weight, const void* host) const;
+    // Changes whenever the set of complete entries may have changed (an entry completed, taken over by
+    // another matrix, or everything forgotten): plans that chose sides from that set are stale.
+    uint64_t generation() const { return generation_; }
 
 private:
     struct Key {
@@ -70,11 +79,13 @@ private:
     struct Entry {
         std::optional<Key> key;  // nullopt: free
         std::vector<uint8_t> valid;
+        bool complete = false;  // every expert valid
     };
     double score(const Key& key) const;
 
     int n_expert_ = 0;
     uint64_t ubatch_ = 0;
+    uint64_t generation_ = 0;
     std::vector<Entry> entries_;
     std::unordered_map<Key, Score, KeyHash> score_;  // expert bytes asked for, every matrix seen
     std::unordered_map<Key, size_t, KeyHash> where_;  // resident matrix -> its entry

@@ -21,6 +21,7 @@ Scheduler::Scheduler(Backend& host, Backend* device, int n_layer, int n_expert, 
       transfers_(device, weights_, policy_, splitter_.current(), stats_, n_layer, n_expert,
                  [this](RunState& rs) { return flush(rs); }) {
     stats_.expert_counts.assign(static_cast<size_t>(std::max(n_layer, 0)) * static_cast<size_t>(std::max(n_expert, 0)), 0);
+    assignment_.set_cached_whole([this](const Tensor* w) { return transfers_.cached_whole(w); });
 }
 
 Scheduler::~Scheduler() {
@@ -221,6 +222,12 @@ bool Scheduler::apply_cached_plan(Graph& graph, std::span<const HostInput> input
                                   std::vector<Side>& sides) {
     const std::vector<Tensor*>& nodes = graph.nodes();
     for (const HostInput& in : inputs) rs.produced[in.tensor] = Side::HOST;
+    // Sides depend on which expert matrices the expert cache holds whole (Assignment): a change there
+    // makes every plan stale.
+    if (transfers_.cache_generation() != plans_generation_) {
+        plans_.clear();
+        plans_generation_ = transfers_.cache_generation();
+    }
     const CachedPlan* cached = plans_.find(key, nodes.size());
     if (cached == nullptr) return false;
     const CachedPlan& c = *cached;
@@ -248,6 +255,9 @@ Status Scheduler::plan(Graph& graph, std::span<const HostInput> inputs, RunState
     std::array<uint64_t, kOffloadOps> offloaded_before, kept_before;
     std::copy(std::begin(stats_.n_offloaded), std::end(stats_.n_offloaded), offloaded_before.begin());
     std::copy(std::begin(stats_.n_kept_host), std::end(stats_.n_kept_host), kept_before.begin());
+    // A graph built ahead may be bound to a plan prepare() made and that was dropped since (a new policy,
+    // other matrices whole in the expert cache): plan_allocation places only unbound inputs.
+    for (const HostInput& in : inputs) in.tensor->data = nullptr;
     sides.resize(nodes.size());
     for (size_t i = 0; i < nodes.size(); ++i) {
         sides[i] = assignment_.side_of(*nodes[i], rs, stats_);

@@ -170,7 +170,8 @@ private:
     Assignment assignment_;
     ExpertSplitter splitter_;
     Transfers transfers_;
-    PlanCache plans_;  // cleared by set_policy
+    PlanCache plans_;  // cleared by set_policy and when the expert cache's whole matrices change
+    uint64_t plans_generation_ = 0;  // Transfers::cache_generation() of the plans in plans_
     ResidentExperts resident_;
     std::vector<uint8_t> resident_layers_;
 

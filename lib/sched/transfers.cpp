@@ -191,6 +191,11 @@ Status Transfers::ensure_cache() {
 
 bool Transfers::cache_holds(const Tensor* w, const void* host) const { return cache_.find(w, host).has_value(); }
 
+bool Transfers::cached_whole(const Tensor* w) const {
+    const std::optional<WeightCopies> c = weights_.usable(w, policy_.bias_dup);
+    return c && c->device == nullptr && c->host != nullptr && cache_.complete(w, c->host).has_value();
+}
+
 void Transfers::count_cache(int layer, uint64_t hits, uint64_t misses, uint64_t saved_bytes) {
     stats_.n_cache_hits += hits;
     stats_.n_cache_misses += misses;
@@ -330,6 +335,15 @@ StatusOr<Tensor*> Transfers::weight_operand(Tensor& node, int src_index, Side si
     const auto pre = rs.prefetched.find({&node, src_index});
     const bool experts = is_expert_matrix(node, src_index) && w->ne[2] == n_expert_;
     std::vector<uint8_t> needed;
+    // A matrix the cache holds whole reads every expert there. Without reading the ids back its hits are
+    // known for whole copies (every expert) and for one token's selection (its distinct experts); other
+    // uses (several tokens' selection, a split's part) count them from the ids below.
+    if (experts && pre == rs.prefetched.end() && rs.group_of(node) < 0 &&
+        (!uploads_active_experts(node, src_index) || op_tokens(node) == 1)) {
+        if (const std::optional<size_t> entry = cache_.complete(w, c->host)) {
+            return whole_cached_operand(node, src_index, c->host, *entry, rs);
+        }
+    }
     if (experts) {
         MOE_ASSIGN_OR_RETURN(needed, needed_experts(node, src_index, rs));
         MOE_RETURN_IF_ERROR(ensure_cache());
@@ -394,6 +408,29 @@ StatusOr<std::vector<uint8_t>> Transfers::needed_experts(Tensor& node, int src_i
     return experts;
 }
 
+// An expert matrix whose cache entry holds every expert: read there, with no ids read back and nothing
+// sent. The use still counts for the entry's score; its hits are every expert under whole copies, one
+// token's selection (experts per token, all distinct) under ACTIVE copies.
+StatusOr<Tensor*> Transfers::whole_cached_operand(Tensor& node, int src_index, const void* host, size_t entry,
+                                                  RunState& rs) {
+    Tensor* w = node.src[src_index];
+    const size_t per_expert = w->nb[2];
+    const Tensor* ids = expert_ids_of(node);
+    const uint64_t hits = uploads_active_experts(node, src_index) && ids != nullptr
+                              ? static_cast<uint64_t>(std::min<int64_t>(ids->ne[0], n_expert_))
+                              : static_cast<uint64_t>(n_expert_);
+    std::vector<size_t> busy;
+    for (size_t s : rs.node_slots) {
+        if (s >= slots_.size()) busy.push_back(s - slots_.size());
+    }
+    const std::optional<size_t> held = cache_.use(w, host, hits * per_expert, busy);
+    if (held != entry) return internal_error("scheduler: the expert cache moved '" + w->name + "' while it was read");
+    rs.node_slots.push_back(slots_.size() + entry);
+    stats_.bytes_weights_skipped += w->n_bytes() - hits * per_expert;
+    count_cache(node.layer, hits, 0, hits * per_expert);
+    return rs.substitute(*w, slot_data(slots_.size() + entry), cache_buffer_.get());
+}
+
 // Uploads into the cache entry of the operand the experts it reads that the entry lacks; the others
 // are hits. The entry's previous readers are done first (its fence), as for a ring slot.
 StatusOr<Tensor*> Transfers::cached_operand(Tensor& node, int src_index, const WeightCopies& c,
@@ -414,6 +451,7 @@ StatusOr<Tensor*> Transfers::cached_operand(Tensor& node, int src_index, const W
             ++misses;
         }
     }
+    if (misses > 0) cache_.filled(entry);
     const uint64_t used = (hits + misses) * per_expert;
     stats_.bytes_weights_skipped += w->n_bytes() - used;
     count_cache(node.layer, hits, misses, hits * per_expert);

@@ -118,6 +118,11 @@ public:
     // The slots the pending nodes read are reused only after `fence` (their compute). Slot numbers from
     // the ring's size on are the expert cache's entries.
     void fence_slots(const std::vector<size_t>& slots, uint64_t fence);
+    // Whether the expert cache holds every expert of host-resident expert matrix `w`: a use on the device
+    // then sends nothing, so even one token runs there.
+    bool cached_whole(const Tensor* w) const;
+    // Changes whenever the set of matrices cached_whole says yes to may have changed.
+    uint64_t cache_generation() const { return cache_.generation(); }
     // Device bytes the expert cache holds (0 until its first use, or when off).
     size_t cache_bytes() const { return cache_buffer_ ? cache_buffer_->size() : 0; }
     // Seconds per byte of an upload into a slot, timed once on the largest host-resident weight.
@@ -140,6 +145,7 @@ private:
     StatusOr<std::vector<uint8_t>> needed_experts(Tensor& node, int src_index, RunState& rs);
     size_t largest_host_experts() const;
     Status ensure_cache();
+    StatusOr<Tensor*> whole_cached_operand(Tensor& node, int src_index, const void* host, size_t entry, RunState& rs);
     StatusOr<Tensor*> cached_operand(Tensor& node, int src_index, const WeightCopies& c, std::vector<uint8_t> needed,
                                      size_t entry, RunState& rs);
     bool cache_holds(const Tensor* w, const void* host) const;

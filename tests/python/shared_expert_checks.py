@@ -129,7 +129,10 @@ def check_logits_match_cpu(model, rng, placement: dict, expert_copy: str, bias_d
     n_cpu_moe, n_gpu_layers or none); expert counts equal; offloaded / kept expert ops counted per host MoE
     layer; the shared experts and the dense FFN are products of device weights unless n_gpu_layers moved layers
     to the host."""
-    policy = moeinfer.Policy(expert_copy=expert_copy, bias_dup=bias_dup, expert_split=0).parse_offload("all=5")
+    # The offload threshold alone: an expert cache holding whole matrices takes smaller ubatches to the
+    # device too (test_sched_cache.py).
+    policy = moeinfer.Policy(expert_copy=expert_copy, bias_dup=bias_dup, expert_split=0,
+                             expert_cache=0).parse_offload("all=5")
     emu = emulated(model, policy, n_ubatch=8, **placement)
     cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=8)
     prompt_tokens = rng.integers(0, model.info.n_vocab, size=19, dtype=np.int32)

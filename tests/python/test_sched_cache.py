@@ -315,3 +315,40 @@ def test_cache_on_cuda_gives_the_logits_of_no_cache_bit_for_bit(skewed_cuda_shap
     s_on, s_off = on.stats(), off.stats()
     sent = lambda s: s["bytes_weights_full"] + s["bytes_weights_experts"]  # noqa: E731
     assert s_on["n_cache_hits"] > 0 and sent(s_off) - sent(s_on) == s_on["bytes_cache_saved"]
+
+
+@pytest.mark.parametrize("expert_copy", ["full", "auto"])
+def test_decode_reads_matrices_the_cache_holds_whole_on_the_device(skewed, rng, expert_copy):
+    """A prompt's ubatches of 8 (offloaded; whole copies, "auto" included at 8 tokens) leave every expert matrix
+    whole in the cache. A one-token decode step then runs its expert ops on the device from the cache although the
+    offload threshold (5 tokens) keeps one token on the host: nothing crosses PCIe, no ids are read back, the hits
+    are the experts it reads (every one under whole copies, the token's k under "auto", which copies the selected
+    experts of small ubatches), and the logits are a cache-off context's bit for bit. Emptying the cache (a new
+    policy) sends decode back to the host."""
+    m = skewed
+    n_moe, n_expert, k = m.info.n_layer, m.info.n_expert, m.info.n_expert_used
+    sizes = matrix_bytes(m)
+    on = emulated(m, policy(expert_copy, -1, offload="all=5"), n_ubatch=8, tensor_overrides="exps=CPU")
+    off = emulated(m, policy(expert_copy, 0, offload="all=5"), n_ubatch=8, tensor_overrides="exps=CPU")
+    prompt = rng.integers(0, m.info.n_vocab, size=16, dtype=np.int32)
+    assert np.array_equal(on.decode(prompt, logits_all=True), off.decode(prompt, logits_all=True))
+    assert on.stats()["n_offloaded"]["mul_mat_id"] == 2 * n_moe
+
+    for step in range(3):
+        if step == 2:
+            on.set_policy(on.policy)  # empties the cache
+        on.reset_stats()
+        tok = rng.integers(0, m.info.n_vocab, size=1, dtype=np.int32)
+        assert np.array_equal(on.decode(tok), off.decode(tok))
+        s = on.stats()
+        on_device = step < 2
+        for op in ("mul_mat_id", "moe_up_gate"):
+            assert s["n_offloaded"][op] == (n_moe if on_device else 0), (step, op, s)
+            assert s["n_kept_host"][op] == (0 if on_device else n_moe), (step, op, s)
+        assert s["bytes_weights_full"] + s["bytes_weights_experts"] == 0, s
+        read = n_expert if expert_copy == "full" else k
+        assert s["n_cache_hits"] == (3 * n_moe * read if on_device else 0), s
+        assert s["n_cache_misses"] == 0
+        assert s["bytes_cache_saved"] == (n_moe * read * sum(sizes.values()) // n_expert if on_device else 0), s
+        if on_device:
+            assert s["n_id_readbacks"] == 0, s

@@ -221,7 +221,10 @@ def test_logits_match_cpu(model, rng, placement, expert_copy, bias_dup):
     n_host_layers = {"tensor_overrides": n_layer, "n_cpu_moe": 1}.get(next(iter(placement), ""), 0)
     # Expert ops offload from 5 tokens: the prompt's ubatches of 8 and 8 tokens go to the device, its last
     # ubatch of 3 and the single-token decodes stay on the host.
-    policy = moeinfer.Policy(expert_copy=expert_copy, bias_dup=bias_dup, expert_split=0).parse_offload("all=5")
+    # The offload threshold alone: an expert cache holding whole matrices takes smaller ubatches to the
+    # device too (test_sched_cache.py).
+    policy = moeinfer.Policy(expert_copy=expert_copy, bias_dup=bias_dup, expert_split=0,
+                             expert_cache=0).parse_offload("all=5")
     emu = emulated(model, policy, n_ubatch=8, **placement)
     cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=8)
     prompt = rng.integers(0, model.info.n_vocab, size=19, dtype=np.int32)
@@ -245,7 +248,10 @@ def test_logits_match_cpu(model, rng, placement, expert_copy, bias_dup):
 @pytest.mark.parametrize("expert_copy", ["full", "active"])
 def test_logits_match_cpu_with_dense_weights_on_host(model, rng, expert_copy):
     """n_gpu_layers=1: layer 0 and the embeddings / head in host RAM, so mul_mat offloads as well."""
-    policy = moeinfer.Policy(expert_copy=expert_copy, expert_split=0).parse_offload("all=5")
+    # The offload threshold alone: an expert cache holding whole matrices takes smaller ubatches to the
+    # device too (test_sched_cache.py).
+    policy = moeinfer.Policy(expert_copy=expert_copy, expert_split=0,
+                             expert_cache=0).parse_offload("all=5")
     emu = emulated(model, policy, n_ubatch=8, n_gpu_layers=1)
     cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=8)
     prompt = rng.integers(0, model.info.n_vocab, size=19, dtype=np.int32)
