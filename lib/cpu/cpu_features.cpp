@@ -71,6 +71,7 @@ const FeatureSets& feature_sets() {
 
 std::atomic<int> g_isa_cap{static_cast<int>(IsaCap::kNone)};
 std::atomic<int> g_bf16_path{static_cast<int>(Bf16Path::kAuto)};
+std::atomic<int> g_decoded_tiles{static_cast<int>(DecodedTiles::kInt8)};
 
 }  // namespace
 
@@ -79,6 +80,12 @@ void set_cpu_isa_cap_for_testing(IsaCap cap) { g_isa_cap.store(static_cast<int>(
 void set_bf16_path_for_testing(Bf16Path path) { g_bf16_path.store(static_cast<int>(path), std::memory_order_relaxed); }
 
 Bf16Path bf16_path() { return static_cast<Bf16Path>(g_bf16_path.load(std::memory_order_relaxed)); }
+
+void set_decoded_tiles_for_testing(DecodedTiles tiles) {
+    g_decoded_tiles.store(static_cast<int>(tiles), std::memory_order_relaxed);
+}
+
+DecodedTiles decoded_tiles() { return static_cast<DecodedTiles>(g_decoded_tiles.load(std::memory_order_relaxed)); }
 
 const CpuFeatures& cpu_features() { return feature_sets().by_cap[g_isa_cap.load(std::memory_order_relaxed)]; }
 

@@ -33,4 +33,12 @@ enum class Bf16Path { kAuto, kAlways, kNever };
 void set_bf16_path_for_testing(Bf16Path path);
 Bf16Path bf16_path();
 
+// The tiles that path multiplies the super-block kinds (Q2_K .. Q6_K, IQ4_XS) with: kInt8 (the default:
+// weights requantised to int8 per job, VNNI products; cpu/matmul_i8.h) or kBf16 (weights decoded to
+// BF16), for tests and benchmarks of either. The other kinds always take the BF16 tiles.
+// REQUIRES: no kernel is running while it changes.
+enum class DecodedTiles { kInt8, kBf16 };
+void set_decoded_tiles_for_testing(DecodedTiles tiles);
+DecodedTiles decoded_tiles();
+
 }  // namespace moe::cpu

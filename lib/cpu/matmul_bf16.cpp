@@ -1,5 +1,6 @@
 // The BF16 path's driver (see matmul_bf16_path.h). Baseline x86-64: the arithmetic is in the kernel
-// table of matmul_bf16_avx512.cpp, reached only where the CPU has AVX-512 BF16.
+// tables of matmul_bf16_avx512.cpp and, for the super-block kinds, matmul_i8_avx512.cpp (int8 tiles),
+// reached only where the CPU has AVX-512 BF16.
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
@@ -9,6 +10,7 @@
 #include "cpu/cpu_features.h"
 #include "cpu/matmul_bf16.h"
 #include "cpu/matmul_bf16_path.h"
+#include "cpu/matmul_i8.h"
 
 namespace moe::cpu::bf16path {
 namespace {
@@ -85,8 +87,12 @@ size_t scratch_bytes(int64_t k, int64_t n_rows, int64_t n_expert, int64_t n_pair
 
 void run(const Problem& p, uint8_t* scratch) {
     const mm::bf16::Bf16Kernels& kt = mm::bf16::kAvx512Bf16Kernels;
+    const mm::i8::I8Kernels& it = mm::i8::kAvx512I8Kernels;
+    // The int8 tiles where every operand's kind has them (the super-block kinds, k % 256 == 0).
+    bool i8 = cpu_features().avx512_vnni && decoded_tiles() == DecodedTiles::kInt8;
+    for (int i = 0; i < p.n_w; ++i) i8 = i8 && it.decode[p.w[i].kind] != nullptr;
     const int64_t n_pairs = p.offsets[p.n_expert];
-    const size_t block_bytes = mm::bf16::act_block_bytes(p.k);
+    const size_t block_bytes = i8 ? mm::i8::act_block_bytes(p.k) : mm::bf16::act_block_bytes(p.k);
     uint8_t* acts = scratch;
     auto* block_start = reinterpret_cast<int32_t*>(
         scratch + align64(static_cast<size_t>(max_blocks(p.n_expert, n_pairs)) * block_bytes));
@@ -126,7 +132,7 @@ void run(const Problem& p, uint8_t* scratch) {
                         const int64_t pair = p.offsets[e] + j * kBlockTokens + t;
                         rows[t] = p.act_row(p.act_idx ? p.act_idx[pair] : pair);
                     }
-                    kt.pack(rows, n, p.k, acts + static_cast<size_t>(block_start[e] + j) * block_bytes);
+                    (i8 ? it.pack : kt.pack)(rows, n, p.k, acts + static_cast<size_t>(block_start[e] + j) * block_bytes);
                 }
             });
         }
@@ -134,7 +140,9 @@ void run(const Problem& p, uint8_t* scratch) {
 
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_jobs, 1), [&](const tbb::blocked_range<int64_t>& jr) {
         alignas(64) float acc[2][kMaxRowsPerJob * kTileCols];
-        alignas(64) uint16_t wbuf[kRows * kChunk];
+        alignas(64) uint16_t wbuf[kRows * kChunk];  // BF16 weights, or int8 ones in its first half
+        float wscales[kRows * mm::i8::kChunkBlocks];
+        auto* wbuf8 = reinterpret_cast<uint8_t*>(wbuf);
         for (int64_t j = jr.begin(); j < jr.end(); ++j) {
             const Job& job = jobs[j];
             const int64_t nr = std::min(rb, p.n_rows - job.r0);
@@ -148,9 +156,14 @@ void run(const Problem& p, uint8_t* scratch) {
                     const uint8_t* rows = w.data + job.expert * w.expert_stride + (job.r0 + rg) * w.row_stride;
                     for (int64_t k0 = 0; k0 < p.k; k0 += kChunk) {
                         const int64_t kc = std::min(kChunk, p.k - k0);
-                        kt.decode[w.kind](rows, w.row_stride, n, k0, kc, wbuf);
-                        kt.tile(wbuf, n, kc, job_acts + k0 / 2 * 64, block_bytes, job.nb, acc[i] + rg * kTileCols,
-                                k0 == 0);
+                        if (i8) {
+                            it.decode[w.kind](rows, w.row_stride, n, k0, kc, wbuf8, wscales);
+                            it.tile(wbuf8, wscales, n, p.k, k0, kc, job_acts, job.nb, acc[i] + rg * kTileCols, k0 == 0);
+                        } else {
+                            kt.decode[w.kind](rows, w.row_stride, n, k0, kc, wbuf);
+                            kt.tile(wbuf, n, kc, job_acts + k0 / 2 * 64, block_bytes, job.nb, acc[i] + rg * kTileCols,
+                                    k0 == 0);
+                        }
                     }
                 }
             }

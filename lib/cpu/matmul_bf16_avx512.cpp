@@ -25,6 +25,7 @@
 #include "core/quant_k_layout.h"
 #include "core/types.h"
 #include "cpu/matmul_bf16.h"
+#include "cpu/matmul_decode_avx512.h"
 
 namespace moe::cpu::mm::bf16 {
 namespace {
@@ -35,7 +36,11 @@ inline float fp16_at(const uint8_t* p) {
     return _cvtsh_ss(h);
 }
 
-inline __m128i loadu128(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+using dec::high_nibbles;
+using dec::loadu128;
+using dec::transpose16;
+using dec::low_nibbles;
+using dec::u8_to_ps;
 
 // The same row's next chunk (a row is decoded chunk after chunk): prefetched while this one is decoded.
 inline void prefetch_next_chunk(const uint8_t* p, size_t chunk_bytes) {
@@ -48,33 +53,6 @@ inline void store_bf16(uint16_t* dst, __m512 lo, __m512 hi) {
 }
 
 // ---- activation packing ----
-
-// In place: r[c] becomes column c of the 16 x 16 matrix of 32-bit words whose row i was r[i].
-inline void transpose16(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    // s[4 i + j], lane L: column 4 L + j of rows 4 i .. 4 i + 3
-    __m512i s[16];
-    for (int i = 0; i < 4; ++i) {
-        s[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        s[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        s[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        s[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int j = 0; j < 4; ++j) {
-        const __m512i u0 = _mm512_shuffle_i32x4(s[j], s[4 + j], 0x88);  // lanes 0, 2 of both
-        const __m512i u1 = _mm512_shuffle_i32x4(s[j], s[4 + j], 0xDD);  // lanes 1, 3
-        const __m512i v0 = _mm512_shuffle_i32x4(s[8 + j], s[12 + j], 0x88);
-        const __m512i v1 = _mm512_shuffle_i32x4(s[8 + j], s[12 + j], 0xDD);
-        r[j] = _mm512_shuffle_i32x4(u0, v0, 0x88);
-        r[4 + j] = _mm512_shuffle_i32x4(u1, v1, 0x88);
-        r[8 + j] = _mm512_shuffle_i32x4(u0, v0, 0xDD);
-        r[12 + j] = _mm512_shuffle_i32x4(u1, v1, 0xDD);
-    }
-}
 
 void pack(const float* const* rows, int n, int64_t k, uint8_t* dst) {
     for (int64_t e0 = 0; e0 < k; e0 += 32) {
@@ -149,11 +127,6 @@ void decode_mxfp4(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t k
     }
 }
 
-// 16 unsigned bytes minus `offset`, as floats.
-inline __m512 u8_to_ps(__m128i v, int offset) {
-    return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(v), _mm512_set1_epi32(offset)));
-}
-
 // The kinds decoded group by group: group(block, g, lo, hi) sets elements 32 g .. 32 g + 31 of a block
 // of B (kGroups groups of 32). The next chunk's bytes are prefetched once per cache line.
 template <class B, int kGroups, class Group>
@@ -187,25 +160,10 @@ inline __m128i fifth_bits(uint32_t m) {
     return _mm_and_si128(_mm_movm_epi8(static_cast<__mmask16>(m)), _mm_set1_epi8(0x10));
 }
 
-// Low and high nibbles of 16 bytes.
-inline __m128i low_nibbles(__m128i q) { return _mm_and_si128(q, _mm_set1_epi8(0x0F)); }
-inline __m128i high_nibbles(__m128i q) { return _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0F)); }
-
-// Bits [shift, shift + width) of each of 16 bytes (width 1, 2 or 4).
-inline __m128i byte_bits(__m128i q, int shift, int width) {
-    return _mm_and_si128(_mm_srli_epi16(q, shift), _mm_set1_epi8(static_cast<char>((1 << width) - 1)));
-}
-
 inline uint32_t u32_at(const uint8_t* p) {
     uint32_t v;
     std::memcpy(&v, p, 4);
     return v;
-}
-
-inline __m512 iq4nl_table() {
-    alignas(64) float t[16];
-    for (int i = 0; i < 16; ++i) t[i] = static_cast<float>(kIq4nlValues[i]);
-    return _mm512_load_ps(t);
 }
 
 // Every product below is exact in F32 (a scale of at most 11 + 6 significant bits times a value of at
@@ -246,7 +204,7 @@ void decode_q5_1(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc
 
 // IQ4_NL: x = d grid[q].
 void decode_iq4_nl(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
-    const __m512 table = iq4nl_table();
+    const __m512 table = _mm512_load_ps(dec::kIq4Grid.v);
     decode_groups<BlockIQ4_NL, 1>(w, ws, n_rows, k0, kc, dst, [&](const BlockIQ4_NL& b, int, __m512& lo, __m512& hi) {
         const __m512 d = _mm512_set1_ps(_cvtsh_ss(b.d));
         const __m128i q = loadu128(b.qs);
@@ -255,97 +213,13 @@ void decode_iq4_nl(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t 
     });
 }
 
-// Q2_K: groups of 16 with 4-bit scale and min; x = (d sc) q - dmin m, q two bits of qs (kq::two_bits).
-void decode_q2_k(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
-    decode_groups<BlockQ2_K, 8>(w, ws, n_rows, k0, kc, dst, [](const BlockQ2_K& b, int g, __m512& lo, __m512& hi) {
-        const float d = _cvtsh_ss(b.d), dmin = _cvtsh_ss(b.dmin);
-        const uint8_t* qs = b.qs + 32 * (g / 4);
-        __m512* out[2] = {&lo, &hi};
-        for (int h = 0; h < 2; ++h) {
-            const int sc = b.scales[2 * g + h];
-            const __m512 dl = _mm512_set1_ps(d * static_cast<float>(sc & 0x0F));
-            const __m512 ml = _mm512_set1_ps(dmin * static_cast<float>(sc >> 4));
-            const __m128i q = byte_bits(loadu128(qs + 16 * h), 2 * (g % 4), 2);
-            *out[h] = _mm512_sub_ps(_mm512_mul_ps(dl, u8_to_ps(q, 0)), ml);
-        }
-    });
-}
-
-// Q3_K: groups of 16 with 6-bit scales; x = (d sc) q, q two bits of qs less 4 where the hmask bit is
-// clear (kq::q3_k_value).
-void decode_q3_k(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
-    decode_groups<BlockQ3_K, 8>(w, ws, n_rows, k0, kc, dst, [](const BlockQ3_K& b, int g, __m512& lo, __m512& hi) {
-        const float d = _cvtsh_ss(b.d);
-        const uint8_t* qs = b.qs + 32 * (g / 4);
-        __m512* out[2] = {&lo, &hi};
-        for (int h = 0; h < 2; ++h) {
-            const __m128i q2 = byte_bits(loadu128(qs + 16 * h), 2 * (g % 4), 2);
-            const __m128i hb = byte_bits(loadu128(b.hmask + 16 * h), g, 1);
-            const __m512 dl = _mm512_set1_ps(d * static_cast<float>(kq::q3_k_scale(b.scales, 2 * g + h)));
-            *out[h] = _mm512_mul_ps(dl, u8_to_ps(_mm_or_si128(q2, _mm_slli_epi16(hb, 2)), 4));
-        }
-    });
-}
-
-// Q4_K: group g (32 values) is the low (g even) or high nibbles of qs[32 (g / 2) ..]; x = d sc q - dmin m,
-// d sc q exact in F32 (17 + 4 bits), so the one rounding is the subtraction's, as in to_float.
-void decode_q4_k(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
-    decode_groups<BlockQ4_K, 8>(w, ws, n_rows, k0, kc, dst, [](const BlockQ4_K& b, int g, __m512& lo, __m512& hi) {
-        int sc, m;
-        kq::scale_min_k4(b.scales, g, sc, m);
-        const __m512 dl = _mm512_set1_ps(_cvtsh_ss(b.d) * static_cast<float>(sc));
-        const __m512 ml = _mm512_set1_ps(_cvtsh_ss(b.dmin) * static_cast<float>(m));
-        const uint8_t* q = b.qs + 32 * (g / 2);
-        lo = _mm512_sub_ps(_mm512_mul_ps(dl, u8_to_ps(byte_bits(loadu128(q), 4 * (g % 2), 4), 0)), ml);
-        hi = _mm512_sub_ps(_mm512_mul_ps(dl, u8_to_ps(byte_bits(loadu128(q + 16), 4 * (g % 2), 4), 0)), ml);
-    });
-}
-
-// Q5_K: Q4_K's nibbles and scales with a fifth bit, bit g of qh[j] for element 32 g + j.
-void decode_q5_k(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
-    decode_groups<BlockQ5_K, 8>(w, ws, n_rows, k0, kc, dst, [](const BlockQ5_K& b, int g, __m512& lo, __m512& hi) {
-        int sc, m;
-        kq::scale_min_k4(b.scales, g, sc, m);
-        const __m512 dl = _mm512_set1_ps(_cvtsh_ss(b.d) * static_cast<float>(sc));
-        const __m512 ml = _mm512_set1_ps(_cvtsh_ss(b.dmin) * static_cast<float>(m));
-        const uint8_t* q = b.qs + 32 * (g / 2);
-        __m512* out[2] = {&lo, &hi};
-        for (int h = 0; h < 2; ++h) {
-            const __m128i nib = byte_bits(loadu128(q + 16 * h), 4 * (g % 2), 4);
-            const __m128i hb = byte_bits(loadu128(b.qh + 16 * h), g, 1);
-            *out[h] = _mm512_sub_ps(_mm512_mul_ps(dl, u8_to_ps(_mm_or_si128(nib, _mm_slli_epi16(hb, 4)), 0)), ml);
-        }
-    });
-}
-
-// Q6_K: element 128 h + 64 a + m (m < 64) has its low nibble in half a of ql[64 h + m] and its top two
-// bits at 2 (2 a + m / 32) of qh[32 h + m % 32] (kq::q6_k_value); group g = 4 h + 2 a + m / 32 therefore
-// takes half a = g / 2 % 2 of ql[64 h + 32 (g % 2) ..] and bits 2 (g % 4) of qh[32 h ..], h = g / 4, with
-// a scale per 16 values. x = (d sc) (q - 32), both products rounded as in to_float.
-void decode_q6_k(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
-    decode_groups<BlockQ6_K, 8>(w, ws, n_rows, k0, kc, dst, [](const BlockQ6_K& b, int g, __m512& lo, __m512& hi) {
-        const float d = _cvtsh_ss(b.d);
-        const uint8_t* ql = b.ql + 64 * (g / 4) + 32 * (g % 2);
-        const uint8_t* qh = b.qh + 32 * (g / 4);
-        __m512* out[2] = {&lo, &hi};
-        for (int i = 0; i < 2; ++i) {  // values 16 i .. 16 i + 15 of the group
-            const __m128i low = byte_bits(loadu128(ql + 16 * i), 4 * (g / 2 % 2), 4);
-            const __m128i top = byte_bits(loadu128(qh + 16 * i), 2 * (g % 4), 2);
-            const __m512 dl = _mm512_set1_ps(d * static_cast<float>(b.scales[2 * g + i]));
-            *out[i] = _mm512_mul_ps(dl, u8_to_ps(_mm_or_si128(low, _mm_slli_epi16(top, 4)), 32));
-        }
-    });
-}
-
-// IQ4_XS: x = d (ls - 32) grid[q], group g's nibbles in qs[16 g ..].
-void decode_iq4_xs(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
-    const __m512 table = iq4nl_table();
-    decode_groups<BlockIQ4_XS, 8>(w, ws, n_rows, k0, kc, dst, [&](const BlockIQ4_XS& b, int g, __m512& lo, __m512& hi) {
-        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b.d) * static_cast<float>(kq::iq4_xs_scale(b, g) - 32));
-        const __m128i q = loadu128(b.qs + 16 * g);
-        lo = _mm512_mul_ps(d, _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(low_nibbles(q)), table));
-        hi = _mm512_mul_ps(d, _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(high_nibbles(q)), table));
-    });
+// The super-block kinds (Q2_K .. Q6_K, IQ4_XS): matmul_decode_avx512.h's group decoders.
+template <class K>
+void decode_superblocks(const uint8_t* w, size_t ws, int n_rows, int64_t k0, int64_t kc, uint16_t* dst) {
+    decode_groups<typename K::Block, 8>(w, ws, n_rows, k0, kc, dst,
+                                        [](const typename K::Block& b, int g, __m512& lo, __m512& hi) {
+                                            K::group(b, g, lo, hi);
+                                        });
 }
 
 // ---- tile kernel ----
@@ -404,12 +278,12 @@ constinit const Bf16Kernels kAvx512Bf16Kernels = {
         decode_q5_0,
         decode_q5_1,
         decode_iq4_nl,
-        decode_q2_k,
-        decode_q3_k,
-        decode_q4_k,
-        decode_q5_k,
-        decode_q6_k,
-        decode_iq4_xs,
+        decode_superblocks<dec::Q2K>,
+        decode_superblocks<dec::Q3K>,
+        decode_superblocks<dec::Q4K>,
+        decode_superblocks<dec::Q5K>,
+        decode_superblocks<dec::Q6K>,
+        decode_superblocks<dec::IQ4XS>,
     },
     tile,
 };

@@ -12,11 +12,12 @@
 // which measures the kernels' compute speed.
 //
 // --bf16 always|never forces the BF16 path of quantised weights on or off (where the CPU has AVX-512
-// BF16); the default, auto, is the library's own choice.
+// BF16); the default, auto, is the library's own choice. --tiles bf16 makes that path multiply the
+// super-block types (Q2_K .. Q6_K, IQ4_XS) with BF16 tiles instead of its default int8 ones (i8).
 //
 // Usage: moeinfer_bench_matmul [--threads N] [--types q8_0,q4_0,mxfp4,q4_k,q6_k,...,bf16,f16,f32]
 //                              [--shapes q30,g20] [--tokens 1,512] [--layers L] [--min-time SECONDS] [--hot]
-//                              [--bf16 auto|always|never]
+//                              [--bf16 auto|always|never] [--tiles i8|bf16]
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
@@ -71,6 +72,7 @@ struct Options {
     double min_time = 1.0;
     bool hot = false;
     moe::cpu::Bf16Path bf16 = moe::cpu::Bf16Path::kAuto;
+    moe::cpu::DecodedTiles tiles = moe::cpu::DecodedTiles::kInt8;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -109,10 +111,14 @@ bool parse_args(int argc, char** argv, Options& o) {
             o.bf16 = v == "always" ? moe::cpu::Bf16Path::kAlways
                      : v == "never" ? moe::cpu::Bf16Path::kNever
                                     : moe::cpu::Bf16Path::kAuto;
+        } else if (a == "--tiles" && has_value &&
+                   (std::strcmp(argv[i + 1], "i8") == 0 || std::strcmp(argv[i + 1], "bf16") == 0)) {
+            o.tiles = std::strcmp(argv[++i], "bf16") == 0 ? moe::cpu::DecodedTiles::kBf16 : moe::cpu::DecodedTiles::kInt8;
         } else {
             std::fprintf(stderr,
                          "usage: %s [--threads N] [--types q8_0,q4_0,mxfp4,bf16,f16,f32] [--shapes q30,g20] "
-                         "[--tokens 1,512] [--layers L] [--min-time S] [--hot] [--bf16 auto|always|never]\n",
+                         "[--tokens 1,512] [--layers L] [--min-time S] [--hot] [--bf16 auto|always|never] "
+                         "[--tiles i8|bf16]\n",
                          argv[0]);
             return false;
         }
@@ -351,9 +357,11 @@ int main(int argc, char** argv) {
     if (!parse_args(argc, argv, o)) return 2;
     if (o.threads <= 0) o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     moe::cpu::set_bf16_path_for_testing(o.bf16);
+    moe::cpu::set_decoded_tiles_for_testing(o.tiles);
     const char* bf16_names[] = {"auto", "always", "never"};
-    std::printf("moeinfer_bench_matmul: %d threads, kernels: %s, BF16 path: %s, weights %s\n", o.threads,
-                moe::cpu::cpu_isa_name(), bf16_names[static_cast<int>(o.bf16)],
+    std::printf("moeinfer_bench_matmul: %d threads, kernels: %s, BF16 path: %s (super-block tiles %s), weights %s\n",
+                o.threads, moe::cpu::cpu_isa_name(), bf16_names[static_cast<int>(o.bf16)],
+                o.tiles == moe::cpu::DecodedTiles::kBf16 ? "bf16" : "i8",
                 o.hot ? "hot (one layer, fixed ids: from the caches)" : "cold (layer copies cycled: from DRAM)");
     std::printf("GB/s = weight bytes of the distinct experts touched / time; t/s = tokens / (up_gate + down) "
                 "time of that many expert layers (experts only)\n");

@@ -16,6 +16,11 @@
 //   are exact in F32, and the k F32 additions of each dot product round. So it is compared with a
 //   second reference: the float64 sum of the BF16-rounded products, within (k + 2) * 2^-24 * sum of
 //   their magnitudes (the F32 summation bound), plus k * 2^-110 for flushed subnormal products.
+// - The int8 tiles of that path (the super-block types; family "avx512_i8"): the weights are requantised
+//   to int8 per row and super-block (q = nearest-even(v * (127 / amax)), scale amax / 127) and the
+//   activations quantised as Q8K, the integer dot products are exact, and each super-block's sum is
+//   rounded twice in F32 on its way into the total. Reference: the float64 dot product of the two
+//   requantised rows, within (k + 2) * 2^-24 * the sum of the magnitudes of its products.
 #include <catch2/catch.hpp>
 
 #include <tbb/task_arena.h>
@@ -49,6 +54,7 @@ struct Isa {
     cpu::IsaCap cap;
     const moe::cpu::mm::KernelTable* table;
     bool bf16 = false;  // the BF16 path forced on (quantised weights); off for the other families
+    bool i8 = false;    // and its int8 tiles for the super-block types
 };
 
 std::vector<Isa> available_isas() {
@@ -59,6 +65,7 @@ std::vector<Isa> available_isas() {
     if (f.avx512 && f.avx512_vnni) isas.push_back({"avx512", cpu::IsaCap::kNone, &moe::cpu::mm::kAvx512Kernels});
     if (f.avx512 && f.avx512_vnni && f.avx512_bf16) {
         isas.push_back({"avx512_bf16", cpu::IsaCap::kNone, &moe::cpu::mm::kAvx512Kernels, true});
+        isas.push_back({"avx512_i8", cpu::IsaCap::kNone, &moe::cpu::mm::kAvx512Kernels, true, true});
     } else {
         WARN("skipped: the BF16 path (this CPU has no AVX-512 BF16)");
     }
@@ -71,10 +78,12 @@ public:
     explicit IsaScope(const Isa& isa) {
         cpu::set_cpu_isa_cap_for_testing(isa.cap);
         cpu::set_bf16_path_for_testing(isa.bf16 ? cpu::Bf16Path::kAlways : cpu::Bf16Path::kNever);
+        cpu::set_decoded_tiles_for_testing(isa.i8 ? cpu::DecodedTiles::kInt8 : cpu::DecodedTiles::kBf16);
     }
     ~IsaScope() {
         cpu::set_cpu_isa_cap_for_testing(cpu::IsaCap::kNone);
         cpu::set_bf16_path_for_testing(cpu::Bf16Path::kAuto);
+        cpu::set_decoded_tiles_for_testing(cpu::DecodedTiles::kInt8);
     }
     IsaScope(const IsaScope&) = delete;
     IsaScope& operator=(const IsaScope&) = delete;
@@ -231,12 +240,31 @@ struct Ref {
     double sum_tol;    // float-summation part only (for comparing kernel families)
     double bf16_value = 0.0;  // the BF16 path's reference (quantised weights)
     double bf16_tol = 0.0;
+    double i8_value = 0.0;  // the int8 tiles' reference (super-block types)
+    double i8_tol = 0.0;
 };
 
 // v rounded to BF16 as the AVX-512 BF16 conversions do: subnormals flushed, then nearest even.
 double bf16_round(float v) {
     if (std::fabs(v) < std::numeric_limits<float>::min()) return 0.0;
     return moe::bf16_to_fp32(moe::fp32_to_bf16(v));
+}
+
+// v quantised per super-block of 256 as the Q8K quantiser and the int8 tiles' requantisation do (the
+// same float operations): q = nearest-even(v * (127 / amax)), returned as q * (amax / 127).
+std::vector<double> q8_superblocks(const float* v, int64_t k) {
+    std::vector<double> out(static_cast<size_t>(k), 0.0);
+    for (int64_t b = 0; b < k / 256; ++b) {
+        float amax = 0.0f;
+        for (int64_t j = 0; j < 256; ++j) amax = std::fmax(amax, std::fabs(v[b * 256 + j]));
+        if (amax == 0.0f) continue;
+        const float id = 127.0f / amax;
+        const float d = amax / 127.0f;
+        for (int64_t j = 0; j < 256; ++j) {
+            out[static_cast<size_t>(b * 256 + j)] = static_cast<double>(std::nearbyint(v[b * 256 + j] * id)) * d;
+        }
+    }
+    return out;
 }
 
 Ref ref_dot(Type type, const std::vector<float>& w, const float* x) {
@@ -261,15 +289,34 @@ Ref ref_dot(Type type, const std::vector<float>& w, const float* x) {
     }
     const double sum_tol = 1e-5 * mag + 1e-30;
     const double bf16_tol = static_cast<double>(k + 2) * (std::ldexp(bmag, -24) + std::ldexp(1.0, -110));
-    return {dot, qerr + sum_tol, sum_tol, bdot, bf16_tol};
+    double idot = 0.0, imag = 0.0;
+    if (act_block(type) == 256) {
+        const std::vector<double> wq = q8_superblocks(w.data(), k);
+        const std::vector<double> xq = q8_superblocks(x, k);
+        for (int64_t i = 0; i < k; ++i) {
+            idot += wq[static_cast<size_t>(i)] * xq[static_cast<size_t>(i)];
+            imag += std::fabs(wq[static_cast<size_t>(i)] * xq[static_cast<size_t>(i)]);
+        }
+    }
+    const double i8_tol = static_cast<double>(k + 2) * std::ldexp(imag, -24) + 1e-30;
+    return {dot, qerr + sum_tol, sum_tol, bdot, bf16_tol, idot, i8_tol};
 }
 
-// The reference of a kernel family: the BF16 one where the BF16 path computes (quantised weights).
-std::vector<Ref> for_family(const std::vector<Ref>& ref, const Isa& isa, bool quantized) {
+// The reference of a kernel family: the BF16 one where the BF16 path computes (quantised weights), the
+// int8 one where its int8 tiles do (every operand of a super-block type).
+std::vector<Ref> for_family(const std::vector<Ref>& ref, const Isa& isa, Type type, Type other) {
+    const bool quantized = moe::is_quantized(type) && moe::is_quantized(other);
     if (!isa.bf16 || !quantized) return ref;
+    const bool i8 = isa.i8 && act_block(type) == 256 && act_block(other) == 256;
     std::vector<Ref> out(ref.size());
-    for (size_t i = 0; i < ref.size(); ++i) out[i] = {ref[i].bf16_value, ref[i].bf16_tol, ref[i].bf16_tol};
+    for (size_t i = 0; i < ref.size(); ++i) {
+        out[i] = i8 ? Ref{ref[i].i8_value, ref[i].i8_tol, ref[i].i8_tol}
+                    : Ref{ref[i].bf16_value, ref[i].bf16_tol, ref[i].bf16_tol};
+    }
     return out;
+}
+std::vector<Ref> for_family(const std::vector<Ref>& ref, const Isa& isa, Type type) {
+    return for_family(ref, isa, type, type);
 }
 
 void fill_nan(HostTensor& h) {
@@ -356,7 +403,7 @@ void run_mul_mat_case(Type type, MatShape s, const std::vector<Isa>& isas, int f
         INFO("mul_mat " << moe::type_name(type) << " " << isa.name << " K=" << s.k << " N=" << s.n << " M=" << s.m);
         REQUIRE(st.is_ok());
         outs.push_back(as_vector(dst));
-        CHECK(check_close(isa.name, outs.back(), for_family(ref, isa, moe::is_quantized(type))) == 0);
+        CHECK(check_close(isa.name, outs.back(), for_family(ref, isa, type)) == 0);
     }
     // Kernel families agree within float summation error around each other: compare with the first.
     for (size_t i = 1; i < outs.size(); ++i) {
@@ -551,7 +598,7 @@ TEST_CASE("matmul: MUL_MAT with batched, strided activations", "[matmul]") {
                 }
             }
             INFO(moe::type_name(type) << " " << isa.name);
-            CHECK(check_close(isa.name, got, for_family(ref, isa, moe::is_quantized(type))) == 0);
+            CHECK(check_close(isa.name, got, for_family(ref, isa, type)) == 0);
         }
     }
 }
@@ -595,7 +642,7 @@ void run_mul_mat_id_case(Type type, int64_t k, int64_t n, int64_t n_tokens, bool
         INFO("mul_mat_id " << moe::type_name(type) << " " << isa.name << " K=" << k << " N=" << n << " T=" << n_tokens
                            << " B=" << b << ": " << st.message());
         REQUIRE(st.is_ok());
-        CHECK(check_close(isa.name, as_vector(dst), for_family(ref, isa, moe::is_quantized(type))) == 0);
+        CHECK(check_close(isa.name, as_vector(dst), for_family(ref, isa, type)) == 0);
     }
 }
 
@@ -650,6 +697,8 @@ void run_up_gate_case(Type up_type, Type gate_type, Activation act, bool biases,
                 if (biases) {
                     u.bf16_value += reinterpret_cast<const float*>(up_bias.t.row(e))[r];
                     g.bf16_value += reinterpret_cast<const float*>(gate_bias.t.row(e))[r];
+                    u.i8_value += reinterpret_cast<const float*>(up_bias.t.row(e))[r];
+                    g.i8_value += reinterpret_cast<const float*>(gate_bias.t.row(e))[r];
                 }
                 // |d out/d u| <= |g| (SILU: |silu(g)| <= |g|; OAI: |x sigmoid| <= |x|); |d out/d g| <= 1.1 |u (+1)|.
                 auto propagate = [&](double uv, double ut, double gv, double gt, double& out, double& tol) {
@@ -662,6 +711,7 @@ void run_up_gate_case(Type up_type, Type gate_type, Activation act, bool biases,
                 propagate(u.value, u.tol, g.value, g.tol, o.value, o.tol);
                 o.sum_tol = o.tol;
                 propagate(u.bf16_value, u.bf16_tol, g.bf16_value, g.bf16_tol, o.bf16_value, o.bf16_tol);
+                propagate(u.i8_value, u.i8_tol, g.i8_value, g.i8_tol, o.i8_value, o.i8_tol);
             }
         }
     }
@@ -689,8 +739,7 @@ void run_up_gate_case(Type up_type, Type gate_type, Activation act, bool biases,
                                << static_cast<int>(act) << " biases " << biases << " " << isa.name << " K=" << k
                                << " F=" << f << " T=" << n_tokens << ": " << st.message());
         REQUIRE(st.is_ok());
-        const bool quantized = moe::is_quantized(up_type) && moe::is_quantized(gate_type);
-        CHECK(check_close(isa.name, as_vector(dst), for_family(ref, isa, quantized)) == 0);
+        CHECK(check_close(isa.name, as_vector(dst), for_family(ref, isa, up_type, gate_type)) == 0);
     }
 }
 
