@@ -327,8 +327,17 @@ struct Glu {
     Activation act;
     float alpha;  // SWIGLU_OAI
     float limit;  // SWIGLU_OAI
-    float operator()(float g, float u) const {
-        if (act == Activation::SILU) return g * ops::sigmoid(g) * u;
+    // out[i] = act(g[i], u[i]) for i < n, the activation chosen once so that each loop vectorises
+    // (ops::sigmoid is branch-free).
+    void row(float* out, const float* g, const float* u, int64_t n) const {
+        if (act == Activation::SILU) {
+            for (int64_t i = 0; i < n; ++i) out[i] = silu(g[i], u[i]);
+        } else {
+            for (int64_t i = 0; i < n; ++i) out[i] = oai(g[i], u[i]);
+        }
+    }
+    static float silu(float g, float u) { return g * ops::sigmoid(g) * u; }
+    float oai(float g, float u) const {
         const float x = std::min(g, limit);
         const float y = std::clamp(u, -limit, limit);
         return x * ops::sigmoid(alpha * x) * (y + 1.0f);
@@ -600,13 +609,15 @@ Status moe_up_gate(Tensor& dst, Scratch& scratch) {
         p.store = [&](const bf16path::Tile& t) {
             const float* bu = up_bias ? reinterpret_cast<const float*>(up_bias->row(t.expert)) + t.r0 : nullptr;
             const float* bg = gate_bias ? reinterpret_cast<const float*>(gate_bias->row(t.expert)) + t.r0 : nullptr;
+            // Each pair's column of the tiles gathered into rows first, then the activation over the
+            // row in one vectorised pass.
+            float uv[bf16path::kMaxTileRows], gv[bf16path::kMaxTileRows];
             for (int64_t c = 0; c < t.nc; ++c) {
-                float* o = out + static_cast<int64_t>(g.out_idx[t.first + c]) * f + t.r0;
                 for (int64_t r = 0; r < t.nr; ++r) {
-                    const float uv = t.acc[0][r * t.stride + c] + (bu ? bu[r] : 0.0f);
-                    const float gv = t.acc[1][r * t.stride + c] + (bg ? bg[r] : 0.0f);
-                    o[r] = glu(gv, uv);
+                    uv[r] = t.acc[0][r * t.stride + c] + (bu ? bu[r] : 0.0f);
+                    gv[r] = t.acc[1][r * t.stride + c] + (bg ? bg[r] : 0.0f);
                 }
+                glu.row(out + static_cast<int64_t>(g.out_idx[t.first + c]) * f + t.r0, gv, uv, t.nr);
             }
         };
         bf16path::run(p, up_acts);
@@ -655,14 +666,13 @@ Status moe_up_gate(Tensor& dst, Scratch& scratch) {
         const float* bu = up_bias ? reinterpret_cast<const float*>(up_bias->row(job.expert)) + job.r0 : nullptr;
         const float* bg = gate_bias ? reinterpret_cast<const float*>(gate_bias->row(job.expert)) + job.r0 : nullptr;
         for (int64_t c = 0; c < job.nc; ++c) {
-            float* o = out + static_cast<int64_t>(g.out_idx[first + c]) * f + job.r0;
-            const float* tu = tile_u + c * nr;
-            const float* tg = tile_g + c * nr;
+            float* tu = tile_u + c * nr;
+            float* tg = tile_g + c * nr;
             for (int64_t r = 0; r < nr; ++r) {
-                const float uv = tu[r] + (bu ? bu[r] : 0.0f);
-                const float gv = tg[r] + (bg ? bg[r] : 0.0f);
-                o[r] = glu(gv, uv);
+                tu[r] += bu ? bu[r] : 0.0f;
+                tg[r] += bg ? bg[r] : 0.0f;
             }
+            glu.row(out + static_cast<int64_t>(g.out_idx[first + c]) * f + job.r0, tg, tu, nr);
         }
     });
     return Status::ok();

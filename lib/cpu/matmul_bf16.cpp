@@ -21,7 +21,7 @@ using mm::bf16::kRows;
 using mm::bf16::kTileCols;
 
 constexpr int64_t kBlocksPerJob = kTileCols / kBlockTokens;
-constexpr int64_t kMaxRowsPerJob = 64;
+constexpr int64_t kMaxRowsPerJob = kMaxTileRows;
 constexpr int64_t kJobsPerThread = 8;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -19,7 +19,8 @@ struct Operand {
 };
 
 // A finished job: acc[i][r * stride + c] = dot(row r0 + r of operand i's expert, pair first + c)
-// for r < nr, c < nc.
+// for r < nr <= kMaxTileRows, c < nc.
+constexpr int64_t kMaxTileRows = 64;
 struct Tile {
     int32_t expert;
     int64_t r0, nr;

@@ -68,24 +68,30 @@ void pack(const float* const* rows, int n, int64_t k, uint8_t* dst) {
 
 // The 16 zmm of F32 values of one super-block to bytes q + 128 at dst; returns the scale (see
 // matmul_i8.h). Same operations as the Q8K quantiser: inv = 127 / amax, q = nearest-even(v * inv).
+//
+// Non-finite values come only from a non-finite fp16 scale of the block (finite scales times these
+// small integers cannot overflow), and every value of the super-block uses that scale, so all of them
+// are then inf or NaN (inf times a zero is NaN): the max below, which may drop a NaN operand for the
+// other one, still ends inf or NaN.
 inline float requantise(const __m512 (&v)[16], uint8_t* dst) {
     const __m512 sign = _mm512_set1_ps(-0.0f);
     __m512 amax = _mm512_setzero_ps();
-    __mmask16 special = 0;
-    for (int i = 0; i < 16; ++i) {
-        amax = _mm512_max_ps(amax, _mm512_andnot_ps(sign, v[i]));
-        special |= _mm512_fpclass_ps_mask(v[i], 0x99);  // QNaN, +inf, -inf, SNaN
-    }
+    for (int i = 0; i < 16; ++i) amax = _mm512_max_ps(amax, _mm512_andnot_ps(sign, v[i]));
     const float m = _mm512_reduce_max_ps(amax);
-    // Nonzero values of these kinds are multiples of 2^-24 (fp16 scales times integers), so 127 / m
-    // is finite.
-    const __m512 inv = _mm512_set1_ps(special != 0 || m == 0.0f ? 0.0f : 127.0f / m);
-    const __m128i bias = _mm_set1_epi8(static_cast<char>(0x80));
-    for (int i = 0; i < 16; ++i) {
-        const __m128i q = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v[i], inv)));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16 * i), _mm_xor_si128(q, bias));
+    const bool finite = m <= std::numeric_limits<float>::max();  // false for inf and NaN
+    const __m512 inv = _mm512_set1_ps(finite && m > 0.0f ? 127.0f / m : 0.0f);
+    // 64 values at a time: int32 -> int16 -> int8 with saturation (|q| <= 127 anyway); the packs work
+    // within 128-bit lanes, so lane j of the result holds elements 4 j .. 4 j + 3 of each of the four
+    // inputs, put back in order by one dword permutation.
+    const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (int i = 0; i < 16; i += 4) {
+        __m512i q[4];
+        for (int j = 0; j < 4; ++j) q[j] = _mm512_cvtps_epi32(_mm512_mul_ps(v[i + j], inv));
+        const __m512i p = _mm512_packs_epi16(_mm512_packs_epi32(q[0], q[1]), _mm512_packs_epi32(q[2], q[3]));
+        _mm512_storeu_si512(dst + 16 * i, _mm512_xor_si512(_mm512_permutexvar_epi32(order, p), bias));
     }
-    return special != 0 ? std::numeric_limits<float>::quiet_NaN() : m / 127.0f;
+    return finite ? m / 127.0f : std::numeric_limits<float>::quiet_NaN();
 }
 
 template <class K>
