@@ -5,9 +5,11 @@ griddepcontrol.wait (SASS ACQBULK), from `cuobjdump -sass` of the library (the G
     cuobjdump -sass build/lib/libmoeinfer.so.0 > sass.txt && scripts/check_pdl_sass.py sass.txt
 
 Before its wait a kernel may only read model weights (lib/cuda/launch.cuh), and only the dense GEMVs
-with early weight loads do (gemv_kernel / gemv_rows_kernel with EARLY = true):
+with early weight loads do (gemv_kernel / gemv_float_kernel / gemv_rows_kernel with EARLY = true):
   - gemv_kernel: at most one chunk's 16-byte vectors per lane (kVpl of its weight type) through the
     read-only path (LDG.E.128.CONSTANT), plus byte loads (load16_guarded at a weight tensor's edge);
+  - gemv_float_kernel: at most kU steps of its 4 rows, a read-only load of 8 (F16 / BF16) or 16 (F32)
+    bytes each, which bypasses L1 (whatever cache qualifier ptxas prints besides CONSTANT);
   - gemv_rows_kernel: at most kRowSteps = 4 weight loads of 16 (F32) or 8 (F16 / BF16) bytes.
 More loads than that mean something else moved above the wait: ptxas moves ld.global.nc (__ldg) loads
 there (it takes their data as fixed for the kernel's lifetime), which is why activations after an early
@@ -30,16 +32,30 @@ def kernels(text):
         yield m.group(1), text[m.end():end]
 
 
+def exactly(mnemonic):
+    return lambda l: l == mnemonic
+
+
+def read_only(bits):
+    """A read-only global load of `bits` bits with any further qualifiers (L1 no-allocate, eviction hints)."""
+    return lambda l: l.startswith("LDG.E.") and ".CONSTANT" in l and f".{bits}" in l
+
+
 def early_allowance(name):
-    """(vector load mnemonic, how many) an early GEMV may issue before its wait; None for other kernels."""
+    """(weight load predicate, how many) an early GEMV may issue before its wait; None for other kernels."""
     m = re.search(r"gemv_kernelILN\w*?TypeE(\d+)ELi\d+ELb[01]ELb1ELi\d+EEEv", name)
     if m:  # gemv_kernel<W, MC, FUSED, EARLY = true, RPW>
         chunk = 32 * BLOCK_BYTES[int(m.group(1))]
         vecs = (chunk + 30) // 16
-        return "LDG.E.128.CONSTANT", (vecs + 31) // 32
+        return exactly("LDG.E.128.CONSTANT"), (vecs + 31) // 32
+    m = re.search(r"gemv_float_kernelILN\w*?TypeE(\d+)ELi(\d+)ELb1EEEv", name)
+    if m:  # gemv_float_kernel<W, MC, EARLY = true>: kU = (MC <= 2 ? 4 : 2) / (bytes per weight / 2) steps of 4 rows
+        f32 = int(m.group(1)) == 0
+        steps = (4 if int(m.group(2)) <= 2 else 2) // (2 if f32 else 1)
+        return read_only(128 if f32 else 64), 4 * steps
     m = re.search(r"gemv_rows_kernelILN\w*?TypeE(\d+)E.*ELb1EEEv", name)
     if m:  # gemv_rows_kernel<W, MC, RK, EARLY = true>
-        return ("LDG.E.128.CONSTANT" if int(m.group(1)) == 0 else "LDG.E.64.CONSTANT"), ROW_STEPS
+        return exactly("LDG.E.128.CONSTANT" if int(m.group(1)) == 0 else "LDG.E.64.CONSTANT"), ROW_STEPS
     return None
 
 
@@ -53,11 +69,11 @@ def check(name, body):
     allowed = early_allowance(name)
     if allowed is None:
         return (f"{len(loads)} loads before the wait: {sorted(set(loads))}" if loads else None), bool(loads)
-    vector, most = allowed
-    others = [l for l in loads if l != vector and not l.endswith(".U8")]
-    vectors = loads.count(vector)
+    is_weight_load, most = allowed
+    others = [l for l in loads if not is_weight_load(l) and not l.endswith(".U8")]
+    vectors = sum(1 for l in loads if is_weight_load(l))
     if others or vectors > most:
-        return (f"{vectors} {vector} (at most {most} are weights) and {len(others)} other loads before the wait: "
+        return (f"{vectors} weight loads (at most {most}) and {len(others)} other loads before the wait: "
                 f"{sorted(set(loads))}"), True
     return None, bool(loads)
 

@@ -151,6 +151,20 @@ const std::vector<Key>& keys() {
              if (std::strcmp(v, "v2") == 0) c.kquant_gemv = KquantGemv::V2;
              if (std::strcmp(v, "v1") == 0) c.kquant_gemv = KquantGemv::V1;
          }},
+        {"float_gemv", "MOEINFER_FLOAT_GEMV", "v2|v1", "v2",
+         "CUDA decode GEMV (1 .. 8 columns) of dense F16 / BF16 / F32 weights: v2, coalesced loads of 4 "
+         "weights and their activations per lane, 4 rows per block sharing the activation loads; v1, the first "
+         "kernel (blocks of 32 staged in shared memory); the same products summed in another order",
+         [](std::string_view v, BackendConfig& c) {
+             if (v == "v2") c.float_gemv = FloatGemv::V2;
+             else if (v == "v1") c.float_gemv = FloatGemv::V1;
+             else return false;
+             return true;
+         },
+         [](const char* v, BackendConfig& c) {
+             if (std::strcmp(v, "v2") == 0) c.float_gemv = FloatGemv::V2;
+             if (std::strcmp(v, "v1") == 0) c.float_gemv = FloatGemv::V1;
+         }},
     };
     return table;
 }

@@ -32,6 +32,13 @@ enum class ExpertGemmDecode : int32_t { FUSED = 0, SCRATCH = 1 };
 // from global memory in 2-byte loads. The same bits either way; V1 is kept for A/B timing.
 enum class KquantGemv : int32_t { V2 = 0, V1 = 1 };
 
+// Which GEMV kernel the CUDA backend's dense small-batch products (1 .. 8 columns) of float weights (F16,
+// BF16, F32) of more than 1,024 rows run: V2 reads each lane's 4 consecutive weights and their float4 of
+// activations with coalesced loads, 4 rows per block sharing each activation load, the block's warps
+// splitting K; V1, the first kernel, stages 32-element blocks in shared memory as the Q8_0 kernel does.
+// Sums in another order (last bits differ); V1 is kept for A/B timing.
+enum class FloatGemv : int32_t { V2 = 0, V1 = 1 };
+
 struct BackendConfig {
     bool cuda_graphs = true;            // cuda_graphs / MOEINFER_CUDA_GRAPHS
     bool cuda_fusion = true;            // cuda_fusion / MOEINFER_CUDA_FUSION
@@ -43,6 +50,7 @@ struct BackendConfig {
     std::optional<bool> offload_calibration;  // offload_calibration (no variable); nullopt: auto
     ExpertGemmDecode expert_gemm_decode = ExpertGemmDecode::FUSED;  // expert_gemm_decode / MOEINFER_EXPERT_GEMM_DECODE
     KquantGemv kquant_gemv = KquantGemv::V2;  // kquant_gemv / MOEINFER_KQUANT_GEMV
+    FloatGemv float_gemv = FloatGemv::V2;     // float_gemv / MOEINFER_FLOAT_GEMV
 };
 
 // Looks an environment variable up: nullptr when unset.

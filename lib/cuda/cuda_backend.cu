@@ -153,6 +153,7 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device, const Backend
     b->graphs_enabled_ = config.cuda_graphs;
     b->fusion_enabled_ = config.cuda_fusion;
     b->kquant_gemv_ = config.kquant_gemv;
+    b->float_gemv_ = config.float_gemv;
     // PDL needs compute capability 9.0; elsewhere launches stay plain.
     int cc_major = 0;
     MOE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
@@ -362,6 +363,7 @@ Status CudaBackend::launch_item(size_t i) {
     ctx.router_counter = attn_counters_ + kAttnCounters;
     ctx.moe_route_ready = item.route_from_prev;
     ctx.kquant_gemv = kquant_gemv_;
+    ctx.float_gemv = float_gemv_;
     ctx.expert_decode = expert_decode_;
     const size_t slot_stride = (plan_.slot_bytes + 255) & ~size_t{255};
     if (item.q8_in >= 0) ctx.q8_act = static_cast<uint8_t*>(slots_) + static_cast<size_t>(item.q8_in) * slot_stride;

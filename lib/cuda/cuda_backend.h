@@ -191,6 +191,7 @@ private:
     bool pdl_supported_ = false;  // compute capability 9.0+
     bool pdl_enabled_ = false;
     KquantGemv kquant_gemv_ = BackendConfig{}.kquant_gemv;  // OpContext::kquant_gemv
+    FloatGemv float_gemv_ = BackendConfig{}.float_gemv;     // OpContext::float_gemv
     PullCopies pull_copies_ = PullCopies::WHILE_UPLOADING;
     ExpertGemmDecode expert_decode_ = BackendConfig{}.expert_gemm_decode;  // OpContext::expert_decode
     std::unique_ptr<GraphRunner> graphs_;

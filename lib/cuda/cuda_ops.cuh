@@ -45,6 +45,8 @@ struct OpContext {
     unsigned int* router_counter = nullptr;
     // The GEMV kernel of the decoded types (Q4_1 .. IQ4_XS) at 1 .. 8 columns (backend option kquant_gemv).
     KquantGemv kquant_gemv = BackendConfig{}.kquant_gemv;
+    // The GEMV kernel of dense float weights (F16, BF16, F32) at 1 .. 8 columns (backend option float_gemv).
+    FloatGemv float_gemv = BackendConfig{}.float_gemv;
     // MUL_MAT_ID on the grouped path: the previous launch, an expert product of the same ids, left the
     // route (tokens grouped by expert) in the scratch block (LaunchItem::route_from_prev).
     bool moe_route_ready = false;

@@ -378,6 +378,7 @@ Status run_gemv_units(std::span<const GemvUnit> units, const OpContext& ctx, con
     for (size_t i = 0; i < units.size(); ++i) {
         ws[i] = units[i].d.w;
         ws[i].kquant_gemv = ctx.kquant_gemv;
+        ws[i].float_gemv = ctx.float_gemv;
         outs[i] = mm::GemvOut{&ws[i], units[i].out, units[i].bias, units[i].out2};
     }
     return mm::gemv_multi(std::span<const mm::GemvOut>(outs, units.size()), nullptr, acts, act_stride, d0.m, nullptr,

@@ -68,6 +68,8 @@ struct WeightArg {
     bool constant = false;
     // The GEMV kernel for a decoded type (OpContext::kquant_gemv, set by matmul.cu where it hands w to one).
     KquantGemv kquant_gemv = KquantGemv::V2;
+    // The dense GEMV kernel for a float type (OpContext::float_gemv, set by matmul.cu for dense products).
+    FloatGemv float_gemv = FloatGemv::V2;
 };
 
 WeightArg weight_arg(const Tensor& w);

@@ -374,6 +374,165 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
     }
 }
 
+// Dense float weights (F16, BF16, F32; FloatGemv::V2): gemv_kernel decodes each lane's 32-element block
+// from its per-warp shared buffer and reads that block's 128 activation bytes per column, lanes 64 (F16)
+// or 128 (F32) bytes apart: 16- and 32-way shared bank conflicts on the decode and an LDG.128 touching 32
+// lines per activation load, about 560 load/store-unit cycles per 2 KB chunk of F16 weights, so ~3.6
+// weight bytes per cycle and multiprocessor where HBM needs ~15 (H100: 900 GB/s on the output head).
+// Float rows need no staging: any 4 consecutive elements are one aligned 8- or 16-byte load. So here,
+// the grid of gemv_kernel (kGemvWarps rows per block, segments and bias rows alike), but:
+// - a step is 128 consecutive elements of a row, lane l taking elements 4 l .. 4 l + 3: one coalesced
+//   weight load per row (256 or 512 bytes per warp) and one coalesced float4 activation load per column
+//   (512 bytes), shared by the block's kGemvWarps rows: ~12 load cycles per KB of F16 weights at one
+//   column, ~40 at eight;
+// - the block's warps split K (warp w takes steps w, w + kGemvWarps, ...), each warp holding kU steps of
+//   all the block's rows in flight (4 KB of weights at one or two columns, 2 KB at more), so that short
+//   products keep enough bytes in flight: q/k/v's 1,280 blocks and o's 512 fill the SMs for ~one wave;
+// - weights bypass L1 (no_allocate), which keeps the activation rows, read by every block, there;
+// - each row's sum: per lane over its steps in order, the warp's lanes (xor 16 .. 1), then the warps in
+//   order 0 .. 3 (a different order of the same products than gemv_kernel's, so other last bits).
+// EARLY: the first kU steps' weights are requested before the PDL wait (non-coherent loads of model
+// weights, as in gemv_kernel); without it the wait comes first and weights take coherent loads.
+// REQUIRES: dense (no ids, no gate); weight rows 4-element aligned (8 bytes, F32: 16); activation rows
+// 16-byte aligned (launch_gemv_float checks both).
+template <Type W>
+struct FloatVec4 {
+    static constexpr int kWords = W == Type::F32 ? 4 : 2;  // 32-bit words of 4 weights
+    uint32_t u[kWords];
+};
+
+// 4 weights at p (aligned to their size), past L1; non-coherent only where NC (model weights, EARLY).
+template <Type W, bool NC>
+__device__ __forceinline__ FloatVec4<W> load_float4_weights(const uint8_t* p) {
+    FloatVec4<W> v;
+    if constexpr (W == Type::F32) {
+        if constexpr (NC) {
+            asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v.u[0]), "=r"(v.u[1]), "=r"(v.u[2]), "=r"(v.u[3])
+                         : "l"(p));
+        } else {
+            asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v.u[0]), "=r"(v.u[1]), "=r"(v.u[2]), "=r"(v.u[3])
+                         : "l"(p));
+        }
+    } else if constexpr (NC) {
+        asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.u[0]), "=r"(v.u[1]) : "l"(p));
+    } else {
+        asm volatile("ld.global.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.u[0]), "=r"(v.u[1]) : "l"(p));
+    }
+    return v;
+}
+
+template <Type W>
+__device__ __forceinline__ void float4_weights(const FloatVec4<W>& v, float (&w)[4]) {
+    if constexpr (W == Type::F32) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] = __uint_as_float(v.u[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            w[2 * i] = W == Type::F16 ? fp16_bits_to_float(v.u[i]) : bf16_bits_to_float(v.u[i]);
+            w[2 * i + 1] = W == Type::F16 ? fp16_bits_to_float(v.u[i] >> 16) : bf16_bits_to_float(v.u[i] >> 16);
+        }
+    }
+}
+
+constexpr int kFloatStep = 128;  // elements of a row per warp step: 4 per lane
+
+template <Type W, int MC, bool EARLY>
+__global__ void __launch_bounds__(kGemvThreads) gemv_float_kernel(const GemvParams p) {
+    if constexpr (!EARLY) pdl_grid_sync();
+    static_assert(W == Type::F32 || W == Type::F16 || W == Type::BF16, "float weights");
+    constexpr int kRows = kGemvWarps;                       // rows per block
+    constexpr int kEB = W == Type::F32 ? 4 : 2;             // bytes per weight
+    constexpr int kU = (MC <= 2 ? 4 : 2) / (kEB / 2);       // steps in flight per warp
+    __shared__ float part[kGemvWarps][kRows][MC];
+
+    const int warp = static_cast<int>(threadIdx.x) >> 5;
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const GemvSeg seg = block_segment(p);
+    const int64_t row0 = (static_cast<int64_t>(blockIdx.x) - seg.blk0) * kRows;
+    // Rows past the segment's end read its last row again (no branches around the loads) and are not written.
+    const uint8_t* wrow[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) wrow[r] = seg.w + min(row0 + r, seg.n_rows - 1) * seg.nb1;
+
+    const int64_t n_steps = (p.k + kFloatStep - 1) / kFloatStep;
+    FloatVec4<W> wv[kU][kRows];
+    // The steps s0, s0 + kGemvWarps, ... (kU of them) of this warp; elements past k (a partial last step) are
+    // neither loaded nor used: k is a multiple of 32, so a lane's 4 are all inside or all outside.
+    auto load_steps = [&](int64_t s0) {
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+            const int64_t e = (s0 + kGemvWarps * u) * kFloatStep + 4 * lane;
+            if (e < p.k) {
+#pragma unroll
+                for (int r = 0; r < kRows; ++r) wv[u][r] = load_float4_weights<W, EARLY>(wrow[r] + e * kEB);
+            }
+        }
+    };
+    float acc[kRows][MC];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int mc = 0; mc < MC; ++mc) acc[r][mc] = 0.0f;
+    }
+
+    load_steps(warp);
+    if constexpr (EARLY) pdl_grid_sync();  // activations and outputs only after it
+    for (int64_t s0 = warp; s0 < n_steps; s0 += kGemvWarps * kU) {
+        if (s0 != warp) load_steps(s0);  // the first steps are in flight already
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+            const int64_t e = (s0 + kGemvWarps * u) * kFloatStep + 4 * lane;
+            if (e < p.k) {
+                float w[kRows][4];
+#pragma unroll
+                for (int r = 0; r < kRows; ++r) float4_weights<W>(wv[u][r], w[r]);
+#pragma unroll
+                for (int mc = 0; mc < MC; ++mc) {
+                    if (mc < p.n_cols) {
+                        const float4 x = load_act<EARLY>(reinterpret_cast<const float4*>(p.acts + mc * p.act_stride + 4 * e));
+#pragma unroll
+                        for (int r = 0; r < kRows; ++r) {
+                            float a = acc[r][mc];
+                            a = fmaf(w[r][0], x.x, a);
+                            a = fmaf(w[r][1], x.y, a);
+                            a = fmaf(w[r][2], x.z, a);
+                            a = fmaf(w[r][3], x.w, a);
+                            acc[r][mc] = a;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int mc = 0; mc < MC; ++mc) {
+            const float v = ops::warp_sum(acc[r][mc]);
+            if (lane == 0) part[warp][r][mc] = v;
+        }
+    }
+    __syncthreads();
+    const int t = static_cast<int>(threadIdx.x);
+    if (t < kRows * MC) {
+        const int r = t / MC;
+        const int mc = t - r * MC;
+        const int64_t row = row0 + r;
+        if (row < seg.n_rows && mc < p.n_cols) {
+            float v = part[0][r][mc];
+#pragma unroll
+            for (int w = 1; w < kGemvWarps; ++w) v += part[w][r][mc];
+            const int64_t o = mc * seg.n_rows + row;
+            if (seg.dst != nullptr) seg.dst[o] = v;  // nullptr: a product only its bias add reads
+            if (seg.bias != nullptr) seg.dst2[o] = v + seg.bias[row];  // the ADD node's one rounding
+        }
+    }
+}
+
 // Routed products of short 4-bit rows (at most kShortMaxBlocks blocks: the expert down product of
 // K = 768): a warp computes kShortRows rows, kShortLanes lanes per row, each lane kBpl consecutive blocks.
 // A warp's path is three dependent memory round trips (its expert id, its weights, its activations);
@@ -868,6 +1027,37 @@ Status launch_gemv(const GemvParams& p, int64_t blocks, int64_t n_jobs, int n_sm
     return launch_kernel("gemv_kernel", gemv_kernel<W, MC, FUSED, false, 1>, grid, kGemvThreads, 0, stream, p);
 }
 
+// Whether gemv_float_kernel can read p: weight rows that start at 4-element boundaries (8 bytes, F32:
+// 16) and 16-byte aligned activation rows (gemv_prepare's, or F32 rows read in place).
+bool float_gemv_fits(Type w, const GemvParams& p) {
+    const int64_t a = w == Type::F32 ? 16 : 8;
+    bool ok = reinterpret_cast<uintptr_t>(p.acts) % 16 == 0 && p.act_stride % 16 == 0;
+    for (int i = 0; i < p.n_seg; ++i) {
+        ok = ok && reinterpret_cast<uintptr_t>(p.seg[i].w) % static_cast<uintptr_t>(a) == 0 && p.seg[i].nb1 % a == 0;
+    }
+    return ok;
+}
+
+// gemv_float_kernel over p (dense, float weights) with 1, 2, 4 or 8 columns, its first steps before the
+// PDL wait where p.early_weights says.
+template <Type W>
+Status launch_gemv_float(const GemvParams& p, int64_t blocks, cudaStream_t stream) {
+    const auto pick = [&](auto early) {
+        constexpr bool E = decltype(early)::value;
+        auto kernel = gemv_float_kernel<W, 8, E>;  // 5 .. 8 columns: the column loop is guarded
+        if (p.n_cols == 1) {
+            kernel = gemv_float_kernel<W, 1, E>;
+        } else if (p.n_cols == 2) {
+            kernel = gemv_float_kernel<W, 2, E>;
+        } else if (p.n_cols <= 4) {
+            kernel = gemv_float_kernel<W, 4, E>;
+        }
+        return kernel;
+    };
+    const auto kernel = p.early_weights ? pick(std::true_type{}) : pick(std::false_type{});
+    return launch_kernel("gemv_float_kernel", kernel, static_cast<unsigned int>(blocks), kGemvThreads, 0, stream, p);
+}
+
 // gemv_rows_kernel over `grid` rows of p, with the router's selection where p.rt.counter is set.
 template <Type W, bool EARLY>
 Status launch_rows(const GemvParams& p, unsigned int grid, cudaStream_t stream) {
@@ -1099,6 +1289,16 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
             p.seg[i].blk0 = blk;
             blk += (p.seg[i].n_rows + kGemvWarps - 1) / kGemvWarps;
         }
+    }
+    if (route == nullptr && !fused && !is_quant(w.type) && w.float_gemv == FloatGemv::V2 && float_gemv_fits(w.type, p)) {
+        return with_weight_type(w.type, [&](auto wt) -> Status {
+            constexpr Type W = decltype(wt)::value;
+            if constexpr (is_quant(W)) {
+                return internal_error("cuda gemv: the float kernel takes float weights");
+            } else {
+                return launch_gemv_float<W>(p, blocks, stream);
+            }
+        });
     }
     if (route != nullptr && !fused && short_row_type(w.type) && p.nblk <= kShortMaxBlocks) {
         return launch_gemv_short(w.type, p, n_jobs, stream);

@@ -181,3 +181,20 @@ TEST_CASE("backend options: kquant_gemv selects the decoded-type GEMV, v2 by def
     CHECK_THAT(moe::backend_options_help(), Catch::Contains("kquant_gemv=v2|v1"));
     CHECK_THAT(moe::backend_options_help(), Catch::Contains("env MOEINFER_KQUANT_GEMV"));
 }
+
+TEST_CASE("backend options: float_gemv selects the dense float-weight GEMV, v2 by default", "[core]") {
+    using moe::FloatGemv;
+    CHECK(parse_ok("").float_gemv == FloatGemv::V2);
+    CHECK(parse_ok("float_gemv=v1").float_gemv == FloatGemv::V1);
+    CHECK(parse_ok("float_gemv=v2").float_gemv == FloatGemv::V2);
+    CHECK_THAT(refused("float_gemv=v3"), Catch::Contains("float_gemv takes v2|v1, got 'v3'"));
+    CHECK_THAT(refused("float_gemv=v1,float_gemv=v2"), Catch::Contains("float_gemv is given twice"));
+    FakeEnv env;
+    env.vars = {{"MOEINFER_FLOAT_GEMV", "v1"}};
+    CHECK(parse_ok("", env).float_gemv == FloatGemv::V1);
+    CHECK(parse_ok("float_gemv=v2", env).float_gemv == FloatGemv::V2);  // the string wins
+    env.vars = {{"MOEINFER_FLOAT_GEMV", "v9"}};  // not a value: the default
+    CHECK(parse_ok("", env).float_gemv == FloatGemv::V2);
+    CHECK_THAT(moe::backend_options_help(), Catch::Contains("float_gemv=v2|v1"));
+    CHECK_THAT(moe::backend_options_help(), Catch::Contains("env MOEINFER_FLOAT_GEMV"));
+}

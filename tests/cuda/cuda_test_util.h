@@ -52,6 +52,12 @@ public:
         require_ok(b.status());
         backend_ = std::move(b).value();
     }
+    // A backend with the switches of `config` (backend options), not the environment's.
+    explicit Device(const BackendConfig& config) {
+        auto b = cuda::CudaBackend::create(0, config);
+        require_ok(b.status());
+        backend_ = std::move(b).value();
+    }
     cuda::CudaBackend& be() { return static_cast<cuda::CudaBackend&>(*backend_); }
 
     void* alloc(size_t n) {
