@@ -122,6 +122,7 @@ public:
         c.error_flags = flags_dev_;
         c.expert_decode = decode;
         c.kquant_gemv = kquant_gemv;
+        c.float_gemv = float_gemv;
         c.n_sm = n_sm;
         return c;
     }
@@ -129,6 +130,8 @@ public:
     // occupancy) of the contexts ctx() makes; GemvKnobs sets them for a scope.
     moe::KquantGemv kquant_gemv = moe::BackendConfig{}.kquant_gemv;
     int n_sm = 0;
+    // The dense float-weight GEMV kernel of the contexts ctx() makes (the perf mode times both).
+    moe::FloatGemv float_gemv = moe::BackendConfig{}.float_gemv;
     cudaStream_t stream() const { return stream_; }
     // Synchronises, then returns and clears the error word.
     unsigned int take_flags() {
@@ -1411,6 +1414,19 @@ TEST_CASE("cuda matmul perf (set MOEINFER_GPU_PERF=1)", "[gpu][cuda][matmul][per
                 if (t == 1) break;  // the GEMV either way
             }
             perf_case(dense, type, t);
+        }
+        // The F16 dense GEMVs of a Qwen3-30B-A3B layer (q/k/v as one weight of 5120 rows, o) and its output
+        // head, with both kernels (backend option float_gemv).
+        if (t <= 8) {
+            const PerfOp f16_ops[] = {{"f16 qkv", Op::MUL_MAT, 2048, 5120, 1, 1, Activation::SILU, false},
+                                      {"f16 o", Op::MUL_MAT, 4096, 2048, 1, 1, Activation::SILU, false},
+                                      {"f16 head", Op::MUL_MAT, 2048, 151936, 1, 1, Activation::SILU, false}};
+            for (moe::FloatGemv g : {moe::FloatGemv::V2, moe::FloatGemv::V1}) {
+                GpuEnv::get().float_gemv = g;
+                std::printf("float_gemv=%s\n", g == moe::FloatGemv::V2 ? "v2" : "v1");
+                for (const PerfOp& op : f16_ops) perf_case(op, Type::F16, t);
+            }
+            GpuEnv::get().float_gemv = moe::BackendConfig{}.float_gemv;
         }
     }
     if (std::getenv("MOEINFER_GPU_PERF_T") == nullptr) perf_case(dense, Type::Q8_0, 128);  // the kernel's dense mode
