@@ -26,6 +26,11 @@
 //   Routed 4-bit rows of at most 32 blocks take gemv_short_kernel: 4 rows per warp, 8 lanes per row.
 // - Dense products of model weights with grids of at most kEarlyMaxBlocks blocks load their first chunk
 //   of weights before the PDL wait (EARLY), so those loads overlap the small kernel before them (launch.cuh).
+// - Dense products of float weights (F16, BF16, F32) take gemv_float_kernel (backend option float_gemv=v2):
+//   float rows need no staging, so each lane reads 4 consecutive weights of each of the block's 4 rows and
+//   the matching float4 of activations, all coalesced; gemv_kernel above remains their v1, and the kernel
+//   of routed float products. Float weights of at most kRowKernelMaxRows rows per segment take
+//   gemv_rows_kernel (a block per row) either way.
 #include <cmath>
 #include <string>
 #include <type_traits>
