@@ -134,6 +134,26 @@ public:
         MOE_RETURN_IF_ERROR(copy_to_host(dst_host, src, n));
         return synchronize();
     }
+
+    // --- Several devices of one kind in one host (a context's layer split) ---
+
+    // Lets copy_from_peer read `peer`'s memory directly (CUDA: peer access over NVLink or PCIe), where
+    // the two devices can: true once enabled (idempotent, shared per process), false where they cannot
+    // (the caller then stages the bytes through host memory). Default: false.
+    virtual StatusOr<bool> enable_peer_access(Backend& peer) {
+        (void)peer;
+        return false;
+    }
+    // Queues a copy of n bytes of `peer`'s memory at src into this backend's memory at dst, after the
+    // compute queued on `peer` so far and before the compute queued here after the call; compute queued
+    // on `peer` after the call (which may overwrite src) waits for it too. REQUIRES: enable_peer_access
+    // (peer) returned true. Default: UNIMPLEMENTED.
+    virtual Status copy_from_peer(void* dst, Backend& peer, const void* src, size_t n) {
+        (void)dst;
+        (void)src;
+        (void)n;
+        return unimplemented(std::string(name()) + " backend: copy_from_peer (from " + peer.name() + ")");
+    }
 };
 
 }  // namespace moe

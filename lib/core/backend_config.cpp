@@ -165,6 +165,17 @@ const std::vector<Key>& keys() {
              if (std::strcmp(v, "v2") == 0) c.float_gemv = FloatGemv::V2;
              if (std::strcmp(v, "v1") == 0) c.float_gemv = FloatGemv::V1;
          }},
+        {"peer_copies", nullptr, "auto|staged", "auto",
+         "contexts over several GPUs: auto, a stage's result goes to the next GPU by a peer copy where the "
+         "two GPUs have peer access (NVLink or PCIe), else through page-locked host memory; staged, always "
+         "through host memory, peer access never enabled",
+         [](std::string_view v, BackendConfig& c) {
+             if (v == "auto") c.peer_copies = PeerCopies::AUTO;
+             else if (v == "staged") c.peer_copies = PeerCopies::STAGED;
+             else return false;
+             return true;
+         },
+         nullptr},
     };
     return table;
 }

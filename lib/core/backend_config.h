@@ -39,6 +39,13 @@ enum class KquantGemv : int32_t { V2 = 0, V1 = 1 };
 // Sums in another order (last bits differ); V1 is kept for A/B timing.
 enum class FloatGemv : int32_t { V2 = 0, V1 = 1 };
 
+// How a context over several devices hands a stage's result (the residual stream) to the next device's
+// stage (docs/MULTI_GPU.md): AUTO, by a peer copy from device to device where the two can reach each
+// other (CUDA peer access over NVLink or PCIe), else through page-locked host memory; STAGED, always
+// through host memory (for A/B timing, and for machines whose peer-to-peer is broken: peer access is
+// then never enabled).
+enum class PeerCopies : int32_t { AUTO = 0, STAGED = 1 };
+
 struct BackendConfig {
     bool cuda_graphs = true;            // cuda_graphs / MOEINFER_CUDA_GRAPHS
     bool cuda_fusion = true;            // cuda_fusion / MOEINFER_CUDA_FUSION
@@ -51,6 +58,7 @@ struct BackendConfig {
     ExpertGemmDecode expert_gemm_decode = ExpertGemmDecode::FUSED;  // expert_gemm_decode / MOEINFER_EXPERT_GEMM_DECODE
     KquantGemv kquant_gemv = KquantGemv::V2;  // kquant_gemv / MOEINFER_KQUANT_GEMV
     FloatGemv float_gemv = FloatGemv::V2;     // float_gemv / MOEINFER_FLOAT_GEMV
+    PeerCopies peer_copies = PeerCopies::AUTO;  // peer_copies (no variable)
 };
 
 // Looks an environment variable up: nullptr when unset.

@@ -197,6 +197,15 @@ Status EmulatedDeviceBackend::copy_to_host(void* dst_host, const void* src, size
     return copy_to_device(dst_host, src, n);  // the same in-order memcpy (on the compute stream)
 }
 
+Status EmulatedDeviceBackend::copy_from_peer(void* dst, Backend& peer, const void* src, size_t n) {
+    if (dynamic_cast<EmulatedDeviceBackend*>(&peer) == nullptr) {
+        return invalid_argument(std::string("copy_from_peer: the peer is a ") + peer.name() + " backend, not emulated");
+    }
+    MOE_RETURN_IF_ERROR(peer.synchronize());           // after the compute that produced src
+    MOE_RETURN_IF_ERROR(copy_to_device(dst, src, n));  // before the compute queued here after it
+    return synchronize();                              // before the peer's next compute overwrites src
+}
+
 Status EmulatedDeviceBackend::synchronize() { return streams_ ? streams_->synchronize() : Status::ok(); }
 
 StatusOr<uint64_t> EmulatedDeviceBackend::mark_compute() {

@@ -62,6 +62,11 @@ public:
     Status read_now(void* dst_host, const void* src, size_t n) override;
     Status wait_fence(uint64_t fence) override;
     Status order_after_uploads() override;
+    // Emulated devices have no peer access (enable_peer_access keeps the default, false: contexts stage
+    // what crosses between them through host memory), but the copy itself works between two of them, so
+    // that tests drive a context's peer path without GPUs. Waits for the peer's queued compute, and
+    // returns once the bytes are in place.
+    Status copy_from_peer(void* dst, Backend& peer, const void* src, size_t n) override;
 
 private:
     Status check_own_memory(const Tensor& node) const;

@@ -2,7 +2,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "core/backend_registry.h"
 #include "core/device_memory.h"
@@ -122,6 +125,9 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device, const Backend
     MOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->copy_mark_, cudaEventDisableTiming));
     for (cudaEvent_t& e : b->fences_) MOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     MOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->readback_done_, cudaEventDisableTiming));
+    MOE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->peer_stream_, cudaStreamNonBlocking));
+    MOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->peer_ready_, cudaEventDisableTiming));
+    MOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->peer_done_, cudaEventDisableTiming));
     const cublasStatus_t created = cublasCreate(&b->cublas_);
     if (created == CUBLAS_STATUS_ALLOC_FAILED) {
         // cuBLAS allocates device memory of its own (not through us, so the bytes asked are unknown):
@@ -169,6 +175,7 @@ CudaBackend::~CudaBackend() {
     // Nothing queued may outlive the memory it uses.
     if (compute_stream_) cudaStreamSynchronize(compute_stream_);
     if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+    if (peer_stream_) cudaStreamSynchronize(peer_stream_);
     graphs_.reset();
     if (cublas_) cublasDestroy(cublas_);
     metered_free(cublas_workspace_, kCublasWorkspace);
@@ -181,8 +188,11 @@ CudaBackend::~CudaBackend() {
         if (e) cudaEventDestroy(e);
     }
     if (readback_done_) cudaEventDestroy(readback_done_);
+    if (peer_ready_) cudaEventDestroy(peer_ready_);
+    if (peer_done_) cudaEventDestroy(peer_done_);
     if (compute_stream_) cudaStreamDestroy(compute_stream_);
     if (copy_stream_) cudaStreamDestroy(copy_stream_);
+    if (peer_stream_) cudaStreamDestroy(peer_stream_);
 }
 
 namespace {
@@ -547,6 +557,59 @@ Status CudaBackend::order_after_uploads() {
     MOE_CUDA_DEVICE_SCOPE(device_);
     MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_mark_, copy_stream_));
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, copy_mark_, 0));
+    return Status::ok();
+}
+
+StatusOr<bool> CudaBackend::enable_peer_access(Backend& peer) {
+    const auto* other = dynamic_cast<const CudaBackend*>(&peer);
+    if (other == nullptr) return false;
+    if (other->device_ == device_) return true;
+    // Peer access belongs to the process's primary contexts: enabled once per ordered pair, whichever
+    // context asks first (cudaErrorPeerAccessAlreadyEnabled where code outside ours did it).
+    static std::mutex mutex;
+    static std::set<std::pair<int, int>> enabled;
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (enabled.count({device_, other->device_})) return true;
+    MOE_CUDA_DEVICE_SCOPE(device_);
+    int can = 0;
+    MOE_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, device_, other->device_));
+    if (can == 0) return false;
+    const cudaError_t err = cudaDeviceEnablePeerAccess(other->device_, 0);
+    if (err == cudaErrorTooManyPeers) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    if (err != cudaSuccess && err != cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();
+        return cuda_status(err, ("cudaDeviceEnablePeerAccess(GPU " + std::to_string(device_) + " to GPU " +
+                                 std::to_string(other->device_) + ")").c_str());
+    }
+    (void)cudaGetLastError();  // clears cudaErrorPeerAccessAlreadyEnabled
+    enabled.insert({device_, other->device_});
+    return true;
+}
+
+Status CudaBackend::copy_from_peer(void* dst_dev, Backend& peer, const void* src_dev, size_t n) {
+    if (n == 0) return Status::ok();
+    auto* other = dynamic_cast<CudaBackend*>(&peer);
+    if (other == nullptr) {
+        return invalid_argument(std::string("copy_from_peer: the peer is a ") + peer.name() + " backend, not cuda");
+    }
+    if (dst_dev == nullptr || src_dev == nullptr) return invalid_argument("copy_from_peer: dst_dev and src_dev must not be null");
+    {
+        // After what the peer's compute stream has queued (the stage that produced src).
+        MOE_CUDA_DEVICE_SCOPE(other->device_);
+        MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(other->peer_ready_, other->compute_stream_));
+    }
+    MOE_CUDA_DEVICE_SCOPE(device_);
+    MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(peer_stream_, other->peer_ready_, 0));
+    MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyPeerAsync(dst_dev, device_, src_dev, other->device_, n, peer_stream_));
+    MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(peer_done_, peer_stream_));
+    // Compute here reads dst after the copy; compute there may overwrite src only after it.
+    MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, peer_done_, 0));
+    const DeviceScope there(other->device_);
+    MOE_RETURN_IF_ERROR(there.status());
+    MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(other->compute_stream_, peer_done_, 0));
     return Status::ok();
 }
 

@@ -1,4 +1,5 @@
-// The CUDA backend: device buffers, pinned host buffers, a compute stream and a copy stream.
+// The CUDA backend: device buffers, pinned host buffers, a compute stream, a copy stream and a stream for
+// copies from other GPUs.
 #pragma once
 
 #include <cublas_v2.h>
@@ -120,6 +121,13 @@ public:
     Status read_now(void* dst_host, const void* src_dev, size_t n) override;
     Status wait_fence(uint64_t fence) override;
     Status order_after_uploads() override;
+    // cudaDeviceEnablePeerAccess from this GPU to the peer's, where cudaDeviceCanAccessPeer says it can
+    // (false where it cannot, the peer is no CUDA backend, or the GPU has as many peers as it may);
+    // enabled once per process and pair. The same GPU: true (its own memory).
+    StatusOr<bool> enable_peer_access(Backend& peer) override;
+    // cudaMemcpyPeerAsync on this backend's peer stream, which waits for an event recorded on the peer's
+    // compute stream; this compute stream and the peer's wait for an event recorded after the copy.
+    Status copy_from_peer(void* dst_dev, Backend& peer, const void* src_dev, size_t n) override;
     // Whether compute() uses CUDA graphs (default: on, unless cuda_graphs=off at create()).
     // REQUIRES: nothing queued by compute() is still capturing (always true between calls).
     void set_graphs_enabled(bool on) { graphs_enabled_ = on; }
@@ -168,6 +176,12 @@ private:
     cudaStream_t compute_stream_ = nullptr;
     cudaStream_t copy_stream_ = nullptr;
     cudaEvent_t copy_mark_ = nullptr;     // recorded on the copy stream; the compute stream waits on it
+    // copy_from_peer: copies from another GPU run here, neither behind weight uploads (copy stream) nor
+    // holding up compute queued before them. peer_ready_ is recorded on this compute stream when another
+    // backend copies from this GPU; peer_done_ after a copy into it.
+    cudaStream_t peer_stream_ = nullptr;
+    cudaEvent_t peer_ready_ = nullptr;
+    cudaEvent_t peer_done_ = nullptr;
     // Compute fences: fence f is fences_[f % kFences], re-recorded every kFences marks. Waiting on a
     // re-recorded event waits for later compute than asked (only ever queued before the waiter), so a
     // stale fence is conservative, never wrong.

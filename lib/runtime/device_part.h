@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/backend.h"
 #include "runtime/host_weights.h"
@@ -22,6 +23,12 @@ struct DevicePart {
     uint64_t weights_host_bytes = 0;
     uint64_t weights_host_locked_bytes = 0;
     int n_layers = 0;  // layers it holds
+    // Per device of the list: whether this one copies from that one's memory directly (peer access,
+    // enabled at creation for the devices of consecutive stages unless peer_copies=staged).
+    std::vector<uint8_t> peer;
+    // Page-locked host memory (its backend's) where its stages' results cross to other devices through
+    // the host; grow-only.
+    std::unique_ptr<Buffer> staging;
 };
 
 }  // namespace moe

@@ -13,6 +13,7 @@
 #include "runtime/attention_home.h"
 #include "runtime/context_sizes.h"
 #include "runtime/copy_progress.h"
+#include "runtime/stage_crossing.h"
 #include "sched/device_split.h"
 #include "sched/graph_cut.h"
 #include "sched/placement.h"
@@ -336,6 +337,20 @@ Status place_weights_multi(moe_context& ctx, const DeviceList& list, const sched
         ctx.weights_host_bytes += part.weights_host_bytes;
         ctx.weights_host_locked_bytes += part.weights_host_locked_bytes;
     }
+    // Peer access where the devices of consecutive stages can reach each other (unless peer_copies=staged,
+    // for machines whose peer-to-peer is broken: it is then never enabled).
+    for (DevicePart& part : ctx.parts) part.peer.assign(n_dev, 0);
+    if (ctx.backend_config.peer_copies == PeerCopies::AUTO) {
+        for (const auto& [from, to] : adjacent_devices(ctx.layer_device)) {
+            const size_t f = static_cast<size_t>(from), t = static_cast<size_t>(to);
+            StatusOr<bool> on = backend_of(ctx, t).enable_peer_access(backend_of(ctx, f));
+            if (!on.is_ok()) {
+                return on.status().with_context("enabling peer access of " + device_label(ctx, t) + " to the memory of " +
+                                                device_label(ctx, f) + " (backend option peer_copies=staged avoids it)");
+            }
+            ctx.parts[t].peer[f] = *on ? 1 : 0;
+        }
+    }
     // The KV cache over the buffers, layer by layer.
     std::vector<size_t> used(n_dev, 0);
     size_t host_used = 0;
@@ -384,11 +399,42 @@ Status run_stages(moe_context& ctx, Graph& graph, const sched::ExpertParts& part
                   std::span<const sched::HostInput> inputs, std::span<const sched::HostOutput> outputs) {
     const std::vector<int> node_device = sched::node_devices(graph, ctx.layer_device);
     MOE_ASSIGN_OR_RETURN(std::vector<sched::Stage> stages, sched::cut_graph(graph, node_device));
+    const std::vector<std::vector<uint8_t>> by_peer = peer_crossings(stages, [&ctx](int to, int from) {
+        return ctx.parts[static_cast<size_t>(to)].peer[static_cast<size_t>(from)] != 0;
+    });
     std::unordered_map<const Tensor*, const void*> input_data;
     for (const sched::HostInput& in : inputs) input_data[in.tensor] = in.data;
-    std::unordered_map<const Tensor*, std::vector<uint8_t>> staged;  // exports, in host memory
+    // Where each export crosses: its place in its device's page-locked staging (also for one meant to
+    // cross by peer copy, in case host ops computed it), laid out for the whole ubatch before any stage
+    // runs, so that growing a staging buffer frees nothing still to be read.
+    struct Crossing {
+        int device = 0;
+        size_t offset = 0;
+        const void* on_device = nullptr;  // set by its stage's run where it stayed on the device
+    };
+    std::unordered_map<const Tensor*, Crossing> crossing;
+    std::vector<size_t> staging_bytes(ctx.parts.size(), 0);
+    for (const sched::Stage& stage : stages) {
+        for (const Tensor* e : stage.exports) {
+            size_t& at = staging_bytes[static_cast<size_t>(stage.device)];
+            crossing[e] = {stage.device, at, nullptr};
+            at += (e->n_bytes() + 255) & ~size_t{255};
+        }
+    }
+    for (size_t d = 0; d < ctx.parts.size(); ++d) {
+        std::unique_ptr<Buffer>& staging = ctx.parts[d].staging;
+        if (staging_bytes[d] == 0 || (staging && staging->size() >= staging_bytes[d])) continue;
+        staging.reset();
+        StatusOr<std::unique_ptr<Buffer>> b = backend_of(ctx, d).alloc_host_buffer(staging_bytes[d]);
+        if (!b.is_ok()) return b.status().with_context("allocating the staging of " + device_label(ctx, d));
+        staging = std::move(b).value();
+    }
+    const auto staged = [&ctx](const Crossing& c) {
+        return static_cast<uint8_t*>(ctx.parts[static_cast<size_t>(c.device)].staging->data()) + c.offset;
+    };
     std::vector<int> runs(ctx.parts.size(), 0);  // stages each device ran in this ubatch
-    for (sched::Stage& stage : stages) {
+    for (size_t si = 0; si < stages.size(); ++si) {
+        sched::Stage& stage = stages[si];
         std::vector<sched::HostInput> ins;
         uint64_t crossed = 0;
         for (const auto& [leaf, from] : stage.inputs) {
@@ -396,17 +442,20 @@ Status run_stages(moe_context& ctx, Graph& graph, const sched::ExpertParts& part
                 const auto it = input_data.find(from);
                 if (it == input_data.end()) return internal_error("graph cut: input '" + from->name + "' has no data");
                 ins.push_back({leaf, it->second});
-            } else {
-                ins.push_back({leaf, staged.at(from).data()});
-                crossed += leaf->n_bytes();
+                continue;
             }
+            const Crossing& c = crossing.at(from);
+            if (c.on_device != nullptr) {
+                ins.push_back({leaf, c.on_device, &backend_of(ctx, static_cast<size_t>(c.device))});
+            } else {
+                ins.push_back({leaf, staged(c)});
+            }
+            crossed += leaf->n_bytes();
         }
         std::vector<sched::HostOutput> outs;
-        for (Tensor* e : stage.exports) {
-            std::vector<uint8_t>& buf = staged[e];
-            buf.resize(e->n_bytes());
-            outs.push_back({e, buf.data()});
-            crossed += e->n_bytes();
+        for (size_t k = 0; k < stage.exports.size(); ++k) {
+            Crossing& c = crossing.at(stage.exports[k]);
+            outs.push_back({stage.exports[k], staged(c), by_peer[si][k] ? &c.on_device : nullptr});
         }
         const std::unordered_set<const Tensor*> here(stage.graph->nodes().begin(), stage.graph->nodes().end());
         for (const sched::HostOutput& out : outputs) {
@@ -415,6 +464,10 @@ Status run_stages(moe_context& ctx, Graph& graph, const sched::ExpertParts& part
         sched::Scheduler& s = scheduler_of(ctx, static_cast<size_t>(stage.device));
         // A stage adopts the full graph's nodes as they are: the parts' nodes keep their groups.
         MOE_RETURN_IF_ERROR(s.run(*stage.graph, parts, n_tokens, ins, outs));
+        // An export through the host crosses twice (out here, into each reader); by peer copy once.
+        for (const Tensor* e : stage.exports) {
+            if (crossing.at(e).on_device == nullptr) crossed += e->n_bytes();
+        }
         s.stats().bytes_between_devices += crossed;
         // A device that runs two stages of one ubatch (layers pinned away from its run) counts the
         // ubatch once, so that n_ubatches stays the context's.

@@ -3,7 +3,7 @@
 // its own (with its upload ring, expert id readback, bias duplicates and stats) over the host and that
 // device. A ubatch's graph is cut into stages of consecutive nodes on one device (sched/graph_cut.h),
 // run in order, each by its device's scheduler; what a stage hands to the next (the residual stream)
-// goes through host memory. Within a device, placement is the one-device rule under its budget:
+// goes by peer copy or through host memory (runtime/stage_crossing.h). Within a device, placement is the one-device rule under its budget:
 // experts spill to host RAM first, and ops whose weights are there are offloaded to the device of
 // their layer.
 #pragma once
@@ -29,7 +29,8 @@ struct DeviceList {
 StatusOr<DeviceList> device_list(const moe_context_params& p, int32_t device_kind, int device_count);
 
 // Creates the devices after the first (ctx.device is device 0 of `list`), places the weights over all
-// of them, uploads them, and makes a scheduler per device and the KV cache. REQUIRES: list has two or
+// of them, uploads them, and makes a scheduler per device and the KV cache; enables peer access
+// between the devices of consecutive stages (unless the backend option peer_copies=staged). REQUIRES: list has two or
 // more devices; the model's weights are bound.
 Status place_weights_multi(moe_context& ctx, const DeviceList& list, const sched::Policy& policy);
 
@@ -38,7 +39,8 @@ StatusOr<sched::ExpertSplitPlan> plan_expert_split_multi(moe_context& ctx, int n
 
 // Runs a ubatch graph stage by stage, as Scheduler::run does on one device (graph consumed; parts,
 // inputs and outputs those of the whole graph). Counts the bytes crossing between devices in the
-// stats of the schedulers that send and receive them.
+// stats of the schedulers that send and receive them (a peer copy once, at the reader).
+// REQUIRES: place_weights_multi made the context (its devices' peer flags).
 Status run_stages(moe_context& ctx, Graph& graph, const sched::ExpertParts& parts, int n_tokens,
                   std::span<const sched::HostInput> inputs, std::span<const sched::HostOutput> outputs);
 

@@ -1,7 +1,7 @@
 // A ubatch graph cut into stages for several devices (layer split): a stage is a maximal run of
 // consecutive nodes on one device, made a graph of its own that its device's scheduler runs like any
 // other. What a stage reads of an earlier stage's results (the residual stream between two layers)
-// becomes an input leaf of it, filled through host memory from the earlier stage's export; the full
+// becomes an input leaf of it, filled from the earlier stage's export (runtime/stage_crossing.h); the full
 // graph's inputs (tokens, positions, expert groups) become inputs of every stage that reads them.
 #pragma once
 

@@ -377,17 +377,38 @@ Status Scheduler::run(Graph& graph, const ExpertParts& parts, int n_tokens, std:
         rs.arena[s] = arena_[s].get();
     }
     if (rebind) bind(graph, rs);
-    for (const HostInput& in : inputs) std::memcpy(in.tensor->data, in.data, in.tensor->n_bytes());
+    for (const HostInput& in : inputs) {
+        if (in.peer == nullptr) std::memcpy(in.tensor->data, in.data, in.tensor->n_bytes());
+    }
 
     Status status = [&]() -> Status {
         // Inputs read on the device are copied there up front, so no device span is cut to fetch them.
         for (const HostInput& in : inputs) {
-            bool on_device = false;
-            for (size_t i = 0; i < nodes.size() && !on_device; ++i) {
-                if (sides[i] != Side::DEVICE || nodes[i]->op == Op::VIEW) continue;
-                for (const Tensor* s : nodes[i]->src) on_device = on_device || (s != nullptr && storage_of(s) == in.tensor);
+            bool read_on[kSides] = {false, false};
+            bool via_view = false;
+            for (size_t i = 0; i < nodes.size(); ++i) {
+                if (nodes[i]->op == Op::VIEW) continue;
+                for (const Tensor* s : nodes[i]->src) {
+                    if (s == nullptr || storage_of(s) != in.tensor) continue;
+                    read_on[static_cast<int>(sides[i])] = true;
+                    via_view = via_view || s != in.tensor;
+                }
             }
-            if (on_device) MOE_RETURN_IF_ERROR(transfers_.activation_operand(in.tensor, Side::DEVICE, rs).status());
+            const bool on_device = read_on[static_cast<int>(Side::DEVICE)];
+            const bool on_host = read_on[static_cast<int>(Side::HOST)];
+            if (in.peer != nullptr) {
+                if (device_ == nullptr) {
+                    return internal_error("scheduler: input '" + in.tensor->name + "' is in another device's memory "
+                                          "but this scheduler has no device");
+                }
+                // A view of it is copied to the device from the host arena (Transfers::activation_operand),
+                // which must then hold it too.
+                if (on_device || on_host) {
+                    MOE_RETURN_IF_ERROR(transfers_.peer_input(in.tensor, *in.peer, in.data, on_host || via_view, rs));
+                }
+            } else if (on_device) {
+                MOE_RETURN_IF_ERROR(transfers_.activation_operand(in.tensor, Side::DEVICE, rs).status());
+            }
         }
         bool first = true;
         for (size_t i = 0; i < nodes.size(); ++i) {
@@ -433,8 +454,13 @@ Status Scheduler::run(Graph& graph, const ExpertParts& parts, int n_tokens, std:
         std::vector<const HostOutput*> on_host;
         for (const HostOutput& out : outputs) {
             if (rs.side_of_storage(storage_of(out.tensor), weights_) == Side::DEVICE) {
+                if (out.on_device != nullptr) {
+                    *out.on_device = out.tensor->data;
+                    continue;
+                }
                 MOE_RETURN_IF_ERROR(transfers_.download_output(out.data, *out.tensor));
             } else {
+                if (out.on_device != nullptr) *out.on_device = nullptr;
                 on_host.push_back(&out);
             }
         }

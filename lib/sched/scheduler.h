@@ -20,8 +20,9 @@
 // devices makes N of them (each with its own arenas, upload ring, expert id readback, bias duplicates
 // and stats, over the weights of its layers) and cuts each ubatch graph into stages of consecutive
 // nodes on one device (graph_cut.h, device_split.h); the stages run in order, each by its device's
-// Scheduler::run, and what one stage hands to the next crosses through host memory as an output of the
-// one and an input of the other (runtime/multi_device.h). Side HOST / DEVICE keeps meaning "host or
+// Scheduler::run, and what one stage hands to the next crosses as an output of the one and an input of
+// the other, through host memory or left on the device and copied from there by the other's device
+// (HostOutput::on_device, HostInput::peer; runtime/stage_crossing.h). Side HOST / DEVICE keeps meaning "host or
 // this scheduler's device"; nothing here knows how many devices there are.
 #pragma once
 
@@ -55,11 +56,20 @@ namespace moe::sched {
 struct HostInput {
     Tensor* tensor;
     const void* data;  // tensor->n_bytes() bytes
+    // Where set, data is in this other device's memory (an earlier stage's result on another device of
+    // the context): the scheduler's device copies it from there (Backend::copy_from_peer; REQUIRES:
+    // its enable_peer_access(*peer) returned true), and from its own memory to the host arena if host
+    // ops read it too.
+    Backend* peer = nullptr;
 };
 
 struct HostOutput {
     const Tensor* tensor;
     void* data;  // receives tensor->n_bytes() bytes
+    // Where set, an output computed on the device stays there: *on_device receives its address in the
+    // device's memory, valid (and unchanged) until this scheduler's next run, and data is not written.
+    // An output on the host is copied to data as usual, *on_device set to nullptr.
+    const void** on_device = nullptr;
 };
 
 struct OpTime {

@@ -285,6 +285,24 @@ StatusOr<Tensor*> Transfers::activation_operand(Tensor* src, Side side, RunState
     return shadow;
 }
 
+Status Transfers::peer_input(Tensor* input, Backend& peer, const void* src, bool host_reads, RunState& rs) {
+    if (!rs.plan.offsets.count(input) || rs.side_of_storage(input, weights_) != Side::HOST) {
+        return internal_error("scheduler: input '" + input->name + "' has no place in the host activation arena");
+    }
+    MOE_RETURN_IF_ERROR(flush_(rs));
+    const size_t n = input->n_bytes();
+    auto* host_bytes = static_cast<uint8_t*>(input->data);
+    uint8_t* dst = rs.base[static_cast<int>(Side::DEVICE)] + (host_bytes - rs.base[static_cast<int>(Side::HOST)]);
+    MOE_RETURN_IF_ERROR(device_->copy_from_peer(dst, peer, src, n));
+    rs.shadows[{input, static_cast<int>(Side::DEVICE)}] = rs.substitute(*input, dst, rs.arena[static_cast<int>(Side::DEVICE)]);
+    if (!host_reads) return Status::ok();
+    MOE_RETURN_IF_ERROR(device_->copy_to_host(host_bytes, dst, n));
+    MOE_RETURN_IF_ERROR(mark_copy(rs));  // the host reads it
+    stats_.bytes_activations += n;
+    ++stats_.n_activation_copies;
+    return Status::ok();
+}
+
 StatusOr<const std::vector<int32_t>*> Transfers::read_ids(const Tensor* ids, RunState& rs) {
     const Tensor* st = storage_of(ids);
     if (auto it = rs.ids_on_host.find(st); it != rs.ids_on_host.end()) return &it->second;

@@ -94,6 +94,10 @@ public:
     StatusOr<Tensor*> weight_operand(Tensor& node, int src_index, Side side, RunState& rs);
     // An activation as read on `side`: itself, or its copy at the same arena offset there.
     StatusOr<Tensor*> activation_operand(Tensor* src, Side side, RunState& rs);
+    // A run's input that is in another device's memory (HostInput::peer): copied from `peer` into its
+    // place in the device arena, where the device reads it, and from there into its place in the host
+    // arena when host ops read it too (host_reads).
+    Status peer_input(Tensor* input, Backend& peer, const void* src, bool host_reads, RunState& rs);
     // ACTIVE_PREFETCH: queues the upload of the experts this operand needed last time.
     Status prefetch_experts(Tensor& node, int src_index, RunState& rs);
     // Before the host blocks in the host part of split layer L (nodes[from]): queues the uploads of

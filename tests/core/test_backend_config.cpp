@@ -198,3 +198,13 @@ TEST_CASE("backend options: float_gemv selects the dense float-weight GEMV, v2 b
     CHECK_THAT(moe::backend_options_help(), Catch::Contains("float_gemv=v2|v1"));
     CHECK_THAT(moe::backend_options_help(), Catch::Contains("env MOEINFER_FLOAT_GEMV"));
 }
+
+TEST_CASE("backend options: peer_copies forces the staged crossing between devices, auto by default", "[core]") {
+    using moe::PeerCopies;
+    CHECK(parse_ok("").peer_copies == PeerCopies::AUTO);
+    CHECK(parse_ok("peer_copies=staged").peer_copies == PeerCopies::STAGED);
+    CHECK(parse_ok("peer_copies=auto").peer_copies == PeerCopies::AUTO);
+    CHECK_THAT(refused("peer_copies=peer"), Catch::Contains("peer_copies takes auto|staged, got 'peer'"));
+    CHECK_THAT(refused("peer_copies=auto,peer_copies=staged"), Catch::Contains("peer_copies is given twice"));
+    CHECK_THAT(moe::backend_options_help(), Catch::Contains("peer_copies=auto|staged  (default auto)"));
+}

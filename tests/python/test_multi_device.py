@@ -36,11 +36,13 @@ def context(model, device, **kw) -> moeinfer.Context:
     return moeinfer.Context(model, n_ctx=128, n_ubatch=8, device=device, policy=policy, **kw)
 
 
+@pytest.mark.parametrize("options", [None, "peer_copies=staged"])
 @pytest.mark.parametrize("split", [[1, 1], [3, 1]])
 @pytest.mark.parametrize("overrides", [None, "exps=CPU"])
-def test_two_devices_match_one_bit_for_bit(model, rng, split, overrides):
+def test_two_devices_match_one_bit_for_bit(model, rng, split, overrides, options):
+    # Emulated devices have no peer access: peer_copies=auto (the default) stages through the host too.
     one = context(model, "emulated", tensor_overrides=overrides)
-    two = context(model, "emulated:2", tensor_overrides=overrides, tensor_split=split)
+    two = context(model, "emulated:2", tensor_overrides=overrides, tensor_split=split, backend_options=options)
     n = 0
     for size in (13, 1, 5):
         tokens = rng.integers(0, model.info.n_vocab, size=size, dtype=np.int32)
@@ -51,6 +53,11 @@ def test_two_devices_match_one_bit_for_bit(model, rng, split, overrides):
     assert two.stats()["bytes_between_devices"] == 2 * 4 * model.info.n_embd * n
     assert one.stats()["bytes_between_devices"] == 0
     assert two.stats()["weights_device_bytes"] == one.stats()["weights_device_bytes"]
+
+
+def test_bad_peer_copies_is_named(model):
+    with pytest.raises(ValueError, match="peer_copies takes auto[|]staged, got 'peer'"):
+        context(model, "emulated:2", backend_options="peer_copies=peer")
 
 
 def test_budget_list_and_devices_list(model, rng):

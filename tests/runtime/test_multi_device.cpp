@@ -11,13 +11,14 @@
 #include <string>
 #include <vector>
 
-#include "common/api_context.h"
 #include "common/logits_check.h"
+#include "common/multi_device_context.h"
 #include "common/tiny_model.h"
 #include "core/models/model_graph.h"
 #include "moeinfer/moeinfer.h"
 #include "runtime/context.h"
 #include "runtime/multi_device.h"
+#include "runtime/stage_crossing.h"
 #include "sched/device_split.h"
 #include "sched/placement.h"
 
@@ -25,46 +26,11 @@ namespace {
 
 using Model = moe::test::TinyModel;
 
-struct Setup {
-    std::vector<int32_t> devices;  // empty: one device
-    std::vector<float> split;
-    std::vector<uint64_t> budgets;
-    const char* overrides = nullptr;
-    int32_t expert_copy = MOE_EXPERT_COPY_AUTO;
-    const char* offload = nullptr;
-    int32_t n_ubatch = 16;
-    int32_t expert_split = 0;  // the same nodes on the same sides in both contexts
-};
+using Setup = moe::test::DeviceSetup;  // emulated devices unless set otherwise
+using moe::test::device_params;
 
-// The params of a context for `s`; its policy is filled into `pol`, which they point to.
-moe_context_params params(const Setup& s, moe_sched_policy& pol) {
-    moe_sched_policy_init(&pol);
-    pol.expert_copy = s.expert_copy;
-    pol.expert_split = s.expert_split;
-    if (s.offload != nullptr) REQUIRE(moe_sched_policy_parse_offload(&pol, s.offload) == MOE_STATUS_OK);
-    moe_context_params p;
-    moe_context_params_init(&p);
-    p.n_ctx = 128;
-    p.n_ubatch = s.n_ubatch;
-    p.n_threads = 2;
-    p.device = MOE_DEVICE_EMULATED;
-    p.tensor_overrides = s.overrides;
-    p.policy = &pol;
-    p.devices = s.devices.empty() ? nullptr : s.devices.data();
-    p.n_devices = static_cast<int32_t>(s.devices.size());
-    p.tensor_split = s.split.empty() ? nullptr : s.split.data();
-    p.n_tensor_split = static_cast<int32_t>(s.split.size());
-    p.vram_budgets = s.budgets.empty() ? nullptr : s.budgets.data();
-    p.n_vram_budgets = static_cast<int32_t>(s.budgets.size());
-    return p;
-}
-
-struct Ctx : moe::test::ApiContext {
-    Ctx(const Model& m, const Setup& s) : Ctx(m, s, moe_sched_policy{}) {}
-
-private:
-    // The policy argument outlives the creation: it lives until the delegating call returns.
-    Ctx(const Model& m, const Setup& s, moe_sched_policy&& pol) : ApiContext(m.get(), params(s, pol)) {}
+struct Ctx : moe::test::DeviceContext {
+    Ctx(const Model& m, const Setup& s) : DeviceContext(m.get(), s) {}
 };
 
 using moe::test::random_tokens;
@@ -250,6 +216,118 @@ TEST_CASE("emulated:2 logits equal the one-device context's bit for bit", "[sche
     }
 }
 
+TEST_CASE("stage crossings: the adjacent devices, and which exports go by peer copy", "[sched][multi_device]") {
+    using Pairs = std::vector<std::pair<int, int>>;
+    CHECK(moe::adjacent_devices(std::vector<int>{0, 0, 1, 1}) == Pairs{{0, 1}});
+    CHECK(moe::adjacent_devices(std::vector<int>{1, 0, 0, 1, 1}) == Pairs{{1, 0}, {0, 1}});
+    CHECK(moe::adjacent_devices(std::vector<int>{0, 1, 0, 1, 2}) == Pairs{{0, 1}, {1, 0}, {1, 2}});
+    CHECK(moe::adjacent_devices(std::vector<int>{2, 2, 2}).empty());
+    // Stages on `devices`, stage i exporting x[i] and reading the exports listed in reads[i].
+    moe::Tensor x[5];
+    auto stages_of = [&x](const std::vector<int>& devices, const std::vector<std::vector<int>>& reads) {
+        std::vector<moe::sched::Stage> st(devices.size());
+        for (size_t i = 0; i < devices.size(); ++i) {
+            st[i].device = devices[i];
+            st[i].exports = {&x[i]};
+            for (int r : reads[i]) st[i].inputs.emplace_back(nullptr, &x[r]);
+        }
+        return st;
+    };
+    const auto all = [](int, int) { return true; };
+    const auto none = [](int, int) { return false; };
+    using Plan = std::vector<std::vector<uint8_t>>;
+    // Two devices: by peer copy only where the reader has peer access to the producer; the last
+    // stage's export (the logits' input) is read by no stage.
+    const auto two = stages_of({0, 1}, {{}, {0}});
+    CHECK(moe::peer_crossings(two, all) == Plan{{1}, {0}});
+    CHECK(moe::peer_crossings(two, none) == Plan{{0}, {0}});
+    CHECK(moe::peer_crossings(two, [](int to, int from) { return to == 0 && from == 1; }) == Plan{{0}, {0}});
+    // A layer pinned away: devices 1, 0, 1, each stage reading the one before.
+    CHECK(moe::peer_crossings(stages_of({1, 0, 1}, {{}, {0}, {1}}), all) == Plan{{1}, {1}, {0}});
+    // Read again after its device ran another stage (whose run reuses the memory holding it): staged.
+    CHECK(moe::peer_crossings(stages_of({0, 1, 0, 1}, {{}, {0}, {1}, {0, 2}}), all) == Plan{{0}, {1}, {1}, {0}});
+    // Read by a later stage on its own device: staged.
+    CHECK(moe::peer_crossings(stages_of({0, 1, 0}, {{}, {0}, {0, 1}}), all) == Plan{{0}, {1}, {0}});
+    // Several readers: by peer copy only where each of them has peer access.
+    const auto three = stages_of({0, 1, 2}, {{}, {0}, {0, 1}});
+    CHECK(moe::peer_crossings(three, all) == Plan{{1}, {1}, {0}});
+    CHECK(moe::peer_crossings(three, [](int to, int from) { return !(to == 2 && from == 0); }) == Plan{{0}, {1}, {0}});
+}
+
+TEST_CASE("emulated:2 crossings: staged by default, by peer copy where a device reads the other's memory",
+          "[sched][multi_device]") {
+    // Emulated devices have no peer access, so both peer_copies=auto and =staged stage every crossing
+    // through host memory (2 * n_embd * 4 bytes per token and boundary). With the peer flags set by hand
+    // (what enable_peer_access gives on GPUs that reach each other), the residual stream goes from device
+    // to device (Backend::copy_from_peer), counted once: bit-equal logits either way, also with the
+    // asynchronous streams, where a copy made before its producer or after its reader has run gives
+    // other logits.
+    std::mt19937 rng(std::random_device{}());
+    moe::test::TinyModelOptions o;
+    o.n_layer = 4;
+    Model m("qwen3moe", "moe_multi_peer", rng(), o);
+    const int32_t nv = m.info().n_vocab;
+    const int64_t n_embd = m.info().n_embd;
+    const std::vector<std::vector<int32_t>> batches = {random_tokens(rng, 23, nv), random_tokens(rng, 1, nv),
+                                                        random_tokens(rng, 6, nv)};
+    int64_t tokens = 0;
+    for (const auto& b : batches) tokens += static_cast<int64_t>(b.size());
+    for (const char* ot : {static_cast<const char*>(nullptr), "exps=CPU", "exps=CPU,blk\\.0\\.=CUDA1"}) {
+        for (const char* async : {"emulated_async=off", "emulated_async=on"}) {
+            INFO("-ot " << (ot ? ot : "(none)") << " " << async);
+            const bool pinned = ot != nullptr && std::string(ot).find("CUDA1") != std::string::npos;
+            const std::string staged_opts = std::string(async) + ",peer_copies=staged";
+            Setup one;
+            one.overrides = pinned ? "exps=CPU" : ot;
+            one.offload = ot != nullptr ? "all=4" : nullptr;
+            one.expert_copy = MOE_EXPERT_COPY_ACTIVE_ONLY;
+            one.backend_options = async;
+            Setup two = one;
+            two.overrides = ot;
+            two.devices = {0, 1};
+            two.split = {1, 1};
+            Setup staged = two;
+            staged.backend_options = staged_opts;
+            Ctx a(m, one), automatic(m, two), forced(m, two), st(m, staged);
+            moe_context& f = *forced.ctx;
+            for (const Ctx* c : {&automatic, &forced, &st}) {
+                for (const moe::DevicePart& part : c->ctx->parts) CHECK(part.peer == std::vector<uint8_t>{0, 0});
+            }
+            const auto pairs = moe::adjacent_devices(f.layer_device);
+            REQUIRE(pairs.size() == (pinned ? 2u : 1u));
+            for (const auto& [from, to] : pairs) f.parts[static_cast<size_t>(to)].peer[static_cast<size_t>(from)] = 1;
+            for (const auto& batch : batches) {
+                const std::vector<float> want = a.decode(batch, nv);
+                REQUIRE(moe::test::bitwise_equal(automatic.decode(batch, nv), want));
+                REQUIRE(moe::test::bitwise_equal(st.decode(batch, nv), want));
+                REQUIRE(moe::test::bitwise_equal(forced.decode(batch, nv), want));
+            }
+            const uint64_t once = static_cast<uint64_t>(static_cast<int64_t>(pairs.size()) * 4 * n_embd * tokens);
+            CHECK(automatic.stats().bytes_between_devices == 2 * once);
+            CHECK(st.stats().bytes_between_devices == 2 * once);
+            // All on the devices, each crossing is a peer copy; with the experts in host RAM a stage may
+            // end on the host (a small batch's experts), and its result then crosses through the host.
+            const uint64_t peer = forced.stats().bytes_between_devices;
+            if (ot == nullptr) {
+                CHECK(peer == once);
+            } else {
+                CHECK(peer >= once);
+                CHECK(peer <= 2 * once);
+            }
+        }
+    }
+    // A bad value is named.
+    Setup bad;
+    bad.devices = {0, 1};
+    bad.backend_options = "peer_copies=on";
+    moe_sched_policy pol;
+    const moe_context_params p = device_params(bad, pol);
+    moe_context* ctx = nullptr;
+    CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK(ctx == nullptr);
+    CHECK_THAT(moe_last_error(), Catch::Contains("peer_copies takes auto|staged, got 'on'"));
+}
+
 TEST_CASE("emulated:2 with the expert split: each device's plan for its own layers", "[sched][multi_device]") {
     // expert_split = 2: in offloaded prompt ubatches the host computes 2 experts of every layer whose
     // experts are in host RAM, each device the rest of its layers' experts. The groups follow the
@@ -308,7 +386,7 @@ TEST_CASE("several devices: every bad value is INVALID_ARGUMENT naming it", "[sc
     Model m("qwen3moe", "moe_multi_bad", rng());
     auto refused = [&](Setup s, int32_t devices_n_override, const char* field) {
         moe_sched_policy pol;
-        moe_context_params p = params(s, pol);
+        moe_context_params p = device_params(s, pol);
         if (devices_n_override >= 0) p.n_devices = devices_n_override;
         moe_context* ctx = nullptr;
         const moe_status st = moe_context_create(m.get(), &p, &ctx);

@@ -4,7 +4,8 @@
 // backend makes its GPU current for its own calls only. [gpu][multi] (skipped visibly, "skipped: needs 2
 // CUDA devices", with fewer): a context on GPU 1 gives GPU 0's logits bit for bit with its memory on GPU
 // 1, and a 2-GPU layer split gives the one-GPU logits, with each layer's weights and KV cache on its GPU
-// and the bytes crossing between the GPUs as predicted.
+// and the bytes crossing between the GPUs as predicted, its stages' results crossing by peer copy where
+// the GPUs have peer access (peer_copies=auto) and through the host (peer_copies=staged).
 //
 // Bit for bit: both sides run the same kernels on the same shapes (the stage boundary changes no op's
 // shape, and the residual stream crosses in F32 unchanged) with fusion off, as the one fused launch
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "common/logits_check.h"
+#include "common/multi_device_context.h"
 #include "common/tiny_model.h"
 #include "moeinfer/moeinfer.h"
 #include "runtime/multi_device.h"
@@ -106,54 +108,23 @@ int device_of(const void* p) {
     return a.device;
 }
 
-struct Setup {
-    std::vector<int32_t> devices;  // empty: one device, GPU 0
-    std::vector<float> split;
-    const char* overrides = nullptr;
-    int32_t split_mode = MOE_SPLIT_LAYER;
-    int32_t main_gpu = 0;
-    int32_t expert_copy = MOE_EXPERT_COPY_AUTO;
-    const char* offload = nullptr;
-    bool fusion = false;
-};
+using Setup = moe::test::DeviceSetup;
 
-struct Ctx {
-    moe_context* ctx = nullptr;
-    Ctx(const Model& m, const Setup& s) {
-        moe_sched_policy pol;
-        moe_sched_policy_init(&pol);
-        pol.expert_copy = s.expert_copy;
-        pol.expert_split = 0;  // the same nodes on the same sides in both contexts (no timing involved)
-        if (s.offload != nullptr) REQUIRE(moe_sched_policy_parse_offload(&pol, s.offload) == MOE_STATUS_OK);
-        moe_context_params p;
-        moe_context_params_init(&p);
-        p.n_ctx = 128;
-        p.n_ubatch = 32;
-        p.n_threads = 2;
-        p.device = MOE_DEVICE_CUDA;
-        p.tensor_overrides = s.overrides;
-        p.policy = &pol;
-        p.devices = s.devices.empty() ? nullptr : s.devices.data();
-        p.n_devices = static_cast<int32_t>(s.devices.size());
-        p.tensor_split = s.split.empty() ? nullptr : s.split.data();
-        p.n_tensor_split = static_cast<int32_t>(s.split.size());
-        p.split_mode = s.split_mode;
-        p.main_gpu = s.main_gpu;
-        p.backend_options = s.fusion ? "offload_calibration=off" : "offload_calibration=off,cuda_fusion=off";
-        const moe_status st = moe_context_create(m.get(), &p, &ctx);
-        INFO(moe_last_error());
-        REQUIRE(st == MOE_STATUS_OK);
-    }
-    ~Ctx() { moe_context_free(ctx); }
-    Ctx(const Ctx&) = delete;
-    Ctx& operator=(const Ctx&) = delete;
-    std::vector<float> decode(const std::vector<int32_t>& tokens) { return moe::test::decode_all(ctx, tokens); }
-    moe_sched_stats stats() const {
-        moe_sched_stats st;
-        st.struct_size = sizeof st;
-        REQUIRE(moe_context_get_stats(ctx, &st) == MOE_STATUS_OK);
-        return st;
-    }
+// A CUDA context's setup: ubatches of 32; offload calibration off (measured thresholds, of one-device
+// contexts only, would move offloaded ops); CUDA fusion as asked; `more` backend options.
+Setup cuda_setup(bool fusion, const std::string& more = "") {
+    Setup s;
+    s.device = MOE_DEVICE_CUDA;
+    s.n_ubatch = 32;
+    s.backend_options = std::string("offload_calibration=off") + (fusion ? "" : ",cuda_fusion=off") +
+                        (more.empty() ? "" : "," + more);
+    return s;
+}
+
+struct Ctx : moe::test::DeviceContext {
+    Ctx(const Model& m, const Setup& s) : DeviceContext(m.get(), s), n_vocab(m.info().n_vocab) {}
+    std::vector<float> decode(const std::vector<int32_t>& tokens) { return ApiContext::decode(tokens, n_vocab); }
+    int32_t n_vocab;
 };
 
 moe::test::TinyModelOptions gpu_model(int32_t n_layer) {
@@ -283,10 +254,9 @@ TEST_CASE("a CUDA context on GPU 1 gives GPU 0's logits bit for bit", "[gpu][mul
         const auto batches = token_batches(rng, m.info().n_vocab);
         for (const char* ot : {static_cast<const char*>(nullptr), "exps=CPU"}) {
             INFO(arch << " -ot " << (ot ? ot : "(none)"));
-            Setup s0;
+            Setup s0 = cuda_setup(true);  // one device each: the same launches on both
             s0.overrides = ot;
             s0.offload = ot != nullptr ? "all=4" : nullptr;
-            s0.fusion = true;  // one device each: the same launches on both
             Setup s1 = s0;
             s1.devices = {1};
             Setup mg = s0;  // -dev CUDA0,CUDA1 -sm none -mg 1
@@ -348,59 +318,93 @@ TEST_CASE("a 2-GPU layer split gives the one-GPU logits", "[gpu][multi]") {
                       << " -ot " << (k.ot ? k.ot : "(none)") << " copy " << k.copy << " offload "
                       << (k.offload ? k.offload : "(default)") << " fusion " << k.fusion);
             const bool pinned = k.ot != nullptr && std::string(k.ot).find("CUDA1") != std::string::npos;
-            Setup one;
+            Setup one = cuda_setup(k.fusion);
             one.overrides = pinned ? "exps=CPU" : k.ot;  // the same placement on one GPU
             one.expert_copy = k.copy;
             one.offload = k.offload;
-            one.fusion = k.fusion;
-            Setup two = one;
-            two.overrides = k.ot;
-            two.devices = k.devices;
-            two.split = k.split;
-            Ctx a(m, one), b(m, two);
-            const moe_context& ctx = *b.ctx;
-            REQUIRE(ctx.parts.size() == 2);
-            REQUIRE(ctx.parts[0].n_layers > 0);
-            REQUIRE(ctx.parts[1].n_layers > 0);
-            // Each layer's weights in device memory and its KV cache on its GPU.
-            for (const moe::Tensor& t : ctx.weight_tensors) {
-                const int layer = moe::sched::layer_of(t.name);
-                if (!t.is_weight || layer < 0) continue;
-                const std::optional<moe::sched::WeightCopies> c = moe::weight_copies(ctx, &t);
-                REQUIRE(c);
-                if (c->device == nullptr) continue;  // in host RAM (exps=CPU)
-                INFO(t.name);
-                CHECK(device_of(c->device) == k.devices[static_cast<size_t>(ctx.layer_device[static_cast<size_t>(layer)])]);
+            // Each split crossing by peer copies where the GPUs have peer access (auto), and through the
+            // host (staged).
+            Setup two = cuda_setup(k.fusion), staged = cuda_setup(k.fusion, "peer_copies=staged");
+            for (Setup* t : {&two, &staged}) {
+                t->overrides = k.ot;
+                t->expert_copy = k.copy;
+                t->offload = k.offload;
+                t->devices = k.devices;
+                t->split = k.split;
             }
-            for (size_t il = 0; il < ctx.layer_device.size(); ++il) {
-                CHECK(device_of(ctx.kv.k[il]->data) == k.devices[static_cast<size_t>(ctx.layer_device[il])]);
+            Ctx a(m, one), b(m, two), st(m, staged);
+            for (const Ctx* split_ctx : {&b, &st}) {
+                const moe_context& ctx = *split_ctx->ctx;
+                REQUIRE(ctx.parts.size() == 2);
+                REQUIRE(ctx.parts[0].n_layers > 0);
+                REQUIRE(ctx.parts[1].n_layers > 0);
+                // Each layer's weights in device memory and its KV cache on its GPU.
+                for (const moe::Tensor& t : ctx.weight_tensors) {
+                    const int layer = moe::sched::layer_of(t.name);
+                    if (!t.is_weight || layer < 0) continue;
+                    const std::optional<moe::sched::WeightCopies> c = moe::weight_copies(ctx, &t);
+                    REQUIRE(c);
+                    if (c->device == nullptr) continue;  // in host RAM (exps=CPU)
+                    INFO(t.name);
+                    CHECK(device_of(c->device) == k.devices[static_cast<size_t>(ctx.layer_device[static_cast<size_t>(layer)])]);
+                }
+                for (size_t il = 0; il < ctx.layer_device.size(); ++il) {
+                    CHECK(device_of(ctx.kv.k[il]->data) == k.devices[static_cast<size_t>(ctx.layer_device[il])]);
+                }
             }
+            // Peer access as the driver reports it, for the GPUs of consecutive stages only; none when staged.
+            const std::vector<int>& layer_device = b.ctx->layer_device;
+            const auto gpu = [&k](int index) { return k.devices[static_cast<size_t>(index)]; };
+            int64_t boundaries = 0, peer_boundaries = 0;
+            for (size_t il = 1; il < layer_device.size(); ++il) {
+                const int from = layer_device[il - 1], to = layer_device[il];
+                if (from == to) continue;
+                int can = 0;
+                REQUIRE(cudaDeviceCanAccessPeer(&can, gpu(to), gpu(from)) == cudaSuccess);
+                CHECK(b.ctx->parts[static_cast<size_t>(to)].peer[static_cast<size_t>(from)] == (can != 0 ? 1 : 0));
+                CHECK(st.ctx->parts[static_cast<size_t>(to)].peer[static_cast<size_t>(from)] == 0);
+                ++boundaries;
+                peer_boundaries += can != 0 ? 1 : 0;
+            }
+            CHECK(boundaries == (pinned ? 2 : 1));
+            WARN(peer_boundaries << " of " << boundaries << " boundaries with peer access");
             int64_t tokens = 0;
             size_t off = 0, rows = 0;
             for (const auto& batch : batches) {
-                const std::vector<float> got = b.decode(batch), want = a.decode(batch);
-                if (k.fusion) {
-                    off += moe::test::rows_off(got, want, m.info().n_vocab);
-                    rows += batch.size();
-                } else {
-                    REQUIRE(moe::test::bitwise_equal(got, want));
+                const std::vector<float> want = a.decode(batch);
+                for (Ctx* c : {&b, &st}) {
+                    const std::vector<float> got = c->decode(batch);
+                    if (k.fusion) {
+                        off += moe::test::rows_off(got, want, m.info().n_vocab);
+                        rows += batch.size();
+                    } else {
+                        REQUIRE(moe::test::bitwise_equal(got, want));
+                    }
                 }
                 tokens += static_cast<int64_t>(batch.size());
             }
             INFO(off << " of " << rows << " rows outside the bound");
             CHECK(off * 10 <= rows);
             // Each boundary between consecutive layers on different GPUs: the residual stream
-            // [n_embd, tokens] F32 out of one and into the other.
-            int64_t boundaries = 0;
-            for (size_t il = 1; il < ctx.layer_device.size(); ++il) boundaries += ctx.layer_device[il] != ctx.layer_device[il - 1];
-            CHECK(boundaries == (pinned ? 2 : 1));
-            const moe_sched_stats sa = a.stats(), sb = b.stats();
-            CHECK(sb.bytes_between_devices == static_cast<uint64_t>(boundaries * 2 * 4 * n_embd * tokens));
+            // [n_embd, tokens] F32 out of one and into the other through the host, or once by peer copy
+            // (through the host still where a stage ended on the host: experts in RAM at a small batch).
+            const uint64_t once = static_cast<uint64_t>(4 * n_embd * tokens);
+            const moe_sched_stats sa = a.stats(), sb = b.stats(), ss = st.stats();
+            CHECK(ss.bytes_between_devices == static_cast<uint64_t>(boundaries) * 2 * once);
+            const uint64_t least = static_cast<uint64_t>(2 * boundaries - peer_boundaries) * once;
+            if (k.ot == nullptr) {
+                CHECK(sb.bytes_between_devices == least);
+            } else {
+                CHECK(sb.bytes_between_devices >= least);
+                CHECK(sb.bytes_between_devices <= static_cast<uint64_t>(boundaries) * 2 * once);
+            }
             CHECK(sa.bytes_between_devices == 0);
-            CHECK(sb.n_ubatches == sa.n_ubatches);
-            CHECK(sb.weights_device_bytes == sa.weights_device_bytes);
-            CHECK(sb.weights_host_bytes == sa.weights_host_bytes);
-            CHECK(sb.bytes_weights_full + sb.bytes_weights_experts == sa.bytes_weights_full + sa.bytes_weights_experts);
+            for (const moe_sched_stats& sx : {sb, ss}) {
+                CHECK(sx.n_ubatches == sa.n_ubatches);
+                CHECK(sx.weights_device_bytes == sa.weights_device_bytes);
+                CHECK(sx.weights_host_bytes == sa.weights_host_bytes);
+                CHECK(sx.bytes_weights_full + sx.bytes_weights_experts == sa.bytes_weights_full + sa.bytes_weights_experts);
+            }
         }
     }
 #endif
