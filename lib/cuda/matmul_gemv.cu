@@ -464,15 +464,17 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_float_kernel(const GemvPara
 
     const int64_t n_steps = (p.k + kFloatStep - 1) / kFloatStep;
     FloatVec4<W> wv[kU][kRows];
-    // The steps s0, s0 + kGemvWarps, ... (kU of them) of this warp; elements past k (a partial last step) are
-    // neither loaded nor used: k is a multiple of 32, so a lane's 4 are all inside or all outside.
+    // The steps s0, s0 + kGemvWarps, ... (kU of them) of this warp. Elements past k (a partial last step)
+    // are not read: their weights and activations are zeros, which add nothing (k is a multiple of 32, so a
+    // lane's 4 are all inside or all outside), and the compute below has no branch that would keep ptxas
+    // from issuing a batch's activation loads together.
     auto load_steps = [&](int64_t s0) {
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
             const int64_t e = (s0 + kGemvWarps * u) * kFloatStep + 4 * lane;
-            if (e < p.k) {
 #pragma unroll
-                for (int r = 0; r < kRows; ++r) wv[u][r] = load_float4_weights<W, EARLY>(wrow[r] + e * kEB);
+            for (int r = 0; r < kRows; ++r) {
+                wv[u][r] = e < p.k ? load_float4_weights<W, EARLY>(wrow[r] + e * kEB) : FloatVec4<W>{};
             }
         }
     };
@@ -490,23 +492,22 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_float_kernel(const GemvPara
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
             const int64_t e = (s0 + kGemvWarps * u) * kFloatStep + 4 * lane;
-            if (e < p.k) {
-                float w[kRows][4];
+            float w[kRows][4];
 #pragma unroll
-                for (int r = 0; r < kRows; ++r) float4_weights<W>(wv[u][r], w[r]);
+            for (int r = 0; r < kRows; ++r) float4_weights<W>(wv[u][r], w[r]);
 #pragma unroll
-                for (int mc = 0; mc < MC; ++mc) {
-                    if (mc < p.n_cols) {
-                        const float4 x = load_act<EARLY>(reinterpret_cast<const float4*>(p.acts + mc * p.act_stride + 4 * e));
+            for (int mc = 0; mc < MC; ++mc) {
+                if (MC == 1 || mc < p.n_cols) {  // MC = 1: n_cols is 1
+                    const auto* xp = reinterpret_cast<const float4*>(p.acts + mc * p.act_stride + 4 * e);
+                    const float4 x = e < p.k ? load_act<EARLY>(xp) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-                        for (int r = 0; r < kRows; ++r) {
-                            float a = acc[r][mc];
-                            a = fmaf(w[r][0], x.x, a);
-                            a = fmaf(w[r][1], x.y, a);
-                            a = fmaf(w[r][2], x.z, a);
-                            a = fmaf(w[r][3], x.w, a);
-                            acc[r][mc] = a;
-                        }
+                    for (int r = 0; r < kRows; ++r) {
+                        float a = acc[r][mc];
+                        a = fmaf(w[r][0], x.x, a);
+                        a = fmaf(w[r][1], x.y, a);
+                        a = fmaf(w[r][2], x.z, a);
+                        a = fmaf(w[r][3], x.w, a);
+                        acc[r][mc] = a;
                     }
                 }
             }
