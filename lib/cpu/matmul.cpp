@@ -27,7 +27,9 @@
 //   out. SWIGLU_OAI takes alpha and limit from params.f[0] / f[1], 0 meaning gpt-oss's 1.702 / 7.
 // - Where many tokens share each weight row (prefill, large batches) and the CPU has AVX-512 BF16,
 //   quantised weights may take the BF16 path instead (cpu/matmul_bf16_path.h): weights decoded once
-//   per job to BF16, dot products in F32 (bf16path::wanted decides per op).
+//   per job to BF16, dot products in F32 (bf16path::wanted decides per op); the super-block kinds
+//   (Q2_K .. Q6_K, IQ4_XS) are decoded and requantised to int8 there instead, multiplied with Q8K
+//   activations by VNNI (cpu/matmul_i8.h), twice the products per instruction.
 // - Ids are validated (0 <= id < E) before anything is computed; a bad one is INVALID_ARGUMENT naming
 //   its position and value.
 #include <tbb/blocked_range.h>

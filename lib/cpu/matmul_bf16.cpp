@@ -55,9 +55,10 @@ bool wanted(int kind, int64_t n_pairs, int64_t n_expert) {
     if (mode == Bf16Path::kAlways) return true;
     // Pairs per expert from which the BF16 path is the faster one, measured with moeinfer_bench_matmul
     // (Qwen3-30B-A3B expert shapes, one Zen 4 core: AVX-512 BF16, no AMX; the figures are in the
-    // commits that set them). Q8_0, Q4_0, MXFP4, Q6_K, Q2_K and the other 32-element kinds: from 64
+    // commits that set them). Q8_0, Q4_0, MXFP4, Q2_K and the other 32-element kinds: from 64
     // (their integer kernels are cheap per block). Q4_K and Q5_K (whose integer kernels unpack each
-    // super-block for at most 4 tokens): from 16. Q3_K and IQ4_XS: from 32.
+    // super-block for at most 4 tokens): from 16. Q3_K and IQ4_XS: from 32. Q6_K: from 32 with the int8
+    // tiles (64 with the BF16 ones).
     int64_t min_pairs = 0;
     switch (kind) {
         case mm::kQ8_0:
@@ -67,8 +68,8 @@ bool wanted(int kind, int64_t n_pairs, int64_t n_expert) {
         case mm::kQ5_0:
         case mm::kQ5_1:
         case mm::kIQ4_NL:
-        case mm::kQ2_K:
-        case mm::kQ6_K: min_pairs = 64; break;
+        case mm::kQ2_K: min_pairs = 64; break;
+        case mm::kQ6_K: min_pairs = decoded_tiles() == DecodedTiles::kInt8 ? 32 : 64; break;
         case mm::kQ3_K:
         case mm::kIQ4_XS: min_pairs = 32; break;
         case mm::kQ4_K:

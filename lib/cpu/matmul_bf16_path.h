@@ -1,7 +1,8 @@
-// The driver of the BF16 path (kernels in matmul_bf16.h): packs the activations of each expert's
-// (token, slot) pairs into BF16 blocks of 16 once per op, cuts the work into jobs of (expert, <= 64
-// weight rows, <= 64 pairs), decodes each job's weights chunk by chunk and hands every finished F32
-// tile to the caller, which writes it out (plain product, or MOE_UP_GATE's activation).
+// The driver of the BF16 path (kernels in matmul_bf16.h; the super-block kinds' int8 tiles in
+// matmul_i8.h): packs the activations of each expert's (token, slot) pairs into blocks of 16 once per
+// op, cuts the work into jobs of (expert, <= 64 weight rows, <= 64 pairs), decodes each job's weights
+// chunk by chunk and hands every finished F32 tile to the caller, which writes it out (plain product,
+// or MOE_UP_GATE's activation).
 #pragma once
 
 #include <cstddef>

@@ -865,7 +865,7 @@ TEST_CASE("matmul: kNoExpert ids leave their rows unwritten and the other rows a
     }
 }
 
-TEST_CASE("matmul: by default the BF16 path takes Q4_K, Q5_K from 16 pairs per expert, Q3_K, IQ4_XS from 32, the rest from 64",
+TEST_CASE("matmul: by default the BF16 path takes Q4_K, Q5_K from 16 pairs per expert, Q3_K, Q6_K, IQ4_XS from 32, the rest from 64",
           "[matmul]") {
     cpu::set_cpu_isa_cap_for_testing(cpu::IsaCap::kNone);
     if (!cpu::cpu_features().avx512_bf16) {
@@ -893,7 +893,7 @@ TEST_CASE("matmul: by default the BF16 path takes Q4_K, Q5_K from 16 pairs per e
             const std::vector<float> bf16 = run(cpu::Bf16Path::kAlways);
             const std::vector<float> integer = run(cpu::Bf16Path::kNever);
             const int64_t from = type == Type::Q4_K || type == Type::Q5_K    ? 16
-                                 : type == Type::Q3_K || type == Type::IQ4_XS ? 32
+                                 : type == Type::Q3_K || type == Type::Q6_K || type == Type::IQ4_XS ? 32
                                                                               : 64;
             const bool want_bf16 = m >= from;
             INFO(moe::type_name(type) << " M=" << m);
