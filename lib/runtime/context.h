@@ -48,7 +48,8 @@ struct moe_context {
     std::unique_ptr<moe::sched::Scheduler> sched;
     // Several devices (runtime/multi_device.h; empty for one): per device of the list its share, and per
     // layer the index of its device. Device 0's backend, weights, KV buffer and scheduler are `device`,
-    // `device_weights`, `kv_buffer`, `host_weights` and `sched` above (its part keeps its figures only).
+    // `device_weights`, `kv_buffer`, `host_weights` and `sched` above (its part keeps its figures, peer
+    // flags and staging only).
     // Declared after them and so destroyed first: the parts' schedulers use `host`.
     std::vector<moe::DevicePart> parts;
     std::vector<int> layer_device;
