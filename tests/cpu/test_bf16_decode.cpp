@@ -43,6 +43,22 @@ uint16_t random_scale(std::mt19937_64& rng) {
     return moe::fp32_to_fp16(mag(rng));
 }
 
+// Random bytes for `bytes` of rows of c's blocks (and 64 more), each block's fp16 scales from
+// random_scale.
+std::vector<uint8_t> random_rows(const KindCase& c, size_t bytes, std::mt19937_64& rng) {
+    const auto block = static_cast<size_t>(moe::traits(c.type).block_bytes);
+    std::vector<uint8_t> w(bytes + 64);
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (uint8_t& b : w) b = static_cast<uint8_t>(byte(rng));
+    for (size_t blk = 0; blk + block <= bytes; blk += block) {
+        for (const size_t off : c.fp16_fields) {
+            const uint16_t h = random_scale(rng);
+            std::memcpy(w.data() + blk + off, &h, 2);
+        }
+    }
+    return w;
+}
+
 }  // namespace
 
 TEST_CASE("BF16 path decoders equal to_float rounded to BF16, bit for bit", "[matmul][bf16]") {
@@ -67,15 +83,7 @@ TEST_CASE("BF16 path decoders equal to_float rounded to BF16, bit for bit", "[ma
         REQUIRE(decode != nullptr);
         const auto row_bytes = static_cast<size_t>(k / tt.block_size * tt.block_bytes);
         for (int rep = 0; rep < 4; ++rep) {
-            std::vector<uint8_t> w(row_bytes * n_rows + 64);
-            std::uniform_int_distribution<int> byte(0, 255);
-            for (uint8_t& b : w) b = static_cast<uint8_t>(byte(rng));
-            for (size_t blk = 0; blk + tt.block_bytes <= row_bytes * n_rows; blk += tt.block_bytes) {
-                for (const size_t off : c.fp16_fields) {
-                    const uint16_t h = random_scale(rng);
-                    std::memcpy(w.data() + blk + off, &h, 2);
-                }
-            }
+            const std::vector<uint8_t> w = random_rows(c, row_bytes * n_rows, rng);
             for (const int64_t k0 : {int64_t{0}, mm::bf16::kChunk}) {
                 std::vector<uint16_t> got(static_cast<size_t>(n_rows * mm::bf16::kChunk), 0x5555);
                 decode(w.data(), row_bytes, n_rows, k0, mm::bf16::kChunk, got.data());
@@ -128,15 +136,7 @@ TEST_CASE("int8 tile decoders equal to_float requantised per super-block, bit fo
         const auto row_bytes = static_cast<size_t>(k / tt.block_size * tt.block_bytes);
         int non_finite = 0;
         for (int rep = 0; rep < 4; ++rep) {
-            std::vector<uint8_t> w(row_bytes * n_rows + 64);
-            std::uniform_int_distribution<int> byte(0, 255);
-            for (uint8_t& b : w) b = static_cast<uint8_t>(byte(rng));
-            for (size_t blk = 0; blk + tt.block_bytes <= row_bytes * n_rows; blk += tt.block_bytes) {
-                for (const size_t off : c.fp16_fields) {
-                    const uint16_t h = random_scale(rng);
-                    std::memcpy(w.data() + blk + off, &h, 2);
-                }
-            }
+            const std::vector<uint8_t> w = random_rows(c, row_bytes * n_rows, rng);
             for (const int64_t k0 : {int64_t{0}, mm::i8::kChunk}) {
                 std::vector<uint8_t> got(static_cast<size_t>(n_rows * mm::i8::kChunk), 0x55);
                 std::vector<float> scales(static_cast<size_t>(n_rows * mm::i8::kChunkBlocks), 1234.0f);
