@@ -99,7 +99,10 @@ TEST_CASE("hybrid CUDA contexts measure their offload thresholds at creation", "
         REQUIRE(st.offload_min_batch_source[op] == MOE_THRESHOLD_MEASURED);
         const double L = st.offload_link_gbps, H = st.offload_host_gbps[op], D = st.offload_device_gbps[op];
         CHECK(H > 0.0);
-        CHECK(D > H);  // the GPU multiplies weights faster than the CPU
+        // No D > H: this tiny model's products are launch-bound on the GPU, and a 32-core host with the int8
+        // tiles matched them (2026-11-27, 2 x H200 machine: host 66.0, device 65.7 GB/s x tokens); the
+        // threshold is then the cap, as the formula below says.
+        CHECK(D > 0.0);
         const double saved = 1.0 / H - (D > 0.0 ? 1.0 / D : 0.0);
         const double cap = double(1 << 24);
         const double x = saved <= 0.0 ? cap : (1.0 / L) / saved * E / k;
