@@ -15,7 +15,7 @@ import moeinfer
 from conftest import model_seed
 from reference import load as load_reference
 from test_forward_reference import (EXACT_REF_TOL, UBATCH_TOL, Weights, check_close, per_token_error, prompt)
-from test_sched_emulated import assert_logits_close, check_placement_figures, emulated
+from test_sched_emulated import REL_TOL, assert_logits_close, check_placement_figures, emulated, row_errors
 
 # --- the CPU forward pass against the float64 reference -----------------------------------------------------------
 
@@ -194,19 +194,48 @@ def check_active_only_uploads(model, rng, bias_dup: bool, sizes: list[int], requ
     assert s["n_id_readbacks"] == n_big * n_moe
 
 
+# The expert split against the CPU. The split adds its host part's and its device part's expert outputs, the CPU
+# its selected experts one after the other: with more than two experts per token (4 here) the two sums differ in
+# the last bits of the MoE output, so of the residual. Where the next layer's RMS-normed activation lies within
+# that noise of a Q8_0 rounding boundary, the two sides quantise one element to neighbouring steps and the token's
+# row (and, through its cached keys and values, later rows) moves by more than REL_TOL allows: up to 1.3e-3 of
+# max |logit| in 13 of 4,000 models (deepseek2 and glm4moe tiny, model seeds 0..1999, 2026-11-27), against ~2e-7
+# in a row with no crossing. One Q8_0 step changes one element by 1/127 of its block's largest magnitude, so the
+# product's input by at most 1/127 relative; the norms and residual sums after it carry a relative change on
+# without growing it (to first order), so a row a crossing moved stays within SPLIT_STEP_TOL of max |logit|.
+# A crossing needs an element within float32 noise of a boundary: 17 rows of 52,000 passed REL_TOL in those
+# models, at most 3 of one sequence of 11, so fewer than SPLIT_MOVED_ROWS of the rows may. A wrong expert group
+# or a dropped or doubled expert moves most rows of the split ubatches, the worst by 3.7e-2 or more (MASK_IDS
+# broken in a copy of the library to drop, or to double, one expert: each of 100 models per preset whose prompts
+# selected that expert failed, 2026-11-27).
+SPLIT_STEP_TOL = 1 / 127
+SPLIT_MOVED_ROWS = 0.5
+
+
+def assert_split_rows_close(err: np.ndarray) -> None:
+    """The row errors (row_errors) of a sequence computed with the expert split against the CPU's: every row within
+    SPLIT_STEP_TOL, and fewer than SPLIT_MOVED_ROWS of them beyond REL_TOL (see above)."""
+    moved = np.flatnonzero(err > REL_TOL)
+    assert err.max() <= SPLIT_STEP_TOL, f"worst token: {err.max():.3g} relative (bound {SPLIT_STEP_TOL:.3g})"
+    assert len(moved) < SPLIT_MOVED_ROWS * len(err), \
+        f"{len(moved)} of {len(err)} tokens beyond {REL_TOL} relative (rows {moved.tolist()}: {err[moved]})"
+
+
 def check_expert_split(model, rng, expert_copy: str, n_split: int, sizes: list[int]) -> None:
-    """expert_split = n_split with exps=CPU, ubatches of 4 offloaded from 3 tokens: the same logits and expert
-    counts as the CPU; every offloaded MoE layer split with n_split experts on the host, the others uploaded
-    (full copies, no expert cache: under ACTIVE copies the device part uploads only its group's selected experts,
-    test_sched_cache.py)."""
+    """expert_split = n_split with exps=CPU, ubatches of 4 offloaded from 3 tokens: the CPU's logits within the
+    split's bounds (assert_split_rows_close) and the same expert counts; every offloaded MoE layer split with n_split
+    experts on the host, the others uploaded (full copies, no expert cache: under ACTIVE copies the device part
+    uploads only its group's selected experts, test_sched_cache.py)."""
     eb = expert_bytes(model)
     n_expert, n_moe = model.info.n_expert, len(moe_layers(model))
     policy = moeinfer.Policy(expert_copy=expert_copy, expert_split=n_split, expert_cache=0).parse_offload("all=3")
     emu = emulated(model, policy, n_ubatch=4, tensor_overrides="exps=CPU")
     cpu = moeinfer.Context(model, device="cpu", n_ctx=128, n_ubatch=4)
+    err = []
     for n in sizes:
         tokens = rng.integers(0, model.info.n_vocab, size=n, dtype=np.int32)
-        assert_logits_close(emu.decode(tokens, logits_all=True), cpu.decode(tokens, logits_all=True))
+        err.append(row_errors(emu.decode(tokens, logits_all=True), cpu.decode(tokens, logits_all=True)))
+    assert_split_rows_close(np.concatenate(err))
     np.testing.assert_array_equal(emu.expert_counts(), cpu.expert_counts())
     s = emu.stats()
     split = sum(n >= 3 for n in sizes) * n_moe

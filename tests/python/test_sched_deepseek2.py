@@ -1,7 +1,8 @@
 """The hybrid scheduler on deepseek2 (emulated device: a host-memory backend that plays the GPU), as
 test_sched_emulated.py checks it on qwen3moe and gpt-oss: placement rules, offload thresholds, FULL and
 ACTIVE_ONLY expert copies and the expert split, against a CPU context on the same fresh random model and
-prompt (max |emulated - cpu| <= 1e-4 * max |cpu| per token: only op placement differs) and against
+prompt (max |emulated - cpu| <= 1e-4 * max |cpu| per token: only op placement differs; the expert split, which
+adds the experts in another order, within shared_expert_checks.assert_split_rows_close's bounds) and against
 quantities computed here from the tensor shapes and the experts each ubatch selected.
 
 deepseek2 differs where the scheduler could trip: the leading dense layer has no routed experts (nothing to

@@ -105,10 +105,15 @@ def expert_bytes(model: moeinfer.Model) -> ExpertBytes:
                        get("ffn_up_exps.bias") + get("ffn_gate_exps.bias"), get("ffn_down_exps.bias"))
 
 
-def assert_logits_close(got: np.ndarray, ref: np.ndarray) -> None:
+def row_errors(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """max |got - ref| / max |ref| per token (row), after checking shapes and that got is finite."""
     assert got.shape == ref.shape
     assert np.all(np.isfinite(got))
-    err = np.max(np.abs(got - ref), axis=1) / np.max(np.abs(ref), axis=1)
+    return np.max(np.abs(got - ref), axis=1) / np.max(np.abs(ref), axis=1)
+
+
+def assert_logits_close(got: np.ndarray, ref: np.ndarray) -> None:
+    err = row_errors(got, ref)
     assert np.all(err <= REL_TOL), f"worst token: {err.max():.3g} relative (bound {REL_TOL})"
 
 

@@ -9,7 +9,8 @@ What is checked, against what:
 * Logits of emulated contexts (experts in host RAM offloaded or kept per ubatch by the thresholds; FULL and
   ACTIVE_ONLY copies; bias duplication on and off; the expert split) against a CPU context on the same fresh
   random model and prompt: max |emulated - cpu| <= 1e-4 * max |cpu| per token, the bound and its reasoning
-  as in test_sched_emulated.py.
+  as in test_sched_emulated.py; the expert split, which adds the experts in another order, within
+  shared_expert_checks.assert_split_rows_close's bounds.
 * Statistics against quantities computed here: offloaded / kept ops per MoE layer (the dense layer has none),
   uploaded and skipped expert bytes from the selected experts (expert_counts deltas) and the tensor sizes.
 
