@@ -106,15 +106,22 @@ struct Q3K {
     }
 };
 
+// Q4_K / Q5_K group g's scale d sc and offset dmin m, each broadcast (the two share d, dmin and scales).
+template <typename Block>
+inline void k4_scale_min(const Block& b, int g, __m512& dl, __m512& ml) {
+    int sc, m;
+    kq::scale_min_k4(b.scales, g, sc, m);
+    dl = _mm512_set1_ps(_cvtsh_ss(b.d) * static_cast<float>(sc));
+    ml = _mm512_set1_ps(_cvtsh_ss(b.dmin) * static_cast<float>(m));
+}
+
 // Q4_K: group g (32 values) is the low (g even) or high nibbles of qs[32 (g / 2) ..]; x = d sc q - dmin m,
 // d sc q exact in F32 (17 + 4 bits), so the one rounding is the subtraction's, as in to_float.
 struct Q4K {
     using Block = BlockQ4_K;
     static void group(const Block& b, int g, __m512& lo, __m512& hi) {
-        int sc, m;
-        kq::scale_min_k4(b.scales, g, sc, m);
-        const __m512 dl = _mm512_set1_ps(_cvtsh_ss(b.d) * static_cast<float>(sc));
-        const __m512 ml = _mm512_set1_ps(_cvtsh_ss(b.dmin) * static_cast<float>(m));
+        __m512 dl, ml;
+        k4_scale_min(b, g, dl, ml);
         const uint8_t* q = b.qs + 32 * (g / 2);
         lo = _mm512_sub_ps(_mm512_mul_ps(dl, u8_to_ps(byte_bits(loadu128(q), 4 * (g % 2), 4), 0)), ml);
         hi = _mm512_sub_ps(_mm512_mul_ps(dl, u8_to_ps(byte_bits(loadu128(q + 16), 4 * (g % 2), 4), 0)), ml);
@@ -125,10 +132,8 @@ struct Q4K {
 struct Q5K {
     using Block = BlockQ5_K;
     static void group(const Block& b, int g, __m512& lo, __m512& hi) {
-        int sc, m;
-        kq::scale_min_k4(b.scales, g, sc, m);
-        const __m512 dl = _mm512_set1_ps(_cvtsh_ss(b.d) * static_cast<float>(sc));
-        const __m512 ml = _mm512_set1_ps(_cvtsh_ss(b.dmin) * static_cast<float>(m));
+        __m512 dl, ml;
+        k4_scale_min(b, g, dl, ml);
         const uint8_t* q = b.qs + 32 * (g / 2);
         __m512* out[2] = {&lo, &hi};
         for (int h = 0; h < 2; ++h) {

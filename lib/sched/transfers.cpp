@@ -191,6 +191,16 @@ Status Transfers::ensure_cache() {
 
 bool Transfers::cache_holds(const Tensor* w, const void* host) const { return cache_.find(w, host).has_value(); }
 
+// The expert cache entries the node being prepared already holds (up and gate of one node), from its
+// slot numbers.
+std::vector<size_t> Transfers::held_entries(const RunState& rs) const {
+    std::vector<size_t> entries;
+    for (size_t s : rs.node_slots) {
+        if (s >= slots_.size()) entries.push_back(s - slots_.size());
+    }
+    return entries;
+}
+
 bool Transfers::cached_whole(const Tensor* w) const {
     const std::optional<WeightCopies> c = weights_.usable(w, policy_.bias_dup);
     return c && c->device == nullptr && c->host != nullptr && cache_.complete(w, c->host).has_value();
@@ -369,11 +379,7 @@ StatusOr<Tensor*> Transfers::weight_operand(Tensor& node, int src_index, Side si
     const size_t per_expert = experts ? w->nb[2] : 0;
     const auto n_needed = static_cast<uint64_t>(std::count(needed.begin(), needed.end(), uint8_t{1}));
     if (experts && pre == rs.prefetched.end() && cache_.on()) {
-        // Slot numbers of the entries this node already holds (up and gate of one node).
-        std::vector<size_t> busy;
-        for (size_t s : rs.node_slots) {
-            if (s >= slots_.size()) busy.push_back(s - slots_.size());
-        }
+        const std::vector<size_t> busy = held_entries(rs);
         if (const std::optional<size_t> entry = cache_.use(w, c->host, n_needed * per_expert, busy)) {
             return cached_operand(node, src_index, *c, std::move(needed), *entry, rs);
         }
@@ -437,11 +443,7 @@ StatusOr<Tensor*> Transfers::whole_cached_operand(Tensor& node, int src_index, c
     const uint64_t hits = uploads_active_experts(node, src_index) && ids != nullptr
                               ? static_cast<uint64_t>(std::min<int64_t>(ids->ne[0], n_expert_))
                               : static_cast<uint64_t>(n_expert_);
-    std::vector<size_t> busy;
-    for (size_t s : rs.node_slots) {
-        if (s >= slots_.size()) busy.push_back(s - slots_.size());
-    }
-    const std::optional<size_t> held = cache_.use(w, host, hits * per_expert, busy);
+    const std::optional<size_t> held = cache_.use(w, host, hits * per_expert, held_entries(rs));
     if (held != entry) return internal_error("scheduler: the expert cache moved '" + w->name + "' while it was read");
     rs.node_slots.push_back(slots_.size() + entry);
     stats_.bytes_weights_skipped += w->n_bytes() - hits * per_expert;

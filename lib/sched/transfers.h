@@ -153,6 +153,7 @@ private:
     StatusOr<Tensor*> cached_operand(Tensor& node, int src_index, const WeightCopies& c, std::vector<uint8_t> needed,
                                      size_t entry, RunState& rs);
     bool cache_holds(const Tensor* w, const void* host) const;
+    std::vector<size_t> held_entries(const RunState& rs) const;
     void count_cache(int layer, uint64_t hits, uint64_t misses, uint64_t saved_bytes);
     StatusOr<const std::vector<int32_t>*> read_ids(const Tensor* ids, RunState& rs);
     Status wait_for_device(RunState& rs);
