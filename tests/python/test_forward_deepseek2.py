@@ -9,7 +9,7 @@ other. The comparisons and bounds are test_forward_reference.py's (see its docst
 the reference, per-token relative errors, tokens whose routing nearly ties excused); here a token's router
 margin is the smaller of the gap between the k-th and (k+1)-th choice and, with a group limit, the gap between
 the last kept and the first dropped group's score: for the sigmoid router relative to the RMS of the choices,
-for the softmax router between log-probabilities relative to the RMS of the logits (reference/deepseek2.py
+for the softmax router between log-probabilities relative to the RMS of the logits (reference/routing.py
 router_gaps: a probability's noise grows with it, so V2's group scores, its largest probabilities, flipped
 past a probability margin).
 Tried on purpose against the reference: NeoX instead of interleaved RoPE, no YaRN softmax scale, no group limit,

@@ -15,8 +15,6 @@ Random data is fresh on every run; the seed is printed and MOEINFER_TEST_SEED=<s
 
 from __future__ import annotations
 
-import contextlib
-
 import gguf
 import numpy as np
 import pytest
@@ -33,31 +31,12 @@ PRESETS = ("tiny", "tiny-air")
 WEIGHTS = UNQUANTISED + [QUANTISED[0], QUANTISED[1], QUANTISED[3]]
 
 
-@contextlib.contextmanager
-def selection_margins():
-    """Records, per reference forward, each token's smallest relative top-k selection margin over the MoE layers."""
-    original = glm4moe.route
-    per_layer: list[np.ndarray] = []
-
-    def spy(model, il, h):
-        _, choice = glm4moe.selection_scores(model, il, h)
-        s = -np.sort(-choice, axis=-1)
-        k = model.hparams.n_expert_used
-        per_layer.append((s[:, k - 1] - s[:, k]) / np.sqrt(np.mean(choice * choice, axis=-1)))
-        return original(model, il, h)
-
-    glm4moe.route = spy
-    try:
-        yield per_layer
-    finally:
-        glm4moe.route = original
-
-
 def reference(ref, tokens, f16_kv=True):
+    """(logits, each token's smallest router margin over the MoE layers) of the float64 reference."""
     cache = F16KVCache(ref.hparams.n_layer) if f16_kv else KVCache(ref.hparams.n_layer)
-    with selection_margins() as per_layer:
-        logits = glm4moe.forward(ref, tokens, cache=cache)
-    return logits, np.min(np.stack(per_layer), axis=0)
+    trace: dict = {}
+    logits = glm4moe.forward(ref, tokens, cache=cache, trace=trace)
+    return logits, np.min(np.stack(trace["router_margin"]), axis=0)
 
 
 def write_model(path, preset: str, w: Weights, rng: np.random.Generator):

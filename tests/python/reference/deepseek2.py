@@ -40,6 +40,7 @@ from .gguf_model import Model
 from .ops import KVCache, attention, check_tokens, default_inv_freq, linear, rms_norm, rope_neox, softmax, \
     start_pass, top_k_desc, yarn_inv_freq
 from .qwen3moe import routed_experts, swiglu
+from .routing import expert_weights, router_gaps, sigmoid, top_k_with_margin
 
 ARCH = "deepseek2"
 # How a softmax-gated (V2) router scores an expert group: "max", its best expert (HF DeepSeek-V2 MoEGate,
@@ -120,32 +121,6 @@ def rope_deepseek(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) ->
     return rope_neox(x, positions, inv_freq)
 
 
-def router_gaps(logits: np.ndarray, choice: np.ndarray, sigmoid: bool):
-    """gap(a, b): how far apart two of a token's selection values (a choice, or a group's score) are, in units in
-    which the router's arithmetic noise is the same for every pair, relative to the token's RMS.
-
-    Sigmoid routers: the choices' own gap relative to their RMS (a score moves by at most a quarter of its logit's
-    error). Softmax routers: a probability moves by its logit's error times itself (dp = p dl), so near a tie
-    p_a - p_b ~ p (l_a - l_b), and probability gaps relative to their RMS overstate the margin of large
-    probabilities by p / rms(p) -- 2x to 3x for the groups' best experts, which decide V2's group limit, where a
-    group flip with Q8_0 dense weights passed a 1e-2 margin (token 10 of MOEINFER_TEST_SEED=2766577239: 1.03e-2
-    in probabilities, 3.4e-3 in logits). So softmax gaps are taken between log-probabilities (logit gaps, for a
-    group's best or its top-2 sum alike) relative to the RMS of the logits, as qwen3moe's router margins are
-    (test_forward_reference.router_margins), to which the same per-type bounds apply. -inf (a masked choice) or 0
-    for b: +inf.
-    """
-    if sigmoid:
-        rms = np.sqrt(np.mean(choice * choice, axis=-1))
-        return lambda a, b: (a - b) / rms
-    rms = np.sqrt(np.mean(logits * logits, axis=-1))
-
-    def gap(a, b):
-        ok = b > 0
-        return np.where(ok, (np.log(a) - np.log(np.where(ok, b, 1.0))) / rms, np.inf)
-
-    return gap
-
-
 def group_mask(groups: np.ndarray, n_group: int, n_expert: int) -> np.ndarray:
     """[n, n_expert] True for the experts of each row's groups [n, g]."""
     mask = np.zeros((groups.shape[0], n_group), dtype=bool)
@@ -167,7 +142,7 @@ def route(model: Model, p: MlaParams, il: int, h: np.ndarray, trace: dict | None
     hp = model.hparams
     logits = linear(h, model.blk(il, "ffn_gate_inp.weight", (hp.n_expert, hp.n_embd)))
     if p.sigmoid:
-        scores = 1.0 / (1.0 + np.exp(-logits))
+        scores = sigmoid(logits)
         choice = scores + model.blk(il, "exp_probs_b.bias", (hp.n_expert,)) if model.has(
             f"blk.{il}.exp_probs_b.bias") else scores
     else:
@@ -188,28 +163,19 @@ def route(model: Model, p: MlaParams, il: int, h: np.ndarray, trace: dict | None
         choice = np.where(group_mask(group_order[:, :p.n_group_used], p.n_group, hp.n_expert), choice, -np.inf)
         gs = -np.sort(-group_score, axis=-1)
         group_margin = gap(gs[:, p.n_group_used - 1], gs[:, p.n_group_used])
-    ids = top_k_desc(choice, hp.n_expert_used)
     k = hp.n_expert_used
-    cs = -np.sort(-choice, axis=-1)
-    topk_margin = gap(cs[:, k - 1], cs[:, k])
+    if flip is not None and flip[1] not in ("topk", "group"):
+        raise ValueError(f"flip decision must be 'topk' or 'group', got {flip[1]!r}")
+    ids, topk_margin = top_k_with_margin(choice, k, gap, flip[0] if flip is not None and flip[1] == "topk" else None)
     margin = np.minimum(group_margin, topk_margin)
-    if flip is not None:
-        t, decision, u = flip[0], flip[1], p.n_group_used
-        if decision == "group":
-            if group_order is None:
-                raise ValueError(f"layer {il} has no group limit to flip")
-            groups = np.concatenate([group_order[t, :u - 1], group_order[t, u:u + 1]])
-            row = np.where(group_mask(groups[None], p.n_group, hp.n_expert)[0], unmasked[t], -np.inf)
-            ids[t] = top_k_desc(row, k)
-        elif decision == "topk":
-            order = top_k_desc(choice[t], k + 1)
-            ids[t] = np.concatenate([order[:k - 1], order[k:]])
-        else:
-            raise ValueError(f"flip decision must be 'topk' or 'group', got {decision!r}")
-    w = np.take_along_axis(scores, ids, axis=-1)
-    if p.weights_norm:
-        w = w / (np.sum(w, axis=-1, keepdims=True) + 1e-20)
-    w = w * p.weights_scale
+    if flip is not None and flip[1] == "group":
+        t, u = flip[0], p.n_group_used
+        if group_order is None:
+            raise ValueError(f"layer {il} has no group limit to flip")
+        groups = np.concatenate([group_order[t, :u - 1], group_order[t, u:u + 1]])
+        row = np.where(group_mask(groups[None], p.n_group, hp.n_expert)[0], unmasked[t], -np.inf)
+        ids[t] = top_k_desc(row, k)
+    w = expert_weights(scores, ids, p.weights_norm, p.weights_scale)
     if trace is not None:
         trace.setdefault("router_margin", []).append(margin)
         trace.setdefault("topk_margin", []).append(topk_margin)

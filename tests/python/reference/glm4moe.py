@@ -9,7 +9,8 @@ Glm4MoeMLP) with llama.cpp's GGUF names (llama_model_glm4_moe). Per layer:
   a = softmax(q k^T / sqrt(head_dim), causal) v with GQA;   x += Wo a     (no output bias)
   h = RMSNorm(x; post_attention_norm)
   the first leading_dense_block_count layers:  x += down(silu(gate h) * up h)
-  the others:  s = sigmoid(W_router h);  experts = top-k of s + e_score_correction_bias (exp_probs_b; n_group 1)
+  the others:  s = sigmoid(W_router h);  experts = top-k of s + e_score_correction_bias (exp_probs_b; n_group 1:
+               no group limit, as every released config)
                w = s[experts] / (sum s[experts] + 1e-20) (norm_topk_prob) * routed_scaling_factor
                x += sum_e w_e * down_e(silu(gate_e h) * up_e h) + shared(h)   (shared: a SwiGLU MLP of
                n_ff_exp * expert_shared_count)
@@ -21,8 +22,9 @@ from __future__ import annotations
 import numpy as np
 
 from .gguf_model import Model
-from .ops import KVCache, linear, top_k_desc
+from .ops import KVCache, linear
 from .qwen3moe import forward_layers, routed_experts, swiglu
+from .routing import expert_weights, router_gaps, sigmoid, top_k_with_margin
 
 ARCH = "glm4moe"
 
@@ -41,10 +43,6 @@ def _check_arch(model: Model) -> None:
         raise ValueError(f"{ARCH}.expert_gating_func must be 2 (sigmoid)")
 
 
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
-
-
 def selection_scores(model: Model, il: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(sigmoid scores, scores + selection bias) of layer il's router for normed hidden states h, each [n, n_expert]."""
     hp = model.hparams
@@ -52,24 +50,35 @@ def selection_scores(model: Model, il: int, h: np.ndarray) -> tuple[np.ndarray, 
     return scores, scores + model.blk(il, "exp_probs_b.bias", (hp.n_expert,))
 
 
-def route(model: Model, il: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Router of layer il for normed hidden states h [n, n_embd]: (expert ids [n, k], weights [n, k])."""
+def route(model: Model, il: int, h: np.ndarray, trace: dict | None = None,
+          flip: tuple[int, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Router of layer il for normed hidden states h [n, n_embd]: (expert ids [n, k], weights [n, k]).
+
+    With `trace`, appends each token's routing margin, the gap between the k-th and (k+1)-th selection value
+    relative to their RMS (routing.router_gaps), as 'topk_margin' and 'router_margin' (the same: no group limit).
+    `flip` (token, "topk"): that token takes the (k+1)-th expert instead of the k-th, as deepseek2.route's.
+    """
     hp = model.hparams
+    if flip is not None and flip[1] != "topk":
+        raise ValueError(f"flip decision must be 'topk' (glm4moe has no group limit), got {flip[1]!r}")
     scores, choice = selection_scores(model, il, h)
-    ids = top_k_desc(choice, hp.n_expert_used)
-    w = np.take_along_axis(scores, ids, axis=-1)
-    if bool(_meta(model, "expert_weights_norm", False)):
-        w = w / (np.sum(w, axis=-1, keepdims=True) + 1e-20)
-    return ids, w * float(_meta(model, "expert_weights_scale", 1.0))
+    ids, margin = top_k_with_margin(choice, hp.n_expert_used, router_gaps(None, choice, sigmoid=True),
+                                    None if flip is None else flip[0])
+    w = expert_weights(scores, ids, bool(_meta(model, "expert_weights_norm", False)),
+                       float(_meta(model, "expert_weights_scale", 1.0)))
+    if trace is not None:
+        trace.setdefault("topk_margin", []).append(margin)
+        trace.setdefault("router_margin", []).append(margin)
+        trace.setdefault("expert_ids", []).append(ids)
+        trace.setdefault("expert_weights", []).append(w)
+    return ids, w
 
 
-def moe(model: Model, il: int, h: np.ndarray, trace: dict | None = None) -> np.ndarray:
+def moe(model: Model, il: int, h: np.ndarray, trace: dict | None = None,
+        flip: tuple[int, str] | None = None) -> np.ndarray:
     """Routed experts plus the shared experts of layer il on normed hidden states h [n, n_embd]."""
     hp = model.hparams
-    ids, weights = route(model, il, h)
-    if trace is not None:
-        trace.setdefault("expert_ids", []).append(ids)
-        trace.setdefault("expert_weights", []).append(weights)
+    ids, weights = route(model, il, h, trace, flip)
     out = routed_experts(model, il, h, ids, weights)
     n_shared = int(_meta(model, "expert_shared_count", 0))
     if n_shared > 0:
@@ -88,19 +97,25 @@ def dense(model: Model, il: int, h: np.ndarray) -> np.ndarray:
 
 
 def forward(model: Model, tokens, positions=None, cache: KVCache | None = None,
-            trace: dict | None = None) -> np.ndarray:
+            trace: dict | None = None, flip: tuple[int, int, str] | None = None) -> np.ndarray:
     """Logits [n_tokens, n_vocab] (float64) for `tokens`, attending to `cache` (extended in place).
 
     positions default to the positions after the cached ones. `trace`, if given, receives per-layer lists
-    'layer_out' (hidden state after the layer) and 'expert_ids' / 'expert_weights' (MoE layers only). The layer
-    stack is qwen3moe's (forward_layers) with attention biases, q/k norms where the file has them, and the dense
-    FFN or the MoE block after post_attention_norm.
+    'layer_out' (hidden state after the layer) and, MoE layers only, 'expert_ids' / 'expert_weights' and the
+    router margins route() adds. `flip` (layer, token, "topk"): that token takes the runner-up expert in that
+    layer (route). The layer stack is qwen3moe's (forward_layers) with attention biases, q/k norms where the file
+    has them, and the dense FFN or the MoE block after post_attention_norm.
     """
     _check_arch(model)
     n_dense = int(_meta(model, "leading_dense_block_count", 0))
 
+    if flip is not None and not n_dense <= flip[0] < model.hparams.n_layer:
+        raise ValueError(f"flip layer {flip[0]} is not a MoE layer (layers {n_dense}..{model.hparams.n_layer - 1})")
+
     def ffn(il, h, tr):
-        return dense(model, il, h) if il < n_dense else moe(model, il, h, tr)
+        if il < n_dense:
+            return dense(model, il, h)
+        return moe(model, il, h, tr, flip[1:] if flip is not None and flip[0] == il else None)
 
     return forward_layers(model, tokens, positions, cache, trace, "post_attention_norm.weight", ffn, qk_norm=None,
                           biases=True)
