@@ -140,6 +140,22 @@ std::optional<Failure> describe_placement(const moe_context* ctx, const Config& 
     if (moe_context_get_stats(ctx, &stats) != MOE_STATUS_OK) return bench::library_error("moe_context_get_stats");
     run.weights_host_bytes = stats.weights_host_bytes;
     run.weights_device_bytes = stats.weights_device_bytes;
+    int32_t n_devices = 0;
+    if (moe_context_get_n_devices(ctx, &n_devices) != MOE_STATUS_OK) return bench::library_error("moe_context_get_n_devices");
+    run.devices.clear();
+    for (int32_t d = 0; d < n_devices; ++d) {
+        moe_device_info info{};
+        info.struct_size = sizeof info;
+        moe_sched_stats ds{};
+        ds.struct_size = sizeof ds;
+        if (moe_context_get_device_info(ctx, d, &info) != MOE_STATUS_OK) {
+            return bench::library_error("moe_context_get_device_info");
+        }
+        if (moe_context_get_device_stats(ctx, d, &ds) != MOE_STATUS_OK) {
+            return bench::library_error("moe_context_get_device_stats");
+        }
+        run.devices.push_back({info.ordinal, info.n_layers, ds.weights_host_bytes, ds.weights_device_bytes});
+    }
     if (!run.device_context) {
         run.n_gpu_layers = 0;
         return std::nullopt;

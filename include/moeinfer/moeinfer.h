@@ -583,9 +583,10 @@ typedef struct moe_sched_stats {
      * device would not lock them, and their uploads are staged (slower, same results). Tensor bytes
      * without padding; 0 for CPU contexts. */
     uint64_t weights_host_pinned_bytes;
-    /* Contexts over several devices: bytes of activations that crossed between devices (through host
-     * memory), counted once leaving their device and once arriving at each device that reads them (the
-     * residual stream between two layers on different devices: 2 * n_embd * 4 bytes per token). */
+    /* Contexts over several devices: bytes of activations that crossed between devices, through host
+     * memory counted once leaving their device and once arriving at each device that reads them (the
+     * residual stream between two layers on different devices: 2 * n_embd * 4 bytes per token), by peer
+     * copy once, arriving. moe_context_get_device_stats counts each on the device it left or entered. */
     uint64_t bytes_between_devices;
     /* Expert cache (moe_sched_policy.expert_cache), counted only while it is on: each (expert matrix,
      * expert) an offloaded op reads from a host-resident expert matrix is a hit (already in the cache:
@@ -715,8 +716,39 @@ MOE_API moe_status moe_context_get_resident_experts(const moe_context* ctx, int3
 MOE_API moe_status moe_context_get_expert_cache_layers(const moe_context* ctx, uint64_t* hits, uint64_t* misses,
                                                        uint64_t* bytes_saved, int64_t capacity, int64_t* out_n);
 
-/* Zeroes the statistics (placement figures stay). */
+/* Zeroes the statistics (placement figures stay), those of every device of the context. */
 MOE_API moe_status moe_context_reset_stats(moe_context* ctx);
+
+/* The devices a context computes on, in the order of its device list (device 0 holds the token
+ * embeddings and is CUDA0 of the tensor overrides). A context over one device, and a CPU context, has
+ * one (index 0, the whole context). Where moe_context_params named no devices, these are the ones the
+ * default chose (moe_context_params.devices says how). */
+MOE_API moe_status moe_context_get_n_devices(const moe_context* ctx, int32_t* out_n_devices);
+
+/* One device of a context. Zero it, set struct_size = sizeof(moe_device_info), then
+ * moe_context_get_device_info fills the fields inside struct_size. */
+typedef struct moe_device_info {
+    uint32_t struct_size;
+    int32_t kind;      /* a moe_device: MOE_DEVICE_CPU, MOE_DEVICE_CUDA or MOE_DEVICE_EMULATED */
+    int32_t ordinal;   /* the backend's device ordinal (CUDA device number); 0 for a CPU context */
+    int32_t n_layers;  /* model layers it holds (their weights, KV cache and ops) */
+} moe_device_info;
+
+/* Device `device_index` (0 .. moe_context_get_n_devices - 1) of the context. INVALID_ARGUMENT naming
+ * the index when it is out of range, or out_info->struct_size when it is too small. */
+MOE_API moe_status moe_context_get_device_info(const moe_context* ctx, int32_t device_index,
+                                               moe_device_info* out_info);
+
+/* The statistics of device `device_index` alone: the counters of its scheduler (the ops of its
+ * layers, the uploads to it, the bytes between devices that it sent through host memory or received),
+ * its placement figures (weights_host_bytes, weights_device_bytes and weights_host_pinned_bytes of
+ * its layers' weights) and the offload thresholds in effect on it. Over a context's devices, every
+ * counter and placement figure sums to moe_context_get_stats' but n_ubatches, which is there the most
+ * any device ran; n_layer and n_expert are the model's. One device: index 0 gives moe_context_get_stats'
+ * figures. INVALID_ARGUMENT naming the index when it is out of range, as moe_context_get_stats for
+ * out_stats. */
+MOE_API moe_status moe_context_get_device_stats(const moe_context* ctx, int32_t device_index,
+                                                moe_sched_stats* out_stats);
 
 /* ---------------------------------------------------------------------------------------------
  * Profiling: time per op kind, for the bench tool's verbose mode. Off by default (it synchronises

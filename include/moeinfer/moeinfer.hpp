@@ -667,6 +667,29 @@ public:
         return s;
     }
 
+    // The devices the context computes on (moe_context_get_n_devices): 1 for one device or the CPU.
+    int32_t n_devices() const {
+        int32_t n = 0;
+        check(moe_context_get_n_devices(get(), &n));
+        return n;
+    }
+
+    // Device `index` of the context: its kind, ordinal and layers.
+    moe_device_info device_info(int32_t index) const {
+        moe_device_info d{};
+        d.struct_size = sizeof d;
+        check(moe_context_get_device_info(get(), index, &d));
+        return d;
+    }
+
+    // The statistics of device `index` alone (moe_context_get_device_stats).
+    moe_sched_stats device_stats(int32_t index) const {
+        moe_sched_stats s{};
+        s.struct_size = sizeof s;
+        check(moe_context_get_device_stats(get(), index, &s));
+        return s;
+    }
+
     // Writes the expert counts as an activation profile (moe_model_set_expert_profile reads it).
     void save_expert_profile(const std::string& path) const {
         check(moe_context_save_expert_profile(get(), path.c_str()));

@@ -248,3 +248,9 @@ static_assert(offsetof(moe_generate_result, stop_reason) == 16);
 static_assert(offsetof(moe_generate_result, t_prompt_s) == 24);
 static_assert(offsetof(moe_generate_result, t_gen_s) == 32);
 static_assert(sizeof(moe_generate_result) == 40);
+
+static_assert(offsetof(moe_device_info, struct_size) == 0);
+static_assert(offsetof(moe_device_info, kind) == 4);
+static_assert(offsetof(moe_device_info, ordinal) == 8);
+static_assert(offsetof(moe_device_info, n_layers) == 12);
+static_assert(sizeof(moe_device_info) == 16);

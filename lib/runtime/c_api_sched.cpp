@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "moeinfer/moeinfer.h"
@@ -10,6 +11,63 @@
 #include "runtime/context.h"
 #include "runtime/multi_device.h"
 #include "runtime/policy_convert.h"
+
+namespace {
+
+// Placement figures of moe_sched_stats: weights_host_bytes, weights_device_bytes, weights_host_pinned_bytes.
+struct Placement {
+    uint64_t host = 0, device = 0, host_pinned = 0;
+};
+
+// moe_sched_stats from a scheduler's counters (or their sum), placement figures, and the scheduler whose
+// offload thresholds are reported.
+moe_sched_stats to_c_stats(const moe_context& ctx, const moe::sched::Stats& s, const Placement& placement,
+                           const moe::sched::Scheduler& thresholds) {
+    moe_sched_stats c;
+    std::memset(&c, 0, sizeof c);
+    c.struct_size = sizeof c;
+    // sched::Stats declares the counters from the same list (sched/stats.h).
+#define MOE_COPY_COUNTER(type, name, dims)                                 \
+    static_assert(std::is_same_v<decltype(c.name), decltype(s.name)>); \
+    std::memcpy(&c.name, &s.name, sizeof c.name);
+    MOE_SCHED_STATS_COUNTERS(MOE_COPY_COUNTER)
+#undef MOE_COPY_COUNTER
+    c.weights_host_bytes = placement.host;
+    c.weights_device_bytes = placement.device;
+    c.weights_host_pinned_bytes = placement.host_pinned;
+    c.n_layer = ctx.model->hparams.n_layer;
+    c.n_expert = ctx.model->hparams.n_expert;
+    const moe::sched::OffloadCalibration& cal = thresholds.offload_calibration();
+    c.offload_link_gbps = cal.link_gbps;
+    for (int i = 0; i < moe::sched::kOffloadOps; ++i) {
+        const moe::sched::OffloadThreshold t = thresholds.offload_threshold(static_cast<moe::sched::OffloadOp>(i));
+        c.offload_min_batch[i] = t.min_batch;
+        c.offload_min_batch_source[i] = static_cast<int32_t>(t.source);
+        c.offload_host_gbps[i] = cal.host_gbps[i];
+        c.offload_device_gbps[i] = cal.device_gbps[i];
+    }
+    return c;
+}
+
+moe::Status check_stats_args(const moe_context* ctx, const moe_sched_stats* out_stats) {
+    if (ctx == nullptr) return moe::invalid_argument("ctx is NULL");
+    if (out_stats == nullptr) return moe::invalid_argument("out_stats is NULL");
+    if (out_stats->struct_size < offsetof(moe_sched_stats, n_ubatches) + sizeof(uint64_t)) {
+        return moe::invalid_argument("out_stats->struct_size is too small (set it to sizeof(moe_sched_stats))");
+    }
+    return moe::Status::ok();
+}
+
+moe::Status check_device_index(const moe_context& ctx, int32_t device_index) {
+    const size_t n = moe::n_devices(ctx);
+    if (device_index < 0 || static_cast<size_t>(device_index) >= n) {
+        return moe::invalid_argument("device_index " + std::to_string(device_index) + " is out of range: the context has " +
+                                     std::to_string(n) + " device(s)");
+    }
+    return moe::Status::ok();
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -90,35 +148,56 @@ MOE_API moe_status moe_context_tensor_location(const moe_context* ctx, const cha
 
 MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats* out_stats) {
     MOE_API_BEGIN
+    MOE_RETURN_API(check_stats_args(ctx, out_stats));
+    const Placement whole{ctx->weights_host_bytes, ctx->weights_device_bytes, ctx->weights_host_locked_bytes};
+    // Summed over the devices; the thresholds are device 0's.
+    moe::write_sized(to_c_stats(*ctx, moe::context_stats(*ctx), whole, *ctx->sched), out_stats);
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+MOE_API moe_status moe_context_get_n_devices(const moe_context* ctx, int32_t* out_n_devices) {
+    MOE_API_BEGIN
     MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
-    MOE_CHECK_ARG(out_stats != nullptr, "out_stats is NULL");
-    MOE_CHECK_ARG(out_stats->struct_size >= offsetof(moe_sched_stats, n_ubatches) + sizeof(uint64_t),
-                  "out_stats->struct_size is too small (set it to sizeof(moe_sched_stats))");
-    const moe::sched::Stats s = moe::context_stats(*ctx);  // summed over the devices
-    moe_sched_stats c;
-    std::memset(&c, 0, sizeof c);
-    c.struct_size = sizeof c;
-    // sched::Stats declares the counters from the same list (sched/stats.h).
-#define MOE_COPY_COUNTER(type, name, dims)                                 \
-    static_assert(std::is_same_v<decltype(c.name), decltype(s.name)>); \
-    std::memcpy(&c.name, &s.name, sizeof c.name);
-    MOE_SCHED_STATS_COUNTERS(MOE_COPY_COUNTER)
-#undef MOE_COPY_COUNTER
-    c.weights_host_bytes = ctx->weights_host_bytes;
-    c.weights_device_bytes = ctx->weights_device_bytes;
-    c.weights_host_pinned_bytes = ctx->weights_host_locked_bytes;
-    c.n_layer = ctx->model->hparams.n_layer;
-    c.n_expert = ctx->model->hparams.n_expert;
-    const moe::sched::OffloadCalibration& cal = ctx->sched->offload_calibration();
-    c.offload_link_gbps = cal.link_gbps;
-    for (int i = 0; i < moe::sched::kOffloadOps; ++i) {
-        const moe::sched::OffloadThreshold t = ctx->sched->offload_threshold(static_cast<moe::sched::OffloadOp>(i));
-        c.offload_min_batch[i] = t.min_batch;
-        c.offload_min_batch_source[i] = static_cast<int32_t>(t.source);
-        c.offload_host_gbps[i] = cal.host_gbps[i];
-        c.offload_device_gbps[i] = cal.device_gbps[i];
+    MOE_CHECK_ARG(out_n_devices != nullptr, "out_n_devices is NULL");
+    *out_n_devices = static_cast<int32_t>(moe::n_devices(*ctx));
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+MOE_API moe_status moe_context_get_device_info(const moe_context* ctx, int32_t device_index,
+                                               moe_device_info* out_info) {
+    MOE_API_BEGIN
+    MOE_CHECK_ARG(ctx != nullptr, "ctx is NULL");
+    MOE_CHECK_ARG(out_info != nullptr, "out_info is NULL");
+    MOE_CHECK_ARG(out_info->struct_size >= offsetof(moe_device_info, kind) + sizeof(int32_t),
+                  "out_info->struct_size is too small (set it to sizeof(moe_device_info))");
+    MOE_RETURN_API(check_device_index(*ctx, device_index));
+    const auto d = static_cast<size_t>(device_index);
+    moe_device_info info;
+    std::memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    info.kind = ctx->params.device;
+    info.ordinal = ctx->parts.empty() ? (ctx->device ? ctx->device_ordinal : 0) : ctx->parts[d].ordinal;
+    info.n_layers = ctx->parts.empty() ? ctx->model->hparams.n_layer : ctx->parts[d].n_layers;
+    moe::write_sized(info, out_info);
+    return MOE_STATUS_OK;
+    MOE_API_END
+}
+
+MOE_API moe_status moe_context_get_device_stats(const moe_context* ctx, int32_t device_index,
+                                                moe_sched_stats* out_stats) {
+    MOE_API_BEGIN
+    MOE_RETURN_API(check_stats_args(ctx, out_stats));
+    MOE_RETURN_API(check_device_index(*ctx, device_index));
+    const auto d = static_cast<size_t>(device_index);
+    Placement placement{ctx->weights_host_bytes, ctx->weights_device_bytes, ctx->weights_host_locked_bytes};
+    if (!ctx->parts.empty()) {
+        const moe::DevicePart& part = ctx->parts[d];
+        placement = {part.weights_host_bytes, part.weights_device_bytes, part.weights_host_locked_bytes};
     }
-    moe::write_sized(c, out_stats);
+    const moe::sched::Scheduler& s = moe::scheduler_of(*ctx, d);
+    moe::write_sized(to_c_stats(*ctx, s.stats(), placement, s), out_stats);
     return MOE_STATUS_OK;
     MOE_API_END
 }

@@ -518,4 +518,6 @@ sched::Scheduler& scheduler_of(const moe_context& ctx, size_t index) {
     return index == 0 ? *ctx.sched : *ctx.parts[index].sched;
 }
 
+size_t n_devices(const moe_context& ctx) { return std::max<size_t>(ctx.parts.size(), 1); }
+
 }  // namespace moe

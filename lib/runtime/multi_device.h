@@ -50,7 +50,9 @@ sched::Stats context_stats(const moe_context& ctx);
 std::optional<sched::WeightCopies> weight_copies(const moe_context& ctx, const Tensor* weight);
 // The context's schedulers: device 0's, then the other devices' (one for one device).
 std::vector<sched::Scheduler*> schedulers(const moe_context& ctx);
-// The scheduler of device `index` of the list. REQUIRES: index < the number of devices (1 for one).
+// The scheduler of device `index` of the list. REQUIRES: index < n_devices(ctx).
 sched::Scheduler& scheduler_of(const moe_context& ctx, size_t index);
+// The devices of the context: its list's; 1 for one device and for CPU contexts.
+size_t n_devices(const moe_context& ctx);
 
 }  // namespace moe

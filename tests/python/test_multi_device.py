@@ -101,3 +101,61 @@ def test_bench_flags(tmp_path):
     bad = subprocess.run(base + ["--device", "emulated", "-dev", "0,1", "--vram-budget", "1GiB,1GiB,1GiB"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "vram_budgets" in bad.stderr
+
+
+def test_device_stats_sum_to_the_context_stats(model, rng):
+    # Experts in host RAM, offloaded from 4 tokens: each device uploads its own layers' experts; the
+    # residual stream crosses once, through host memory (out of device 0, into device 1).
+    policy = moeinfer.Policy(expert_split=0, offload="all=4")
+    ctx = moeinfer.Context(model, n_ctx=128, n_ubatch=8, device="emulated", devices=[1, 0], tensor_split=[1, 1],
+                           tensor_overrides="exps=CPU", policy=policy)
+    assert [(d["kind"], d["ordinal"]) for d in ctx.devices] == [("emulated", 1), ("emulated", 0)]
+    assert sum(d["n_layers"] for d in ctx.devices) == model.info.n_layer
+    tokens = rng.integers(0, model.info.n_vocab, size=13, dtype=np.int32)
+    ctx.decode(tokens)
+    whole = ctx.stats()
+    per = [ctx.device_stats(i) for i in range(len(ctx.devices))]
+    for key, value in whole.items():
+        if key in ("n_layer", "n_expert") or key.startswith("offload_"):
+            continue
+        if key == "n_ubatches":
+            assert value == max(p[key] for p in per)
+        elif isinstance(value, dict):
+            assert value == {op: sum(p[key][op] for p in per) for op in value}, key
+        else:
+            assert value == sum(p[key] for p in per), key  # the seconds in device order, as the library sums
+    for p in per:
+        assert p["bytes_between_devices"] == 4 * model.info.n_embd * len(tokens)
+        assert p["bytes_weights_full"] + p["bytes_weights_experts"] > 0
+    ctx.reset_stats()
+    assert all(ctx.device_stats(i)["n_ubatches"] == 0 for i in range(2))
+    with pytest.raises(ValueError, match="device_index 2 is out of range: the context has 2 device"):
+        ctx.device_stats(2)
+    one = context(model, "emulated")
+    assert len(one.devices) == 1 and one.devices[0]["n_layers"] == model.info.n_layer
+    assert one.device_stats(0) == one.stats()
+
+
+@pytest.mark.skipif(_bench() is None, reason="moeinfer-bench not built (set MOEINFER_TOOLS_DIR)")
+def test_bench_device_stats(tmp_path):
+    base = [str(_bench()), "--synthetic", "qwen3moe:preset=tiny:layers=4", "--synthetic-dir", str(tmp_path),
+            "-p", "8", "-n", "2", "-r", "1", "--expert-split", "off", "--device", "emulated:2", "-ts", "3/1",
+            "-ot", "exps=CPU", "--offload-policy", "all=4", "--expert-cache", "off"]
+    out = subprocess.run(base + ["-o", "json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    import json
+    rows = json.loads(out.stdout)
+    for r in rows:
+        assert [r["dev0_n_layers"], r["dev1_n_layers"]] == [3, 1]
+        assert [r["dev0_ordinal"], r["dev1_ordinal"]] == [0, 1]
+        for key in ("weights_host_bytes", "weights_device_bytes"):
+            assert r[f"dev0_{key}"] + r[f"dev1_{key}"] == r[key]
+        for key in ("bytes_between_devices", "bytes_weights_full", "bytes_weights_experts", "n_ops_device"):
+            assert r[f"sched_dev0_{key}"] + r[f"sched_dev1_{key}"] == r[f"sched_{key}"], key
+        assert r["sched_dev0_bytes_between_devices"] == r["sched_dev1_bytes_between_devices"] > 0
+    pp = next(r for r in rows if r["n_prompt"] > 0)
+    assert pp["sched_dev0_bytes_weights_full"] + pp["sched_dev0_bytes_weights_experts"] > 0  # its 3 layers' experts
+    text = subprocess.run(base, capture_output=True, text=True, timeout=300)
+    assert text.returncode == 0, text.stderr
+    assert "CUDA0 (device 0): 3 layers" in text.stdout and "CUDA1 (device 1): 1 layers" in text.stdout
+    assert text.stdout.count("CUDA1: per ubatch") == 2  # one line per test

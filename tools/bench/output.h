@@ -52,6 +52,15 @@ struct RunInfo {
     int32_t expert_split = MOE_EXPERT_SPLIT_AUTO;
     uint64_t weights_host_bytes = 0;    // placement (moe_sched_stats)
     uint64_t weights_device_bytes = 0;
+    // The context's devices (moe_context_get_device_info, with each one's placement figures); with more
+    // than one, the records carry their figures and statistics device by device ("dev<i>_...").
+    struct Device {
+        int32_t ordinal = 0;
+        int32_t n_layers = 0;
+        uint64_t weights_host_bytes = 0;
+        uint64_t weights_device_bytes = 0;
+    };
+    std::vector<Device> devices;
 };
 
 // moe_sched_stats of one measured phase, summed over its timed runs (the placement figures are in RunInfo).
@@ -60,6 +69,8 @@ struct SchedStats {
 #define MOE_BENCH_DECLARE(type, name, dims) type name dims{};
     MOE_SCHED_STATS_COUNTERS(MOE_BENCH_DECLARE)
 #undef MOE_BENCH_DECLARE
+    // A context over several devices: each device's (moe_context_get_device_stats), in its list's order.
+    std::vector<SchedStats> devices;
 
     void add(const moe_sched_stats& s) {
         ++n_runs;
@@ -68,6 +79,13 @@ struct SchedStats {
     void add(const SchedStats& o) {
         n_runs += o.n_runs;
         accumulate(o);
+        if (devices.size() < o.devices.size()) devices.resize(o.devices.size());
+        for (size_t d = 0; d < o.devices.size(); ++d) devices[d].add(o.devices[d]);
+    }
+    // Device d's statistics of one run, added.
+    void add_device(size_t d, const moe_sched_stats& s) {
+        if (devices.size() <= d) devices.resize(d + 1);
+        devices[d].add(s);
     }
 
     // Weight bytes sent to the device: whole tensors plus ACTIVE_ONLY expert slices.
@@ -249,6 +267,19 @@ inline std::vector<Field> run_fields(const RunInfo& i) {
             {"weights_device_bytes", std::to_string(i.weights_device_bytes), false}};
 }
 
+// Several devices: each one's ordinal, layers and placement ("dev1_ordinal", ...); none for one device.
+inline void append_device_fields(std::vector<Field>& f, const RunInfo& i) {
+    if (i.devices.size() < 2) return;
+    for (size_t d = 0; d < i.devices.size(); ++d) {
+        const std::string p = "dev" + std::to_string(d) + "_";
+        const RunInfo::Device& dev = i.devices[d];
+        f.push_back({p + "ordinal", std::to_string(dev.ordinal), false});
+        f.push_back({p + "n_layers", std::to_string(dev.n_layers), false});
+        f.push_back({p + "weights_host_bytes", std::to_string(dev.weights_host_bytes), false});
+        f.push_back({p + "weights_device_bytes", std::to_string(dev.weights_device_bytes), false});
+    }
+}
+
 // A phase's scheduler statistics as fields named prefix + the moe_sched_stats field ("sched_n_splits",
 // "sched_n_offloaded_mul_mat_id", ...), plus derived "bytes_uploaded", "bytes_uploaded_per_ubatch"
 // and "upload_gbps" (bytes uploaded / seconds_total, in 1e9 bytes per second).
@@ -278,9 +309,20 @@ inline void append_stats_fields(std::vector<Field>& f, const std::string& prefix
     u("n_cache_hits", s.n_cache_hits);
     u("n_cache_misses", s.n_cache_misses);
     u("bytes_cache_saved", s.bytes_cache_saved);
+    u("bytes_between_devices", s.bytes_between_devices);
     u("bytes_uploaded", s.bytes_uploaded());
     d("bytes_uploaded_per_ubatch", s.per_ubatch(static_cast<double>(s.bytes_uploaded())));
     d("upload_gbps", s.upload_gbps());
+}
+
+// Several devices: a phase's statistics device by device, as append_stats_fields with prefix + "dev<i>_"
+// (zeros for a device without any: the CSV header comes from an empty row).
+inline void append_device_stats_fields(std::vector<Field>& f, const std::string& prefix, const RunInfo& i,
+                                       const SchedStats& s) {
+    if (i.devices.size() < 2) return;
+    for (size_t d = 0; d < i.devices.size(); ++d) {
+        append_stats_fields(f, prefix + "dev" + std::to_string(d) + "_", d < s.devices.size() ? s.devices[d] : SchedStats{});
+    }
 }
 
 inline std::vector<Field> sweep_fields(const RunInfo& info, const SweepRow& r) {
@@ -293,8 +335,11 @@ inline std::vector<Field> sweep_fields(const RunInfo& info, const SweepRow& r) {
     f.push_back({"t_tg_s", number(r.t_tg), false});
     f.push_back({"speed_tg_tps", number(rate(r.tg, r.t_tg)), false});
     for (Field& x : run_fields(info)) f.push_back(std::move(x));
+    append_device_fields(f, info);
     append_stats_fields(f, "sched_pp_", r.pp_stats);
     append_stats_fields(f, "sched_tg_", r.tg_stats);
+    append_device_stats_fields(f, "sched_pp_", info, r.pp_stats);
+    append_device_stats_fields(f, "sched_tg_", info, r.tg_stats);
     return f;
 }
 
@@ -312,7 +357,9 @@ inline std::vector<Field> bench_fields(const RunInfo& info, const BenchRow& r) {
     f.push_back({"avg_ts", number(ts.mean), false});
     f.push_back({"stdev_ts", number(ts.sd), false});
     for (Field& x : run_fields(info)) f.push_back(std::move(x));
+    append_device_fields(f, info);
     append_stats_fields(f, "sched_", r.stats);
+    append_device_stats_fields(f, "sched_", info, r.stats);
     return f;
 }
 
@@ -359,6 +406,14 @@ inline void print_sched_summary(FILE* out, const RunInfo& i,
                  human_bytes(static_cast<double>(i.weights_device_bytes)).c_str(), i.offload_policy.c_str(),
                  i.expert_copy.c_str(), i.bias_dup ? "on" : "off", split.c_str());
     if (!i.offload_thresholds.empty()) std::fprintf(out, "offload thresholds: %s\n", i.offload_thresholds.c_str());
+    if (i.devices.size() > 1) {
+        for (size_t d = 0; d < i.devices.size(); ++d) {
+            const RunInfo::Device& dev = i.devices[d];
+            std::fprintf(out, "  CUDA%zu (device %d): %d layers, weights %s in host RAM, %s in device memory\n", d,
+                         dev.ordinal, dev.n_layers, human_bytes(static_cast<double>(dev.weights_host_bytes)).c_str(),
+                         human_bytes(static_cast<double>(dev.weights_device_bytes)).c_str());
+        }
+    }
     for (const auto& [name, st] : phases) {
         const auto per = [&st](double total) { return st.per_ubatch(total); };
         std::fprintf(out, "%s: %llu ubatches in %llu runs; per ubatch: %s uploaded (%s whole + %s experts, %s "
@@ -389,6 +444,19 @@ inline void print_sched_summary(FILE* out, const RunInfo& i,
                      fmt("%.3f", 1e3 * per(st.seconds_host_compute)).c_str(),
                      fmt("%.3f", 1e3 * per(st.seconds_wait)).c_str(),
                      fmt("%.3f", 1e3 * per(st.seconds_device_submit)).c_str(), fmt("%.2f", st.upload_gbps()).c_str());
+        // Several devices: each one's share, per ubatch of the context (moe_context_get_device_stats).
+        for (size_t d = 0; d < st.devices.size() && i.devices.size() > 1; ++d) {
+            const SchedStats& ds = st.devices[d];
+            std::fprintf(out, "  CUDA%zu: per ubatch %s uploaded, %s between devices, %s ops on the device / %s on the "
+                              "host, %s ms (host compute %s ms, waiting %s ms); upload %s GB/s\n",
+                         d, human_bytes(per(static_cast<double>(ds.bytes_uploaded()))).c_str(),
+                         human_bytes(per(static_cast<double>(ds.bytes_between_devices))).c_str(),
+                         mean(per(static_cast<double>(ds.n_ops_device))).c_str(),
+                         mean(per(static_cast<double>(ds.n_ops_host))).c_str(),
+                         fmt("%.3f", 1e3 * per(ds.seconds_total)).c_str(),
+                         fmt("%.3f", 1e3 * per(ds.seconds_host_compute)).c_str(),
+                         fmt("%.3f", 1e3 * per(ds.seconds_wait)).c_str(), fmt("%.2f", ds.upload_gbps()).c_str());
+        }
     }
     std::fprintf(out, "(upload GB/s = weight bytes uploaded / ubatch wall time; pinned PCIe 5.0 x16 tops out near 55 "
                       "GB/s)\n");

@@ -267,6 +267,16 @@ private:
         s.struct_size = sizeof s;
         if (moe_context_get_stats(ctx_, &s) != MOE_STATUS_OK) return library_error("moe_context_get_stats");
         out.add(s);
+        int32_t n_devices = 0;
+        if (moe_context_get_n_devices(ctx_, &n_devices) != MOE_STATUS_OK) return library_error("moe_context_get_n_devices");
+        for (int32_t d = 0; d < n_devices && n_devices > 1; ++d) {
+            moe_sched_stats ds{};
+            ds.struct_size = sizeof ds;
+            if (moe_context_get_device_stats(ctx_, d, &ds) != MOE_STATUS_OK) {
+                return library_error("moe_context_get_device_stats");
+            }
+            out.add_device(static_cast<size_t>(d), ds);
+        }
         if (!cfg_.expert_counts && cfg_.plot_path.empty() && cfg_.expert_profile.empty()) return std::nullopt;
         int64_t n = 0;
         if (moe_context_get_expert_counts(ctx_, nullptr, 0, &n) != MOE_STATUS_OK) {

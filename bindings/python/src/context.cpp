@@ -345,8 +345,7 @@ py::object stats_value(T value) {
     return py::cast(value);
 }
 
-py::dict stats(PyContext& self) {
-    const moe_sched_stats s = locked(self, [](moeinfer::Context& c) { return c.stats(); });
+py::dict stats_dict(const moe_sched_stats& s) {
     py::dict d;
 #define MOE_STATS_ITEM(type, name, dims) d[#name] = stats_value(s.name);
     MOE_SCHED_STATS_COUNTERS(MOE_STATS_ITEM)
@@ -360,6 +359,40 @@ py::dict stats(PyContext& self) {
     }
     d["offload_min_batch_source"] = sources;
     return d;
+}
+
+py::dict stats(PyContext& self) {
+    return stats_dict(locked(self, [](moeinfer::Context& c) { return c.stats(); }));
+}
+
+py::dict device_stats(PyContext& self, int32_t index) {
+    return stats_dict(locked(self, [index](moeinfer::Context& c) { return c.device_stats(index); }));
+}
+
+const char* device_kind_name(int32_t kind) {
+    switch (kind) {
+        case MOE_DEVICE_CPU: return "cpu";
+        case MOE_DEVICE_CUDA: return "cuda";
+        case MOE_DEVICE_EMULATED: return "emulated";
+        default: return "?";
+    }
+}
+
+py::list devices(PyContext& self) {
+    const std::vector<moe_device_info> infos = locked(self, [](moeinfer::Context& c) {
+        std::vector<moe_device_info> out;
+        for (int32_t i = 0; i < c.n_devices(); ++i) out.push_back(c.device_info(i));
+        return out;
+    });
+    py::list out;
+    for (const moe_device_info& d : infos) {
+        py::dict e;
+        e["kind"] = device_kind_name(d.kind);
+        e["ordinal"] = d.ordinal;
+        e["n_layers"] = d.n_layers;
+        out.append(e);
+    }
+    return out;
 }
 
 py::array_t<uint64_t> expert_counts(PyContext& self) {
@@ -536,6 +569,19 @@ weights_host_pinned_bytes (of the host-resident weights of a device context, the
 in place for fast uploads; the rest are pageable), n_layer and n_expert; n_cache_hits, n_cache_misses
 and bytes_cache_saved (the expert cache, Policy.expert_cache: experts an offloaded op found already on
 the device, those it uploaded, and the bytes the hits saved; counted while the cache is on).)")
+        .def("device_stats", &device_stats, "index"_a,
+             R"(The statistics of device `index` of the context (an index into devices) alone, as a dict with
+the keys of stats(): the counters of that device's scheduler (its layers' ops, the uploads to it,
+the bytes_between_devices it sent through host memory or received), the placement figures of its
+layers' weights and the offload thresholds in effect on it. Over devices, every counter and placement
+figure sums to stats()' except n_ubatches (there the most any device ran); one device: index 0 gives
+stats(). ValueError for an index out of range.)")
+        .def_property_readonly("devices", &devices,
+             R"(The devices the context computes on, in the order of its device list (the first holds the
+token embeddings and is CUDA0 of tensor_overrides): a list of dicts with "kind" ("cpu", "cuda" or
+"emulated"), "ordinal" (the backend's device number) and "n_layers" (model layers it holds). One
+entry for a context over one device and for a CPU context. Without a devices argument, the devices
+the default chose.)")
         .def("expert_cache_layers", &expert_cache_layers,
              "The expert cache's counts per layer since creation or reset_stats(): a dict of new uint64 "
              "arrays [n_layer] 'hits', 'misses' and 'bytes_saved' (stats()' n_cache_hits, n_cache_misses "
