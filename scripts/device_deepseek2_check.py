@@ -84,7 +84,7 @@ def check_seed(seed, tmp, totals):
     model = moeinfer.Model(path)
     rng = np.random.default_rng(seed)
     batches = [rng.integers(0, model.info.n_vocab, size=n, dtype=np.int32) for n in SIZES]
-    flips = router_flips.deepseek2_forward(path)
+    flips = router_flips.reference_forward(path)
     tokens = np.concatenate(batches)
     excused, margins = router_flips.excused_rows(flips, tokens)
     ref, _ = flips(tokens, None)

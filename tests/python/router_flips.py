@@ -3,11 +3,13 @@
 Two implementations of a MoE model select the same experts for a token only where the router's decision is
 wider than their arithmetic noise. On the tiny random models of the tests the decisions are often close: on
 deepseek2 "tiny" (sigmoid choices around 0.5 plus the selection bias, a group limit and a top-k decision in each
-of 2 MoE layers) 15% of the tokens have a float64 router margin below 1e-2 (reference/deepseek2.py router_gaps),
+of 2 MoE layers) 15% of the tokens have a float64 router margin below 1e-2 (reference/routing.py router_gaps),
 and the CPU's Q8_0 path against the float64 reference puts 1.4% of the rows of a 20 + 6 + 1 + 1 token sequence
 outside the GPU tests' per-row bound (cosine 0.999, 3e-2 of max |logit|), every one at a margin below 1e-2 or
-after such a token (300 models, 2026-11-27). A tolerance on the fraction of rows (test_forward_cuda._compare's
-10%) cannot cover that: 10% of a batch of 6 or of one token is no row at all.
+after such a token (300 models, 2026-11-27); on glm4moe "tiny" with 64-wide heads (the same sigmoid choices
+and bias, a top-k decision in each of 2 MoE layers, no group limit) 20% of the tokens, and 1.0% of the rows
+(300 models), every one at a margin below 1e-2 (900 models, 2026-11-27). A tolerance on the fraction of rows
+(test_forward_cuda._compare's 10%) cannot cover that: 10% of a batch of 6 or of one token is no row at all.
 
 So a row is excused only when the float64 reference says a flip can move it: for each decision (MoE layer,
 token, and the top-k or the group limit) whose margin is below NEAR_TIE, the reference runs again with that
@@ -17,12 +19,13 @@ and the rows that moves by more than half the per-row bound
 state. A near-tie that moves no row by that much excuses nothing, and every other row must meet the full bound.
 
 NEAR_TIE is the bound of the CPU's Q8 path against the reference (test_forward_reference.QUANTISED's min_margin,
-which test_forward_deepseek2 holds the CPU to): the GPU's router inputs come from Q8 activations (GEMV, up to 8
-tokens) or BF16 tensor cores (8 mantissa bits against Q8's 1/127 of a block's maximum), no noisier than the
-CPU's, so above it both sides select what the reference does. Half the bound for a flip's shift leaves the other
-half for the arithmetic noise of the rows it does not excuse (the CPU against the reference on 600 models:
-1e-2 relative at the 99th percentile, 1.8e-2 at most; 4e-5 off the cosine at the 99th percentile, 1.7e-4 at
-most; 16% of the rows excused on average, 46% at most).
+which test_forward_deepseek2 and test_forward_glm4moe hold the CPU to): the GPU's router inputs come from Q8
+activations (GEMV, up to 8 tokens) or BF16 tensor cores (8 mantissa bits against Q8's 1/127 of a block's
+maximum), no noisier than the CPU's, so above it both sides select what the reference does. Half the bound for a
+flip's shift leaves the other half for the arithmetic noise of the rows it does not excuse (the CPU against the
+reference on 600 models: deepseek2 1e-2 relative at the 99th percentile, 1.8e-2 at most; 4e-5 off the cosine at
+the 99th percentile, 1.7e-4 at most; 16% of the rows excused on average, 46% at most; glm4moe 8.4e-3 and 1.7e-2
+relative, 2.8e-5 and 1.3e-4 off the cosine, 20% of the rows excused on average, 57% at most).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Callable
 
 import numpy as np
 
-from reference import deepseek2, load as load_reference
+from reference import forward_for, load as load_reference
 from test_forward_reference import F16KVCache
 
 NEAR_TIE = 1e-2       # relative router margin (router_gaps) under which either side may select the runner-up
@@ -40,22 +43,29 @@ ROW_COS = 0.999       # and its cosine
 SHIFT_REL = ROW_REL / 2
 SHIFT_COS = (1.0 - ROW_COS) / 2
 
-# forward(tokens, flip) -> (logits [n, n_vocab], {decision: margins [n_moe_layers, n]}) with the decisions "topk"
-# and "group"; flip = (MoE layer index, token, decision)
+# forward(tokens, flip) -> (logits [n, n_vocab], {decision: margins [n_moe_layers, n]}) with the decisions the
+# architecture's router makes: "topk" and, deepseek2's, "group"; flip = (MoE layer index, token, decision)
 Forward = Callable[[np.ndarray, "tuple[int, int, str] | None"], "tuple[np.ndarray, dict[str, np.ndarray]]"]
 
+# The references whose forward takes a `flip` and traces each decision's margins ("<decision>_margin").
+DECISIONS = {"deepseek2": ("topk", "group"), "glm4moe": ("topk",)}
 
-def deepseek2_forward(path) -> Forward:
-    """The float64 deepseek2 reference of the file at `path` (F16 KV cache, as the contexts'), one pass over the
-    whole sequence: causal attention gives each row what the contexts' ubatches through their cache give."""
+
+def reference_forward(path) -> Forward:
+    """The float64 reference of the deepseek2 or glm4moe file at `path` (F16 KV cache, as the contexts'), one pass
+    over the whole sequence: causal attention gives each row what the contexts' ubatches through their cache
+    give."""
     ref = load_reference(str(path))
-    n_dense = deepseek2.mla_params(ref).n_dense
+    arch = ref.hparams.arch
+    if arch not in DECISIONS:
+        raise ValueError(f"router_flips has no reference with router flips for '{arch}' (known: {sorted(DECISIONS)})")
+    run, n_dense = forward_for(ref), int(ref.metadata.get(f"{arch}.leading_dense_block_count", 0))
 
     def forward(tokens, flip=None):
         trace: dict = {}
         layer_flip = None if flip is None else (n_dense + flip[0], *flip[1:])
-        logits = deepseek2.forward(ref, tokens, cache=F16KVCache(ref.hparams.n_layer), trace=trace, flip=layer_flip)
-        return logits, {d: np.stack(trace[f"{d}_margin"]) for d in ("topk", "group")}
+        logits = run(ref, tokens, cache=F16KVCache(ref.hparams.n_layer), trace=trace, flip=layer_flip)
+        return logits, {d: np.stack(trace[f"{d}_margin"]) for d in DECISIONS[arch]}
 
     return forward
 
@@ -77,4 +87,4 @@ def excused_rows(forward: Forward, tokens: np.ndarray) -> tuple[np.ndarray, np.n
             flipped, _ = forward(tokens, (int(layer), int(token), decision))
             rel, cos = row_shift(flipped, base)
             excused |= (rel > SHIFT_REL) | (cos < 1.0 - SHIFT_COS)
-    return excused, np.minimum(margins["topk"], margins["group"]).min(axis=0)
+    return excused, np.concatenate(list(margins.values())).min(axis=0)

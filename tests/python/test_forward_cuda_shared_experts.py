@@ -9,10 +9,10 @@ Both are MoE architectures with a leading dense layer and shared experts next to
   ROPE, ATTENTION over the latent cache) and GROUP_MASK run on the GPU.
 The sigmoid routers run as one fused launch on the GPU (ops_sigmoid_router.cu) where the batch allows.
 Bounds and the reasons for them are test_forward_cuda.py's (_compare: cosine > 0.999 and max |gpu - cpu| <=
-3e-2 * max |cpu| per token on 90% of the rows, argmax on 90%); for deepseek2 on every row but those a router
-near-tie can move, which the float64 reference names (router_flips.py: 15% of the tiny V3 router's tokens have
-a margin below 1e-2, and 10% of a batch of 6 or of one token excused no row: the hybrid failures of
-2026-11-27).
+3e-2 * max |cpu| per token) on every row but those a router near-tie can move, which the float64 reference
+names (router_flips.py: 15% of the tiny V3 router's tokens have a margin below 1e-2, 20% of the tiny
+glm4moe's; 10% of a batch of 6 or of one token excused no row: the deepseek2 hybrid failures of 2026-11-27, and
+glm4moe q8_0's with split 2 and active copies on the H200 that day, at a near-tie).
 
 Skipped with "skipped: no CUDA device" where the build has no CUDA or the machine no GPU.
 """
@@ -48,9 +48,8 @@ def model(model_file):
 
 @pytest.fixture(scope="module")
 def flips(model_file):
-    """The model's router_flips.Forward (deepseek2), or None (glm4moe: _compare's 10% of the rows)."""
-    arch, path = model_file
-    return router_flips.deepseek2_forward(path) if arch == "deepseek2" else None
+    """The model's router_flips.Forward: the rows a router near-tie can move are excused, every other is checked."""
+    return router_flips.reference_forward(model_file[1])
 
 
 def on_device_always(model) -> list[str]:
