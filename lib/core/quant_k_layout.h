@@ -27,6 +27,20 @@ MOE_HD static inline void scale_min_k4(const uint8_t* s, int j, int& sc, int& m)
     }
 }
 
+// scale_min_k4 on the 12 scale bytes given as three little-endian words s0, s1, s2 (bytes 0-3, 4-7, 8-11).
+MOE_HD static inline void scale_min_k4_words(uint32_t s0, uint32_t s1, uint32_t s2, int j, int& sc, int& m) {
+    const int sh = 8 * (j & 3);
+    const int b0 = static_cast<int>((s0 >> sh) & 0xFFu), b1 = static_cast<int>((s1 >> sh) & 0xFFu);
+    if (j < 4) {
+        sc = b0 & 63;
+        m = b1 & 63;
+    } else {
+        const int b2 = static_cast<int>((s2 >> sh) & 0xFFu);
+        sc = (b2 & 0x0F) | (b0 >> 6) << 4;
+        m = (b2 >> 4) | (b1 >> 6) << 4;
+    }
+}
+
 // Q3_K: 16 six-bit scales (stored as l + 32) in 12 bytes. Scale i: low nibble from byte i % 8 (the low
 // half for i < 8, the high half after), top 2 bits from byte 8 + i % 4 at bit 2 * (i / 4).
 MOE_HD static inline int q3_k_scale(const uint8_t* s, int i) {

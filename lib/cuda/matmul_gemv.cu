@@ -929,9 +929,16 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_decode_v2_kernel(const Gemv
         qd::GroupQ wq[kNM];
 #pragma unroll
         for (int m = 0; m < kNM; ++m) {
-            const uint8_t* blk = reinterpret_cast<const uint8_t*>(stage[warp][m]) +
-                                 (reinterpret_cast<uintptr_t>(chunk_at(m, r, c)) & 15) + lane / kGroups * kBB;
-            wq[m] = qd::load_group<W>(blk, lane % kGroups);  // g % kGroups: chunks start at a block
+            const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(chunk_at(m, r, c)) & 15);  // warp-uniform
+            const uint8_t* blk = reinterpret_cast<const uint8_t*>(stage[warp][m]) + mis + lane / kGroups * kBB;
+            // g % kGroups: chunks start at a block. Blocks of whole words in a 4-byte aligned row (Q4_K rows
+            // of 2048 or 768 values, at any tensor offset a multiple of 4) load words, not 16-bit halves.
+            if constexpr (qd::word_blocks(W)) {
+                wq[m] = (mis & 3) == 0 ? qd::load_group<W, true>(blk, lane % kGroups)
+                                       : qd::load_group<W, false>(blk, lane % kGroups);
+            } else {
+                wq[m] = qd::load_group<W>(blk, lane % kGroups);
+            }
         }
         if constexpr (FUSED) {
 #pragma unroll

@@ -199,6 +199,64 @@ TEST_CASE("quant_decode_dot's integer sums are the layouts' element by element",
     }
 }
 
+namespace {
+
+// load_group's word-load path (A4) against its 2-byte path on the same 4-byte aligned block: every field
+// equal, bit for bit (the 2-byte path is checked against the layouts above).
+template <Type W>
+bool a4_matches(const uint8_t* blk, int g) {
+    if constexpr (!moe::qd::word_blocks(W)) {
+        return true;
+    } else {
+        const moe::qd::GroupQ a = moe::qd::load_group<W, true>(blk, g);
+        const moe::qd::GroupQ b = moe::qd::load_group<W, false>(blk, g);
+        bool same = std::memcmp(a.w, b.w, sizeof a.w) == 0 && std::memcmp(a.sc, b.sc, sizeof a.sc) == 0 &&
+                    std::memcmp(a.mn, b.mn, sizeof a.mn) == 0;
+        same = same && std::memcmp(&a.dw, &b.dw, 4) == 0 && std::memcmp(&a.mw, &b.mw, 4) == 0;
+        return same;
+    }
+}
+
+bool a4_matches(Type t, const uint8_t* blk, int g) {
+    switch (t) {
+        case Type::Q4_1: return a4_matches<Type::Q4_1>(blk, g);
+        case Type::Q5_1: return a4_matches<Type::Q5_1>(blk, g);
+        case Type::Q2_K: return a4_matches<Type::Q2_K>(blk, g);
+        case Type::Q4_K: return a4_matches<Type::Q4_K>(blk, g);
+        case Type::Q5_K: return a4_matches<Type::Q5_K>(blk, g);
+        case Type::IQ4_XS: return a4_matches<Type::IQ4_XS>(blk, g);
+        default: return true;  // blocks of 18, 22, 110, 210 bytes: never word-aligned in a row
+    }
+}
+
+}  // namespace
+
+TEST_CASE("quant_decode_dot's word-load path equals its 2-byte path on aligned blocks", "[types][quant_decode]") {
+    const uint32_t seed = std::random_device{}();
+    INFO("seed " << seed);
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> byte(0, 255);
+    int tested_types = 0;
+    for (Type t : kDecoded) {
+        INFO(moe::type_name(t));
+        if (!moe::qd::word_blocks(t)) continue;
+        ++tested_types;
+        constexpr int kBlocks = 300;
+        const int bb = moe::qd::block_bytes(t);
+        std::vector<uint32_t> words(static_cast<size_t>(kBlocks * bb / 4));  // 4-byte aligned storage
+        auto* bytes = reinterpret_cast<uint8_t*>(words.data());
+        for (int i = 0; i < kBlocks * bb; ++i) bytes[i] = static_cast<uint8_t>(byte(rng));
+        int bad = 0;
+        for (int i = 0; i < kBlocks; ++i) {
+            for (int g = 0; g < moe::qd::block_elems(t) / 32; ++g) {
+                if (!a4_matches(t, bytes + i * bb, g) && bad++ < 4) UNSCOPED_INFO("block " << i << " group " << g);
+            }
+        }
+        CHECK(bad == 0);
+    }
+    CHECK(tested_types == 6);  // Q4_1, Q5_1, Q2_K, Q4_K, Q5_K, IQ4_XS
+}
+
 TEST_CASE("quant_decode_dot's group values match float64 sums of the dequantised weights", "[types][quant_decode]") {
     const uint32_t seed = std::random_device{}();
     INFO("seed " << seed);

@@ -1,0 +1,117 @@
+// decode16 (quant_decode.h) for the super-block types that dominate the usual GGUF mixes (Q4_K, Q5_K, Q6_K,
+// IQ4_XS), reading the staged row as whole 32-bit words: the tensor-core GEMM (cuda/matmul_mma.cuh) stages a
+// unit of 256 elements from byte `off` (its address & 15, even) of a row of shared-memory words, and
+// decode16's byte loads, shifts and integer additions per element made its decode, not its MMAs, the
+// bound of the expert GEMM (about 8 instructions per element). Here 16 bytes are 5 word loads and 4
+// funnel shifts (words_at, at any even offset), and each element is one byte permute that builds the
+// float 2^23 + q, one exact subtraction, and decode16's own scale arithmetic (the same roundings, in the
+// same order): the same floats bit for bit (tests/core/test_quant_decode_words.cpp checks every group of
+// random blocks at every even offset against decode16).
+//
+// REQUIRES of every decoder: s holds the unit's bytes from byte off, and one readable word past the
+// word of the last byte read (words_at reads one more word than it returns).
+#pragma once
+
+#include <cstdint>
+
+#include "core/quant_decode.h"
+#include "core/quant_decode_dot.h"
+#include "core/quant_k_layout.h"
+
+namespace moe::qd {
+
+// (hi:lo) >> sh, the low word, sh in 0 .. 31 (the device's funnel shift).
+MOE_HD inline uint32_t funnel_r(uint32_t lo, uint32_t hi, uint32_t sh) {
+#if defined(__CUDA_ARCH__)
+    return __funnelshift_r(lo, hi, sh);
+#else
+    return sh == 0 ? lo : (lo >> sh) | (hi << (32 - sh));
+#endif
+}
+
+// The N little-endian words at byte off of s (off >= 0): words off / 4 .. off / 4 + N of s, shifted.
+template <int N>
+MOE_HD inline void words_at(const uint32_t* s, int off, uint32_t (&w)[N]) {
+    const uint32_t* p = s + (off >> 2);
+    const uint32_t sh = static_cast<uint32_t>(off & 3) * 8u;
+    uint32_t lo = p[0];
+    for (int i = 0; i < N; ++i) {
+        const uint32_t hi = p[i + 1];
+        w[i] = funnel_r(lo, hi, sh);
+        lo = hi;
+    }
+}
+
+MOE_HD inline uint32_t word_at(const uint32_t* s, int off) {
+    uint32_t w[1];
+    words_at<1>(s, off, w);
+    return w[0];
+}
+
+// Byte b of u as the float u_b - bias, exactly: the bits of 2^23 + u_b minus (2^23 + bias), where
+// magic = 2^23 + bias (bias an integer in 0 .. 2^22).
+MOE_HD inline float byte_minus(uint32_t u, int b, float magic) {
+    return bits_to_float(byte_perm(u, 0x4B000000u, 0x7540u | static_cast<uint32_t>(b))) - magic;
+}
+
+constexpr float kMagic0 = 8388608.0f;  // 2^23
+
+// The types decode16_words handles.
+MOE_HD constexpr bool decodes_words(Type t) {
+    return t == Type::Q4_K || t == Type::Q5_K || t == Type::Q6_K || t == Type::IQ4_XS;
+}
+
+// v[j] = element 32 g + 16 h + j of the super-block at byte off of s: decode16<W>'s values, bit for bit.
+template <Type W>
+MOE_HD inline void decode16_words(const uint32_t* s, int off, int g, int h, float (&v)[16]) {
+    static_assert(decodes_words(W), "Q4_K, Q5_K, Q6_K or IQ4_XS");
+    if constexpr (W == Type::Q4_K || W == Type::Q5_K) {
+        // d, dmin, scales[12], then (Q5_K) qh[32], then qs: as decode16, element 32 g + 16 h + j is nibble
+        // g % 2 of qs[32 (g / 2) + 16 h + j], its fifth bit (Q5_K) bit g of qh[16 h + j].
+        uint32_t head[4];
+        words_at<4>(s, off, head);
+        int sc, m;
+        kq::scale_min_k4_words(head[1], head[2], head[3], g, sc, m);
+        const float dl = mul_rn(fp16_to_float(head[0] & 0xFFFFu), small_to_float(sc));
+        const float ml = mul_rn(fp16_to_float(head[0] >> 16), small_to_float(m));
+        constexpr int kQs = W == Type::Q4_K ? 16 : 48;
+        uint32_t q[4];
+        words_at<4>(s, off + kQs + 32 * (g / 2) + 16 * h, q);
+        [[maybe_unused]] uint32_t qh[4];
+        if constexpr (W == Type::Q5_K) words_at<4>(s, off + 16 + 16 * h, qh);
+        for (int i = 0; i < 4; ++i) {
+            uint32_t n = (q[i] >> (4 * (g % 2))) & 0x0F0F0F0Fu;
+            if constexpr (W == Type::Q5_K) n |= ((qh[i] >> g) & 0x01010101u) << 4;
+            for (int b = 0; b < 4; ++b) v[4 * i + b] = mul_rn(dl, byte_minus(n, b, kMagic0)) - ml;
+        }
+    } else if constexpr (W == Type::Q6_K) {
+        // ql[128], qh[64], scales[16] (int8), d: element e = 32 g + 16 h + j as kq::q6_k_values16.
+        const int e0 = 32 * g + 16 * h;
+        uint32_t ql[4], qh[4];
+        words_at<4>(s, off + 64 * (e0 / 128) + e0 % 64, ql);
+        words_at<4>(s, off + 128 + 32 * (e0 / 128) + e0 % 32, qh);
+        const int sl = 4 * (e0 % 128 / 64);
+        const int sh = 2 * (e0 % 128 / 32);
+        const int scale = static_cast<int8_t>(word_at(s, off + 192 + 2 * g + h) & 0xFFu);
+        const float dl = fp16_to_float(word_at(s, off + 208) & 0xFFFFu) * small_to_float(scale);
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t c = ((ql[i] >> sl) & 0x0F0F0F0Fu) | ((qh[i] >> sh) & 0x03030303u) << 4;  // 6-bit values
+            for (int b = 0; b < 4; ++b) v[4 * i + b] = dl * byte_minus(c, b, kMagic0 + 32.0f);
+        }
+    } else {  // IQ4_XS: d, scales_h, scales_l[4], qs[128]; group g's nibbles h of qs[16 g + j]
+        uint32_t head[2];
+        words_at<2>(s, off, head);
+        const uint32_t scales_l = head[1] >> (8 * (g / 2));
+        const int ls = static_cast<int>(((scales_l >> (4 * (g % 2))) & 0x0Fu) | ((head[0] >> (16 + 2 * g)) & 3u) << 4);
+        const float d = fp16_to_float(head[0] & 0xFFFFu) * small_to_float(ls - 32);
+        uint32_t q[4];
+        words_at<4>(s, off + 8 + 16 * g, q);
+        for (int i = 0; i < 4; ++i) {
+            // The grid's int8 values, biased by 128 to bytes 1 .. 241.
+            const uint32_t vals = iq4nl_lut4((q[i] >> (4 * h)) & 0x0F0F0F0Fu) ^ 0x80808080u;
+            for (int b = 0; b < 4; ++b) v[4 * i + b] = d * byte_minus(vals, b, kMagic0 + 128.0f);
+        }
+    }
+}
+
+}  // namespace moe::qd
