@@ -268,9 +268,10 @@ typedef struct moe_context moe_context;
 /* Where a context computes. */
 typedef enum moe_device {
     MOE_DEVICE_CPU = 0,      /* everything on the CPU */
-    MOE_DEVICE_CUDA = 1,     /* CUDA device 0 plus the CPU: weights placed by the placement fields below
-                              * (default: all on the GPU if they fit, else experts spill to host RAM)
-                              * and ops scheduled per moe_sched_policy */
+    MOE_DEVICE_CUDA = 1,     /* the GPUs plus the CPU: weights placed by the placement fields below
+                              * (default: all on the GPU if they fit, else experts spill to host RAM;
+                              * with several GPUs, the devices field says which are used) and ops
+                              * scheduled per moe_sched_policy */
     MOE_DEVICE_EMULATED = 2, /* like MOE_DEVICE_CUDA, with a host-memory backend playing the device: its
                               * own buffers and explicit copies, computing with the CPU kernels. For
                               * testing placement and scheduling without a GPU; slower than CPU. */
@@ -437,16 +438,30 @@ typedef struct moe_context_params {
      * MOE_DEVICE_EMULATED contexts, ignored by CPU ones). Each model layer (its attention, dense and
      * expert weights and its KV cache) belongs to one device and its ops run there; the ops outside the
      * layers (embeddings, output head) run on the device of the layer next to them; activations cross
-     * between devices through host memory. Within a device, the placement fields above apply as for one
+     * between devices by peer copy where they reach each other, else through host memory. Within a device, the placement fields above apply as for one
      * device (experts spill to host RAM first under its budget; ops whose weights are in host RAM are
      * offloaded to the device of their layer). In tensor_overrides, CUDAn names device n of this list
      * (its layer goes with the tensor; "CUDA3" on a 2-device context is INVALID_ARGUMENT), GPU / CUDA /
      * DEVICE the device of the tensor's layer.
      * devices: the ordinals of the devices, n_devices entries, each at most once (the first is CUDA0 of
-     * the overrides). NULL with n_devices 0: one device, ordinal 0. The emulated backend plays up to 8
-     * devices, each with its own memory (MOEINFER_EMULATED_VRAM bytes). MOE_DEVICE_CUDA: any GPUs of the
-     * machine by CUDA ordinal (an ordinal it lacks is INVALID_ARGUMENT naming the entry); activations
-     * cross between GPUs through host memory (docs/MULTI_GPU.md). Borrowed during the call.
+     * the overrides). The emulated backend plays up to 8 devices, each with its own memory
+     * (MOEINFER_EMULATED_VRAM bytes). MOE_DEVICE_CUDA: any GPUs of the machine by CUDA ordinal (an
+     * ordinal it lacks is INVALID_ARGUMENT naming the entry). Borrowed during the call.
+     * NULL with n_devices 0: the devices the backend shows (every GPU; the emulated backend, as many as
+     * its backend option emulated_devices, default 1), indexed in ordinal order by tensor_split,
+     * main_gpu, vram_budgets and CUDAn. One shown: that one, as ever. Several, with split_mode
+     * MOE_SPLIT_LAYER and neither tensor_split nor an override naming a device (CUDAn): the default
+     * fills them one after the other, the device offering the most memory for weights first (its
+     * vram_budgets entry where given, else its free memory; the lower ordinal among equals), each taking
+     * the next layers while the weights the placement fields leave to the device fit its budget (given,
+     * or the default budget of a device holding those layers): a model that fits one device stays on it
+     * (a one-device context), one that fits them all takes as few as it needs (activations cross
+     * between them, docs/MULTI_GPU.md), and one that does not has its layers split over all of them by
+     * their budgets (else free memory), each spilling experts to host RAM under its own budget (where
+     * not even the weights other than experts fit them, the first device alone, whose refusal names
+     * its budget).
+     * n_devices = 1 with the device (-dev CUDA0), or MOE_SPLIT_NONE (main_gpu), keeps to one device;
+     * moe_context_get_device_info says which devices a context uses.
      * Default: NULL, 0. */
     const int32_t* devices;
     int32_t n_devices;
@@ -454,14 +469,17 @@ typedef struct moe_context_params {
     int32_t split_mode;
     /* Proportions of the layers per device (llama.cpp -ts 3,1), n_tensor_split entries (at most
      * n_devices; missing ones are 0), each finite and >= 0, not all 0: the layers, in order, are dealt
-     * out in runs of these proportions. NULL with n_tensor_split 0: the vram_budgets where given, else
-     * each device's free memory. Borrowed during the call. Default: NULL, 0. */
+     * out in runs of these proportions. NULL with n_tensor_split 0: with a device list, the vram_budgets
+     * where given, else each device's free memory; without one, the default above. Borrowed during the
+     * call. Default: NULL, 0. */
     const float* tensor_split;
     int32_t n_tensor_split;
-    /* With MOE_SPLIT_NONE: the index in the device list of the only device used. Default: 0. */
+    /* With MOE_SPLIT_NONE: the index in the device list (without one, the ordinal) of the only device
+     * used. Default: 0. */
     int32_t main_gpu;
     /* Bytes of device memory for weights per device (as vram_budget for one device), n_vram_budgets
-     * entries (at most n_devices; missing ones take vram_budget). NULL with n_vram_budgets 0: vram_budget
+     * entries (at most the devices: n_devices, or those shown without a list; missing ones take
+     * vram_budget). NULL with n_vram_budgets 0: vram_budget
      * for every device. Borrowed during the call. Default: NULL, 0. */
     const uint64_t* vram_budgets;
     int32_t n_vram_budgets;

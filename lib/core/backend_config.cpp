@@ -111,6 +111,16 @@ const std::vector<Key>& keys() {
          [](const char* v, BackendConfig& c) {
              if (const std::optional<uint64_t> n = parse_u64(v)) c.emulated_vram = *n;
          }},
+        {"emulated_devices", nullptr, "1..8", "1",
+         "the emulated devices a context without a device list sees, as a host's visible GPUs: with more "
+         "than one it takes the every-device default (docs/MULTI_GPU.md); a device list may name any of 8",
+         [](std::string_view v, BackendConfig& c) {
+             const std::optional<uint64_t> n = parse_u64(v);
+             if (!n || *n < 1 || *n > 8) return false;
+             c.emulated_devices = static_cast<int>(*n);
+             return true;
+         },
+         nullptr},
         {"offload_calibration", nullptr, "auto|on|off", "auto",
          "offload thresholds computed at context creation from the measured PCIe bandwidth and host and "
          "device throughput (docs/POLICY.md); auto: on CUDA contexts (the emulated device keeps the fixed "

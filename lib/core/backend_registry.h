@@ -30,6 +30,10 @@ struct BackendFactory {
     // Allocation failures return RESOURCE_EXHAUSTED.
     std::function<StatusOr<LinkBandwidth>(const BandwidthOptions&)> measure_link = {};
     std::function<StatusOr<HostReadBandwidth>(const BandwidthOptions&)> measure_host_read = {};
+    // Optional: the free memory of device o.device, in bytes, without creating a backend on it (the
+    // several-device default orders the devices by it before creating any); empty: the runtime creates
+    // a backend to ask.
+    std::function<StatusOr<uint64_t>(const BackendOptions&)> free_memory = {};
 };
 
 void register_backend_factory(BackendFactory factory);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/allocator.h"
@@ -246,7 +247,7 @@ Status EmulatedDeviceBackend::wait_fence(uint64_t fence) {
 }
 
 void register_emulated_backend() {
-    register_backend_factory(BackendFactory{
+    BackendFactory f{
         "emulated",
         [] { return kEmulatedDevices; },
         [](const BackendOptions& o) -> StatusOr<std::unique_ptr<Backend>> {
@@ -257,7 +258,16 @@ void register_emulated_backend() {
             return std::unique_ptr<Backend>(
                 std::make_unique<EmulatedDeviceBackend>(o.n_threads, o.config, o.device));
         },
-    });
+    };
+    // What EmulatedDeviceBackend::free_memory says for the card, without making one.
+    f.free_memory = [](const BackendOptions& o) -> StatusOr<uint64_t> {
+        if (o.device < 0 || o.device >= kEmulatedDevices) {
+            return failed_precondition("emulated device " + std::to_string(o.device) + " is not available");
+        }
+        const size_t vram = static_cast<size_t>(o.config.emulated_vram);
+        return uint64_t{emulated_meter(o.device).free_bytes(emulated_free(o.device, vram))};
+    };
+    register_backend_factory(std::move(f));
 }
 
 }  // namespace moe::cpu

@@ -650,13 +650,21 @@ Status CudaBackend::synchronize() {
 }
 
 void register_backend() {
-    register_backend_factory(BackendFactory{
+    BackendFactory f{
         "cuda",
         [] { return device_count(); },
         [](const BackendOptions& o) { return CudaBackend::create(o.device, o.config); },
         [](const BandwidthOptions& o) { return measure_link(o); },
         {},
-    });
+    };
+    // What CudaBackend::free_memory says for the GPU, without a backend's streams and handles on it.
+    f.free_memory = [](const BackendOptions& o) -> StatusOr<uint64_t> {
+        MOE_RETURN_IF_ERROR(check_device(o.device));
+        const DeviceScope scope(o.device);
+        MOE_RETURN_IF_ERROR(scope.status());
+        return uint64_t{cuda_meter().free_bytes(current_device_free())};
+    };
+    register_backend_factory(std::move(f));
 }
 
 }  // namespace moe::cuda

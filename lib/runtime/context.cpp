@@ -8,6 +8,7 @@
 #include "runtime/attention_home.h"
 #include "runtime/context_sizes.h"
 #include "runtime/copy_progress.h"
+#include "runtime/default_devices.h"
 #include "runtime/device.h"
 #include "runtime/host_weights.h"
 #include "runtime/multi_device.h"
@@ -487,12 +488,21 @@ StatusOr<std::unique_ptr<moe_context>> create_context(moe_model* model, const mo
     ctx->params.vram_budgets = nullptr;
     MOE_ASSIGN_OR_RETURN(ctx->host, create_backend("cpu", params.n_threads, ctx->backend_config));
     DeviceList devices;
+    std::vector<uint64_t> free;  // the several-device default's: each device's free memory, in fill order
     if (ctx->params.device == MOE_DEVICE_CUDA || ctx->params.device == MOE_DEVICE_EMULATED) {
         const char* name = ctx->params.device == MOE_DEVICE_CUDA ? "cuda" : "emulated";
         const BackendFactory* factory = find_backend_factory(name);
         const int count = factory != nullptr ? factory->device_count() : 0;
         if (count == 0) return create_backend(name, params.n_threads, ctx->backend_config).status();  // says why
-        MOE_ASSIGN_OR_RETURN(devices, device_list(params, ctx->params.device, count));
+        // Without a device list a context sees every GPU, or the emulated devices its options show.
+        const int visible = ctx->params.device == MOE_DEVICE_CUDA ? count : ctx->backend_config.emulated_devices;
+        MOE_ASSIGN_OR_RETURN(devices, device_list(params, ctx->params.device, count, visible));
+        if (devices.fill) {
+            BackendOptions opts;
+            opts.n_threads = params.n_threads;
+            opts.config = ctx->backend_config;
+            MOE_ASSIGN_OR_RETURN(devices, fill_order(devices, *factory, opts, &free));
+        }
         MOE_ASSIGN_OR_RETURN(ctx->device,
                              create_backend(name, params.n_threads, ctx->backend_config, devices.ordinals[0]));
         ctx->device_ordinal = devices.ordinals[0];
@@ -500,10 +510,18 @@ StatusOr<std::unique_ptr<moe_context>> create_context(moe_model* model, const mo
     MOE_RETURN_IF_ERROR(bind_model_weights(*ctx));
     moe_context_params during = params;  // the borrowed fields are valid during creation
     during.device = ctx->params.device;
-    if (devices.ordinals.size() == 1) during.vram_budget = devices.budgets[0];
     std::swap(ctx->params, during);
-    const Status placed = devices.ordinals.size() > 1 ? place_weights_multi(*ctx, devices, policy)
-                                                      : place_weights(*ctx, policy);
+    Status placed = Status::ok();
+    if (devices.fill) {
+        // The several-device default picks the devices (their first is ctx->device's) and their layers.
+        StatusOr<DeviceList> filled = fill_devices(*ctx, devices, free, policy);
+        placed = filled.status();
+        if (filled.is_ok()) devices = std::move(filled).value();
+    }
+    if (placed.is_ok()) {
+        if (devices.ordinals.size() == 1) ctx->params.vram_budget = devices.budgets[0];
+        placed = devices.ordinals.size() > 1 ? place_weights_multi(*ctx, devices, policy) : place_weights(*ctx, policy);
+    }
     std::swap(ctx->params, during);
     MOE_RETURN_IF_ERROR(placed);
     return ctx;

@@ -7,6 +7,7 @@
 #include "core/allocator.h"
 #include "core/models/model_graph.h"
 #include "sched/expert_split_rewrite.h"
+#include "sched/transfers.h"
 
 namespace moe {
 
@@ -44,6 +45,21 @@ size_t estimate_arena_bytes(const moe_context& ctx, bool split) {
     const std::vector<uint8_t> split_layers(split ? static_cast<size_t>(hp.n_layer) : 0, 1);
     sched::split_expert_blocks(g, split_layers, hp.n_expert);
     return plan_allocation(g).arena_size;
+}
+
+uint64_t default_weight_budget(const moe_context& ctx, uint64_t free, int n_layers, uint64_t total,
+                               uint64_t largest_expert, const sched::Policy& policy, bool split_arena) {
+    const uint64_t arena = estimate_arena_bytes(ctx, false);
+    const uint64_t need = kv_layer_bytes(ctx) * static_cast<uint64_t>(n_layers) + arena + kDeviceReserveBytes;
+    uint64_t budget = free > need ? free - need : 0;
+    if (total > budget) {
+        uint64_t spill = static_cast<uint64_t>(sched::auto_upload_slots(policy)) * largest_expert;
+        if (split_arena && policy.expert_split != 0) {
+            spill += std::max<uint64_t>(estimate_arena_bytes(ctx, true), arena) - arena;
+        }
+        budget = budget > spill ? budget - spill : 0;
+    }
+    return budget;
 }
 
 }  // namespace moe

@@ -25,4 +25,16 @@ KvCache prototype_kv_cache(const moe_context& ctx, std::deque<Tensor>& storage);
 // split: every expert block built in two parts (the expert split's graphs need more room).
 size_t estimate_arena_bytes(const moe_context& ctx, bool split);
 
+// Device memory the default budget leaves for the CUDA context, cuBLAS and kernel scratch.
+inline constexpr uint64_t kDeviceReserveBytes = uint64_t{1} << 30;
+
+// What a device offers weights under the default budget (moe_context_params.vram_budget 0), as a
+// context over several devices sizes it per device: `free` less the KV cache of its n_layers layers,
+// the activations and the reserve; when its weights (`total` bytes, the largest expert tensor
+// `largest_expert`) do not all fit that, also less the upload slots of `policy` and, with
+// `split_arena`, the expert split's larger activations where the policy may split (what a
+// one-device context also keeps free).
+uint64_t default_weight_budget(const moe_context& ctx, uint64_t free, int n_layers, uint64_t total,
+                               uint64_t largest_expert, const sched::Policy& policy, bool split_arena);
+
 }  // namespace moe

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <deque>
 #include <iterator>
+#include <numeric>
 #include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
@@ -25,7 +26,6 @@ namespace {
 using sched::Side;
 
 constexpr size_t kWeightAlign = 256;
-constexpr uint64_t kVramReserve = uint64_t{1} << 30;  // as for one device: CUDA context, cuBLAS, scratch
 
 size_t aligned(size_t n) { return (n + kWeightAlign - 1) & ~(kWeightAlign - 1); }
 
@@ -39,31 +39,15 @@ std::string device_label(const moe_context& ctx, size_t index) {
 
 Backend& backend_of(moe_context& ctx, size_t index) { return index == 0 ? *ctx.device : *ctx.parts[index].backend; }
 
-// Per weight of `ws`, the index of its device: its layer's; for a weight outside the layers (embeddings,
-// output head), the device of the first node that reads it in a one-token graph (sched/device_split.h
-// puts such nodes with the layer next to them).
+// Per weight of `ws`, the index of its device: its layer's (weight_layers; device 0 for one no node
+// reads).
 StatusOr<std::vector<int>> weight_devices(const moe_context& ctx, const std::vector<Tensor*>& ws,
                                           const std::vector<sched::OverrideRule>& overrides) {
-    const HParams& hp = ctx.model->hparams;
-    std::deque<Tensor> cache;
-    const KvCache kv = prototype_kv_cache(ctx, cache);
-    Graph g;
-    build_model_graph(g, hp, ctx.weights, kv, 1, 0, LogitsMode::LAST);
-    const std::vector<int> node_device = sched::node_devices(g, ctx.layer_device);
-    std::unordered_map<const Tensor*, int> reader;
-    for (size_t i = 0; i < g.nodes().size(); ++i) {
-        for (const Tensor* s : g.nodes()[i]->src) {
-            if (s != nullptr && s->is_weight) reader.emplace(s, node_device[i]);
-        }
-    }
+    const std::vector<int> layers = weight_layers(ctx, ws);
     std::vector<int> device(ws.size(), 0);
     for (size_t i = 0; i < ws.size(); ++i) {
-        const int layer = sched::layer_of(ws[i]->name);
-        if (layer >= 0 && layer < hp.n_layer) {
-            device[i] = ctx.layer_device[static_cast<size_t>(layer)];
-            continue;
-        }
-        if (auto it = reader.find(ws[i]); it != reader.end()) device[i] = it->second;
+        if (layers[i] >= 0) device[i] = ctx.layer_device[static_cast<size_t>(layers[i])];
+        if (const int layer = sched::layer_of(ws[i]->name); layer >= 0 && layer < ctx.model->hparams.n_layer) continue;
         for (const sched::OverrideRule& r : overrides) {
             if (!std::regex_search(ws[i]->name, r.regex)) continue;
             if (r.side == Side::DEVICE && r.device >= 0 && r.device != device[i]) {
@@ -88,7 +72,36 @@ struct DeviceWeights {
 
 }  // namespace
 
-StatusOr<DeviceList> device_list(const moe_context_params& p, int32_t device_kind, int device_count) {
+std::vector<int> weight_layers(const moe_context& ctx, const std::vector<Tensor*>& ws) {
+    const HParams& hp = ctx.model->hparams;
+    std::deque<Tensor> cache;
+    const KvCache kv = prototype_kv_cache(ctx, cache);
+    Graph g;
+    build_model_graph(g, hp, ctx.weights, kv, 1, 0, LogitsMode::LAST);
+    // node_devices with every layer its own "device" gives each node its layer, the nodes outside the
+    // layers the layer next to them.
+    std::vector<int> identity(static_cast<size_t>(hp.n_layer));
+    std::iota(identity.begin(), identity.end(), 0);
+    const std::vector<int> node_layer = sched::node_devices(g, identity);
+    std::unordered_map<const Tensor*, int> reader;
+    for (size_t i = 0; i < g.nodes().size(); ++i) {
+        for (const Tensor* s : g.nodes()[i]->src) {
+            if (s != nullptr && s->is_weight) reader.emplace(s, node_layer[i]);
+        }
+    }
+    std::vector<int> layers(ws.size(), -1);
+    for (size_t i = 0; i < ws.size(); ++i) {
+        const int layer = sched::layer_of(ws[i]->name);
+        if (layer >= 0 && layer < hp.n_layer) {
+            layers[i] = layer;
+        } else if (auto it = reader.find(ws[i]); it != reader.end()) {
+            layers[i] = it->second;
+        }
+    }
+    return layers;
+}
+
+StatusOr<DeviceList> device_list(const moe_context_params& p, int32_t device_kind, int device_count, int visible) {
     if (p.split_mode != MOE_SPLIT_NONE && p.split_mode != MOE_SPLIT_LAYER && p.split_mode != MOE_SPLIT_ROW) {
         return invalid_argument("split_mode must be MOE_SPLIT_NONE, MOE_SPLIT_LAYER or MOE_SPLIT_ROW (got " +
                                 std::to_string(p.split_mode) + ")");
@@ -115,8 +128,10 @@ StatusOr<DeviceList> device_list(const moe_context_params& p, int32_t device_kin
             list.ordinals.push_back(o);
         }
     } else {
-        // No list: the backend's first device, as before contexts spanned several (docs/MULTI_GPU.md).
-        list.ordinals.push_back(0);
+        // No list: the devices the backend shows, in ordinal order, so that CUDAn, tensor_split, main_gpu
+        // and vram_budgets index them as llama.cpp's flags do (one: the backend's first device).
+        const int n_visible = visible < 0 ? device_count : std::clamp(visible, 1, device_count);
+        for (int o = 0; o < n_visible; ++o) list.ordinals.push_back(o);
     }
     const size_t n = list.ordinals.size();
     const auto count_check = [n](int32_t count, const void* values, const char* field) -> Status {
@@ -157,6 +172,10 @@ StatusOr<DeviceList> device_list(const moe_context_params& p, int32_t device_kin
         list.budgets = {list.budgets[m]};
         list.proportions.clear();
     }
+    const bool names_device = std::any_of(rules.begin(), rules.end(), [](const sched::OverrideRule& r) {
+        return r.side == Side::DEVICE && r.device >= 0;
+    });
+    list.fill = p.n_devices == 0 && list.ordinals.size() > 1 && list.proportions.empty() && !names_device;
     return list;
 }
 
@@ -202,8 +221,6 @@ Status place_weights_multi(moe_context& ctx, const DeviceList& list, const sched
 
     // Placement per device: the one-device rule over its weights, under its budget.
     std::vector<DeviceWeights> per(n_dev);
-    const uint64_t kv_layer = kv_layer_bytes(ctx);
-    const uint64_t arena = estimate_arena_bytes(ctx, false);
     std::unordered_map<const Tensor*, Side> side_of;
     for (size_t d = 0; d < n_dev; ++d) {
         DeviceWeights& dw = per[d];
@@ -225,18 +242,11 @@ Status place_weights_multi(moe_context& ctx, const DeviceList& list, const sched
         // Attention the device has no kernel for stays on the host (runtime/attention_home.h).
         const std::vector<sched::OverrideRule> host_attention = host_attention_overrides(hp, ctx.weights, be);
         pp.overrides.insert(pp.overrides.begin(), host_attention.begin(), host_attention.end());
-        if (list.budgets[d] > 0) {
-            pp.vram_budget = list.budgets[d];
-        } else {
-            // As for one device: free memory less this device's KV cache, the activations, a reserve and,
-            // when the weights do not all fit, the upload slots.
-            const uint64_t need = kv_layer * static_cast<uint64_t>(ctx.parts[d].n_layers) + arena + kVramReserve;
-            const uint64_t free = be.free_memory();
-            uint64_t budget = free > need ? free - need : 0;
-            const uint64_t spill = static_cast<uint64_t>(sched::auto_upload_slots(policy)) * largest_expert;
-            if (total > budget) budget = budget > spill ? budget - spill : 0;
-            pp.vram_budget = budget;
-        }
+        // As for one device: free memory less this device's KV cache, the activations, a reserve and,
+        // when the weights do not all fit, the upload slots.
+        pp.vram_budget = list.budgets[d] > 0 ? list.budgets[d]
+                                             : default_weight_budget(ctx, be.free_memory(), ctx.parts[d].n_layers, total,
+                                                                     largest_expert, policy, false);
         StatusOr<std::vector<Side>> sides = sched::place_weights(desc, pp);
         if (!sides.is_ok()) return sides.status().with_context("placing the weights of " + device_label(ctx, d));
         dw.sides = std::move(sides).value();

@@ -24,9 +24,20 @@ struct DeviceList {
     std::vector<int> ordinals;        // one per device of the context, in the list's order
     std::vector<double> proportions;  // tensor_split, one per device; empty: by budgets or free memory
     std::vector<uint64_t> budgets;    // per device (0: from its free memory)
+    // The several-device default (runtime/default_devices.h) picks the devices and their layers: no
+    // device list, tensor split or override naming a device, split_mode layer, several devices visible.
+    bool fill = false;
 };
-// device_kind: MOE_DEVICE_CUDA or MOE_DEVICE_EMULATED (resolved); device_count: the backend's devices.
-StatusOr<DeviceList> device_list(const moe_context_params& p, int32_t device_kind, int device_count);
+// device_kind: MOE_DEVICE_CUDA or MOE_DEVICE_EMULATED (resolved); device_count: the backend's devices;
+// visible: those a context without a device list uses, ordinals 0 .. visible - 1 (-1: all; CUDA's are
+// all its GPUs, the emulated backend's its emulated_devices option).
+StatusOr<DeviceList> device_list(const moe_context_params& p, int32_t device_kind, int device_count,
+                                 int visible = -1);
+
+// Per weight of `ws`, the layer it belongs to: its own (blk.N); for a weight outside the layers
+// (embeddings, output norm and head), the layer next to the first node that reads it in a one-token
+// graph (sched/device_split.h runs such nodes with it); -1 for one that no node reads.
+std::vector<int> weight_layers(const moe_context& ctx, const std::vector<Tensor*>& ws);
 
 // Creates the devices after the first (ctx.device is device 0 of `list`), places the weights over all
 // of them, uploads them, and makes a scheduler per device and the KV cache; enables peer access

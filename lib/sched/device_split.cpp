@@ -73,6 +73,23 @@ StatusOr<std::vector<int>> split_layers(int n_layer, std::span<const double> pro
     return device;
 }
 
+std::optional<std::vector<int>> fill_layers(int n_layer, int n_devices,
+                                            const std::function<bool(int device, int first, int count)>& fits) {
+    std::vector<int> out;
+    int d = 0, first = 0, count = 0;
+    for (int il = 0; il < n_layer; ++il) {
+        while (d < n_devices && !fits(d, first, count + 1)) {
+            ++d;
+            first = il;
+            count = 0;
+        }
+        if (d == n_devices) return std::nullopt;
+        out.push_back(d);
+        ++count;
+    }
+    return out;
+}
+
 std::vector<int> node_devices(const Graph& graph, std::span<const int> layer_device) {
     const std::vector<Tensor*>& nodes = graph.nodes();
     auto device_of_layer = [&](int layer) -> int {

@@ -159,3 +159,36 @@ def test_bench_device_stats(tmp_path):
     assert text.returncode == 0, text.stderr
     assert "CUDA0 (device 0): 3 layers" in text.stdout and "CUDA1 (device 1): 1 layers" in text.stdout
     assert text.stdout.count("CUDA1: per ubatch") == 2  # one line per test
+
+
+@pytest.mark.parametrize("share", [1.0, 0.6, 0.3])
+def test_default_fills_the_devices_in_order(model, rng, share):
+    # device="emulated:2" shows two devices, as a machine with two GPUs: without devices / tensor_split,
+    # the model stays on one device while it fits its budget, then fills the next; experts spill to host
+    # RAM only when both are full. The logits are the one-device context's bit for bit either way.
+    one = context(model, "emulated")
+    total = one.stats()["weights_device_bytes"]
+    budget = int(total * share)
+    two = context(model, "emulated:2", vram_budget=budget)
+    used = two.devices
+    if share == 1.0:
+        assert [d["ordinal"] for d in used] == [0]
+    else:
+        assert [d["ordinal"] for d in used] == [0, 1]
+        per = [two.device_stats(i) for i in range(2)]
+        assert all(p["weights_device_bytes"] <= budget for p in per)
+        assert (two.stats()["weights_host_bytes"] > 0) == (share == 0.3)
+    for size in (11, 1):
+        tokens = rng.integers(0, model.info.n_vocab, size=size, dtype=np.int32)
+        assert np.array_equal(one.decode(tokens, logits_all=True), two.decode(tokens, logits_all=True))
+    # devices=[0] and split_mode="none" keep to the first device, spilling experts there (at 30% of the
+    # model, the weights other than experts alone would not fit one device).
+    for kw in (dict(devices=[0]), dict(split_mode="none")) if share > 0.5 else ():
+        kept = context(model, "emulated:2", vram_budget=budget, **kw)
+        assert [d["ordinal"] for d in kept.devices] == [0]
+        assert (kept.stats()["weights_host_bytes"] > 0) == (share < 1.0)
+
+
+def test_emulated_count_is_checked(model):
+    with pytest.raises(ValueError, match="emulated:N' needs a device count N from 1 to 8, got 'emulated:9'"):
+        context(model, "emulated:9")

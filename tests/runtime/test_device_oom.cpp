@@ -69,6 +69,11 @@ moe_context_params params(const Device& d, const moe_sched_policy* pol, const ch
     p.device = d.kind;
     p.policy = pol;
     p.tensor_overrides = overrides;
+    // Device 0 named: the ballast and limits below are about one device, and without a list a machine
+    // of several GPUs gives a context the one with the most free memory.
+    static const int32_t kFirst[1] = {0};
+    p.devices = kFirst;
+    p.n_devices = 1;
     return p;
 }
 

@@ -255,6 +255,7 @@ TEST_CASE("a CUDA context on GPU 1 gives GPU 0's logits bit for bit", "[gpu][mul
         for (const char* ot : {static_cast<const char*>(nullptr), "exps=CPU"}) {
             INFO(arch << " -ot " << (ot ? ot : "(none)"));
             Setup s0 = cuda_setup(true);  // one device each: the same launches on both
+            s0.devices = {0};  // named: without a list the default takes the GPU with the most free memory
             s0.overrides = ot;
             s0.offload = ot != nullptr ? "all=4" : nullptr;
             Setup s1 = s0;

@@ -51,6 +51,7 @@ struct Config {
     std::vector<uint64_t> vram_budgets;  // given only when --vram-budget lists more than one size
     int32_t main_gpu = 0;
     int32_t split_mode = MOE_SPLIT_LAYER;
+    int32_t emulated_devices = 0;  // --device emulated:N: the backend option emulated_devices=N (0: none)
     moe_sched_policy policy = default_policy();
     bool expert_counts = false;
     std::string backend_options;  // --backend-options, passed as moe_context_params.backend_options
@@ -214,11 +215,12 @@ inline std::vector<Option> make_options(Config& c) {
         {"-t", "--threads", "N", "CPU threads", "all cores", ctx, int_flag(c.n_threads, 1, 4096)},
         {"", "--device", "auto|cpu|cuda|emulated|emulated:N",
          "auto: cuda when this build has CUDA and a GPU is present, else cpu (the backend column says which), "
-         "as a CUDA build of llama.cpp does. cpu: every op on the CPU. cuda: GPU 0 plus the CPU, weights "
+         "as a CUDA build of llama.cpp does. cpu: every op on the CPU. cuda: the GPUs plus the CPU, weights "
          "placed by the flags below (by default all on the GPU if they fit, else the experts spill to host "
-         "RAM) and ops scheduled by the offload policy. emulated: like cuda with a host-memory backend playing "
-         "the GPU (for testing placement and scheduling without a GPU; slower than cpu); emulated:N plays N "
-         "devices (up to 8, each with its own memory), the layers split over them as over N GPUs",
+         "RAM; with several GPUs and no -dev / -ts, the GPUs filled one after the other in order of free "
+         "memory, a model that fits one staying on it) and ops scheduled by the offload policy. emulated: like cuda with a host-memory backend playing "
+         "the GPU (for testing placement and scheduling without a GPU; slower than cpu); emulated:N plays a "
+         "host with N GPUs (up to 8, each with its own memory), used as cuda uses the GPUs of a machine",
          "auto", ctx,
          [&c](const std::string& v) -> std::optional<std::string> {
              if (v == "auto") {
@@ -233,9 +235,7 @@ inline std::vector<Option> make_options(Config& c) {
                  int32_t n = 0;
                  if (auto err = parse_int32(v.substr(9), 1, 8, n)) return "emulated:N: " + *err;
                  c.device = MOE_DEVICE_EMULATED;
-                 if (c.devices.empty()) {
-                     for (int32_t i = 0; i < n; ++i) c.devices.push_back(i);
-                 }
+                 c.emulated_devices = n;
              } else {
                  return "expected auto, cpu, cuda, emulated or emulated:N, got '" + v + "'";
              }
@@ -294,7 +294,8 @@ inline std::vector<Option> make_options(Config& c) {
          }},
         {"-dev", "--dev", "LIST",
          "the devices to use, comma-separated: CUDAn (or EMULATEDn with --device emulated, or the ordinal n); "
-         "the first is CUDA0 of -ot and -mg", "GPU 0 (cuda), one (emulated)", sched,
+         "the first is CUDA0 of -ot and -mg; -dev CUDA0 keeps to GPU 0",
+         "every GPU (cuda; emulated:N: its N), filled in order of free memory unless -ts is given", sched,
          [&c](const std::string& v) -> std::optional<std::string> {
              c.devices.clear();
              size_t start = 0;
@@ -329,7 +330,9 @@ inline std::vector<Option> make_options(Config& c) {
          }},
         {"-ts", "--tensor-split", "P0,P1,...",
          "proportions of the layers per device (e.g. 3,1; '/' separates too, as in llama.cpp), the layers dealt "
-         "out in order", "the --vram-budget list, else each device's free memory", sched,
+         "out in order",
+         "without -dev: the devices filled one after the other in order of free memory (--vram-budget where "
+         "given); with -dev: proportional to the --vram-budget list, else each device's free memory", sched,
          [&c](const std::string& v) -> std::optional<std::string> {
              c.tensor_split.clear();
              size_t start = 0;
@@ -344,7 +347,7 @@ inline std::vector<Option> make_options(Config& c) {
              }
              return std::nullopt;
          }},
-        {"-mg", "--main-gpu", "N", "with --split-mode none: the index (in --dev) of the only device used", "0", sched,
+        {"-mg", "--main-gpu", "N", "with --split-mode none: the index (in --dev, else among every GPU) of the only device used", "0", sched,
          int_flag(c.main_gpu, 0, INT32_MAX)},
         {"-op", "--offload-policy", "SPEC",
          "which ops with weights in host RAM run on the device, from which ubatch size: op=N|on|off[,...] with "

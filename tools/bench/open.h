@@ -109,7 +109,10 @@ inline std::optional<Failure> open_model_and_context(Config& cfg, bool live, con
     cp.n_threads = cfg.n_threads > 0 ? cfg.n_threads : available_cores();
     cp.device = cfg.device;
     const std::string overrides = join(cfg.tensor_overrides, ",");
-    cp.backend_options = cfg.backend_options.empty() ? nullptr : cfg.backend_options.c_str();
+    // --device emulated:N shows N emulated devices, as a machine shows its GPUs.
+    std::string options = cfg.backend_options;
+    if (cfg.emulated_devices > 0) options += (options.empty() ? "" : ",") + ("emulated_devices=" + std::to_string(cfg.emulated_devices));
+    cp.backend_options = options.empty() ? nullptr : options.c_str();
     if (cfg.device != MOE_DEVICE_CPU) {  // a CPU context (auto without a GPU too) ignores these
         cp.tensor_overrides = overrides.c_str();
         cp.n_cpu_moe = cfg.n_cpu_moe;

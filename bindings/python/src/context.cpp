@@ -72,16 +72,16 @@ int32_t device_from_name(const std::string& device) {
                           "'");
 }
 
-// The devices of "emulated:N" (0 .. N-1), or none.
-std::vector<int32_t> emulated_devices(const std::string& device) {
-    std::vector<int32_t> out;
+// `backend_options` with what "emulated:N" adds: the N emulated devices a context without a device
+// list sees (the backend option emulated_devices), as a host with N GPUs shows them.
+std::string with_emulated_devices(const std::string& device, const std::optional<std::string>& backend_options) {
+    std::string out = backend_options.value_or("");
     if (device.rfind("emulated:", 0) != 0) return out;
     const std::string n = device.substr(9);
-    if (n.empty() || n.size() > 2 || n.find_first_not_of("0123456789") != std::string::npos) {
-        throw py::value_error("Context: device 'emulated:N' needs a device count N, got '" + device + "'");
+    if (n.empty() || n.size() > 1 || n < "1" || n > "8") {
+        throw py::value_error("Context: device 'emulated:N' needs a device count N from 1 to 8, got '" + device + "'");
     }
-    for (int32_t i = 0; i < std::stoi(n); ++i) out.push_back(i);
-    return out;
+    return out + (out.empty() ? "" : ",") + "emulated_devices=" + n;
 }
 
 // A list argument (None: empty) as a vector of T.
@@ -130,8 +130,8 @@ std::unique_ptr<PyContext> create(const py::object& model_obj, int32_t n_ctx, in
                                   const std::optional<std::string>& backend_options, const py::object& devices_obj,
                                   const py::object& tensor_split_obj, int32_t main_gpu, const std::string& split_mode) {
     const int32_t device_id = device_from_name(device);
-    std::vector<int32_t> devices = list_of<int32_t>(devices_obj, "devices");
-    if (devices.empty()) devices = emulated_devices(device);
+    const std::vector<int32_t> devices = list_of<int32_t>(devices_obj, "devices");
+    const std::string options = with_emulated_devices(device, backend_options);
     const std::vector<float> tensor_split = list_of<float>(tensor_split_obj, "tensor_split");
     // vram_budget: one size for every device, or a list of one per device.
     std::vector<uint64_t> budgets;
@@ -167,7 +167,7 @@ std::unique_ptr<PyContext> create(const py::object& model_obj, int32_t n_ctx, in
     params.main_gpu = main_gpu;
     params.split_mode = split_mode_from_name(split_mode);
     params.policy = policy ? &*policy : nullptr;
-    params.backend_options = backend_options ? backend_options->c_str() : nullptr;
+    params.backend_options = options.empty() ? nullptr : options.c_str();
     const int32_t n_vocab = model.info().n_vocab;
     const moeinfer::ProgressFn fn = progress_fn(progress);
     std::optional<moeinfer::Context> created;
@@ -456,9 +456,10 @@ for each other); several contexts may share a model.)")
 n_ctx: KV cache capacity in tokens. n_ubatch: tokens per graph evaluation (longer inputs are
 split). n_threads: CPU threads, 0 for all cores. device: "auto" (the default) is "cuda" when this
 build has CUDA and a GPU is present, else "cpu" (the `device` property tells which); "cpu";
-"cuda" for GPU 0 plus the CPU (NotImplementedError without CUDA in this build, RuntimeError
+"cuda" for the GPUs plus the CPU (NotImplementedError without CUDA in this build, RuntimeError
 without a GPU); "emulated" for the same hybrid scheduling with a host-memory backend playing the
-GPU (testing; slower than "cpu"); "emulated:N" plays N devices. The placement arguments below apply to device contexts only: a
+GPU (testing; slower than "cpu"); "emulated:N" plays a host with N devices (backend option
+emulated_devices=N). The placement arguments below apply to device contexts only: a
 context that "auto" made a CPU context ignores them, as "cpu" does.
 
 Placement of the weights (device contexts), first match wins:
@@ -469,11 +470,15 @@ go to the device (-1: all). vram_budget: bytes of device memory for weights (0: 
 expert tensors move to host RAM until the rest fits; a list gives one budget per device.
 policy: a moeinfer.Policy (None: defaults).
 
-Several devices (llama.cpp's -dev, -ts, -mg, -sm): devices: the device ordinals to use (None: GPU 0
-for "cuda", 0 .. N-1 for "emulated:N"); each layer (weights, KV cache) belongs to one
-device and runs there. tensor_split: proportions of the layers per device (None: the budgets, else
-free memory). split_mode: "layer" (default), "none" (only devices[main_gpu]) or "row" (not
-implemented). In tensor_overrides, CUDAn names device n of the list.
+Several devices (llama.cpp's -dev, -ts, -mg, -sm): devices: the device ordinals to use (None: every
+GPU for "cuda", 0 .. N-1 for "emulated:N"); each layer (weights, KV cache) belongs to one device and
+runs there. tensor_split: proportions of the layers per device (None: the budgets, else free
+memory). split_mode: "layer" (default), "none" (only devices[main_gpu]) or "row" (not implemented).
+In tensor_overrides, CUDAn names device n of the list. The default, with several devices visible and
+none of devices, tensor_split or an override naming a device given: the devices filled one after the
+other in order of free memory (of their vram_budget where given), so that a model that fits one stays
+on it, experts spilling to host RAM only when all are full (docs/MULTI_GPU.md); devices=[0] or
+split_mode="none" keep to one GPU. The `devices` property says which were used.
 Host-resident weights are used in place from the model's file, page-locked where the device allows
 (stats()["weights_host_pinned_bytes"]), not copied.
 

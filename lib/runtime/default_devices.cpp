@@ -1,0 +1,158 @@
+#include "runtime/default_devices.h"
+
+#include <algorithm>
+#include <numeric>
+#include <regex>
+
+#include "runtime/attention_home.h"
+#include "runtime/context_sizes.h"
+#include "sched/device_split.h"
+#include "sched/placement.h"
+
+namespace moe {
+namespace {
+
+constexpr size_t kWeightAlign = 256;  // as placement pads each weight
+
+uint64_t aligned(uint64_t n) { return (n + kWeightAlign - 1) & ~uint64_t{kWeightAlign - 1}; }
+
+StatusOr<uint64_t> free_memory_of(const BackendFactory& factory, BackendOptions options, int ordinal) {
+    options.device = ordinal;
+    if (factory.free_memory) return factory.free_memory(options);
+    MOE_ASSIGN_OR_RETURN(const std::unique_ptr<Backend> backend, factory.create(options));
+    return uint64_t{backend->free_memory()};
+}
+
+// Per layer, what its weights need of a device: those the placement rules leave to the device (budget
+// aside), of those the ones no budget moves to host RAM (all but the expert tensors no override pins),
+// all of them, and its largest expert tensor; the weights outside the layers counted with the layer
+// next to where they are read.
+struct LayerBytes {
+    uint64_t device = 0;
+    uint64_t fixed = 0;
+    uint64_t total = 0;
+    uint64_t largest_expert = 0;
+};
+
+StatusOr<std::vector<LayerBytes>> layer_bytes(const moe_context& ctx) {
+    const HParams& hp = ctx.model->hparams;
+    std::vector<Tensor*> ws;
+    std::vector<sched::WeightDesc> desc;
+    for (const Tensor& t : ctx.weight_tensors) {
+        if (!t.is_weight) continue;
+        ws.push_back(const_cast<Tensor*>(&t));  // weight_layers reads them only
+        desc.push_back({t.name, aligned(t.n_bytes())});
+    }
+    sched::PlacementParams pp;
+    MOE_ASSIGN_OR_RETURN(pp.overrides,
+                         sched::parse_overrides(ctx.params.tensor_overrides ? ctx.params.tensor_overrides : ""));
+    const std::vector<sched::OverrideRule> host_attention = host_attention_overrides(hp, ctx.weights, *ctx.device);
+    pp.overrides.insert(pp.overrides.begin(), host_attention.begin(), host_attention.end());
+    pp.n_layer = hp.n_layer;
+    pp.n_cpu_moe = ctx.params.n_cpu_moe;
+    pp.n_gpu_layers = ctx.params.n_gpu_layers;
+    pp.vram_budget = UINT64_MAX;
+    MOE_ASSIGN_OR_RETURN(const std::vector<sched::Side> sides, sched::place_weights(desc, pp));
+    const std::vector<int> layers = weight_layers(ctx, ws);
+    std::vector<LayerBytes> out(static_cast<size_t>(hp.n_layer));
+    for (size_t i = 0; i < ws.size(); ++i) {
+        LayerBytes& l = out[static_cast<size_t>(std::max(layers[i], 0))];
+        l.total += desc[i].bytes;
+        if (sides[i] == sched::Side::DEVICE) {
+            l.device += desc[i].bytes;
+            const bool pinned = std::any_of(pp.overrides.begin(), pp.overrides.end(), [&](const sched::OverrideRule& r) {
+                return std::regex_search(ws[i]->name, r.regex);
+            });
+            if (pinned || !sched::is_expert_tensor(ws[i]->name)) l.fixed += desc[i].bytes;
+        }
+        if (sched::is_expert_tensor(ws[i]->name)) l.largest_expert = std::max<uint64_t>(l.largest_expert, ws[i]->n_bytes());
+    }
+    return out;
+}
+
+}  // namespace
+
+StatusOr<DeviceList> fill_order(const DeviceList& list, const BackendFactory& factory, const BackendOptions& options,
+                                std::vector<uint64_t>* free) {
+    MOE_ASSERT(list.fill);
+    const size_t n = list.ordinals.size();
+    std::vector<uint64_t> free_of(n), offers(n);
+    for (size_t d = 0; d < n; ++d) {
+        StatusOr<uint64_t> f = free_memory_of(factory, options, list.ordinals[d]);
+        if (!f.is_ok()) {
+            return f.status().with_context("the free memory of " + factory.name + " device " +
+                                           std::to_string(list.ordinals[d]));
+        }
+        free_of[d] = *f;
+        offers[d] = list.budgets[d] > 0 ? list.budgets[d] : *f;
+    }
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&offers](size_t a, size_t b) { return offers[a] > offers[b]; });
+    DeviceList out = list;
+    free->clear();
+    for (size_t i = 0; i < n; ++i) {
+        out.ordinals[i] = list.ordinals[order[i]];
+        out.budgets[i] = list.budgets[order[i]];
+        free->push_back(free_of[order[i]]);
+    }
+    return out;
+}
+
+StatusOr<DeviceList> fill_devices(const moe_context& ctx, const DeviceList& ordered, const std::vector<uint64_t>& free,
+                                  const sched::Policy& policy) {
+    const int n_layer = ctx.model->hparams.n_layer;
+    const int n_dev = static_cast<int>(ordered.ordinals.size());
+    MOE_ASSIGN_OR_RETURN(const std::vector<LayerBytes> layers, layer_bytes(ctx));
+    // Whether layers [first, first + count) fit device d: with every weight the rules leave to the
+    // device on it (all_on_device), or with the experts the budget may move moved to host RAM.
+    const auto fits = [&](bool all_on_device, int d, int first, int count) {
+        LayerBytes sum;
+        for (int il = first; il < first + count; ++il) {
+            const LayerBytes& l = layers[static_cast<size_t>(il)];
+            sum.device += all_on_device ? l.device : l.fixed;
+            sum.total += l.total;
+            sum.largest_expert = std::max(sum.largest_expert, l.largest_expert);
+        }
+        const uint64_t given = ordered.budgets[static_cast<size_t>(d)];
+        // The whole model on the first device is a one-device context, whose default budget also keeps
+        // the expert split's activations free.
+        const uint64_t budget = given > 0 ? given
+                                          : default_weight_budget(ctx, free[static_cast<size_t>(d)], count, sum.total,
+                                                                  sum.largest_expert, policy, count == n_layer);
+        return sum.device <= budget;
+    };
+    const std::optional<std::vector<int>> filled = sched::fill_layers(
+        n_layer, n_dev, [&fits](int d, int first, int count) { return fits(true, d, first, count); });
+    DeviceList out = ordered;
+    out.fill = false;
+    if (!filled || filled->empty() || filled->front() != 0) {
+        // Every device, split as without the default, where the weights that cannot move fit them in order
+        // (as greedy runs are the best in-order packing, no split in this order fits where this does not).
+        // Otherwise no split helps: the first device alone, whose refusal says what its budget was made of.
+        if (sched::fill_layers(n_layer, n_dev, [&fits](int d, int first, int count) {
+                return fits(false, d, first, count);
+            })) {
+            return out;
+        }
+        out.ordinals.resize(1);
+        out.budgets.resize(1);
+        return out;
+    }
+    std::vector<double> counts(static_cast<size_t>(n_dev), 0.0);
+    for (int d : *filled) counts[static_cast<size_t>(d)] += 1.0;
+    out.ordinals.clear();
+    out.budgets.clear();
+    out.proportions.clear();
+    for (int d = 0; d < n_dev; ++d) {
+        if (counts[static_cast<size_t>(d)] == 0.0) continue;
+        out.ordinals.push_back(ordered.ordinals[static_cast<size_t>(d)]);
+        out.budgets.push_back(ordered.budgets[static_cast<size_t>(d)]);
+        out.proportions.push_back(counts[static_cast<size_t>(d)]);
+    }
+    // Runs of the layer counts deal the layers out as they were filled (sched::split_layers).
+    if (out.ordinals.size() == 1) out.proportions.clear();
+    return out;
+}
+
+}  // namespace moe
