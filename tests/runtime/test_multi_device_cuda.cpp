@@ -410,3 +410,63 @@ TEST_CASE("a 2-GPU layer split gives the one-GPU logits", "[gpu][multi]") {
     }
 #endif
 }
+
+TEST_CASE("the several-device default on two GPUs: one while the model fits, the freest first, both when needed",
+          "[gpu][multi]") {
+#if !MOEINFER_HAS_CUDA
+    WARN("skipped: needs 2 CUDA devices (this build has no CUDA backend)");
+#else
+    if (!have_gpus(2)) return;
+    std::mt19937 rng(std::random_device{}());
+    Model m("qwen3moe", "moe_cuda_default", rng(), gpu_model(4));
+    const auto batches = token_batches(rng, m.info().n_vocab);
+    const auto ordinals = [](const moe_context* ctx) {
+        int32_t n = 0;
+        REQUIRE(moe_context_get_n_devices(ctx, &n) == MOE_STATUS_OK);
+        std::vector<int32_t> out;
+        for (int32_t d = 0; d < n; ++d) {
+            moe_device_info info;
+            info.struct_size = sizeof info;
+            REQUIRE(moe_context_get_device_info(ctx, d, &info) == MOE_STATUS_OK);
+            out.push_back(info.ordinal);
+        }
+        return out;
+    };
+    Setup gpu0 = cuda_setup(false);  // fusion off: a layer boundary between GPUs changes no sums
+    gpu0.devices = {0};
+    Ctx reference(m, gpu0);
+    std::vector<std::vector<float>> want;
+    for (const auto& b : batches) want.push_back(reference.decode(b));
+    const moe_sched_stats ref = reference.stats();
+    const uint64_t total = ref.weights_device_bytes;
+    // Equal budgets: GPU 0 first; the whole model fits it (a one-device context), 60% of it needs both.
+    for (const uint64_t budget : {total, total * 3 / 5}) {
+        INFO("budget " << budget << " of " << total);
+        Setup s = cuda_setup(false);
+        moe_sched_policy pol;
+        moe_context_params p = moe::test::device_params(s, pol);
+        p.vram_budget = budget;
+        moe::test::ApiContext c(m.get(), p);
+        if (budget == total) {
+            CHECK(ordinals(c.ctx) == std::vector<int32_t>{0});
+        } else {
+            CHECK(ordinals(c.ctx) == std::vector<int32_t>{0, 1});
+            CHECK(c.stats().weights_host_bytes == 0);
+        }
+        for (size_t i = 0; i < batches.size(); ++i) {
+            REQUIRE(moe::test::bitwise_equal(c.decode(batches[i], m.info().n_vocab), want[i]));
+        }
+        CHECK(c.stats().weights_device_bytes == ref.weights_device_bytes);
+    }
+    // The default budget: 2 GiB held on GPU 0 leave GPU 1 the freer, which takes the model alone.
+    auto created = moe::cuda::CudaBackend::create(0);
+    REQUIRE(created.is_ok());
+    std::unique_ptr<moe::Backend> holder = std::move(created).value();
+    moe::StatusOr<std::unique_ptr<moe::Buffer>> ballast = holder->alloc_buffer(size_t{2} << 30);
+    REQUIRE(ballast.is_ok());
+    Ctx freest(m, cuda_setup(false));
+    CHECK(ordinals(freest.ctx) == std::vector<int32_t>{1});
+    CHECK(device_of(freest.ctx->device_weights->data()) == 1);
+    for (size_t i = 0; i < batches.size(); ++i) REQUIRE(moe::test::bitwise_equal(freest.decode(batches[i]), want[i]));
+#endif
+}
