@@ -1,5 +1,4 @@
-// decode16 (quant_decode.h) for the super-block types that dominate the usual GGUF mixes (Q4_K, Q5_K, Q6_K,
-// IQ4_XS), reading the staged row as whole 32-bit words: the tensor-core GEMM (cuda/matmul_mma.cuh) stages a
+// decode_unit_half (quant_decode.h) for every decoded type, reading the staged row as whole 32-bit words: the tensor-core GEMM (cuda/matmul_mma.cuh) stages a
 // unit of 256 elements from byte `off` (its address & 15, even) of a row of shared-memory words, and
 // decode16's byte loads, shifts and integer additions per element made its decode, not its MMAs, the
 // bound of the expert GEMM (about 8 instructions per element). Here 16 bytes are 5 word loads and 4
@@ -56,16 +55,66 @@ MOE_HD inline float byte_minus(uint32_t u, int b, float magic) {
 
 constexpr float kMagic0 = 8388608.0f;  // 2^23
 
-// The types decode16_words handles.
-MOE_HD constexpr bool decodes_words(Type t) {
-    return t == Type::Q4_K || t == Type::Q5_K || t == Type::Q6_K || t == Type::IQ4_XS;
-}
-
-// v[j] = element 32 g + 16 h + j of the super-block at byte off of s: decode16<W>'s values, bit for bit.
+// v[j] = element 32 g + 16 h + j of the unit at byte off of s (g < kUnitGroups: for the 32-element types,
+// block g of the unit): decode_unit_half<W>'s values, bit for bit.
 template <Type W>
 MOE_HD inline void decode16_words(const uint32_t* s, int off, int g, int h, float (&v)[16]) {
-    static_assert(decodes_words(W), "Q4_K, Q5_K, Q6_K or IQ4_XS");
-    if constexpr (W == Type::Q4_K || W == Type::Q5_K) {
+    static_assert(decodes(W), "a type of quant_decode.h");
+    if constexpr (block_elems(W) == 32) {
+        // d [, m] [, qh], qs[16]: element j < 16 the low nibble of qs[j], 16 + j its high nibble; Q5's fifth
+        // bit of element j bit j of qh.
+        const int b0 = off + g * block_bytes(W);
+        constexpr int kQs = W == Type::Q4_1 ? 4 : W == Type::Q5_1 ? 8 : W == Type::Q5_0 ? 6 : 2;
+        const uint32_t head = word_at(s, b0);
+        const float d = fp16_to_float(head & 0xFFFFu);
+        uint32_t q[4];
+        words_at<4>(s, b0 + kQs, q);
+        [[maybe_unused]] uint32_t hb = 0;
+        if constexpr (W == Type::Q5_1 || W == Type::Q5_0) hb = word_at(s, b0 + (W == Type::Q5_1 ? 4 : 2)) >> (16 * h);
+        for (int i = 0; i < 4; ++i) {
+            uint32_t n = (q[i] >> (4 * h)) & 0x0F0F0F0Fu;
+            if constexpr (W == Type::Q5_1 || W == Type::Q5_0) n |= spread4((hb >> (4 * i)) & 0xFu) << 4;
+            if constexpr (W == Type::IQ4_NL) n = iq4nl_lut4(n) ^ 0x80808080u;  // the grid's int8 values + 128
+            for (int b = 0; b < 4; ++b) {
+                if constexpr (W == Type::Q4_1 || W == Type::Q5_1) {
+                    v[4 * i + b] = mul_rn(byte_minus(n, b, kMagic0), d) + fp16_to_float(head >> 16);
+                } else if constexpr (W == Type::Q5_0) {
+                    v[4 * i + b] = byte_minus(n, b, kMagic0 + 16.0f) * d;
+                } else {
+                    v[4 * i + b] = d * byte_minus(n, b, kMagic0 + 128.0f);
+                }
+            }
+        }
+    } else if constexpr (W == Type::Q2_K || W == Type::Q3_K) {
+        // Element e = 32 g + 16 h + j: bits 2 (g % 4) of qs[32 (g / 4) + 16 h + j]; Q3_K's bit g of hmask[16 h + j]
+        // clear means 4 lower. Q2_K: scales[16], qs[64], d, dmin; Q3_K: hmask[32], qs[64], scales[12], d.
+        constexpr int kQs = W == Type::Q2_K ? 16 : 32;
+        uint32_t q[4];
+        words_at<4>(s, off + kQs + 32 * (g / 4) + 16 * h, q);
+        [[maybe_unused]] uint32_t hm[4];
+        if constexpr (W == Type::Q3_K) words_at<4>(s, off + 16 * h, hm);
+        if constexpr (W == Type::Q2_K) {
+            const int sc = static_cast<int>(word_at(s, off + 2 * g + h) & 0xFFu);
+            const uint32_t dd = word_at(s, off + 80);
+            const float dl = mul_rn(fp16_to_float(dd & 0xFFFFu), small_to_float(sc & 0x0F));
+            const float ml = mul_rn(fp16_to_float(dd >> 16), small_to_float(sc >> 4));
+            for (int i = 0; i < 4; ++i) {
+                const uint32_t n = (q[i] >> (2 * (g % 4))) & 0x03030303u;
+                for (int b = 0; b < 4; ++b) v[4 * i + b] = mul_rn(dl, byte_minus(n, b, kMagic0)) - ml;
+            }
+        } else {
+            // kq::q3_k_scale of scale i = 2 g + h from the 12 scale bytes at 96.
+            const int i_sc = 2 * g + h;
+            const int lo = static_cast<int>((word_at(s, off + 96 + i_sc % 8) >> (4 * (i_sc / 8))) & 0x0Fu);
+            const int hi = static_cast<int>((word_at(s, off + 104 + i_sc % 4) >> (2 * (i_sc / 4))) & 3u);
+            const float dl = fp16_to_float(word_at(s, off + 108) & 0xFFFFu) * small_to_float((lo | hi << 4) - 32);
+            for (int i = 0; i < 4; ++i) {
+                // The 2 bits, plus 4 where the hmask bit is set: the value + 4, in 0 .. 7.
+                const uint32_t n = ((q[i] >> (2 * (g % 4))) & 0x03030303u) | ((hm[i] >> g) & 0x01010101u) << 2;
+                for (int b = 0; b < 4; ++b) v[4 * i + b] = dl * byte_minus(n, b, kMagic0 + 4.0f);
+            }
+        }
+    } else if constexpr (W == Type::Q4_K || W == Type::Q5_K) {
         // d, dmin, scales[12], then (Q5_K) qh[32], then qs: as decode16, element 32 g + 16 h + j is nibble
         // g % 2 of qs[32 (g / 2) + 16 h + j], its fifth bit (Q5_K) bit g of qh[16 h + j].
         uint32_t head[4];

@@ -36,9 +36,9 @@
 // for those, and a row's last unit may be partial): kPeriod = 4 k-steps of 2 groups decode from one raw
 // unit. Each unit is copied as the aligned 16-byte chunks that cover it (rows are only 2-byte aligned:
 // Q6_K's 210-byte blocks, Q3_K's 110, K = 768 rows of 630 bytes...), two units in flight, and each
-// thread decodes one group of one row per step, half a group at a time, with qd::decode_unit_half (the
-// host-tested decoders; for Q4_K, Q5_K, Q6_K and IQ4_XS qd::decode16_words, which reads the staged row as
-// words and builds each float with a byte permute: the same floats, in fewer instructions) straight from the staged bytes into the A tile. Pipeline: each step commits its activation tile and then (every kPeriod
+// thread decodes one group of one row per step, half a group at a time, with qd::decode16_words (host-tested
+// against the decoders of quant_decode.h: it reads the staged row as words and builds each float with a
+// byte permute, the same floats in fewer instructions) straight from the staged bytes into the A tile. Pipeline: each step commits its activation tile and then (every kPeriod
 // steps) the next raw unit as two cp.async groups; waiting for all but the newest group completes the
 // step's activations and every unit issued two or more steps before; a unit is issued kPeriod steps
 // before the step that decodes its first group, into the slot whose unit the step before finished.
@@ -366,15 +366,11 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C, FUSED>()) mma_
             const int copy = step / S::kPeriod;
             const int q = (step - copy * S::kPeriod) * KB + dq_blk;
             const uint32_t off = (dq_lo[0] + static_cast<uint32_t>(copy) * static_cast<uint32_t>(S::kUnitBytes)) & 15u;
-            const auto* unit = reinterpret_cast<const uint8_t*>(raw_s + slot * S::kRawWords + dq_row0 * S::kWR) + off;
+            const uint32_t* unit_words = raw_s + slot * S::kRawWords + dq_row0 * S::kWR;  // the unit from byte off
 #pragma unroll 1
             for (int h = 0; h < 2; ++h) {
                 float v[16];
-                if constexpr (qd::decodes_words(W)) {  // word loads and byte permutes (quant_decode_words.h)
-                    qd::decode16_words<W>(raw_s + slot * S::kRawWords + dq_row0 * S::kWR, static_cast<int>(off), q, h, v);
-                } else {
-                    qd::decode_unit_half<W>(unit, q, h, v);
-                }
+                qd::decode16_words<W>(unit_words, static_cast<int>(off), q, h, v);  // word loads, byte permutes
                 uint32_t packed[8];
 #pragma unroll
                 for (int i = 0; i < 8; ++i) packed[i] = pack_bf16x2(v[2 * i], v[2 * i + 1]);
