@@ -11,7 +11,9 @@
 // word of the last byte read (words_at reads one more word than it returns).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "core/quant_decode.h"
 #include "core/quant_decode_dot.h"
@@ -28,17 +30,15 @@ MOE_HD inline uint32_t funnel_r(uint32_t lo, uint32_t hi, uint32_t sh) {
 #endif
 }
 
-// The N little-endian words at byte off of s (off >= 0): words off / 4 .. off / 4 + N of s, shifted.
+// The N little-endian words at byte off of s (off >= 0): words off / 4 .. off / 4 + N of s, shifted. A fold
+// over the indices rather than a loop, so that w is unrolled into registers by construction in the GEMM.
+template <int N, size_t... I>
+MOE_HD inline void words_at_impl(const uint32_t* p, uint32_t sh, uint32_t (&w)[N], std::index_sequence<I...>) {
+    ((w[I] = funnel_r(p[I], p[I + 1], sh)), ...);
+}
 template <int N>
 MOE_HD inline void words_at(const uint32_t* s, int off, uint32_t (&w)[N]) {
-    const uint32_t* p = s + (off >> 2);
-    const uint32_t sh = static_cast<uint32_t>(off & 3) * 8u;
-    uint32_t lo = p[0];
-    for (int i = 0; i < N; ++i) {
-        const uint32_t hi = p[i + 1];
-        w[i] = funnel_r(lo, hi, sh);
-        lo = hi;
-    }
+    words_at_impl<N>(s + (off >> 2), static_cast<uint32_t>(off & 3) * 8u, w, std::make_index_sequence<N>{});
 }
 
 MOE_HD inline uint32_t word_at(const uint32_t* s, int off) {

@@ -5,7 +5,7 @@
 // Weight blocks are 34 (Q8_0), 18 (Q4_0) or 17 (MXFP4) bytes, so a block can start at any byte
 // address. Kernels therefore copy weight bytes with aligned 16- or 4-byte loads into shared memory,
 // keeping the source misalignment, and decode each block from there with funnel shifts
-// (extract_words), which turn any byte offset into aligned 32-bit words.
+// (qd::words_at, core/quant_decode_words.h), which turn any byte offset into aligned 32-bit words.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "core/quant_decode_words.h"
 #include "core/tensor.h"
 #include "core/types.h"
 
@@ -26,27 +27,6 @@ __host__ __device__ constexpr int block_bytes(Type t) {
 __host__ __device__ constexpr bool is_quant(Type t) { return t == Type::Q8_0 || t == Type::Q4_0 || t == Type::MXFP4; }
 
 // ---- bytes ----
-
-// out[i] = the 4 bytes at byte offset off + 4 i of the word array s, for any alignment of off.
-// Reads s[(off >> 2) + N]: callers keep a spare word after their data.
-template <int N>
-__device__ __forceinline__ void extract_words(const uint32_t* s, int off, uint32_t (&out)[N]) {
-    const uint32_t* p = s + (off >> 2);
-    const uint32_t sh = static_cast<uint32_t>(off & 3) * 8u;
-    uint32_t lo = p[0];
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-        const uint32_t hi = p[i + 1];
-        out[i] = __funnelshift_r(lo, hi, sh);
-        lo = hi;
-    }
-}
-
-__device__ __forceinline__ uint32_t extract_u32(const uint32_t* s, int off) {
-    uint32_t w[1];
-    extract_words<1>(s, off, w);
-    return w[0];
-}
 
 // The 16 bytes at p (16-byte aligned); where [p, p + 16) leaves [lo, hi), only the bytes inside are
 // read and the others are 0. Weights are streamed once, hence the non-coherent path.
@@ -109,11 +89,11 @@ template <Type W>
 __device__ __forceinline__ void nibble_block(const uint32_t* s, int off, float& scale, uint32_t (&q)[4]) {
     static_assert(W == Type::Q4_0 || W == Type::MXFP4, "4-bit blocks only");
     if constexpr (W == Type::Q4_0) {
-        scale = fp16_bits_to_float(extract_u32(s, off));
-        extract_words<4>(s, off + 2, q);
+        scale = fp16_bits_to_float(qd::word_at(s, off));
+        qd::words_at<4>(s, off + 2, q);
     } else {
-        scale = e8m0_half(extract_u32(s, off) & 0xFFu);
-        extract_words<4>(s, off + 1, q);
+        scale = e8m0_half(qd::word_at(s, off) & 0xFFu);
+        qd::words_at<4>(s, off + 1, q);
     }
 }
 
@@ -130,9 +110,9 @@ template <Type W>
 __device__ __forceinline__ QBlock load_qblock(const uint32_t* s, int off) {
     QBlock b;
     if constexpr (W == Type::Q8_0) {
-        b.scale = fp16_bits_to_float(extract_u32(s, off));
+        b.scale = fp16_bits_to_float(qd::word_at(s, off));
         uint32_t q[8];
-        extract_words<8>(s, off + 2, q);
+        qd::words_at<8>(s, off + 2, q);
 #pragma unroll
         for (int i = 0; i < 8; ++i) b.w[i] = static_cast<int>(q[i]);
     } else {
@@ -173,12 +153,12 @@ template <Type W>
 __device__ __forceinline__ void decode_half(const uint32_t* s, int off, int h, float (&v)[16]) {
     if constexpr (W == Type::F32) {
         uint32_t w[16];
-        extract_words<16>(s, off + 64 * h, w);
+        qd::words_at<16>(s, off + 64 * h, w);
 #pragma unroll
         for (int i = 0; i < 16; ++i) v[i] = __uint_as_float(w[i]);
     } else if constexpr (W == Type::F16 || W == Type::BF16) {
         uint32_t w[8];
-        extract_words<8>(s, off + 32 * h, w);
+        qd::words_at<8>(s, off + 32 * h, w);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             if constexpr (W == Type::F16) {
@@ -190,9 +170,9 @@ __device__ __forceinline__ void decode_half(const uint32_t* s, int off, int h, f
             }
         }
     } else if constexpr (W == Type::Q8_0) {
-        const float d = fp16_bits_to_float(extract_u32(s, off));
+        const float d = fp16_bits_to_float(qd::word_at(s, off));
         uint32_t q[4];
-        extract_words<4>(s, off + 2 + 16 * h, q);
+        qd::words_at<4>(s, off + 2 + 16 * h, q);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
 #pragma unroll
@@ -293,9 +273,9 @@ template <Type W>
 __device__ __forceinline__ void decode_half_bf16(const uint32_t* s, int off, int h, uint32_t (&out)[8]) {
     constexpr uint32_t kNegZero2 = 0x80008000u;
     if constexpr (W == Type::Q8_0) {
-        const float d = fp16_bits_to_float(extract_u32(s, off));
+        const float d = fp16_bits_to_float(qd::word_at(s, off));
         uint32_t q[4];
-        extract_words<4>(s, off + 2 + 16 * h, q);
+        qd::words_at<4>(s, off + 2 + 16 * h, q);
 #pragma unroll
         for (int i = 0; i < 4; ++i) q[i] ^= 0x80808080u;  // signed bytes biased by 128
         bytes16_scaled_bf16(q, 128.0f, d, out);

@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
     constexpr int kVpl = (kVecs + 31) / 32;        // per lane
     constexpr int kNM = FUSED ? 2 : 1;
     constexpr bool kActFirst = FUSED && is_quant(W);  // MOE_UP_GATE: activations requested before weights
-    constexpr int kSlots = kVpl * 32 + 1;          // + a spare for extract_words
+    constexpr int kSlots = kVpl * 32 + 1;          // + a spare for qd::words_at
     __shared__ uint4 stage[kGemvWarps][kNM][kSlots];
 
     const int warp = static_cast<int>(threadIdx.x) >> 5;
@@ -561,7 +561,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_short_kernel(const GemvPara
     constexpr int kBB = block_bytes(W);
     constexpr int kVecs = (kShortLanes * kBpl * kBB + 30) / 16;    // 16-byte vectors covering a row at any alignment
     constexpr int kVpl = (kVecs + kShortLanes - 1) / kShortLanes;  // per lane
-    constexpr int kSlots = kVpl * kShortLanes + 1;                 // + a spare for extract_words
+    constexpr int kSlots = kVpl * kShortLanes + 1;                 // + a spare for qd::words_at
     __shared__ uint4 stage[kGemvWarps][kShortRows][kSlots];
 
     const int warp = static_cast<int>(threadIdx.x) >> 5;

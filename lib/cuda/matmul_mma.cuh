@@ -163,7 +163,8 @@ struct MmaShape {
     static constexpr int kRawWords = kBM * kWR;
     static constexpr int kRpt = (kRawChunks + kMmaThreads - 1) / kMmaThreads;  // chunks per thread
     static constexpr int kDq = kBM * C::KB * 2 / kMmaThreads;  // half blocks (groups) each thread decodes per step
-    // A spare word after the raw stages for extract_words (the decoded types' decoders read bytes only).
+    // A spare word after the raw stages for qd::words_at; the decoded types' decoders read a word past
+    // their unit too, where the column tables follow.
     static constexpr size_t kSmemRaw = (size_t{C::STAGES} * kRawWords + (kDec ? 0 : 4)) * 4;
     static constexpr size_t kSmem = kSmemA + kSmemB + kSmemRaw + kSmemCols;
     static_assert(kDq * kMmaThreads == kBM * C::KB * 2, "whole half blocks per thread");

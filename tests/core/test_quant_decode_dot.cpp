@@ -16,13 +16,14 @@
 
 #include "core/quant_decode_dot.h"
 #include "core/types.h"
+#include "common/decoded_types.h"
 
 namespace {
 
 using moe::Type;
 
-constexpr Type kDecoded[] = {Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::IQ4_NL, Type::Q2_K,
-                             Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K,   Type::IQ4_XS};
+using moe::test::fp16_fields;
+constexpr auto& kDecoded = moe::test::kDecodedTypes;
 
 // Group g of a block as the layouts define it, one element at a time: value q[j], and the integer scale
 // and minimum of its 16-element half (1 and 0 where the format has none).
@@ -124,20 +125,6 @@ Tested run_group(Type t, const uint8_t* blk, int g, const int (&xq)[8], float dx
         case Type::Q5_K: return run_group<Type::Q5_K>(blk, g, xq, dx);
         case Type::Q6_K: return run_group<Type::Q6_K>(blk, g, xq, dx);
         default: return run_group<Type::IQ4_XS>(blk, g, xq, dx);
-    }
-}
-
-// Byte offsets of the fp16 scales in a block (quant_blocks.h).
-std::vector<int> fp16_fields(Type t) {
-    switch (t) {
-        case Type::Q4_1:
-        case Type::Q5_1:
-        case Type::Q4_K:
-        case Type::Q5_K: return {0, 2};
-        case Type::Q2_K: return {80, 82};
-        case Type::Q3_K: return {108};
-        case Type::Q6_K: return {208};
-        default: return {0};  // Q5_0, IQ4_NL, IQ4_XS
     }
 }
 

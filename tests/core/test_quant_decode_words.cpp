@@ -14,27 +14,14 @@
 #include "core/quant_decode.h"
 #include "core/quant_decode_words.h"
 #include "core/types.h"
+#include "common/decoded_types.h"
 
 namespace {
 
 using moe::Type;
 
-constexpr Type kDecoded[] = {Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::IQ4_NL, Type::Q2_K,
-                             Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K,   Type::IQ4_XS};
-
-// Byte offsets of a block's fp16 fields (quant_blocks.h).
-std::vector<int> fp16_fields(Type t) {
-    switch (t) {
-        case Type::Q4_1:
-        case Type::Q5_1:
-        case Type::Q4_K:
-        case Type::Q5_K: return {0, 2};
-        case Type::Q2_K: return {80, 82};
-        case Type::Q3_K: return {108};
-        case Type::Q6_K: return {208};
-        default: return {0};  // Q5_0, IQ4_NL, IQ4_XS
-    }
-}
+using moe::test::fp16_fields;
+constexpr auto& kDecoded = moe::test::kDecodedTypes;
 
 template <Type W>
 void decode_both(const uint32_t* staged, int off, const uint8_t* unit, int g, int h, float (&got)[16], float (&want)[16]) {
