@@ -173,15 +173,7 @@ StatusOr<sched::ExpertPlacement> decide_sides(const moe_context& ctx, const std:
                                               const sched::Policy& policy, uint64_t cap) {
     if (!ctx.device) return sched::ExpertPlacement{std::vector<Side>(ws.size(), Side::HOST), {}};
     const HParams& hp = ctx.model->hparams;
-    sched::PlacementParams pp;
-    MOE_ASSIGN_OR_RETURN(pp.overrides,
-                         sched::parse_overrides(ctx.params.tensor_overrides ? ctx.params.tensor_overrides : ""));
-    // Attention the device has no kernel for stays on the host (runtime/attention_home.h).
-    const std::vector<sched::OverrideRule> host_attention = host_attention_overrides(hp, ctx.weights, *ctx.device);
-    pp.overrides.insert(pp.overrides.begin(), host_attention.begin(), host_attention.end());
-    pp.n_layer = hp.n_layer;
-    pp.n_cpu_moe = ctx.params.n_cpu_moe;
-    pp.n_gpu_layers = ctx.params.n_gpu_layers;
+    MOE_ASSIGN_OR_RETURN(sched::PlacementParams pp, placement_rules(ctx));
     std::vector<sched::WeightDesc> desc;
     uint64_t total = 0, largest_expert = 0;
     for (const Tensor* t : ws) {
@@ -466,6 +458,21 @@ Status decode_ubatch(moe_context& ctx, const int32_t* tokens, int n_tokens, int 
 }
 
 }  // namespace
+
+StatusOr<sched::PlacementParams> placement_rules(const moe_context& ctx) {
+    MOE_ASSERT(ctx.device != nullptr);
+    const HParams& hp = ctx.model->hparams;
+    sched::PlacementParams pp;
+    MOE_ASSIGN_OR_RETURN(pp.overrides,
+                         sched::parse_overrides(ctx.params.tensor_overrides ? ctx.params.tensor_overrides : ""));
+    // Attention the device has no kernel for stays on the host (runtime/attention_home.h).
+    const std::vector<sched::OverrideRule> host_attention = host_attention_overrides(hp, ctx.weights, *ctx.device);
+    pp.overrides.insert(pp.overrides.begin(), host_attention.begin(), host_attention.end());
+    pp.n_layer = hp.n_layer;
+    pp.n_cpu_moe = ctx.params.n_cpu_moe;
+    pp.n_gpu_layers = ctx.params.n_gpu_layers;
+    return pp;
+}
 
 StatusOr<std::unique_ptr<moe_context>> create_context(moe_model* model, const moe_context_params& params) {
     MOE_RETURN_IF_ERROR(check_params(params));

@@ -13,6 +13,7 @@
 #include "runtime/device_part.h"
 #include "runtime/host_weights.h"
 #include "runtime/model.h"
+#include "sched/placement.h"
 #include "sched/scheduler.h"
 
 struct moe_context {
@@ -78,6 +79,11 @@ struct moe_context {
 namespace moe {
 
 StatusOr<std::unique_ptr<moe_context>> create_context(moe_model* model, const moe_context_params& params);
+
+// The placement rules of a device context's params (sched/placement.h): its tensor overrides, after the
+// rules that keep attention the device has no kernel for on the host (runtime/attention_home.h), and its
+// n_layer, n_cpu_moe and n_gpu_layers; vram_budget is left for the caller. REQUIRES: ctx.device.
+StatusOr<sched::PlacementParams> placement_rules(const moe_context& ctx);
 
 // Evaluates tokens; see moe_decode in moeinfer.h for the contract.
 Status decode(moe_context& ctx, const int32_t* tokens, const int32_t* positions, int32_t n_tokens, bool logits_all);

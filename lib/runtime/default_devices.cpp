@@ -4,7 +4,7 @@
 #include <numeric>
 #include <regex>
 
-#include "runtime/attention_home.h"
+#include "runtime/context.h"
 #include "runtime/context_sizes.h"
 #include "sched/device_split.h"
 #include "sched/placement.h"
@@ -43,14 +43,7 @@ StatusOr<std::vector<LayerBytes>> layer_bytes(const moe_context& ctx) {
         ws.push_back(const_cast<Tensor*>(&t));  // weight_layers reads them only
         desc.push_back({t.name, aligned(t.n_bytes())});
     }
-    sched::PlacementParams pp;
-    MOE_ASSIGN_OR_RETURN(pp.overrides,
-                         sched::parse_overrides(ctx.params.tensor_overrides ? ctx.params.tensor_overrides : ""));
-    const std::vector<sched::OverrideRule> host_attention = host_attention_overrides(hp, ctx.weights, *ctx.device);
-    pp.overrides.insert(pp.overrides.begin(), host_attention.begin(), host_attention.end());
-    pp.n_layer = hp.n_layer;
-    pp.n_cpu_moe = ctx.params.n_cpu_moe;
-    pp.n_gpu_layers = ctx.params.n_gpu_layers;
+    MOE_ASSIGN_OR_RETURN(sched::PlacementParams pp, placement_rules(ctx));
     pp.vram_budget = UINT64_MAX;
     MOE_ASSIGN_OR_RETURN(const std::vector<sched::Side> sides, sched::place_weights(desc, pp));
     const std::vector<int> layers = weight_layers(ctx, ws);

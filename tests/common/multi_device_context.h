@@ -63,4 +63,18 @@ private:
     DeviceContext(moe_model* m, const DeviceSetup& s, moe_sched_policy&& pol) : ApiContext(m, device_params(s, pol)) {}
 };
 
+// The ordinals of a context's devices, in its order (moe_context_get_device_info).
+inline std::vector<int32_t> device_ordinals(const moe_context* ctx) {
+    int32_t n = 0;
+    REQUIRE(moe_context_get_n_devices(ctx, &n) == MOE_STATUS_OK);
+    std::vector<int32_t> out;
+    for (int32_t d = 0; d < n; ++d) {
+        moe_device_info info;
+        info.struct_size = sizeof info;
+        REQUIRE(moe_context_get_device_info(ctx, d, &info) == MOE_STATUS_OK);
+        out.push_back(info.ordinal);
+    }
+    return out;
+}
+
 }  // namespace moe::test

@@ -28,6 +28,7 @@ namespace {
 
 using moe::test::DeviceContext;
 using moe::test::DeviceSetup;
+using moe::test::device_ordinals;
 using moe::test::random_tokens;
 
 // Device bytes of each layer's weights (padded to 256 as placement pads them), the token embeddings
@@ -58,19 +59,6 @@ std::optional<std::vector<int>> reference_fill(const std::vector<uint64_t>& byte
         if (d == budgets.size()) return std::nullopt;
         out.push_back(static_cast<int>(d));
         used += b;
-    }
-    return out;
-}
-
-std::vector<int32_t> ordinals(const moe_context* ctx) {
-    int32_t n = 0;
-    REQUIRE(moe_context_get_n_devices(ctx, &n) == MOE_STATUS_OK);
-    std::vector<int32_t> out;
-    for (int32_t d = 0; d < n; ++d) {
-        moe_device_info info;
-        info.struct_size = sizeof info;
-        REQUIRE(moe_context_get_device_info(ctx, d, &info) == MOE_STATUS_OK);
-        out.push_back(info.ordinal);
     }
     return out;
 }
@@ -142,17 +130,17 @@ TEST_CASE("the several-device default: one device while the model fits it, then 
         if (share == 1.0) {
             REQUIRE(fill);
             REQUIRE(*fill == std::vector<int>(6, 0));
-            CHECK(ordinals(c.ctx) == std::vector<int32_t>{0});
+            CHECK(device_ordinals(c.ctx) == std::vector<int32_t>{0});
             CHECK(c.ctx->parts.empty());
         } else if (fill) {
             CHECK(share == 0.6);
-            CHECK(ordinals(c.ctx) == std::vector<int32_t>{0, 1});
+            CHECK(device_ordinals(c.ctx) == std::vector<int32_t>{0, 1});
             CHECK(c.ctx->layer_device == *fill);
             CHECK(c.stats().weights_host_bytes == 0);
         } else {
             CHECK(share == 0.3);
             // Both full: the layers split by the (equal) budgets, each device's experts spilling under it.
-            CHECK(ordinals(c.ctx) == std::vector<int32_t>{0, 1});
+            CHECK(device_ordinals(c.ctx) == std::vector<int32_t>{0, 1});
             CHECK(c.ctx->layer_device == std::vector<int>{0, 0, 0, 1, 1, 1});
             for (int32_t d = 0; d < 2; ++d) {
                 moe_sched_stats ds;
@@ -195,7 +183,7 @@ TEST_CASE("the several-device default: the device offering the most first; the w
         s.backend_options = "emulated_devices=2";
         s.budgets = {total / 2, total};
         DeviceContext c(m.get(), s);
-        CHECK(ordinals(c.ctx) == std::vector<int32_t>{1});
+        CHECK(device_ordinals(c.ctx) == std::vector<int32_t>{1});
         REQUIRE(moe::test::bitwise_equal(c.decode(tokens, nv), want));
     }
     // Free memory (no budgets; 4 GiB cards): another context's weights on card 0 leave card 1 the freer.
@@ -203,11 +191,11 @@ TEST_CASE("the several-device default: the device offering the most first; the w
         DeviceSetup blocker;
         blocker.backend_options = "emulated_vram=4294967296";
         DeviceContext held(m.get(), blocker);
-        REQUIRE(ordinals(held.ctx) == std::vector<int32_t>{0});
+        REQUIRE(device_ordinals(held.ctx) == std::vector<int32_t>{0});
         DeviceSetup s;
         s.backend_options = "emulated_vram=4294967296,emulated_devices=2";
         DeviceContext c(m.get(), s);
-        CHECK(ordinals(c.ctx) == std::vector<int32_t>{1});
+        CHECK(device_ordinals(c.ctx) == std::vector<int32_t>{1});
         REQUIRE(moe::test::bitwise_equal(c.decode(tokens, nv), want));
     }
     // What turns the default off, on a budget the model does not fit: a device list naming one device,
@@ -242,7 +230,7 @@ TEST_CASE("the several-device default: the device offering the most first; the w
         moe_context_params p = moe::test::device_params(s, pol);
         p.vram_budget = small;
         moe::test::ApiContext c(m.get(), p);
-        CHECK(ordinals(c.ctx) == k.want_ordinals);
+        CHECK(device_ordinals(c.ctx) == k.want_ordinals);
         if (k.want_ordinals.size() == 1) {
             CHECK(c.stats().weights_host_bytes > 0);  // one device: its experts spill, the other stays unused
         } else {
@@ -268,7 +256,7 @@ TEST_CASE("the several-device default: the device offering the most first; the w
     // One device shown (the emulated backend's default, a one-GPU machine): as ever, device 0.
     DeviceSetup one;
     DeviceContext c(m.get(), one);
-    CHECK(ordinals(c.ctx) == std::vector<int32_t>{0});
+    CHECK(device_ordinals(c.ctx) == std::vector<int32_t>{0});
     // A bad count is named.
     DeviceSetup bad;
     bad.backend_options = "emulated_devices=9";

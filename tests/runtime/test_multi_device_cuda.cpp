@@ -109,6 +109,7 @@ int device_of(const void* p) {
 }
 
 using Setup = moe::test::DeviceSetup;
+using moe::test::device_ordinals;
 
 // A CUDA context's setup: ubatches of 32; offload calibration off (measured thresholds, of one-device
 // contexts only, would move offloaded ops); CUDA fusion as asked; `more` backend options.
@@ -420,18 +421,6 @@ TEST_CASE("the several-device default on two GPUs: one while the model fits, the
     std::mt19937 rng(std::random_device{}());
     Model m("qwen3moe", "moe_cuda_default", rng(), gpu_model(4));
     const auto batches = token_batches(rng, m.info().n_vocab);
-    const auto ordinals = [](const moe_context* ctx) {
-        int32_t n = 0;
-        REQUIRE(moe_context_get_n_devices(ctx, &n) == MOE_STATUS_OK);
-        std::vector<int32_t> out;
-        for (int32_t d = 0; d < n; ++d) {
-            moe_device_info info;
-            info.struct_size = sizeof info;
-            REQUIRE(moe_context_get_device_info(ctx, d, &info) == MOE_STATUS_OK);
-            out.push_back(info.ordinal);
-        }
-        return out;
-    };
     Setup gpu0 = cuda_setup(false);  // fusion off: a layer boundary between GPUs changes no sums
     gpu0.devices = {0};
     Ctx reference(m, gpu0);
@@ -448,9 +437,9 @@ TEST_CASE("the several-device default on two GPUs: one while the model fits, the
         p.vram_budget = budget;
         moe::test::ApiContext c(m.get(), p);
         if (budget == total) {
-            CHECK(ordinals(c.ctx) == std::vector<int32_t>{0});
+            CHECK(device_ordinals(c.ctx) == std::vector<int32_t>{0});
         } else {
-            CHECK(ordinals(c.ctx) == std::vector<int32_t>{0, 1});
+            CHECK(device_ordinals(c.ctx) == std::vector<int32_t>{0, 1});
             CHECK(c.stats().weights_host_bytes == 0);
         }
         for (size_t i = 0; i < batches.size(); ++i) {
@@ -465,7 +454,7 @@ TEST_CASE("the several-device default on two GPUs: one while the model fits, the
     moe::StatusOr<std::unique_ptr<moe::Buffer>> ballast = holder->alloc_buffer(size_t{2} << 30);
     REQUIRE(ballast.is_ok());
     Ctx freest(m, cuda_setup(false));
-    CHECK(ordinals(freest.ctx) == std::vector<int32_t>{1});
+    CHECK(device_ordinals(freest.ctx) == std::vector<int32_t>{1});
     CHECK(device_of(freest.ctx->device_weights->data()) == 1);
     for (size_t i = 0; i < batches.size(); ++i) REQUIRE(moe::test::bitwise_equal(freest.decode(batches[i]), want[i]));
 #endif
