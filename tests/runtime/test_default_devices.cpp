@@ -267,3 +267,46 @@ TEST_CASE("the several-device default: the device offering the most first; the w
     CHECK(ctx == nullptr);
     CHECK_THAT(moe_last_error(), Catch::Contains("emulated_devices"));
 }
+
+TEST_CASE("the several-device default: unequal budgets go with their devices in fill order",
+          "[sched][multi_device]") {
+    std::mt19937 rng(std::random_device{}());
+    moe::test::TinyModelOptions o;
+    o.n_layer = 6;
+    moe::test::TinyModel m("qwen3moe", "moe_default_budgets", rng(), o);
+    const int32_t nv = m.info().n_vocab;
+    const std::vector<int32_t> tokens = random_tokens(rng, 11, nv);
+    DeviceSetup base;
+    DeviceContext reference(m.get(), base);
+    const std::vector<float> want = reference.decode(tokens, nv);
+    const std::vector<uint64_t> bytes = layer_bytes(*reference.ctx);
+    const uint64_t total = std::accumulate(bytes.begin(), bytes.end(), uint64_t{0});
+    // Ordinal 1 offers more: it is filled first, then ordinal 0 under its own (smaller) budget; where
+    // they do not fit, both by their budgets, each under its own.
+    for (const auto& [small, large] : {std::pair{0.45, 0.7}, std::pair{0.2, 0.35}}) {
+        const std::vector<uint64_t> budgets = {static_cast<uint64_t>(static_cast<double>(total) * small),
+                                               static_cast<uint64_t>(static_cast<double>(total) * large)};
+        INFO("budgets " << budgets[0] << ", " << budgets[1] << " of " << total);
+        DeviceSetup s;
+        s.backend_options = "emulated_devices=2";
+        s.budgets = budgets;
+        DeviceContext c(m.get(), s);
+        REQUIRE(device_ordinals(c.ctx) == std::vector<int32_t>{1, 0});
+        const std::optional<std::vector<int>> fill = reference_fill(bytes, {budgets[1], budgets[0]});
+        REQUIRE(fill.has_value() == (small > 0.3));  // 115% of the model fits both, 55% does not
+        if (fill) {
+            REQUIRE(fill->front() == 0);
+            REQUIRE(fill->back() == 1);
+            CHECK(c.ctx->layer_device == *fill);
+            CHECK(c.stats().weights_host_bytes == 0);
+        }
+        for (int32_t d = 0; d < 2; ++d) {
+            moe_sched_stats ds;
+            ds.struct_size = sizeof ds;
+            REQUIRE(moe_context_get_device_stats(c.ctx, d, &ds) == MOE_STATUS_OK);
+            CHECK(ds.weights_device_bytes <= budgets[d == 0 ? 1 : 0]);
+            if (!fill) CHECK(ds.weights_host_bytes > 0);
+        }
+        REQUIRE(moe::test::bitwise_equal(c.decode(tokens, nv), want));
+    }
+}
