@@ -217,7 +217,7 @@ inline std::vector<Option> make_options(Config& c) {
          "auto: cuda when this build has CUDA and a GPU is present, else cpu (the backend column says which), "
          "as a CUDA build of llama.cpp does. cpu: every op on the CPU. cuda: the GPUs plus the CPU, weights "
          "placed by the flags below (by default all on the GPU if they fit, else the experts spill to host "
-         "RAM; with several GPUs and no -dev / -ts, the GPUs filled one after the other in order of free "
+         "RAM; with several GPUs and no -dev / -ts / -sm none / -ot naming CUDAn, the GPUs filled one after the other in order of free "
          "memory, a model that fits one staying on it) and ops scheduled by the offload policy. emulated: like cuda with a host-memory backend playing "
          "the GPU (for testing placement and scheduling without a GPU; slower than cpu); emulated:N plays a "
          "host with N GPUs (up to 8, each with its own memory), used as cuda uses the GPUs of a machine",
@@ -295,7 +295,8 @@ inline std::vector<Option> make_options(Config& c) {
         {"-dev", "--dev", "LIST",
          "the devices to use, comma-separated: CUDAn (or EMULATEDn with --device emulated, or the ordinal n); "
          "the first is CUDA0 of -ot and -mg; -dev CUDA0 keeps to GPU 0",
-         "every GPU (cuda; emulated:N: its N), filled in order of free memory unless -ts is given", sched,
+         "every GPU (cuda; emulated:N: its N), filled in order of free memory unless -ts, -sm none or an -ot naming a "
+         "device (CUDAn) is given", sched,
          [&c](const std::string& v) -> std::optional<std::string> {
              c.devices.clear();
              size_t start = 0;
