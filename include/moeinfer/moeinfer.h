@@ -458,8 +458,9 @@ typedef struct moe_context_params {
      * (a one-device context), one that fits them all takes as few as it needs (activations cross
      * between them, docs/MULTI_GPU.md), and one that does not has its layers split over all of them by
      * their budgets (else free memory), each spilling experts to host RAM under its own budget (where
-     * not even the weights other than experts fit them, the first device alone, whose refusal names
-     * its budget).
+     * that split gives a device more of the weights other than experts than it holds, the layers as
+     * those weights fill the devices in order; where not even those weights fit them, the first device
+     * alone, whose refusal names its budget).
      * n_devices = 1 with the device (-dev CUDA0), or MOE_SPLIT_NONE (main_gpu), keeps to one device;
      * moe_context_get_device_info says which devices a context uses.
      * Default: NULL, 0. */

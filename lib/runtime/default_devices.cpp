@@ -119,32 +119,52 @@ StatusOr<DeviceList> fill_devices(const moe_context& ctx, const DeviceList& orde
         n_layer, n_dev, [&fits](int d, int first, int count) { return fits(true, d, first, count); });
     DeviceList out = ordered;
     out.fill = false;
-    if (!filled || filled->empty() || filled->front() != 0) {
-        // Every device, split as without the default, where the weights that cannot move fit them in order
-        // (as greedy runs are the best in-order packing, no split in this order fits where this does not).
-        // Otherwise no split helps: the first device alone, whose refusal says what its budget was made of.
-        if (sched::fill_layers(n_layer, n_dev, [&fits](int d, int first, int count) {
-                return fits(false, d, first, count);
-            })) {
-            return out;
+    // The devices that got layers, each with its run of layers as its proportion (runs of the layer
+    // counts deal the layers out as they were filled: sched::split_layers); one: no proportions.
+    const auto as_filled = [&](const std::vector<int>& layer_device) {
+        std::vector<double> counts(static_cast<size_t>(n_dev), 0.0);
+        for (int d : layer_device) counts[static_cast<size_t>(d)] += 1.0;
+        out.ordinals.clear();
+        out.budgets.clear();
+        out.proportions.clear();
+        for (int d = 0; d < n_dev; ++d) {
+            if (counts[static_cast<size_t>(d)] == 0.0) continue;
+            out.ordinals.push_back(ordered.ordinals[static_cast<size_t>(d)]);
+            out.budgets.push_back(ordered.budgets[static_cast<size_t>(d)]);
+            out.proportions.push_back(counts[static_cast<size_t>(d)]);
         }
+        if (out.ordinals.size() == 1) out.proportions.clear();
+        return out;
+    };
+    if (filled && !filled->empty() && filled->front() == 0) return as_filled(*filled);
+    // Layers left over: the weights that cannot move must fit the devices in order (as greedy runs are the
+    // best in-order packing, no split in this order fits where this does not); otherwise no split helps:
+    // the first device alone, whose refusal says what its budget was made of.
+    const std::optional<std::vector<int>> fixed = sched::fill_layers(
+        n_layer, n_dev, [&fits](int d, int first, int count) { return fits(false, d, first, count); });
+    if (!fixed || fixed->empty() || fixed->front() != 0) {
         out.ordinals.resize(1);
         out.budgets.resize(1);
         return out;
     }
-    std::vector<double> counts(static_cast<size_t>(n_dev), 0.0);
-    for (int d : *filled) counts[static_cast<size_t>(d)] += 1.0;
-    out.ordinals.clear();
-    out.budgets.clear();
-    out.proportions.clear();
+    // Every device, the layers split by their budgets (else free memory) as without the default, where
+    // each device's run holds those weights; where it does not (the split by proportions can give a full
+    // device a layer more than it holds), the layers as those weights fill the devices.
+    std::vector<double> shares;
     for (int d = 0; d < n_dev; ++d) {
-        if (counts[static_cast<size_t>(d)] == 0.0) continue;
-        out.ordinals.push_back(ordered.ordinals[static_cast<size_t>(d)]);
-        out.budgets.push_back(ordered.budgets[static_cast<size_t>(d)]);
-        out.proportions.push_back(counts[static_cast<size_t>(d)]);
+        const uint64_t budget = ordered.budgets[static_cast<size_t>(d)];
+        shares.push_back(static_cast<double>(budget > 0 ? budget : free[static_cast<size_t>(d)]));
     }
-    // Runs of the layer counts deal the layers out as they were filled (sched::split_layers).
-    if (out.ordinals.size() == 1) out.proportions.clear();
+    const StatusOr<std::vector<int>> split = sched::split_layers(n_layer, shares, {});
+    if (!split.is_ok()) return as_filled(*fixed);
+    for (int il = 0; il < n_layer;) {
+        const int d = (*split)[static_cast<size_t>(il)];
+        int count = 0;
+        while (il + count < n_layer && (*split)[static_cast<size_t>(il + count)] == d) ++count;
+        if (!fits(false, d, il, count)) return as_filled(*fixed);
+        il += count;
+    }
+    out.proportions = shares;
     return out;
 }
 

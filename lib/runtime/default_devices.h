@@ -27,10 +27,12 @@ StatusOr<DeviceList> fill_order(const DeviceList& list, const BackendFactory& fa
 // budget of a device holding those layers), then to the next. Where they all fit: the devices that got
 // layers, each with its run of layers as its proportion (one: a one-device context on it). Where they do
 // not (or the first device can take no layer): every device, the layers split by their budgets or free
-// memory as without the default, each device spilling experts to host RAM under its own budget; but
-// where even the weights no budget moves to host RAM (all but the expert tensors no override pins) do
-// not fit the devices in order, the first device alone (no split could place them; its refusal names
-// its budget, as a one-GPU machine's).
+// memory as without the default, each device spilling experts to host RAM under its own budget (where
+// that split gives a device more of the weights no budget moves than its budget holds, as the rule of
+// proportions can give a full device one layer too many, the layers as those weights fill the devices
+// in order, the devices that got none left out); but where even the weights no budget moves to host RAM
+// (all but the expert tensors no override pins) do not fit the devices in order, the first device alone
+// (no split could place them; its refusal names its budget, as a one-GPU machine's).
 // REQUIRES: ctx has its weights bound and ctx.device is the backend of ordered.ordinals[0]; ctx.params
 // holds the borrowed fields (tensor_overrides).
 StatusOr<DeviceList> fill_devices(const moe_context& ctx, const DeviceList& ordered, const std::vector<uint64_t>& free,

@@ -7,6 +7,7 @@
 // device offers (a device holding another context's weights comes second).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -309,4 +310,63 @@ TEST_CASE("the several-device default: unequal budgets go with their devices in 
         }
         REQUIRE(moe::test::bitwise_equal(c.decode(tokens, nv), want));
     }
+}
+
+TEST_CASE("the several-device default: full devices whose budget split cannot hold the weights other than experts "
+          "take them as they fill the devices",
+          "[sched][multi_device]") {
+    std::mt19937 rng(std::random_device{}());
+    moe::test::TinyModelOptions o;
+    o.n_layer = 6;
+    moe::test::TinyModel m("qwen3moe", "moe_default_fixed", rng(), o);
+    const int32_t nv = m.info().n_vocab;
+    const std::vector<int32_t> tokens = random_tokens(rng, 9, nv);
+    DeviceSetup base;
+    DeviceContext reference(m.get(), base);
+    const std::vector<float> want = reference.decode(tokens, nv);
+    // The weights no budget moves to host RAM (all but the expert tensors), per layer as layer_bytes.
+    const int n_layer = 6;
+    std::vector<uint64_t> fixed(n_layer, 0);
+    for (const moe::Tensor& t : reference.ctx->weight_tensors) {
+        if (!t.is_weight || t.name.find("_exps.") != std::string::npos) continue;
+        const int layer = moe::sched::layer_of(t.name);
+        fixed[static_cast<size_t>(layer >= 0 ? layer : t.name == "token_embd.weight" ? 0 : n_layer - 1)] +=
+            (t.n_bytes() + 255) / 256 * 256;
+    }
+    // Budgets that hold the first k layers' and the rest's when filled in order (the rest's exactly, the
+    // first device's just above it, as two like GPUs' free memory), while the layers dealt out by the
+    // budgets' proportions (llama.cpp's rule, as with a device list) give the first device one layer more
+    // than it holds.
+    int k = 0;
+    uint64_t first = 0, rest = 0, budget_first = 0;
+    for (int c = 1; c < n_layer && k == 0; ++c) {
+        first = std::accumulate(fixed.begin(), fixed.begin() + c, uint64_t{0});
+        rest = std::accumulate(fixed.begin() + c, fixed.end(), uint64_t{0});
+        budget_first = std::max(first, rest + 256);
+        std::vector<int> in_order(static_cast<size_t>(n_layer), 1);
+        std::fill(in_order.begin(), in_order.begin() + c, 0);
+        if (reference_fill(fixed, {budget_first, rest}) != in_order) continue;
+        const double share = static_cast<double>(budget_first) / static_cast<double>(budget_first + rest);
+        int by_share = 0;
+        while (by_share < n_layer && static_cast<double>(by_share) / n_layer < share) ++by_share;
+        const uint64_t held = std::accumulate(fixed.begin(), fixed.begin() + by_share, uint64_t{0});
+        if (held > budget_first || held < first) k = c;
+    }
+    REQUIRE(k > 0);
+    INFO("first " << k << " layers: " << first << " bytes, the rest " << rest);
+    DeviceSetup s;
+    s.backend_options = "emulated_devices=2";
+    s.budgets = {rest, budget_first};  // ordinal 1 offers more: filled first
+    DeviceContext c(m.get(), s);
+    REQUIRE(device_ordinals(c.ctx) == std::vector<int32_t>{1, 0});
+    std::vector<int> want_layers(n_layer, 1);
+    std::fill(want_layers.begin(), want_layers.begin() + k, 0);
+    CHECK(c.ctx->layer_device == want_layers);
+    for (int32_t d = 0; d < 2; ++d) {
+        moe_sched_stats ds;
+        ds.struct_size = sizeof ds;
+        REQUIRE(moe_context_get_device_stats(c.ctx, d, &ds) == MOE_STATUS_OK);
+        CHECK(ds.weights_device_bytes == (d == 0 ? first : rest));
+    }
+    REQUIRE(moe::test::bitwise_equal(c.decode(tokens, nv), want));
 }
