@@ -201,7 +201,8 @@ MOE_HD inline GroupQ load_group(const uint8_t* blk, int g) {
         int sc, m;
         if constexpr (A4) {  // the 12 scale bytes as three words
             const uint32_t dm = load_u32<true>(blk);
-            kq::scale_min_k4_words(load_u32<true>(blk + 4), load_u32<true>(blk + 8), load_u32<true>(blk + 12), g, sc, m);
+            kq::scale_min_k4_words(load_u32<true>(blk + 4), load_u32<true>(blk + 8), load_u32<true>(blk + 12), g,
+                                   sc, m);
             q.dw = fp16_to_float(dm & 0xFFFFu);
             q.mw = -fp16_to_float(dm >> 16);
         } else {

@@ -1,11 +1,12 @@
-// decode_unit_half (quant_decode.h) for every decoded type, reading the staged row as whole 32-bit words: the tensor-core GEMM (cuda/matmul_mma.cuh) stages a
-// unit of 256 elements from byte `off` (its address & 15, even) of a row of shared-memory words, and
-// decode16's byte loads, shifts and integer additions per element made its decode, not its MMAs, the
-// bound of the expert GEMM (about 8 instructions per element). Here 16 bytes are 5 word loads and 4
-// funnel shifts (words_at, at any even offset), and each element is one byte permute that builds the
-// float 2^23 + q, one exact subtraction, and decode16's own scale arithmetic (the same roundings, in the
-// same order): the same floats bit for bit (tests/core/test_quant_decode_words.cpp checks every group of
-// random blocks at every even offset against decode16).
+// decode_unit_half (quant_decode.h) for every decoded type, reading the staged row as whole 32-bit words.
+// The tensor-core GEMM (cuda/matmul_mma.cuh) stages a unit of 256 elements from byte `off` (its address &
+// 15, even) of a row of shared-memory words, and decode16's byte loads, shifts and integer additions per
+// element made its decode, not its MMAs, the bound of the expert GEMM (about 8 instructions per element).
+// Here 16 bytes are 5 word loads and 4 funnel shifts (words_at, at any even offset), and each element is
+// one byte permute that builds the float 2^23 + q, one exact subtraction, and decode16's own scale
+// arithmetic (the same roundings, in the same order): the same floats bit for bit, NaN payloads aside
+// (tests/core/test_quant_decode_words.cpp checks every half group of random units at every even offset
+// against decode_unit_half).
 //
 // REQUIRES of every decoder: s holds the unit's bytes from byte off, and one readable word past the
 // word of the last byte read (words_at reads one more word than it returns).

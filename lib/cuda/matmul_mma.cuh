@@ -36,12 +36,13 @@
 // for those, and a row's last unit may be partial): kPeriod = 4 k-steps of 2 groups decode from one raw
 // unit. Each unit is copied as the aligned 16-byte chunks that cover it (rows are only 2-byte aligned:
 // Q6_K's 210-byte blocks, Q3_K's 110, K = 768 rows of 630 bytes...), two units in flight, and each
-// thread decodes one group of one row per step, half a group at a time, with qd::decode16_words (host-tested
-// against the decoders of quant_decode.h: it reads the staged row as words and builds each float with a
-// byte permute, the same floats in fewer instructions) straight from the staged bytes into the A tile. Pipeline: each step commits its activation tile and then (every kPeriod
-// steps) the next raw unit as two cp.async groups; waiting for all but the newest group completes the
-// step's activations and every unit issued two or more steps before; a unit is issued kPeriod steps
-// before the step that decodes its first group, into the slot whose unit the step before finished.
+// thread decodes one group of one row per step, half a group at a time, with qd::decode16_words
+// (host-tested against the decoders of quant_decode.h: it reads the staged row as words and builds each
+// float with a byte permute, the same floats in fewer instructions) straight from the staged bytes into
+// the A tile. Pipeline: each step commits its activation tile and then (every kPeriod steps) the next raw
+// unit as two cp.async groups; waiting for all but the newest group completes the step's activations and
+// every unit issued two or more steps before; a unit is issued kPeriod steps before the step that decodes
+// its first group, into the slot whose unit the step before finished.
 // Shared memory per CTA, bytes: A 2 x 128 x 72 x 2 = 36,864; B 2 x BN x 72 x 2 (BN 32 / 64 / 128: 9,216 /
 // 18,432 / 36,864); column tables 8 BN; raw 2 x 128 x 16 kCR, kCR = unit_chunks16 (Q2_K 7, Q3_K 8,
 // IQ4_NL / Q4_K / IQ4_XS 10, Q4_1 11, Q5_0 / Q5_K 12, Q5_1 13, Q6_K 14), made odd where that costs no
