@@ -148,18 +148,21 @@ const std::vector<Key>& keys() {
              if (std::strcmp(v, "fused") == 0) c.expert_gemm_decode = ExpertGemmDecode::FUSED;
              if (std::strcmp(v, "scratch") == 0) c.expert_gemm_decode = ExpertGemmDecode::SCRATCH;
          }},
-        {"kquant_gemv", "MOEINFER_KQUANT_GEMV", "v2|v1", "v2",
+        {"kquant_gemv", "MOEINFER_KQUANT_GEMV", "v2|v1|v3", "v2",
          "CUDA decode GEMV (1 .. 8 columns) of K-quant / IQ4 / Q4_1 / Q5_* weights: v2, 16-byte weight loads "
-         "staged in shared memory; v1, the first kernel (2-byte loads per lane); the same results",
+         "staged in shared memory; v1, the first kernel (2-byte loads per lane); v3, v2 with routed rows of at "
+         "most 32 groups (K <= 1024) at 4 rows per warp; the same results",
          [](std::string_view v, BackendConfig& c) {
              if (v == "v2") c.kquant_gemv = KquantGemv::V2;
              else if (v == "v1") c.kquant_gemv = KquantGemv::V1;
+             else if (v == "v3") c.kquant_gemv = KquantGemv::V3;
              else return false;
              return true;
          },
          [](const char* v, BackendConfig& c) {
              if (std::strcmp(v, "v2") == 0) c.kquant_gemv = KquantGemv::V2;
              if (std::strcmp(v, "v1") == 0) c.kquant_gemv = KquantGemv::V1;
+             if (std::strcmp(v, "v3") == 0) c.kquant_gemv = KquantGemv::V3;
          }},
         {"float_gemv", "MOEINFER_FLOAT_GEMV", "v2|v1", "v2",
          "CUDA decode GEMV (1 .. 8 columns) of dense F16 / BF16 / F32 weights: v2, coalesced loads of 4 "

@@ -29,8 +29,10 @@ enum class ExpertGemmDecode : int32_t { FUSED = 0, SCRATCH = 1 };
 // Which GEMV kernel the CUDA backend's small-batch products (1 .. 8 columns, dense and routed experts)
 // run on weights of those same types: V2 stages 16-byte coalesced weight loads per warp in shared
 // memory as the Q8_0 / Q4_0 / MXFP4 kernel does; V1, the first kernel, reads each lane's group of 32
-// from global memory in 2-byte loads. The same bits either way; V1 is kept for A/B timing.
-enum class KquantGemv : int32_t { V2 = 0, V1 = 1 };
+// from global memory in 2-byte loads; V3 is V2 except for routed single products (MUL_MAT_ID) of rows of at
+// most 32 groups of 32 (the expert down product of K = 768), which run several rows per warp, 8 lanes per
+// row (not yet timed, so not the default). The same bits every way; V1 is kept for A/B timing.
+enum class KquantGemv : int32_t { V2 = 0, V1 = 1, V3 = 2 };
 
 // Which GEMV kernel the CUDA backend's dense small-batch products (1 .. 8 columns) of float weights (F16,
 // BF16, F32) of more than 1,024 rows run: V2 reads each lane's 4 consecutive weights and their float4 of

@@ -23,7 +23,9 @@
 //   MOE_UP_GATE reads the up and gate rows in the same warp and applies bias and activation at the end
 //   (with quantised weights, two rows per warp where that brings a grid of more than a wave into one);
 //   MUL_MAT_ID may add its expert's bias row at the end (MUL_MAT_ID + GET_ROWS + ADD in one launch).
-//   Routed 4-bit rows of at most 32 blocks take gemv_short_kernel: 4 rows per warp, 8 lanes per row.
+//   Routed 4-bit rows of at most 32 blocks take gemv_short_kernel: 4 rows per warp, 8 lanes per row;
+//   with kquant_gemv=v3, routed rows of the decoded types of at most 32 groups take its counterpart,
+//   gemv_decode_short_kernel (the same bits as v2).
 // - Dense products of model weights with grids of at most kEarlyMaxBlocks blocks load their first chunk
 //   of weights before the PDL wait (EARLY), so those loads overlap the small kernel before them (launch.cuh).
 // - Dense products of float weights (F16, BF16, F32) take gemv_float_kernel (backend option float_gemv=v2):
@@ -974,6 +976,92 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_decode_v2_kernel(const Gemv
     }
 }
 
+// Routed single products of the decoded types with short rows (KquantGemv::V3; at most kDecShortMaxGroups
+// groups of 32: the expert down product of K = 768 is 24 groups, 3 K-quant super-blocks), organised as
+// gemv_short_kernel: a warp computes kShortRows rows, kShortLanes lanes per row, where gemv_decode_v2_kernel
+// leaves a quarter of its lanes idle at 24 groups and fetches one short row per warp round trip. Each row's
+// bytes are staged as there (aligned 16-byte loads into shared memory keeping the row's misalignment: rows
+// of 210-byte Q6_K blocks are only 2-byte aligned). Lane l of a row takes groups l, l + 8, l + 16, l + 24
+// (those below p.nblk) and adds them as gemv_decode_v2_kernel's warp sum adds a row of at most 32 groups
+// (there lane l holds group l, summed xor 16, 8, 4, 2, 1): (v0 + v2) + (v1 + v3) in the lane, missing
+// groups as 0, then xor 4, 2, 1 over the row's lanes. So the outputs have V2's (and V1's) bits.
+// REQUIRES: a routed launch (p.ids) of one weight without gate, p.nblk <= kDecShortMaxGroups, kGpl =
+// ceil(p.nblk / kShortLanes).
+constexpr int kDecShortMaxGroups = 4 * kShortLanes;
+
+template <Type W, int kGpl>
+__global__ void __launch_bounds__(kGemvThreads) gemv_decode_short_kernel(const GemvParams p) {
+    pdl_grid_sync();
+    static_assert(qd::decodes(W), "decoded types only");
+    static_assert(kGpl >= 1 && kGpl <= kDecShortMaxGroups / kShortLanes, "at most 4 groups per lane");
+    constexpr int kGroups = qd::block_elems(W) / 32;  // groups of 32 per block: 1 or 8
+    constexpr int kBB = qd::block_bytes(W);
+    constexpr int kRowBytes = (kShortLanes * kGpl + kGroups - 1) / kGroups * kBB;  // the longest row of kGpl
+    constexpr int kVecs = (kRowBytes + 30) / 16;  // 16-byte vectors covering such a row at any alignment
+    constexpr int kVpl = (kVecs + kShortLanes - 1) / kShortLanes;  // per lane
+    __shared__ uint4 stage[kGemvWarps][kShortRows][kVpl * kShortLanes];
+
+    const int warp = static_cast<int>(threadIdx.x) >> 5;
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const int r = lane / kShortLanes;  // this lane's row of the warp
+    const int l = lane % kShortLanes;  // and its place in the row
+    const GemvSeg& seg = p.seg[0];
+    const int64_t row = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kShortRows + r;
+    const bool has_row = row < seg.n_rows;  // lanes without one still take part in the shuffles
+    const int64_t pair = blockIdx.y;
+    const int64_t t = pair / p.n_used;
+    const int32_t e = p.ids[t * p.ids_stride + (pair - t * p.n_used)];
+    if (e < 0 || e >= p.n_expert) {  // the same for every thread of the block
+        if (has_row && l == 0) write_missing_expert(e, seg.dst, p.ebias, p.error_flags, pair * seg.n_rows + row);
+        return;
+    }
+    const int64_t expert = e;
+    const int64_t act_row = p.b_rows == 1 ? t : pair;
+
+    const uint8_t* wrow = seg.w + expert * p.nb2 + (has_row ? row : 0) * seg.nb1;
+    const uint8_t* end = wrow + static_cast<int64_t>(p.nblk / kGroups) * kBB;  // K is whole blocks
+    const uint8_t* a0 = align_down<16>(wrow);
+    uint4 buf[kVpl];
+#pragma unroll
+    for (int v = 0; v < kVpl; ++v) {
+        const uint8_t* q = a0 + 16 * (l + kShortLanes * v);
+        buf[v] = has_row && q < end ? load16_guarded(q, seg.lo, seg.hi) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int v = 0; v < kVpl; ++v) stage[warp][r][l + kShortLanes * v] = buf[v];
+    __syncwarp();
+
+    const uint8_t* xr = p.acts + act_row * p.act_stride;
+    const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(wrow) & 15);
+    const uint8_t* srow = reinterpret_cast<const uint8_t*>(stage[warp][r]) + mis;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < kGpl; ++i) {
+        const int g = l + kShortLanes * i;
+        if (g < p.nblk) {
+            const uint8_t* blk = srow + g / kGroups * kBB;
+            qd::GroupQ wq;
+            // Blocks of whole words in a 4-byte aligned row load words, as in gemv_decode_v2_kernel.
+            if constexpr (qd::word_blocks(W)) {
+                wq = (mis & 3) == 0 ? qd::load_group<W, true>(blk, g % kGroups)
+                                    : qd::load_group<W, false>(blk, g % kGroups);
+            } else {
+                wq = qd::load_group<W>(blk, g % kGroups);
+            }
+            const int4* xv = reinterpret_cast<const int4*>(xr + 32 * static_cast<int64_t>(g));
+            const int4 x0 = __ldg(xv);
+            const int4 x1 = __ldg(xv + 1);
+            const float dx = __ldg(reinterpret_cast<const float*>(xr + p.k) + g);
+            const int xq[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+            v[i] += qd::group_value<W>(wq, qd::group_sums<W>(wq, xq), dx);  // 0 + value, as V2's first group
+        }
+    }
+    float acc = (v[0] + v[2]) + (v[1] + v[3]);  // V2's xor 16, then xor 8
+#pragma unroll
+    for (int o = kShortLanes / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (has_row && l == 0) store_routed(p, seg, expert, pair, row, acc);
+}
+
 // One warp per (row, block of 32): lane j takes element j (one coalesced 128-byte load per warp), the
 // block's amax is a warp max, and lanes 0, 4, ... store the packed words. Q8 quantisation exactly as
 // the CPU's quantize_q8a.
@@ -1165,6 +1253,27 @@ Status launch_gemv_short(Type w, const GemvParams& p, int64_t n_jobs, cudaStream
     });
 }
 
+// gemv_decode_short_kernel over the routed pairs of p.
+// REQUIRES: p routed (p.ids), one weight of type w (a decoded type) with p.nblk <= kDecShortMaxGroups.
+Status launch_gemv_decode_short(Type w, const GemvParams& p, int64_t n_jobs, cudaStream_t stream) {
+    const int64_t rows_per_block = kGemvWarps * kShortRows;
+    const dim3 grid(static_cast<unsigned int>((p.seg[0].n_rows + rows_per_block - 1) / rows_per_block),
+                    static_cast<unsigned int>(n_jobs));
+    const int gpl = (p.nblk + kShortLanes - 1) / kShortLanes;
+    return with_decoded_type(w, [&](auto wt) -> Status {
+        constexpr Type W = decltype(wt)::value;
+        auto kernel = gemv_decode_short_kernel<W, 4>;
+        if (gpl == 1) {
+            kernel = gemv_decode_short_kernel<W, 1>;
+        } else if (gpl == 2) {
+            kernel = gemv_decode_short_kernel<W, 2>;
+        } else if (gpl == 3) {
+            kernel = gemv_decode_short_kernel<W, 3>;
+        }
+        return launch_kernel("gemv_decode_short_kernel", kernel, grid, kGemvThreads, 0, stream, p);
+    });
+}
+
 }  // namespace
 
 size_t gemv_act_row_bytes(Type w, int64_t k) {
@@ -1264,6 +1373,9 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
     if (fused && p.n_cols != 1) return internal_error("cuda gemv: up/gate pairs take one activation row each");
     if (qd::decodes(w.type)) {
         if (w.kquant_gemv == KquantGemv::V1) return launch_gemv_decode(w.type, p, blocks, n_jobs, fused, stream);
+        if (w.kquant_gemv == KquantGemv::V3 && route != nullptr && !fused && p.nblk <= kDecShortMaxGroups) {
+            return launch_gemv_decode_short(w.type, p, n_jobs, stream);
+        }
         return with_decoded_type(w.type, [&](auto wt) -> Status {
             return launch_gemv_decode_v2<decltype(wt)::value>(p, blocks, n_jobs, fused, n_sm, stream);
         });

@@ -828,9 +828,10 @@ TEST_CASE("cuda expert products of decoded types decode their tiles in the GEMM 
 // the CTA of the last rows must fall back to guarded loads: its unguarded copy of the last step's words
 // would run past the tensor. Each tensor is a cudaMalloc of its own size: run this case under
 // `compute-sanitizer --tool memcheck` to see that no load leaves it (results are checked as usual).
-// The decoded types' two GEMV kernels (backend option kquant_gemv): v2 stages 16-byte weight loads in shared
+// The decoded types' GEMV kernels (backend option kquant_gemv): v2 stages 16-byte weight loads in shared
 // memory, v1 reads each lane's group straight from global memory; each lane sums the same groups in the same
-// order, so the outputs are the same bits. The [decoded] cases above hold v2 (the default) to the CPU; these
+// order, so the outputs are the same bits. v3 is v2 but for routed rows of at most 32 groups, computed 4 rows
+// per warp and summed in v2's order, so the same bits again. The [decoded] cases above hold v2 (the default) to the CPU; these
 // hold it to v1 where those do not reach: dense products of model weights (the first chunk loaded before
 // the PDL wait), 1 .. 8 columns, rows of 1, 3 and 4 full chunks (K-quants: 4 super-blocks per chunk) and of
 // a partial one, odd row counts, and MOE_UP_GATE at two rows per warp, which a launch takes where that fits
@@ -856,27 +857,29 @@ int device_sms() {
     return n;
 }
 
-// op on the GPU with kquant_gemv=v1 and =v2: every output written (finite) and the same bits.
+// op on the GPU with kquant_gemv=v1 and =g (v2 or v3): every output written (finite) and the same bits.
 void check_gemv_v1_v2(const std::string& what, Op op, const std::vector<const HostTensor*>& srcs,
-                      std::initializer_list<int64_t> dst_shape, const moe::OpParams& params, int n_sm) {
+                      std::initializer_list<int64_t> dst_shape, const moe::OpParams& params, int n_sm,
+                      moe::KquantGemv g = moe::KquantGemv::V2) {
     Outputs o1, o2;
     {
         const GemvKnobs k(moe::KquantGemv::V1, n_sm);
         o1 = run_both(op, srcs, dst_shape, params, false);
     }
     {
-        const GemvKnobs k(moe::KquantGemv::V2, n_sm);
+        const GemvKnobs k(g, n_sm);
         o2 = run_both(op, srcs, dst_shape, params, false);
     }
+    const char* gname = g == moe::KquantGemv::V3 ? "v3" : "v2";
     REQUIRE(o1.gpu.size() == o2.gpu.size());
     size_t differ = 0, not_finite = 0;
     for (size_t i = 0; i < o2.gpu.size(); ++i) {
         differ += std::memcmp(&o1.gpu[i], &o2.gpu[i], sizeof(float)) != 0 ? 1 : 0;
         not_finite += std::isfinite(o2.gpu[i]) ? 0 : 1;
     }
-    std::printf("  %-58s %zu of %zu differ\n", what.c_str(), differ, o2.gpu.size());
-    INFO(what << ": " << differ << " of " << o2.gpu.size() << " outputs differ in their bits between kquant_gemv=v1 and v2, "
-              << not_finite << " not finite");
+    std::printf("  %-58s %s: %zu of %zu differ\n", what.c_str(), gname, differ, o2.gpu.size());
+    INFO(what << ": " << differ << " of " << o2.gpu.size() << " outputs differ in their bits between kquant_gemv=v1 and "
+              << gname << ", " << not_finite << " not finite");
     CHECK(differ == 0);
     CHECK(not_finite == 0);
     CHECK(o1.flags == 0);
@@ -909,17 +912,20 @@ TEST_CASE("cuda decoded-type GEMV: kquant_gemv=v2 gives v1's bits (early dense l
                                  {d.n, cols}, moe::OpParams{}, n_sm);
             }
         }
-        // Routed: MUL_MAT_ID with one activation row per token and per pair.
+        // Routed: MUL_MAT_ID with one activation row per token and per pair (v3: 25 groups of the 32-element
+        // types take its short-row kernel, 72 of the K-quants v2's).
         {
             const HostTensor w = random_weights(type, odd_k(type), 77, 8);
             for (int64_t t : {int64_t{1}, int64_t{5}}) {
                 const HostTensor ids = random_ids(3, t, {0, 1, 2, 3, 4, 5, 6, 7});
                 const HostTensor x1 = random_acts({odd_k(type), 1, t});
                 const HostTensor x3 = random_acts({odd_k(type), 3, t});
-                check_gemv_v1_v2(case_name("MUL_MAT_ID B=1", type, {odd_k(type), 77, 8, 3, t}), Op::MUL_MAT_ID,
-                                 {&w, &x1, &ids}, {77, 3, t}, moe::OpParams{}, n_sm);
-                check_gemv_v1_v2(case_name("MUL_MAT_ID B=n_used", type, {odd_k(type), 77, 8, 3, t}), Op::MUL_MAT_ID,
-                                 {&w, &x3, &ids}, {77, 3, t}, moe::OpParams{}, n_sm);
+                for (moe::KquantGemv g : {moe::KquantGemv::V2, moe::KquantGemv::V3}) {
+                    check_gemv_v1_v2(case_name("MUL_MAT_ID B=1", type, {odd_k(type), 77, 8, 3, t}), Op::MUL_MAT_ID,
+                                     {&w, &x1, &ids}, {77, 3, t}, moe::OpParams{}, n_sm, g);
+                    check_gemv_v1_v2(case_name("MUL_MAT_ID B=n_used", type, {odd_k(type), 77, 8, 3, t}),
+                                     Op::MUL_MAT_ID, {&w, &x3, &ids}, {77, 3, t}, moe::OpParams{}, n_sm, g);
+                }
             }
         }
         // MOE_UP_GATE, 64 pairs (8 tokens x 8 of 8 experts): a launch of ceil(n / 4) x 64 blocks takes two rows
@@ -941,6 +947,41 @@ TEST_CASE("cuda decoded-type GEMV: kquant_gemv=v2 gives v1's bits (early dense l
                              {&up, &gate, &x, &ids}, {n, 8, 8}, silu, n_sm);
             check_gemv_v1_v2(case_name("MOE_UP_GATE swiglu_oai+bias", type, {256, n, 8, 8, 8}), Op::MOE_UP_GATE,
                              {&up, &gate, &x, &ids, &bu, &bg}, {n, 8, 8}, oai, n_sm);
+        }
+    }
+}
+
+// kquant_gemv=v3's short-row kernel (routed rows of at most 32 groups: 4 rows per warp, 8 lanes per row, up to
+// 4 groups per lane): rows of 1 .. 4 groups per lane (K-quants: 1 .. 4 super-blocks; K = 768 is Qwen3-30B-A3B's
+// expert down product), and one group past the limit (v2's kernel); rows of 210-byte Q6_K or 110-byte Q3_K
+// blocks at 2-byte aligned addresses; 77 rows (the last warp has one row of its four). Against v1's bits, and
+// against the CPU with check_mul_mat_id's tolerance.
+TEST_CASE("cuda decoded-type GEMV: kquant_gemv=v3 gives v1's bits and matches the CPU on short routed rows",
+          "[gpu][cuda][matmul][decoded]") {
+    if (moe::cuda::device_count() == 0) {
+        WARN("skipped: no CUDA device");
+        return;
+    }
+    const int n_sm = device_sms();
+    for (Type type : kDecodedTypes) {
+        const std::vector<int64_t> ks = moe::traits(type).block_size == 256
+                                            ? std::vector<int64_t>{256, 512, 768, 1024, 1280}
+                                            : std::vector<int64_t>{32, 64, 416, 768, 1024, 1056};
+        for (int64_t k : ks) {
+            const HostTensor w = random_weights(type, k, 77, 8);
+            for (int64_t t : {int64_t{1}, int64_t{5}}) {
+                const HostTensor ids = random_ids(3, t, {0, 1, 2, 3, 4, 5, 6, 7});
+                const HostTensor x1 = random_acts({k, 1, t});
+                const HostTensor x3 = random_acts({k, 3, t});
+                check_gemv_v1_v2(case_name("MUL_MAT_ID B=1", type, {k, 77, 8, 3, t}), Op::MUL_MAT_ID, {&w, &x1, &ids},
+                                 {77, 3, t}, moe::OpParams{}, n_sm, moe::KquantGemv::V3);
+                check_gemv_v1_v2(case_name("MUL_MAT_ID B=n_used", type, {k, 77, 8, 3, t}), Op::MUL_MAT_ID,
+                                 {&w, &x3, &ids}, {77, 3, t}, moe::OpParams{}, n_sm, moe::KquantGemv::V3);
+            }
+            const GemvKnobs knobs(moe::KquantGemv::V3, n_sm);
+            const MoeShape s{8, 77, k, 3, {0, 2, 3, 5, 6}};  // experts 1, 4 and 7 idle
+            check_mul_mat_id(type, s, 1, true);
+            check_mul_mat_id(type, s, 5, false);
         }
     }
 }
