@@ -148,10 +148,10 @@ const std::vector<Key>& keys() {
              if (std::strcmp(v, "fused") == 0) c.expert_gemm_decode = ExpertGemmDecode::FUSED;
              if (std::strcmp(v, "scratch") == 0) c.expert_gemm_decode = ExpertGemmDecode::SCRATCH;
          }},
-        {"kquant_gemv", "MOEINFER_KQUANT_GEMV", "v2|v1|v3", "v2",
-         "CUDA decode GEMV (1 .. 8 columns) of K-quant / IQ4 / Q4_1 / Q5_* weights: v2, 16-byte weight loads "
-         "staged in shared memory; v1, the first kernel (2-byte loads per lane); v3, v2 with routed rows of at "
-         "most 32 groups (K <= 1024) at 4 rows per warp; the same results",
+        {"kquant_gemv", "MOEINFER_KQUANT_GEMV", "v3|v2|v1", "v3",
+         "CUDA decode GEMV (1 .. 8 columns) of K-quant / IQ4 / Q4_1 / Q5_* weights: v3, v2 with routed rows of "
+         "at most 32 groups (K <= 1024) at 4 rows per warp; v2, 16-byte weight loads staged in shared memory; "
+         "v1, the first kernel (2-byte loads per lane); the same results",
          [](std::string_view v, BackendConfig& c) {
              if (v == "v2") c.kquant_gemv = KquantGemv::V2;
              else if (v == "v1") c.kquant_gemv = KquantGemv::V1;

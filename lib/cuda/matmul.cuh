@@ -67,7 +67,7 @@ struct WeightArg {
     // before any kernel after them starts), so a kernel may read them before its PDL wait (launch.cuh).
     bool constant = false;
     // The GEMV kernel for a decoded type (OpContext::kquant_gemv, set by matmul.cu where it hands w to one).
-    KquantGemv kquant_gemv = KquantGemv::V2;
+    KquantGemv kquant_gemv = KquantGemv::V3;
     // The dense GEMV kernel for a float type (OpContext::float_gemv, set by matmul.cu for dense products).
     FloatGemv float_gemv = FloatGemv::V2;
 };

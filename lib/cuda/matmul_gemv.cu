@@ -24,8 +24,8 @@
 //   (with quantised weights, two rows per warp where that brings a grid of more than a wave into one);
 //   MUL_MAT_ID may add its expert's bias row at the end (MUL_MAT_ID + GET_ROWS + ADD in one launch).
 //   Routed 4-bit rows of at most 32 blocks take gemv_short_kernel: 4 rows per warp, 8 lanes per row;
-//   with kquant_gemv=v3, routed rows of the decoded types of at most 32 groups take its counterpart,
-//   gemv_decode_short_kernel (the same bits as v2).
+//   with kquant_gemv=v3 (the default), routed rows of the decoded types of at most 32 groups take its
+//   counterpart, gemv_decode_short_kernel (the same bits as v2).
 // - Dense products of model weights with grids of at most kEarlyMaxBlocks blocks load their first chunk
 //   of weights before the PDL wait (EARLY), so those loads overlap the small kernel before them (launch.cuh).
 // - Dense products of float weights (F16, BF16, F32) take gemv_float_kernel (backend option float_gemv=v2):

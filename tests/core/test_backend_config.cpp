@@ -166,22 +166,22 @@ TEST_CASE("backend options: the help text names every key, its values and its va
     }
 }
 
-TEST_CASE("backend options: kquant_gemv selects the decoded-type GEMV, v2 by default", "[core]") {
+TEST_CASE("backend options: kquant_gemv selects the decoded-type GEMV, v3 by default", "[core]") {
     using moe::KquantGemv;
-    CHECK(parse_ok("").kquant_gemv == KquantGemv::V2);
+    CHECK(parse_ok("").kquant_gemv == KquantGemv::V3);
     CHECK(parse_ok("kquant_gemv=v1").kquant_gemv == KquantGemv::V1);
     CHECK(parse_ok("kquant_gemv=v2").kquant_gemv == KquantGemv::V2);
     CHECK(parse_ok("kquant_gemv=v3").kquant_gemv == KquantGemv::V3);
-    CHECK_THAT(refused("kquant_gemv=v4"), Catch::Contains("kquant_gemv takes v2|v1|v3, got 'v4'"));
+    CHECK_THAT(refused("kquant_gemv=v4"), Catch::Contains("kquant_gemv takes v3|v2|v1, got 'v4'"));
     FakeEnv env;
-    env.vars = {{"MOEINFER_KQUANT_GEMV", "v3"}};
-    CHECK(parse_ok("", env).kquant_gemv == KquantGemv::V3);
+    env.vars = {{"MOEINFER_KQUANT_GEMV", "v2"}};
+    CHECK(parse_ok("", env).kquant_gemv == KquantGemv::V2);
     env.vars = {{"MOEINFER_KQUANT_GEMV", "v1"}};
     CHECK(parse_ok("", env).kquant_gemv == KquantGemv::V1);
     CHECK(parse_ok("kquant_gemv=v2", env).kquant_gemv == KquantGemv::V2);  // the string wins
     env.vars = {{"MOEINFER_KQUANT_GEMV", "1"}};                              // not a value: the default
-    CHECK(parse_ok("", env).kquant_gemv == KquantGemv::V2);
-    CHECK_THAT(moe::backend_options_help(), Catch::Contains("kquant_gemv=v2|v1|v3"));
+    CHECK(parse_ok("", env).kquant_gemv == KquantGemv::V3);
+    CHECK_THAT(moe::backend_options_help(), Catch::Contains("kquant_gemv=v3|v2|v1"));
     CHECK_THAT(moe::backend_options_help(), Catch::Contains("env MOEINFER_KQUANT_GEMV"));
 }
 
