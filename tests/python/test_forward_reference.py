@@ -37,7 +37,6 @@ MOEINFER_TEST_SEED=<seed> replays it.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import threading
@@ -48,7 +47,6 @@ import pytest
 import moeinfer
 from reference import KVCache, forward_for, gpt_oss, make_tiny, qwen3moe
 from reference import load as load_reference
-from reference.ops import linear
 
 pytestmark = pytest.mark.fast
 
@@ -102,39 +100,15 @@ class F16KVCache(KVCache):
         return super().extend(il, as_f16(k), as_f16(v))
 
 
-@contextlib.contextmanager
-def router_margins(arch: str):
-    """Records, per reference forward, each token's smallest relative top-k router margin over the layers.
-
-    Wraps the reference's route() (called by its moe()) without changing what it returns.
-    """
-    module = qwen3moe if arch == qwen3moe.ARCH else gpt_oss
-    original = module.route
-    per_layer: list[np.ndarray] = []
-
-    def spy(model, il, h):
-        bias_name = f"blk.{il}.ffn_gate_inp.bias"
-        bias = model.get(bias_name) if model.has(bias_name) else None
-        logits = linear(h, model.blk(il, "ffn_gate_inp.weight"), bias)
-        s = -np.sort(-logits, axis=-1)
-        k = model.hparams.n_expert_used
-        per_layer.append((s[:, k - 1] - s[:, k]) / np.sqrt(np.mean(logits * logits, axis=-1)))
-        return original(model, il, h)
-
-    module.route = spy
-    try:
-        yield per_layer
-    finally:
-        module.route = original
-
-
 def reference(ref, tokens, positions=None, cache=None, f16_kv=True):
-    """(logits [n, n_vocab], smallest relative router margin per token [n]) of the reference forward."""
+    """(logits [n, n_vocab], smallest relative router margin per token [n]) of the reference forward: per layer the
+    gap between the k-th and (k+1)-th router logit relative to the RMS of the logits, as the references trace it
+    ('router_margin', reference/routing.py)."""
     if cache is None:
         cache = F16KVCache(ref.hparams.n_layer) if f16_kv else KVCache(ref.hparams.n_layer)
-    with router_margins(ref.hparams.arch) as per_layer:
-        logits = forward_for(ref)(ref, tokens, positions=positions, cache=cache)
-    return logits, np.min(np.stack(per_layer), axis=0)
+    trace: dict = {}
+    logits = forward_for(ref)(ref, tokens, positions=positions, cache=cache, trace=trace)
+    return logits, np.min(np.stack(trace["router_margin"]), axis=0)
 
 
 def per_token_error(got: np.ndarray, want: np.ndarray) -> np.ndarray:

@@ -24,7 +24,7 @@ import numpy as np
 from .gguf_model import Model
 from .ops import KVCache, linear
 from .qwen3moe import forward_layers, routed_experts, swiglu
-from .routing import expert_weights, router_gaps, sigmoid, top_k_with_margin
+from .routing import check_flip_layer, expert_weights, flip_at, router_gaps, sigmoid, top_k_with_margin
 
 ARCH = "glm4moe"
 
@@ -109,13 +109,12 @@ def forward(model: Model, tokens, positions=None, cache: KVCache | None = None,
     _check_arch(model)
     n_dense = int(_meta(model, "leading_dense_block_count", 0))
 
-    if flip is not None and not n_dense <= flip[0] < model.hparams.n_layer:
-        raise ValueError(f"flip layer {flip[0]} is not a MoE layer (layers {n_dense}..{model.hparams.n_layer - 1})")
+    check_flip_layer(flip, n_dense, model.hparams.n_layer)
 
     def ffn(il, h, tr):
         if il < n_dense:
             return dense(model, il, h)
-        return moe(model, il, h, tr, flip[1:] if flip is not None and flip[0] == il else None)
+        return moe(model, il, h, tr, flip_at(flip, il))
 
     return forward_layers(model, tokens, positions, cache, trace, "post_attention_norm.weight", ffn, qk_norm=None,
                           biases=True)

@@ -21,7 +21,8 @@ import numpy as np
 
 from .gguf_model import Model
 from .ops import (KVCache, attention, check_tokens, default_inv_freq, linear, rms_norm, rope_neox, softmax,
-                  start_pass, top_k_desc, yarn_inv_freq)
+                  start_pass, yarn_inv_freq)
+from .routing import check_flip_layer, flip_at, logit_gaps, top_k_with_margin
 
 ARCH = "gpt-oss"
 SWIGLU_ALPHA = 1.702   # HF GptOssExperts.alpha / llama.cpp ggml_swiglu_oai alpha
@@ -61,13 +62,28 @@ def rope_frequencies(model: Model, yarn_truncate: bool = False) -> tuple[np.ndar
                          hp.yarn_beta_fast, hp.yarn_beta_slow, yarn_truncate)
 
 
-def route(model: Model, il: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Router of layer il for normed hidden states h [n, n_embd]: (expert ids [n, k], weights [n, k])."""
+def route(model: Model, il: int, h: np.ndarray, trace: dict | None = None,
+          flip: tuple[int, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Router of layer il for normed hidden states h [n, n_embd]: (expert ids [n, k], weights [n, k]).
+
+    With `trace`, appends 'expert_ids', 'expert_weights' and each token's routing margin, the gap between the k-th
+    and (k+1)-th logit relative to the RMS of the logits (routing.logit_gaps), as 'topk_margin' and
+    'router_margin' (the same: no group limit). `flip` (token, "topk"): that token takes the (k+1)-th expert
+    instead of the k-th (tests/python/router_flips.py), the softmax taken over the new k logits.
+    """
     hp = model.hparams
+    if flip is not None and flip[1] != "topk":
+        raise ValueError(f"flip decision must be 'topk' ({ARCH} has no group limit), got {flip[1]!r}")
     logits = linear(h, model.blk(il, "ffn_gate_inp.weight", (hp.n_expert, hp.n_embd)),
                     model.blk(il, "ffn_gate_inp.bias", (hp.n_expert,)))
-    ids = top_k_desc(logits, hp.n_expert_used)
-    return ids, softmax(np.take_along_axis(logits, ids, axis=-1))
+    ids, margin = top_k_with_margin(logits, hp.n_expert_used, logit_gaps(logits), None if flip is None else flip[0])
+    w = softmax(np.take_along_axis(logits, ids, axis=-1))
+    if trace is not None:
+        trace.setdefault("topk_margin", []).append(margin)
+        trace.setdefault("router_margin", []).append(margin)
+        trace.setdefault("expert_ids", []).append(ids)
+        trace.setdefault("expert_weights", []).append(w)
+    return ids, w
 
 
 def swiglu_oai(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -76,8 +92,10 @@ def swiglu_oai(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return (u + 1.0) * g / (1.0 + np.exp(-SWIGLU_ALPHA * g))
 
 
-def moe(model: Model, il: int, h: np.ndarray, trace: dict | None = None) -> np.ndarray:
-    """MoE block of layer il on normed hidden states h [n, n_embd] (experts with biases, SWIGLU_OAI)."""
+def moe(model: Model, il: int, h: np.ndarray, trace: dict | None = None,
+        flip: tuple[int, str] | None = None) -> np.ndarray:
+    """MoE block of layer il on normed hidden states h [n, n_embd] (experts with biases, SWIGLU_OAI); `trace` and
+    `flip` as route's."""
     hp = model.hparams
     exp_shape, bias_shape = (hp.n_expert, hp.n_ff_exp, hp.n_embd), (hp.n_expert, hp.n_ff_exp)
     gate = model.blk(il, "ffn_gate_exps.weight", exp_shape)
@@ -86,10 +104,7 @@ def moe(model: Model, il: int, h: np.ndarray, trace: dict | None = None) -> np.n
     gate_b = model.blk(il, "ffn_gate_exps.bias", bias_shape)
     up_b = model.blk(il, "ffn_up_exps.bias", bias_shape)
     down_b = model.blk(il, "ffn_down_exps.bias", (hp.n_expert, hp.n_embd))
-    ids, weights = route(model, il, h)
-    if trace is not None:
-        trace.setdefault("expert_ids", []).append(ids)
-        trace.setdefault("expert_weights", []).append(weights)
+    ids, weights = route(model, il, h, trace, flip)
     out = np.zeros_like(h)
     for e in np.unique(ids):
         rows, slot = np.nonzero(ids == e)
@@ -100,15 +115,17 @@ def moe(model: Model, il: int, h: np.ndarray, trace: dict | None = None) -> np.n
 
 
 def forward(model: Model, tokens, positions=None, cache: KVCache | None = None, trace: dict | None = None,
-            yarn_truncate: bool = False) -> np.ndarray:
+            yarn_truncate: bool = False, flip: tuple[int, int, str] | None = None) -> np.ndarray:
     """Logits [n_tokens, n_vocab] (float64) for `tokens`, attending to `cache` (extended in place).
 
     positions default to the positions after the cached ones. `trace`, if given, receives per-layer lists
-    'layer_out' (hidden state after the layer), 'attn_out' (attention block output before the residual add)
-    and 'expert_ids' / 'expert_weights'. yarn_truncate: see rope_frequencies.
+    'layer_out' (hidden state after the layer), 'attn_out' (attention block output before the residual add),
+    'expert_ids' / 'expert_weights' and the router margins route() adds. yarn_truncate: see rope_frequencies.
+    `flip` (layer, token, "topk"): that token takes the runner-up expert in that layer (route).
     """
     _check_arch(model)
     hp = model.hparams
+    check_flip_layer(flip, 0, hp.n_layer)
     if hp.sliding_window is None:
         raise ValueError(f"{ARCH}.attention.sliding_window is missing")
     tokens = check_tokens(tokens, hp.n_vocab)
@@ -138,7 +155,7 @@ def forward(model: Model, tokens, positions=None, cache: KVCache | None = None, 
         x = x + a
 
         h = rms_norm(x, model.blk(il, "post_attention_norm.weight", (hp.n_embd,)), hp.rms_eps)
-        x = x + moe(model, il, h, trace)
+        x = x + moe(model, il, h, trace, flip_at(flip, il))
         if trace is not None:
             trace.setdefault("attn_out", []).append(a)
             trace.setdefault("layer_out", []).append(x.copy())

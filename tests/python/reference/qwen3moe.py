@@ -6,7 +6,8 @@ Per layer (HF Qwen3MoeDecoderLayer; llama.cpp llm_build_qwen3moe):
   q, k = per-head RMSNorm over head_dim (attn_q_norm / attn_k_norm), then NeoX RoPE with rope.freq_base
   a = softmax(q k^T / sqrt(head_dim), causal) v with GQA;   x += Wo a
   h = RMSNorm(x; ffn_norm)
-  p = softmax(W_router h) over all experts; top-k; weights p_top / sum(p_top)   (norm_topk_prob)
+  p = softmax(W_router h) over all experts; top-k; weights p_top / sum(p_top)   (norm_topk_prob, as every released
+      Qwen3 MoE config; llama.cpp and moeinfer always renormalise, reading no GGUF key for it)
   x += sum_e w_e * down_e(silu(gate_e h) * up_e h)
 logits = W_out RMSNorm(x; output_norm)
 """
@@ -17,7 +18,8 @@ import numpy as np
 
 from .gguf_model import Model
 from .ops import (KVCache, attention, check_tokens, default_inv_freq, linear, rms_norm, rope_neox, softmax,
-                  start_pass, top_k_desc)
+                  start_pass)
+from .routing import check_flip_layer, flip_at, router_gaps, top_k_with_margin
 
 ARCH = "qwen3moe"
 
@@ -31,13 +33,30 @@ def _check_arch(model: Model) -> None:
                          "by the qwen3moe reference")
 
 
-def route(model: Model, il: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Router of layer il for normed hidden states h [n, n_embd]: (expert ids [n, k], weights [n, k])."""
+def route(model: Model, il: int, h: np.ndarray, trace: dict | None = None,
+          flip: tuple[int, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Router of layer il for normed hidden states h [n, n_embd]: (expert ids [n, k], weights [n, k]).
+
+    With `trace`, appends 'expert_ids', 'expert_weights' and each token's routing margin, the gap between the k-th
+    and (k+1)-th log-probability (their logits' gap) relative to the RMS of the logits (routing.router_gaps), as
+    'topk_margin' and 'router_margin' (the same: no group limit). `flip` (token, "topk"): that token takes the
+    (k+1)-th expert instead of the k-th (tests/python/router_flips.py), its weights renormalised over the new k.
+    """
     hp = model.hparams
-    probs = softmax(linear(h, model.blk(il, "ffn_gate_inp.weight", (hp.n_expert, hp.n_embd))))
-    ids = top_k_desc(probs, hp.n_expert_used)
+    if flip is not None and flip[1] != "topk":
+        raise ValueError(f"flip decision must be 'topk' ({ARCH} has no group limit), got {flip[1]!r}")
+    logits = linear(h, model.blk(il, "ffn_gate_inp.weight", (hp.n_expert, hp.n_embd)))
+    probs = softmax(logits)
+    ids, margin = top_k_with_margin(probs, hp.n_expert_used, router_gaps(logits, probs, sigmoid=False),
+                                    None if flip is None else flip[0])
     w = np.take_along_axis(probs, ids, axis=-1)
-    return ids, w / np.sum(w, axis=-1, keepdims=True)
+    w = w / np.sum(w, axis=-1, keepdims=True)
+    if trace is not None:
+        trace.setdefault("topk_margin", []).append(margin)
+        trace.setdefault("router_margin", []).append(margin)
+        trace.setdefault("expert_ids", []).append(ids)
+        trace.setdefault("expert_weights", []).append(w)
+    return ids, w
 
 
 def swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
@@ -61,12 +80,10 @@ def routed_experts(model: Model, il: int, h: np.ndarray, ids: np.ndarray, weight
     return out
 
 
-def moe(model: Model, il: int, h: np.ndarray, trace: dict | None = None) -> np.ndarray:
-    """Sparse MoE block of layer il on normed hidden states h [n, n_embd]."""
-    ids, weights = route(model, il, h)
-    if trace is not None:
-        trace.setdefault("expert_ids", []).append(ids)
-        trace.setdefault("expert_weights", []).append(weights)
+def moe(model: Model, il: int, h: np.ndarray, trace: dict | None = None,
+        flip: tuple[int, str] | None = None) -> np.ndarray:
+    """Sparse MoE block of layer il on normed hidden states h [n, n_embd]; `trace` and `flip` as route's."""
+    ids, weights = route(model, il, h, trace, flip)
     return routed_experts(model, il, h, ids, weights)
 
 
@@ -122,12 +139,14 @@ def forward_layers(model: Model, tokens, positions, cache: KVCache | None, trace
 
 
 def forward(model: Model, tokens, positions=None, cache: KVCache | None = None,
-            trace: dict | None = None) -> np.ndarray:
+            trace: dict | None = None, flip: tuple[int, int, str] | None = None) -> np.ndarray:
     """Logits [n_tokens, n_vocab] (float64) for `tokens`, attending to `cache` (extended in place).
 
     positions default to the positions after the cached ones. `trace`, if given, receives per-layer lists
-    'layer_out' (hidden state after the layer) and 'expert_ids' / 'expert_weights'.
+    'layer_out' (hidden state after the layer), 'expert_ids' / 'expert_weights' and the router margins route()
+    adds. `flip` (layer, token, "topk"): that token takes the runner-up expert in that layer (route).
     """
     _check_arch(model)
+    check_flip_layer(flip, 0, model.hparams.n_layer)
     return forward_layers(model, tokens, positions, cache, trace, "ffn_norm.weight",
-                          lambda il, h, tr: moe(model, il, h, tr), qk_norm=True, biases=False)
+                          lambda il, h, tr: moe(model, il, h, tr, flip_at(flip, il)), qk_norm=True, biases=False)

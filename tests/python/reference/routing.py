@@ -1,6 +1,6 @@
-"""Router pieces the references with sigmoid or softmax gating and router margins share (deepseek2, glm4moe): the
-margins of a token's selection, the runner-up selection tests/python/router_flips.py reruns a near-tie with, and
-the selected experts' weights."""
+"""Router pieces the references with sigmoid or softmax gating and router margins share (deepseek2, glm4moe,
+qwen3moe, gpt-oss): the margins of a token's selection, the runner-up selection tests/python/router_flips.py reruns
+a near-tie with, and the selected experts' weights."""
 
 from __future__ import annotations
 
@@ -24,8 +24,7 @@ def router_gaps(logits: np.ndarray, choice: np.ndarray, sigmoid: bool):
     group flip with Q8_0 dense weights passed a 1e-2 margin (token 10 of MOEINFER_TEST_SEED=2766577239: 1.03e-2
     in probabilities, 3.4e-3 in logits). So softmax gaps are taken between log-probabilities (logit gaps, for a
     group's best or its top-2 sum alike) relative to the RMS of the logits, as qwen3moe's router margins are
-    (test_forward_reference.router_margins), to which the same per-type bounds apply. -inf (a masked choice) or 0
-    for b: +inf.
+    (qwen3moe.route), to which the same per-type bounds apply. -inf (a masked choice) or 0 for b: +inf.
     """
     if sigmoid:
         rms = np.sqrt(np.mean(choice * choice, axis=-1))
@@ -39,10 +38,18 @@ def router_gaps(logits: np.ndarray, choice: np.ndarray, sigmoid: bool):
     return gap
 
 
+def logit_gaps(logits: np.ndarray):
+    """gap(a, b) for a router that selects on its logits (gpt-oss: top-k of the logits, softmax over the k chosen):
+    the logits' gap relative to the RMS of the token's logits, the units of router_gaps' softmax gaps (a logit's
+    arithmetic noise does not grow with it), so the same per-type bounds apply."""
+    rms = np.sqrt(np.mean(logits * logits, axis=-1))
+    return lambda a, b: (a - b) / rms
+
+
 def top_k_with_margin(choice: np.ndarray, k: int, gap, flip_token: int | None = None):
     """(expert ids [n, k] best first, margin [n]): the top-k of `choice` [n, n_expert] (-inf: not selectable) and
-    gap(k-th, (k+1)-th choice) per token, `gap` from router_gaps. With `flip_token`, that token takes the (k+1)-th
-    choice instead of the k-th: what a router whose arithmetic noise exceeds the margin selects."""
+    gap(k-th, (k+1)-th choice) per token, `gap` from router_gaps or logit_gaps. With `flip_token`, that token takes
+    the (k+1)-th choice instead of the k-th: what a router whose arithmetic noise exceeds the margin selects."""
     ids = top_k_desc(choice, k)
     best = -np.sort(-choice, axis=-1)
     margin = gap(best[:, k - 1], best[:, k])
@@ -50,6 +57,17 @@ def top_k_with_margin(choice: np.ndarray, k: int, gap, flip_token: int | None = 
         order = top_k_desc(choice[flip_token], k + 1)
         ids[flip_token] = np.concatenate([order[:k - 1], order[k:]])
     return ids, margin
+
+
+def check_flip_layer(flip: tuple[int, int, str] | None, first_moe: int, n_layer: int) -> None:
+    """Refuses a forward's `flip` (layer, token, decision) whose layer is not a MoE layer (first_moe..n_layer-1)."""
+    if flip is not None and not first_moe <= flip[0] < n_layer:
+        raise ValueError(f"flip layer {flip[0]} is not a MoE layer (layers {first_moe}..{n_layer - 1})")
+
+
+def flip_at(flip: tuple[int, int, str] | None, il: int) -> tuple[int, str] | None:
+    """The (token, decision) part of a forward's `flip` for layer il's router, None where it flips another layer."""
+    return flip[1:] if flip is not None and flip[0] == il else None
 
 
 def expert_weights(scores: np.ndarray, ids: np.ndarray, norm: bool, scale: float) -> np.ndarray:
