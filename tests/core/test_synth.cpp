@@ -453,6 +453,25 @@ TEST_CASE("synth: real presets declare llama.cpp's shapes", "[synth]") {
               (gpt_oss ? 2880 : 6144));
         std::remove(tmp_path(std::string(c.preset) + "_1layer.gguf").c_str());
     }
+    // Qwen3-235B-A22B (HF config: 94 layers, hidden 4096, 64 / 4 heads of 128, 128 experts, top 8, expert FFN
+    // 1536, dense FFN 12288): 8 of its 128 experts keep the one-layer file at 90 MB (128 would be 1.4 GB: the
+    // hidden "[.synth-real]" case writes those); every other shape and value is the preset's.
+    {
+        const Shape shape{1, 4096, 1024, 64, 4, 128, 8, 8, 1536};
+        moe_synth_params p = params("qwen3moe", "qwen3-235b-a22b");
+        p.n_layer = 1;
+        p.n_vocab = 1024;
+        p.n_expert = 8;
+        p.expert_type = MOE_TYPE_Q4_0;
+        const std::string path = tmp_path("qwen3-235b-a22b_1layer.gguf");
+        auto f = write_and_open(path, p);
+        check_tensors(*f, false, shape, Type::Q4_0, Type::F16);
+        check_metadata(*f, false, shape);
+        CHECK(meta_int(*f, "qwen3moe.feed_forward_length") == 12288);
+        CHECK(meta_int(*f, "qwen3moe.context_length") == 40960);
+        f.reset();
+        std::remove(path.c_str());
+    }
 }
 
 TEST_CASE("synth: 2-layer files of every real preset and expert type", "[.synth-real]") {
@@ -465,6 +484,7 @@ TEST_CASE("synth: 2-layer files of every real preset and expert type", "[.synth-
         {"qwen3moe", "qwen3-30b-a3b", {2, 2048, 151936, 32, 4, 128, 128, 8, 768}},
         {"gpt-oss", "gpt-oss-20b", {2, 2880, 201088, 64, 8, 64, 32, 4, 2880}},
         {"gpt-oss", "gpt-oss-120b", {2, 2880, 201088, 64, 8, 64, 128, 4, 2880}},
+        {"qwen3moe", "qwen3-235b-a22b", {2, 4096, 151936, 64, 4, 128, 128, 8, 1536}},
     };
     for (const Case& c : cases) {
         for (Type experts : kExpertTypes) {

@@ -4,7 +4,7 @@ metadata, weight statistics, and the routing property (a random router over rand
 spread tokens over the experts like a trained model, or skew them on purpose).
 
 The tool is found in $MOEINFER_TOOLS_DIR, else in <repo>/build*/tools; without it the tests skip.
-Set MOEINFER_SLOW_TESTS=1 to also write a 2-layer gpt-oss-120b file (about 3.6 GB).
+Set MOEINFER_SLOW_TESTS=1 to also write 2-layer gpt-oss-120b and qwen3-235b-a22b files (about 3.6 and 2.8 GB).
 """
 
 from __future__ import annotations
@@ -273,15 +273,17 @@ REAL = {
     "qwen3-30b-a3b": ("qwen3moe", dict(d=2048, n_head=32, n_kv=4, hd=128, n_exp=128, ff=768)),
     "gpt-oss-20b": ("gpt-oss", dict(d=2880, n_head=64, n_kv=8, hd=64, n_exp=32, ff=2880)),
     "gpt-oss-120b": ("gpt-oss", dict(d=2880, n_head=64, n_kv=8, hd=64, n_exp=128, ff=2880)),
+    "qwen3-235b-a22b": ("qwen3moe", dict(d=4096, n_head=64, n_kv=4, hd=128, n_exp=128, ff=1536)),
 }
+SLOW = {"gpt-oss-120b": "~3.6 GB", "qwen3-235b-a22b": "~2.8 GB"}  # two layers of their experts
 
 
 @pytest.mark.parametrize("preset", list(REAL))
 def test_two_layer_real_shapes(tmp_path, preset):
     """Two layers of the real model: every tensor with its real shape. A 2048-token vocabulary and
     q4_0 experts keep the files under 1 GB (the embeddings would add another 1.2 GB)."""
-    if preset == "gpt-oss-120b" and not os.environ.get("MOEINFER_SLOW_TESTS"):
-        pytest.skip("writes ~3.6 GB: set MOEINFER_SLOW_TESTS=1")
+    if preset in SLOW and not os.environ.get("MOEINFER_SLOW_TESTS"):
+        pytest.skip(f"writes {SLOW[preset]}: set MOEINFER_SLOW_TESTS=1")
     arch, shape = REAL[preset]
     path = tmp_path / f"{preset}-2l.gguf"
     reader = write(path, "--preset", preset, "--layers", "2", "--vocab", "2048", "--experts", "q4_0")

@@ -52,7 +52,7 @@ struct Glm4moeShape {
 struct Config {
     Arch arch = Arch::QWEN3MOE;
     std::string arch_name;  // "qwen3moe" / "gpt-oss"
-    std::string preset;     // "qwen3-30b-a3b", "gpt-oss-20b", "gpt-oss-120b", "tiny"
+    std::string preset;     // "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b", "gpt-oss-120b", "tiny", ...
     int n_layer = 0;
     int n_embd = 0;
     int n_vocab = 0;

@@ -29,6 +29,7 @@ struct Preset {
 constexpr Preset kPresets[] = {
     // arch       name             layers embd  vocab   head kv hd  exp top ff    ctx     swa  theta    eps   yarn  orig
     {"qwen3moe", "qwen3-30b-a3b",  48, 2048, 151936, 32, 4, 128, 128, 8,  768, 40960,  0,   1.0e6f,  1e-6f, 0.0f,  0},
+    {"qwen3moe", "qwen3-235b-a22b", 94, 4096, 151936, 64, 4, 128, 128, 8, 1536, 40960, 0,   1.0e6f,  1e-6f, 0.0f,  0},
     {"qwen3moe", "tiny",           2,  64,   512,    4,  2, 16,  8,   2,  64,  40960,  0,   1.0e6f,  1e-6f, 0.0f,  0},
     {"gpt-oss",  "gpt-oss-20b",    24, 2880, 201088, 64, 8, 64,  32,  4,  2880, 131072, 128, 150000.f, 1e-5f, 32.0f, 4096},
     {"gpt-oss",  "gpt-oss-120b",   36, 2880, 201088, 64, 8, 64,  128, 4,  2880, 131072, 128, 150000.f, 1e-5f, 32.0f, 4096},
