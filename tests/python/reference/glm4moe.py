@@ -24,7 +24,7 @@ import numpy as np
 from .gguf_model import Model
 from .ops import KVCache, linear
 from .qwen3moe import forward_layers, routed_experts, swiglu
-from .routing import check_flip_layer, expert_weights, flip_at, router_gaps, sigmoid, top_k_with_margin
+from .routing import check_flip_layer, expert_weights, flip_at, router_gaps, sigmoid, top_k_with_margin, trace_topk
 
 ARCH = "glm4moe"
 
@@ -66,11 +66,7 @@ def route(model: Model, il: int, h: np.ndarray, trace: dict | None = None,
                                     None if flip is None else flip[0])
     w = expert_weights(scores, ids, bool(_meta(model, "expert_weights_norm", False)),
                        float(_meta(model, "expert_weights_scale", 1.0)))
-    if trace is not None:
-        trace.setdefault("topk_margin", []).append(margin)
-        trace.setdefault("router_margin", []).append(margin)
-        trace.setdefault("expert_ids", []).append(ids)
-        trace.setdefault("expert_weights", []).append(w)
+    trace_topk(trace, margin, ids, w)
     return ids, w
 
 

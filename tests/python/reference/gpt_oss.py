@@ -22,7 +22,7 @@ import numpy as np
 from .gguf_model import Model
 from .ops import (KVCache, attention, check_tokens, default_inv_freq, linear, rms_norm, rope_neox, softmax,
                   start_pass, yarn_inv_freq)
-from .routing import check_flip_layer, flip_at, logit_gaps, top_k_with_margin
+from .routing import check_flip_layer, flip_at, logit_gaps, top_k_with_margin, trace_topk
 
 ARCH = "gpt-oss"
 SWIGLU_ALPHA = 1.702   # HF GptOssExperts.alpha / llama.cpp ggml_swiglu_oai alpha
@@ -78,11 +78,7 @@ def route(model: Model, il: int, h: np.ndarray, trace: dict | None = None,
                     model.blk(il, "ffn_gate_inp.bias", (hp.n_expert,)))
     ids, margin = top_k_with_margin(logits, hp.n_expert_used, logit_gaps(logits), None if flip is None else flip[0])
     w = softmax(np.take_along_axis(logits, ids, axis=-1))
-    if trace is not None:
-        trace.setdefault("topk_margin", []).append(margin)
-        trace.setdefault("router_margin", []).append(margin)
-        trace.setdefault("expert_ids", []).append(ids)
-        trace.setdefault("expert_weights", []).append(w)
+    trace_topk(trace, margin, ids, w)
     return ids, w
 
 

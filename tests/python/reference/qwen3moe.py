@@ -19,7 +19,7 @@ import numpy as np
 from .gguf_model import Model
 from .ops import (KVCache, attention, check_tokens, default_inv_freq, linear, rms_norm, rope_neox, softmax,
                   start_pass)
-from .routing import check_flip_layer, flip_at, router_gaps, top_k_with_margin
+from .routing import check_flip_layer, flip_at, router_gaps, top_k_with_margin, trace_topk
 
 ARCH = "qwen3moe"
 
@@ -51,11 +51,7 @@ def route(model: Model, il: int, h: np.ndarray, trace: dict | None = None,
                                     None if flip is None else flip[0])
     w = np.take_along_axis(probs, ids, axis=-1)
     w = w / np.sum(w, axis=-1, keepdims=True)
-    if trace is not None:
-        trace.setdefault("topk_margin", []).append(margin)
-        trace.setdefault("router_margin", []).append(margin)
-        trace.setdefault("expert_ids", []).append(ids)
-        trace.setdefault("expert_weights", []).append(w)
+    trace_topk(trace, margin, ids, w)
     return ids, w
 
 

@@ -59,6 +59,16 @@ def top_k_with_margin(choice: np.ndarray, k: int, gap, flip_token: int | None = 
     return ids, margin
 
 
+def trace_topk(trace: dict | None, margin: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> None:
+    """Appends a layer's top-k decision without a group limit to a forward's `trace`: its margins as 'topk_margin'
+    and 'router_margin' (the same), 'expert_ids' and 'expert_weights'."""
+    if trace is not None:
+        trace.setdefault("topk_margin", []).append(margin)
+        trace.setdefault("router_margin", []).append(margin)
+        trace.setdefault("expert_ids", []).append(ids)
+        trace.setdefault("expert_weights", []).append(weights)
+
+
 def check_flip_layer(flip: tuple[int, int, str] | None, first_moe: int, n_layer: int) -> None:
     """Refuses a forward's `flip` (layer, token, decision) whose layer is not a MoE layer (first_moe..n_layer-1)."""
     if flip is not None and not first_moe <= flip[0] < n_layer:
