@@ -4,11 +4,12 @@ Skipped with "skipped: no CUDA device" where the build has no CUDA or the machin
 Tolerances: batches of more than 8 tokens run the expert and dense products on BF16 tensor cores
 (8 mantissa bits, ~4e-3 relative per product), up to 8 tokens on a Q8-activation GEMV like the CPU;
 attention and norms are F32 on both sides. So the logits must agree to cosine > 0.999 and
-max |gpu - cpu| <= 3e-2 * max |cpu| per token, and the argmax almost always. A token whose top-k
-router logits nearly tie may legitimately pick another expert under that rounding (a few % of
-tokens on these tiny random models), so up to 10% of a batch's rows may miss the per-token bound;
-where the float64 reference can say which rows a near-tie moves (router_flips.py: deepseek2 and glm4moe,
-whose tiny routers nearly tie on 15% and 20% of the tokens), exactly those rows are excused instead.
+max |gpu - cpu| <= 3e-2 * max |cpu| per token. A token whose top-k router logits nearly tie may
+legitimately pick another expert under that rounding, so the float64 reference names the rows such a
+near-tie can move and exactly those are excused (router_flips.py; the tiny routers nearly tie on 4% of
+the tokens of qwen3moe and gpt-oss, 15% of deepseek2's, 20% of glm4moe's). A fraction of the rows could
+not cover it: 10% of a 1-token prompt is no row (the 1-token q4_k_m prompt failed so on the H100,
+2026-11-27). Callers without the reference (flips=None) still get that 10% allowance and an argmax check.
 """
 
 from __future__ import annotations
@@ -33,14 +34,25 @@ def _cuda_context(model, **kw):
 
 
 @pytest.fixture(scope="module", params=[("qwen3moe", "q8_0"), ("qwen3moe", "q4_0"), ("gpt-oss", "mxfp4"),
-                                        ("gpt-oss", "bf16")])
-def model(request, tmp_path_factory):
+                                        ("gpt-oss", "bf16")], ids="-".join)
+def model_file(request, tmp_path_factory):
     arch, expert_type = request.param
     path = tmp_path_factory.mktemp("cuda") / f"{arch}-{expert_type}.gguf"
     # head_dim 64: the CUDA attention kernels cover head sizes 32..256.
     moeinfer.synth_write(str(path), arch, preset="tiny", head_dim=64, expert_type=expert_type,
                          dense_type="q8_0", seed=model_seed())
-    return moeinfer.Model(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(model_file):
+    return moeinfer.Model(str(model_file))
+
+
+@pytest.fixture(scope="module")
+def flips(model_file):
+    """The model's router_flips.Forward: the rows a router near-tie can move are excused, every other is checked."""
+    return router_flips.reference_forward(model_file)
 
 
 def _compare(gpu: np.ndarray, cpu: np.ndarray, excused: np.ndarray | None = None) -> None:
@@ -64,7 +76,8 @@ def _compare(gpu: np.ndarray, cpu: np.ndarray, excused: np.ndarray | None = None
 def _excused(flips, batches: list[np.ndarray]) -> list[np.ndarray | None]:
     """Per batch, the rows a router near-tie can move (None for each without `flips`, a router_flips.Forward of
     the model); at least a third of the rows of a sequence of 20 or more are checked (excused: 16% on average,
-    46% at most, over 600 deepseek2 "tiny" models; 20% and 57% over 600 glm4moe ones)."""
+    46% at most, over 600 deepseek2 "tiny" models; 20% and 57% over 600 glm4moe ones; 4% and 21% of 28 rows, and
+    4% and 18% of a 40-token prompt, over 300 models of each configuration of this file)."""
     if flips is None:
         return [None] * len(batches)
     excused, margins = router_flips.excused_rows(flips, np.concatenate(batches))
@@ -128,12 +141,12 @@ def compare_hybrid(model, rng, expert_copy: str, expert_split: int, flips=None):
 
 
 @pytest.mark.parametrize("n_prompt", [1, 5, 40])
-def test_cuda_prompt_matches_cpu(model, rng, n_prompt):
-    compare_prompt(model, rng, n_prompt)
+def test_cuda_prompt_matches_cpu(model, flips, rng, n_prompt):
+    compare_prompt(model, rng, n_prompt, flips)
 
 
-def test_cuda_generation_matches_cpu(model, rng):
-    compare_generation(model, rng)
+def test_cuda_generation_matches_cpu(model, flips, rng):
+    compare_generation(model, rng, flips=flips)
 
 
 def test_cuda_rejects_bad_tokens_without_touching_state(model):
@@ -174,16 +187,28 @@ def test_default_device_is_auto(tmp_path):
 # types are what the file holds (q4_k_m: Q4_K and Q6_K; iq4_xs: IQ4_XS, Q5_K and Q6_K) and the CUDA kernels decode
 # them (core/quant_decode.h). Bounds as above: up to 8 tokens the GPU dots the weights' integer groups against
 # activations quantised to 8 bits per 32 (core/quant_decode_dot.h; the CPU quantises per 256, as ggml's Q8_K);
-# past 8 the products run on BF16 tensor cores.
+# past 8 the products run on BF16 tensor cores. Near-ties are excused as above, at router_flips.NEAR_TIE, under
+# which the CPU's Q8_K path does not always stay: on q4_k_m it took a runner-up just above it on 1 row in 5,600
+# (router_flips), a row outside the bound that nothing excuses.
 @pytest.fixture(scope="module", params=["q4_k_m", "iq4_xs"])
-def recipe_model(request, tmp_path_factory):
+def recipe_file(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("cuda") / f"qwen3moe-{request.param}.gguf"
     moeinfer.synth_write(str(path), "qwen3moe", preset="tiny", recipe=request.param, n_embd=256, head_dim=64,
                          n_ff_expert=256, seed=model_seed())
-    model = moeinfer.Model(str(path))
     want = {"q4_k_m": {"q4_K", "q6_K"}, "iq4_xs": {"iq4_xs", "q6_K"}}[request.param]
-    assert want <= {t.type for t in model.tensors}
-    return model
+    assert want <= {t.type for t in moeinfer.Model(str(path)).tensors}
+    return path
+
+
+@pytest.fixture(scope="module")
+def recipe_model(recipe_file):
+    return moeinfer.Model(str(recipe_file))
+
+
+@pytest.fixture(scope="module")
+def recipe_flips(recipe_file):
+    """As flips, for the recipe model."""
+    return router_flips.reference_forward(recipe_file)
 
 
 def _check_on_device(ctx, model) -> None:
@@ -194,15 +219,15 @@ def _check_on_device(ctx, model) -> None:
 
 
 @pytest.mark.parametrize("n_prompt", [1, 5, 40])
-def test_cuda_recipe_prompt_matches_cpu(recipe_model, rng, n_prompt):
-    _check_on_device(compare_prompt(recipe_model, rng, n_prompt), recipe_model)
+def test_cuda_recipe_prompt_matches_cpu(recipe_model, recipe_flips, rng, n_prompt):
+    _check_on_device(compare_prompt(recipe_model, rng, n_prompt, recipe_flips), recipe_model)
 
 
-def test_cuda_recipe_generation_matches_cpu(recipe_model, rng):
-    compare_generation(recipe_model, rng)
+def test_cuda_recipe_generation_matches_cpu(recipe_model, recipe_flips, rng):
+    compare_generation(recipe_model, rng, flips=recipe_flips)
 
 
 @pytest.mark.parametrize("expert_copy", ["full", "active"])
 @pytest.mark.parametrize("expert_split", [0, 2])
-def test_cuda_recipe_hybrid_matches_cpu(recipe_model, rng, expert_copy, expert_split):
-    compare_hybrid(recipe_model, rng, expert_copy, expert_split)
+def test_cuda_recipe_hybrid_matches_cpu(recipe_model, recipe_flips, rng, expert_copy, expert_split):
+    compare_hybrid(recipe_model, rng, expert_copy, expert_split, recipe_flips)
