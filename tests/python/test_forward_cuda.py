@@ -76,8 +76,8 @@ def _compare(gpu: np.ndarray, cpu: np.ndarray, excused: np.ndarray | None = None
 def _excused(flips, batches: list[np.ndarray]) -> list[np.ndarray | None]:
     """Per batch, the rows a router near-tie can move (None for each without `flips`, a router_flips.Forward of
     the model); at least a third of the rows of a sequence of 20 or more are checked (excused: 16% on average,
-    46% at most, over 600 deepseek2 "tiny" models; 20% and 57% over 600 glm4moe ones; 4% and 21% of 28 rows, and
-    4% and 18% of a 40-token prompt, over 300 models of each configuration of this file)."""
+    46% at most, over 600 deepseek2 "tiny" models; 20% and 57% over 600 glm4moe ones; 4% and 25% of 28 rows, and
+    4% and 20% of a 40-token prompt, over 300 to 900 models of each configuration of this file)."""
     if flips is None:
         return [None] * len(batches)
     excused, margins = router_flips.excused_rows(flips, np.concatenate(batches))
