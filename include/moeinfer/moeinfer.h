@@ -470,7 +470,8 @@ typedef struct moe_context_params {
     int32_t split_mode;
     /* Proportions of the layers per device (llama.cpp -ts 3,1), n_tensor_split entries (at most
      * n_devices; missing ones are 0), each finite and >= 0, not all 0: the layers, in order, are dealt
-     * out in runs of these proportions. NULL with n_tensor_split 0: with a device list, the vram_budgets
+     * out in runs of these proportions; a device whose entry is 0 is left out of the context (-ts 1,0:
+     * the first device alone), unless an override names a device (CUDAn). NULL with n_tensor_split 0: with a device list, the vram_budgets
      * where given, else each device's free memory; without one, the default above. Borrowed during the
      * call. Default: NULL, 0. */
     const float* tensor_split;

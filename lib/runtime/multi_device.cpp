@@ -175,6 +175,20 @@ StatusOr<DeviceList> device_list(const moe_context_params& p, int32_t device_kin
     const bool names_device = std::any_of(rules.begin(), rules.end(), [](const sched::OverrideRule& r) {
         return r.side == Side::DEVICE && r.device >= 0;
     });
+    // A device the tensor split gives no layers (-ts 1,0) is left out, as llama.cpp does, rather than
+    // given a backend, a scheduler and a place in the statistics with nothing to run; unless an override
+    // names devices by their index in the list, which leaving one out would shift.
+    if (!list.proportions.empty() && !names_device) {
+        DeviceList kept;
+        for (size_t d = 0; d < list.ordinals.size(); ++d) {
+            if (list.proportions[d] == 0.0) continue;
+            kept.ordinals.push_back(list.ordinals[d]);
+            kept.budgets.push_back(list.budgets[d]);
+            kept.proportions.push_back(list.proportions[d]);
+        }
+        if (kept.ordinals.size() == 1) kept.proportions.clear();
+        list = std::move(kept);
+    }
     list.fill = p.n_devices == 0 && list.ordinals.size() > 1 && list.proportions.empty() && !names_device;
     return list;
 }

@@ -217,6 +217,9 @@ TEST_CASE("the several-device default: the device offering the most first; the w
         {"-sm none -mg 1", {}, MOE_SPLIT_NONE, 1, {}, nullptr, {1}},
         {"-ts 1,1", {}, MOE_SPLIT_LAYER, 0, {1, 1}, nullptr, {0, 1}},
         {"-ot blk.3=CUDA1", {}, MOE_SPLIT_LAYER, 0, {}, "blk\\.3\\.=CUDA1", {0, 1}},
+        // A device the split gives nothing is left out (llama.cpp's -ts 1,0): one device, not two.
+        {"-ts 1,0", {}, MOE_SPLIT_LAYER, 0, {1, 0}, nullptr, {0}},
+        {"-ts 0,1", {}, MOE_SPLIT_LAYER, 0, {0, 1}, nullptr, {1}},
     };
     for (const Case& k : cases) {
         INFO(k.what);
@@ -238,6 +241,21 @@ TEST_CASE("the several-device default: the device offering the most first; the w
             // By the (equal) budgets; the pinned layer 3 on device 1 either way.
             CHECK(c.ctx->layer_device == std::vector<int>{0, 0, 1, 1});
         }
+        REQUIRE(moe::test::bitwise_equal(c.decode(tokens, nv), want));
+    }
+    // -ts 1,0 with an override naming CUDA1: the list keeps both devices (the override indexes it), the split
+    // gives device 1 nothing but the pinned layer.
+    {
+        DeviceSetup s;
+        s.backend_options = "emulated_devices=2";
+        s.split = {1, 0};
+        s.overrides = "blk\\.3\\.=CUDA1";
+        moe_sched_policy pol;
+        moe_context_params p = moe::test::device_params(s, pol);
+        p.vram_budget = small;
+        moe::test::ApiContext c(m.get(), p);
+        CHECK(device_ordinals(c.ctx) == std::vector<int32_t>{0, 1});
+        CHECK(c.ctx->layer_device == std::vector<int>{0, 0, 0, 1});
         REQUIRE(moe::test::bitwise_equal(c.decode(tokens, nv), want));
     }
     // A budget even the weights other than experts do not fit on both devices: no split helps, and the
