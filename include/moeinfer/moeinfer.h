@@ -461,7 +461,9 @@ typedef struct moe_context_params {
      * that split gives a device more of the weights other than experts than it holds, the layers as
      * those weights fill the devices in order; where not even those weights fit them, the first device
      * alone, whose refusal names its budget).
-     * n_devices = 1 with the device (-dev CUDA0), or MOE_SPLIT_NONE (main_gpu), keeps to one device;
+     * A GPU the default cannot open or ask for its free memory (another process holds it in
+     * exclusive-process mode, or it has failed) is left out of it; only where none answers is that an
+     * error. n_devices = 1 with the device (-dev CUDA0), or MOE_SPLIT_NONE (main_gpu), keeps to one device;
      * moe_context_get_device_info says which devices a context uses.
      * Default: NULL, 0. */
     const int32_t* devices;

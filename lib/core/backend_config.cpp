@@ -121,6 +121,20 @@ const std::vector<Key>& keys() {
              return true;
          },
          nullptr},
+        {"emulated_busy", nullptr, "0..7|none", "none",
+         "an emulated device that refuses to be opened or asked for its free memory, as a GPU another "
+         "process holds in exclusive-process mode: the every-device default leaves it out",
+         [](std::string_view v, BackendConfig& c) {
+             if (v == "none") {
+                 c.emulated_busy = -1;
+                 return true;
+             }
+             const std::optional<uint64_t> n = parse_u64(v);
+             if (!n || *n > 7) return false;
+             c.emulated_busy = static_cast<int>(*n);
+             return true;
+         },
+         nullptr},
         {"offload_calibration", nullptr, "auto|on|off", "auto",
          "offload thresholds computed at context creation from the measured PCIe bandwidth and host and "
          "device throughput (docs/POLICY.md); auto: on CUDA contexts (the emulated device keeps the fixed "

@@ -58,6 +58,7 @@ struct BackendConfig {
     double emulated_pcie_gbps = 0.0;    // emulated_pcie_gbps / MOEINFER_EMULATED_PCIE_GBPS; 0: no floor
     uint64_t emulated_vram = uint64_t{64} << 30;  // emulated_vram / MOEINFER_EMULATED_VRAM, bytes
     int emulated_devices = 1;           // emulated_devices (no variable): those a context without a list sees
+    int emulated_busy = -1;             // emulated_busy (no variable): the ordinal of a device that refuses to open
     std::optional<bool> offload_calibration;  // offload_calibration (no variable); nullopt: auto
     ExpertGemmDecode expert_gemm_decode = ExpertGemmDecode::FUSED;  // expert_gemm_decode / MOEINFER_EXPERT_GEMM_DECODE
     KquantGemv kquant_gemv = KquantGemv::V3;  // kquant_gemv / MOEINFER_KQUANT_GEMV

@@ -246,6 +246,14 @@ Status EmulatedDeviceBackend::wait_fence(uint64_t fence) {
     return streams_->wait_fence(fence);
 }
 
+// The refusal of the device that backend option emulated_busy names, as CUDA's of a GPU another process
+// holds in exclusive-process mode (cudaErrorDevicesUnavailable); ok for the others.
+Status busy_check(const BackendOptions& o) {
+    if (o.device != o.config.emulated_busy) return Status::ok();
+    return failed_precondition("emulated device " + std::to_string(o.device) +
+                               " is busy or unavailable (backend option emulated_busy)");
+}
+
 void register_emulated_backend() {
     BackendFactory f{
         "emulated",
@@ -255,6 +263,7 @@ void register_emulated_backend() {
                 return failed_precondition("emulated device " + std::to_string(o.device) + " is not available (" +
                                            std::to_string(kEmulatedDevices) + " device(s) found)");
             }
+            MOE_RETURN_IF_ERROR(busy_check(o));
             return std::unique_ptr<Backend>(
                 std::make_unique<EmulatedDeviceBackend>(o.n_threads, o.config, o.device));
         },
@@ -264,6 +273,7 @@ void register_emulated_backend() {
         if (o.device < 0 || o.device >= kEmulatedDevices) {
             return failed_precondition("emulated device " + std::to_string(o.device) + " is not available");
         }
+        MOE_RETURN_IF_ERROR(busy_check(o));
         const size_t vram = static_cast<size_t>(o.config.emulated_vram);
         return uint64_t{emulated_meter(o.device).free_bytes(emulated_free(o.device, vram))};
     };

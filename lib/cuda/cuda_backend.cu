@@ -662,7 +662,15 @@ void register_backend() {
         MOE_RETURN_IF_ERROR(check_device(o.device));
         const DeviceScope scope(o.device);
         MOE_RETURN_IF_ERROR(scope.status());
-        return uint64_t{cuda_meter().free_bytes(current_device_free())};
+        // Here a GPU that cannot be opened (another process holds it in exclusive-process mode) says so,
+        // rather than offering 0 bytes: the several-device default leaves such a GPU out.
+        size_t free = 0, total = 0;
+        const cudaError_t err = cudaMemGetInfo(&free, &total);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            return cuda_status(err, ("cudaMemGetInfo on GPU " + std::to_string(o.device)).c_str());
+        }
+        return uint64_t{cuda_meter().free_bytes(free)};
     };
     register_backend_factory(std::move(f));
 }

@@ -70,25 +70,36 @@ StatusOr<DeviceList> fill_order(const DeviceList& list, const BackendFactory& fa
     MOE_ASSERT(list.fill);
     const size_t n = list.ordinals.size();
     std::vector<uint64_t> free_of(n), offers(n);
+    std::vector<size_t> order;  // the devices that answer, then in fill order
+    Status first_refusal = Status::ok();
     for (size_t d = 0; d < n; ++d) {
         StatusOr<uint64_t> f = free_memory_of(factory, options, list.ordinals[d]);
         if (!f.is_ok()) {
-            return f.status().with_context("the free memory of " + factory.name + " device " +
-                                           std::to_string(list.ordinals[d]));
+            // A GPU that cannot be opened (another process holds it in exclusive-process mode, or it has
+            // failed) is no device of the default: it was not asked for by name. Only where none answers
+            // is that an error.
+            if (first_refusal.is_ok()) {
+                first_refusal = f.status().with_context("the free memory of " + factory.name + " device " +
+                                                        std::to_string(list.ordinals[d]));
+            }
+            continue;
         }
         free_of[d] = *f;
         offers[d] = list.budgets[d] > 0 ? list.budgets[d] : *f;
+        order.push_back(d);
     }
-    std::vector<size_t> order(n);
-    std::iota(order.begin(), order.end(), size_t{0});
+    if (order.empty()) return first_refusal;
     std::stable_sort(order.begin(), order.end(), [&offers](size_t a, size_t b) { return offers[a] > offers[b]; });
     DeviceList out = list;
+    out.ordinals.clear();
+    out.budgets.clear();
     free->clear();
-    for (size_t i = 0; i < n; ++i) {
-        out.ordinals[i] = list.ordinals[order[i]];
-        out.budgets[i] = list.budgets[order[i]];
-        free->push_back(free_of[order[i]]);
+    for (size_t d : order) {
+        out.ordinals.push_back(list.ordinals[d]);
+        out.budgets.push_back(list.budgets[d]);
+        free->push_back(free_of[d]);
     }
+    out.fill = out.ordinals.size() > 1;  // one left: a one-device context
     return out;
 }
 

@@ -17,7 +17,8 @@ namespace moe {
 // `list`'s devices in the order the default fills them: the memory each offers for weights (its budget
 // where one is given, else its free memory, asked of the factory) the most first, the lower ordinal
 // first among equals; their budgets reordered alike. *free receives each one's free memory, in that
-// order. REQUIRES: list.fill.
+// order. A device the factory cannot ask (busy, failed) is left out; none answering is the first one's
+// error; one left clears fill (a one-device context). REQUIRES: list.fill.
 StatusOr<DeviceList> fill_order(const DeviceList& list, const BackendFactory& factory, const BackendOptions& options,
                                 std::vector<uint64_t>* free);
 

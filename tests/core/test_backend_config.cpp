@@ -161,9 +161,17 @@ TEST_CASE("backend options: the help text names every key, its values and its va
                             "cuda_pull_copies=auto|never|always", "emulated_async=on|off", "emulated_pcie_gbps=",
                             "emulated_vram=bytes", "offload_calibration=auto|on|off", "env MOEINFER_CUDA_GRAPHS",
                             "env MOEINFER_EMULATED_VRAM", "expert_gemm_decode=fused|scratch",
-                            "env MOEINFER_EXPERT_GEMM_DECODE"}) {
+                            "env MOEINFER_EXPERT_GEMM_DECODE", "emulated_busy=0..7|none"}) {
         CHECK_THAT(help, Catch::Contains(key));
     }
+}
+
+TEST_CASE("backend options: emulated_busy names one emulated device that refuses to open", "[core]") {
+    CHECK(parse_ok("").emulated_busy == -1);
+    CHECK(parse_ok("emulated_busy=3").emulated_busy == 3);
+    CHECK(parse_ok("emulated_busy=none").emulated_busy == -1);
+    CHECK_THAT(refused("emulated_busy=8"), Catch::Contains("emulated_busy takes 0..7|none, got '8'"));
+    CHECK_THAT(refused("emulated_busy=-1"), Catch::Contains("emulated_busy"));
 }
 
 TEST_CASE("backend options: kquant_gemv selects the decoded-type GEMV, v3 by default", "[core]") {

@@ -15,6 +15,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/logits_check.h"
@@ -271,6 +272,32 @@ TEST_CASE("the several-device default: the device offering the most first; the w
         CHECK(ctx == nullptr);
         CHECK_THAT(moe_last_error(), Catch::Contains("over the VRAM budget of " + std::to_string(total / 50)) &&
                                          !Catch::Contains("placing the weights of CUDA"));
+    }
+    // A device that refuses to open (emulated_busy: a GPU another process holds in exclusive-process mode) is
+    // left out of the default: of three, the other two share the layers; of two, the other alone. Named in a
+    // device list, it is refused with the backend's reason.
+    for (const auto& [devices, busy, want_ordinals] :
+         {std::tuple<int, int, std::vector<int32_t>>{3, 1, {0, 2}}, {2, 0, {1}}, {3, 0, {1, 2}}}) {
+        INFO(devices << " devices, device " << busy << " busy");
+        DeviceSetup s;
+        s.backend_options = "emulated_devices=" + std::to_string(devices) + ",emulated_busy=" + std::to_string(busy);
+        moe_sched_policy pol;
+        moe_context_params p = moe::test::device_params(s, pol);
+        p.vram_budget = small;
+        moe::test::ApiContext c(m.get(), p);
+        CHECK(device_ordinals(c.ctx) == want_ordinals);
+        REQUIRE(moe::test::bitwise_equal(c.decode(tokens, nv), want));
+    }
+    {
+        DeviceSetup s;
+        s.backend_options = "emulated_devices=2,emulated_busy=1";
+        s.devices = {0, 1};
+        moe_sched_policy pol;
+        const moe_context_params p = moe::test::device_params(s, pol);
+        moe_context* ctx = nullptr;
+        CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_FAILED_PRECONDITION);
+        CHECK(ctx == nullptr);
+        CHECK_THAT(moe_last_error(), Catch::Contains("emulated device 1 is busy"));
     }
     // One device shown (the emulated backend's default, a one-GPU machine): as ever, device 0.
     DeviceSetup one;
