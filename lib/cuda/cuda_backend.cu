@@ -32,14 +32,22 @@ constexpr size_t kCublasWorkspace = size_t{32} << 20;
 
 DeviceMemoryMeter& cuda_meter() { return DeviceMemoryMeter::of("cuda"); }
 
-// Free memory of the current device as the driver reports it; 0 when it cannot say.
-size_t current_device_free() {
+// Free memory of the current device as the driver reports it, or why it cannot say (a GPU another
+// process holds in exclusive-process mode cannot be opened).
+StatusOr<size_t> query_device_free() {
     size_t free = 0, total = 0;
-    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    const cudaError_t err = cudaMemGetInfo(&free, &total);
+    if (err != cudaSuccess) {
         (void)cudaGetLastError();
-        return 0;
+        return cuda_status(err, "cudaMemGetInfo");
     }
     return free;
+}
+
+// The same, 0 when it cannot say.
+size_t current_device_free() {
+    const StatusOr<size_t> free = query_device_free();
+    return free.is_ok() ? *free : 0;
 }
 
 // cudaMalloc of n bytes (at least 1) on the current device, counted by the "cuda" meter, whose test
@@ -662,15 +670,11 @@ void register_backend() {
         MOE_RETURN_IF_ERROR(check_device(o.device));
         const DeviceScope scope(o.device);
         MOE_RETURN_IF_ERROR(scope.status());
-        // Here a GPU that cannot be opened (another process holds it in exclusive-process mode) says so,
-        // rather than offering 0 bytes: the several-device default leaves such a GPU out.
-        size_t free = 0, total = 0;
-        const cudaError_t err = cudaMemGetInfo(&free, &total);
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();
-            return cuda_status(err, ("cudaMemGetInfo on GPU " + std::to_string(o.device)).c_str());
-        }
-        return uint64_t{cuda_meter().free_bytes(free)};
+        // A GPU that cannot be opened says why rather than offering 0 bytes: the several-device default
+        // leaves such a GPU out.
+        StatusOr<size_t> free = query_device_free();
+        if (!free.is_ok()) return free.status().with_context("GPU " + std::to_string(o.device));
+        return uint64_t{cuda_meter().free_bytes(*free)};
     };
     register_backend_factory(std::move(f));
 }

@@ -131,21 +131,11 @@ StatusOr<DeviceList> fill_devices(const moe_context& ctx, const DeviceList& orde
     DeviceList out = ordered;
     out.fill = false;
     // The devices that got layers, each with its run of layers as its proportion (runs of the layer
-    // counts deal the layers out as they were filled: sched::split_layers); one: no proportions.
+    // counts deal the layers out as they were filled: sched::split_layers).
     const auto as_filled = [&](const std::vector<int>& layer_device) {
         std::vector<double> counts(static_cast<size_t>(n_dev), 0.0);
         for (int d : layer_device) counts[static_cast<size_t>(d)] += 1.0;
-        out.ordinals.clear();
-        out.budgets.clear();
-        out.proportions.clear();
-        for (int d = 0; d < n_dev; ++d) {
-            if (counts[static_cast<size_t>(d)] == 0.0) continue;
-            out.ordinals.push_back(ordered.ordinals[static_cast<size_t>(d)]);
-            out.budgets.push_back(ordered.budgets[static_cast<size_t>(d)]);
-            out.proportions.push_back(counts[static_cast<size_t>(d)]);
-        }
-        if (out.ordinals.size() == 1) out.proportions.clear();
-        return out;
+        return devices_with_shares(ordered, counts);
     };
     if (filled && !filled->empty() && filled->front() == 0) return as_filled(*filled);
     // Layers left over: the weights that cannot move must fit the devices in order (as greedy runs are the

@@ -101,6 +101,19 @@ std::vector<int> weight_layers(const moe_context& ctx, const std::vector<Tensor*
     return layers;
 }
 
+DeviceList devices_with_shares(const DeviceList& list, const std::vector<double>& shares) {
+    MOE_ASSERT(shares.size() == list.ordinals.size() && list.budgets.size() == list.ordinals.size());
+    DeviceList out;
+    for (size_t d = 0; d < shares.size(); ++d) {
+        if (shares[d] <= 0.0) continue;
+        out.ordinals.push_back(list.ordinals[d]);
+        out.budgets.push_back(list.budgets[d]);
+        out.proportions.push_back(shares[d]);
+    }
+    if (out.ordinals.size() == 1) out.proportions.clear();
+    return out;
+}
+
 StatusOr<DeviceList> device_list(const moe_context_params& p, int32_t device_kind, int device_count, int visible) {
     if (p.split_mode != MOE_SPLIT_NONE && p.split_mode != MOE_SPLIT_LAYER && p.split_mode != MOE_SPLIT_ROW) {
         return invalid_argument("split_mode must be MOE_SPLIT_NONE, MOE_SPLIT_LAYER or MOE_SPLIT_ROW (got " +
@@ -178,17 +191,7 @@ StatusOr<DeviceList> device_list(const moe_context_params& p, int32_t device_kin
     // A device the tensor split gives no layers (-ts 1,0) is left out, as llama.cpp does, rather than
     // given a backend, a scheduler and a place in the statistics with nothing to run; unless an override
     // names devices by their index in the list, which leaving one out would shift.
-    if (!list.proportions.empty() && !names_device) {
-        DeviceList kept;
-        for (size_t d = 0; d < list.ordinals.size(); ++d) {
-            if (list.proportions[d] == 0.0) continue;
-            kept.ordinals.push_back(list.ordinals[d]);
-            kept.budgets.push_back(list.budgets[d]);
-            kept.proportions.push_back(list.proportions[d]);
-        }
-        if (kept.ordinals.size() == 1) kept.proportions.clear();
-        list = std::move(kept);
-    }
+    if (!list.proportions.empty() && !names_device) list = devices_with_shares(list, list.proportions);
     list.fill = p.n_devices == 0 && list.ordinals.size() > 1 && list.proportions.empty() && !names_device;
     return list;
 }

@@ -28,6 +28,9 @@ struct DeviceList {
     // device list, tensor split or override naming a device, split_mode layer, several devices visible.
     bool fill = false;
 };
+// The devices of `list` whose share is above 0 (shares: one per device), in order, with their budgets and
+// those shares as proportions (none where one device is left), fill off.
+DeviceList devices_with_shares(const DeviceList& list, const std::vector<double>& shares);
 // device_kind: MOE_DEVICE_CUDA or MOE_DEVICE_EMULATED (resolved); device_count: the backend's devices;
 // visible: those a context without a device list uses, ordinals 0 .. visible - 1 (-1: all; CUDA's are
 // all its GPUs, the emulated backend's its emulated_devices option).
