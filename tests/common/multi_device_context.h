@@ -18,6 +18,7 @@ struct DeviceSetup {
     std::vector<int32_t> devices;  // empty: one device, the backend's first
     std::vector<float> split;
     std::vector<uint64_t> budgets;
+    uint64_t vram_budget = 0;  // every device's, where budgets has no entry (0: the default)
     const char* overrides = nullptr;
     int32_t split_mode = MOE_SPLIT_LAYER;
     int32_t main_gpu = 0;
@@ -47,6 +48,7 @@ inline moe_context_params device_params(const DeviceSetup& s, moe_sched_policy& 
     p.n_devices = static_cast<int32_t>(s.devices.size());
     p.tensor_split = s.split.empty() ? nullptr : s.split.data();
     p.n_tensor_split = static_cast<int32_t>(s.split.size());
+    p.vram_budget = s.vram_budget;
     p.vram_budgets = s.budgets.empty() ? nullptr : s.budgets.data();
     p.n_vram_budgets = static_cast<int32_t>(s.budgets.size());
     p.split_mode = s.split_mode;

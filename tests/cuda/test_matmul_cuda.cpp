@@ -886,6 +886,20 @@ void check_gemv_v1_v2(const std::string& what, Op op, const std::vector<const Ho
     CHECK(o2.flags == 0);
 }
 
+// MUL_MAT_ID of w ([k, 77, 8]) for 1 and 5 tokens, 3 of the 8 experts each, with one activation row per token
+// (B = 1) and one per pair (B = n_used): check_gemv_v1_v2 with g.
+void check_routed_v1(Type type, const HostTensor& w, int64_t k, int n_sm, moe::KquantGemv g) {
+    for (int64_t t : {int64_t{1}, int64_t{5}}) {
+        const HostTensor ids = random_ids(3, t, {0, 1, 2, 3, 4, 5, 6, 7});
+        const HostTensor x1 = random_acts({k, 1, t});
+        const HostTensor x3 = random_acts({k, 3, t});
+        check_gemv_v1_v2(case_name("MUL_MAT_ID B=1", type, {k, 77, 8, 3, t}), Op::MUL_MAT_ID, {&w, &x1, &ids},
+                         {77, 3, t}, moe::OpParams{}, n_sm, g);
+        check_gemv_v1_v2(case_name("MUL_MAT_ID B=n_used", type, {k, 77, 8, 3, t}), Op::MUL_MAT_ID, {&w, &x3, &ids},
+                         {77, 3, t}, moe::OpParams{}, n_sm, g);
+    }
+}
+
 }  // namespace
 
 TEST_CASE("cuda decoded-type GEMV: kquant_gemv=v2 gives v1's bits (early dense loads, two rows per warp)",
@@ -916,16 +930,8 @@ TEST_CASE("cuda decoded-type GEMV: kquant_gemv=v2 gives v1's bits (early dense l
         // types take its short-row kernel, 72 of the K-quants v2's).
         {
             const HostTensor w = random_weights(type, odd_k(type), 77, 8);
-            for (int64_t t : {int64_t{1}, int64_t{5}}) {
-                const HostTensor ids = random_ids(3, t, {0, 1, 2, 3, 4, 5, 6, 7});
-                const HostTensor x1 = random_acts({odd_k(type), 1, t});
-                const HostTensor x3 = random_acts({odd_k(type), 3, t});
-                for (moe::KquantGemv g : {moe::KquantGemv::V2, moe::KquantGemv::V3}) {
-                    check_gemv_v1_v2(case_name("MUL_MAT_ID B=1", type, {odd_k(type), 77, 8, 3, t}), Op::MUL_MAT_ID,
-                                     {&w, &x1, &ids}, {77, 3, t}, moe::OpParams{}, n_sm, g);
-                    check_gemv_v1_v2(case_name("MUL_MAT_ID B=n_used", type, {odd_k(type), 77, 8, 3, t}),
-                                     Op::MUL_MAT_ID, {&w, &x3, &ids}, {77, 3, t}, moe::OpParams{}, n_sm, g);
-                }
+            for (moe::KquantGemv g : {moe::KquantGemv::V2, moe::KquantGemv::V3}) {
+                check_routed_v1(type, w, odd_k(type), n_sm, g);
             }
         }
         // MOE_UP_GATE, 64 pairs (8 tokens x 8 of 8 experts): a launch of ceil(n / 4) x 64 blocks takes two rows
@@ -969,15 +975,7 @@ TEST_CASE("cuda decoded-type GEMV: kquant_gemv=v3 gives v1's bits and matches th
                                             : std::vector<int64_t>{32, 64, 416, 768, 1024, 1056};
         for (int64_t k : ks) {
             const HostTensor w = random_weights(type, k, 77, 8);
-            for (int64_t t : {int64_t{1}, int64_t{5}}) {
-                const HostTensor ids = random_ids(3, t, {0, 1, 2, 3, 4, 5, 6, 7});
-                const HostTensor x1 = random_acts({k, 1, t});
-                const HostTensor x3 = random_acts({k, 3, t});
-                check_gemv_v1_v2(case_name("MUL_MAT_ID B=1", type, {k, 77, 8, 3, t}), Op::MUL_MAT_ID, {&w, &x1, &ids},
-                                 {77, 3, t}, moe::OpParams{}, n_sm, moe::KquantGemv::V3);
-                check_gemv_v1_v2(case_name("MUL_MAT_ID B=n_used", type, {k, 77, 8, 3, t}), Op::MUL_MAT_ID,
-                                 {&w, &x3, &ids}, {77, 3, t}, moe::OpParams{}, n_sm, moe::KquantGemv::V3);
-            }
+            check_routed_v1(type, w, k, n_sm, moe::KquantGemv::V3);
             const GemvKnobs knobs(moe::KquantGemv::V3, n_sm);
             const MoeShape s{8, 77, k, 3, {0, 2, 3, 5, 6}};  // experts 1, 4 and 7 idle
             check_mul_mat_id(type, s, 1, true);

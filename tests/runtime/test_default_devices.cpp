@@ -124,10 +124,8 @@ TEST_CASE("the several-device default: one device while the model fits it, then 
         INFO("budget " << budget << " of " << total);
         DeviceSetup s;
         s.backend_options = "emulated_devices=2";
-        moe_sched_policy pol;
-        moe_context_params p = moe::test::device_params(s, pol);
-        p.vram_budget = budget;
-        moe::test::ApiContext c(m.get(), p);
+        s.vram_budget = budget;
+        DeviceContext c(m.get(), s);
         const std::optional<std::vector<int>> fill = reference_fill(bytes, {budget, budget});
         if (share == 1.0) {
             REQUIRE(fill);
@@ -156,10 +154,8 @@ TEST_CASE("the several-device default: one device while the model fits it, then 
         if (share == 1.0) {
             // The one-device context it is: the same placement and counters as without the default.
             DeviceSetup one;
-            moe_sched_policy pol1;
-            moe_context_params p1 = moe::test::device_params(one, pol1);
-            p1.vram_budget = budget;
-            moe::test::ApiContext single(m.get(), p1);
+            one.vram_budget = budget;
+            DeviceContext single(m.get(), one);
             for (const auto& b : batches) single.decode(b, nv);
             check_same_stats(c.stats(), single.stats());
         }
@@ -231,10 +227,8 @@ TEST_CASE("the several-device default: the device offering the most first; the w
         s.main_gpu = k.main_gpu;
         s.split = k.split;
         s.overrides = k.overrides;
-        moe_sched_policy pol;
-        moe_context_params p = moe::test::device_params(s, pol);
-        p.vram_budget = small;
-        moe::test::ApiContext c(m.get(), p);
+        s.vram_budget = small;
+        DeviceContext c(m.get(), s);
         CHECK(device_ordinals(c.ctx) == k.want_ordinals);
         if (k.want_ordinals.size() == 1) {
             CHECK(c.stats().weights_host_bytes > 0);  // one device: its experts spill, the other stays unused
@@ -251,10 +245,8 @@ TEST_CASE("the several-device default: the device offering the most first; the w
         s.backend_options = "emulated_devices=2";
         s.split = {1, 0};
         s.overrides = "blk\\.3\\.=CUDA1";
-        moe_sched_policy pol;
-        moe_context_params p = moe::test::device_params(s, pol);
-        p.vram_budget = small;
-        moe::test::ApiContext c(m.get(), p);
+        s.vram_budget = small;
+        DeviceContext c(m.get(), s);
         CHECK(device_ordinals(c.ctx) == std::vector<int32_t>{0, 1});
         CHECK(c.ctx->layer_device == std::vector<int>{0, 0, 0, 1});
         REQUIRE(moe::test::bitwise_equal(c.decode(tokens, nv), want));
@@ -264,9 +256,9 @@ TEST_CASE("the several-device default: the device offering the most first; the w
     {
         DeviceSetup s;
         s.backend_options = "emulated_devices=2";
+        s.vram_budget = total / 50;
         moe_sched_policy pol;
-        moe_context_params p = moe::test::device_params(s, pol);
-        p.vram_budget = total / 50;
+        const moe_context_params p = moe::test::device_params(s, pol);
         moe_context* ctx = nullptr;
         CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_RESOURCE_EXHAUSTED);
         CHECK(ctx == nullptr);
@@ -281,10 +273,8 @@ TEST_CASE("the several-device default: the device offering the most first; the w
         INFO(devices << " devices, device " << busy << " busy");
         DeviceSetup s;
         s.backend_options = "emulated_devices=" + std::to_string(devices) + ",emulated_busy=" + std::to_string(busy);
-        moe_sched_policy pol;
-        moe_context_params p = moe::test::device_params(s, pol);
-        p.vram_budget = small;
-        moe::test::ApiContext c(m.get(), p);
+        s.vram_budget = small;
+        DeviceContext c(m.get(), s);
         CHECK(device_ordinals(c.ctx) == want_ordinals);
         REQUIRE(moe::test::bitwise_equal(c.decode(tokens, nv), want));
     }
