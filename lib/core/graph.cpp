@@ -235,10 +235,12 @@ Tensor* Graph::swiglu_oai(Tensor* gate, Tensor* up, float alpha, float limit) {
     return t;
 }
 
-Tensor* Graph::concat(Tensor* a, Tensor* b) {
-    MOE_ASSERT(a->type == Type::F32 && b->type == Type::F32 && a->ne[3] == 1 && b->ne[3] == 1);
-    MOE_ASSERT(b->ne[2] == a->ne[2] && (b->ne[1] == a->ne[1] || b->ne[1] == 1));
-    return new_node(Op::CONCAT, Type::F32, {a->ne[0] + b->ne[0], a->ne[1], a->ne[2]}, {a, b});
+Tensor* Graph::concat(Tensor* a, Tensor* b, Type type) {
+    const auto is_float = [](const Tensor* t) { return t->type == Type::F32 || t->type == Type::F16; };
+    MOE_ASSERT(is_float(a) && a->ne[3] == 1 && (type == Type::F32 || type == Type::F16));
+    MOE_ASSERT(b == nullptr || (is_float(b) && b->ne[3] == 1 && b->ne[2] == a->ne[2] &&
+                                (b->ne[1] == a->ne[1] || b->ne[1] == 1)));
+    return new_node(Op::CONCAT, type, {a->ne[0] + (b != nullptr ? b->ne[0] : 0), a->ne[1], a->ne[2]}, {a, b});
 }
 
 Tensor* Graph::mul_mat_heads(Tensor* w, Tensor* x) {

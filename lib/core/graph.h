@@ -51,7 +51,8 @@ public:
     Tensor* swiglu(Tensor* gate, Tensor* up);
     Tensor* swiglu_oai(Tensor* gate, Tensor* up, float alpha, float limit);
     Tensor* cpy(Tensor* src, Tensor* dst_view);
-    Tensor* concat(Tensor* a, Tensor* b);
+    // b may be nullptr (a alone: a contiguous copy of a in `type`); a and b F32 or F16.
+    Tensor* concat(Tensor* a, Tensor* b, Type type = Type::F32);
     Tensor* mul_mat_heads(Tensor* w, Tensor* x);
     Tensor* group_mask(Tensor* x, int32_t n_group, int32_t n_used, int32_t top_n);
 

@@ -218,18 +218,22 @@ inline Status check_weighted_sum_ids(const Tensor& dst) {
     return Status::ok();
 }
 
-// CONCAT: src0 F32 [A, H, T], src1 F32 [B, H or 1, T], dst contiguous F32 [A + B, H, T].
+// CONCAT: src0 [A, H, T], optional src1 [B, H or 1, T], dst contiguous [A + B, H, T]; each F32 or F16.
 inline Status check_concat(const Tensor& dst) {
     if (dst.op != Op::CONCAT) return invalid_argument(std::string("concat: dst.op is ") + op_name(dst.op));
-    MOE_RETURN_IF_ERROR(check_operand("CONCAT", "src0", dst.src[0], Type::F32));
-    MOE_RETURN_IF_ERROR(check_operand("CONCAT", "src1", dst.src[1], Type::F32));
-    MOE_RETURN_IF_ERROR(check_operand("CONCAT", "dst", &dst, Type::F32));
+    const auto float_type = [](const Tensor* t) { return t != nullptr && t->type == Type::F16 ? Type::F16 : Type::F32; };
+    MOE_RETURN_IF_ERROR(check_operand("CONCAT", "src0", dst.src[0], float_type(dst.src[0])));
+    if (dst.src[1] != nullptr) MOE_RETURN_IF_ERROR(check_operand("CONCAT", "src1", dst.src[1], float_type(dst.src[1])));
+    MOE_RETURN_IF_ERROR(check_operand("CONCAT", "dst", &dst, float_type(&dst)));
     const Tensor& a = *dst.src[0];
-    const Tensor& b = *dst.src[1];
-    if (a.ne[3] != 1 || b.ne[3] != 1 || b.ne[2] != a.ne[2] || (b.ne[1] != a.ne[1] && b.ne[1] != 1) ||
-        dst.ne[0] != a.ne[0] + b.ne[0] || dst.ne[1] != a.ne[1] || dst.ne[2] != a.ne[2] || dst.ne[3] != 1) {
-        return invalid_argument("CONCAT: src0 " + shape_str(a) + ", src1 " + shape_str(b) + " and dst " +
-                                shape_str(dst) + " do not match ([A, H, T], [B, H or 1, T] -> [A + B, H, T])");
+    const Tensor* b = dst.src[1];
+    const int64_t nb0 = b != nullptr ? b->ne[0] : 0;
+    const bool b_ok = b == nullptr || (b->ne[3] == 1 && b->ne[2] == a.ne[2] && (b->ne[1] == a.ne[1] || b->ne[1] == 1));
+    if (a.ne[3] != 1 || !b_ok || dst.ne[0] != a.ne[0] + nb0 || dst.ne[1] != a.ne[1] || dst.ne[2] != a.ne[2] ||
+        dst.ne[3] != 1) {
+        return invalid_argument("CONCAT: src0 " + shape_str(a) + ", src1 " + (b != nullptr ? shape_str(*b) : "(none)") +
+                                " and dst " + shape_str(dst) +
+                                " do not match ([A, H, T], [B, H or 1, T] or none -> [A + B, H, T])");
     }
     if (!dst.is_contiguous()) return unimplemented("CONCAT: dst must be contiguous");
     return Status::ok();

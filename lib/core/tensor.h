@@ -61,9 +61,11 @@ enum class Op : int32_t {
     SIGMOID,      // 1 / (1 + exp(-x)): the expert scores of sigmoid routers (glm4moe, deepseek2 V3)
     NORM_SCALE,   // src0 F32 [n, ...] -> same shape: each row times f[0], divided first by (its sum + 1e-20)
                   // when i[0] != 0 (Hugging Face's normalised top-k weights times routed_scaling_factor)
-    CONCAT,       // src0 F32 [A, H, T], src1 F32 [B, H or 1, T] -> [A + B, H, T]: each row of src0 followed by
+    CONCAT,       // src0 [A, H, T], src1 [B, H or 1, T] -> [A + B, H, T]: each row of src0 followed by
                   // the row of src1 (src1's one row per token repeated over H when its ne[1] = 1); both may
-                  // be strided views (multi-head latent attention: q = [W_UK q_nope, q_rope])
+                  // be strided views (multi-head latent attention: q = [W_UK q_nope, q_rope]). Operands and
+                  // dst F32 or F16 each (values converted, F16 rounded to nearest even); src1 may be
+                  // absent (B = 0: a contiguous copy of src0 in dst's type)
     MUL_MAT_HEADS,  // src0 weight [K, N, H] any matmul type, src1 F32 [K, H, T] (rows may be strided)
                     // -> [N, H, T]: dst[:, h, t] = src0[:, :, h] . src1[:, h, t], one matrix per head
                     // (multi-head latent attention's absorbed W_UK and W_UV)

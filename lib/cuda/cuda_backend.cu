@@ -206,8 +206,10 @@ CudaBackend::~CudaBackend() {
 namespace {
 
 // Head sizes ops_attention.cu has kernels for.
-// 576: deepseek2's absorbed attention (kv_lora_rank 512 + 64 rope dims).
-bool attention_head_size_ok(int64_t d) { return d == 32 || d == 64 || d == 96 || d == 128 || d == 256 || d == 576; }
+// 576: deepseek2's absorbed attention (kv_lora_rank 512 + 64 rope dims); 192: its prefill form (128 + 64).
+bool attention_head_size_ok(int64_t d) {
+    return d == 32 || d == 64 || d == 96 || d == 128 || d == 192 || d == 256 || d == 576;
+}
 
 bool get_rows_type_ok(Type t) {
     switch (t) {

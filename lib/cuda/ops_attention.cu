@@ -1,7 +1,7 @@
 // ATTENTION, flash-style: causal, GQA, optional sliding window and sinks, K/V from the (F16 or F32)
 // KV cache. The same function as cpu/ops_attention.cpp.
 //
-// Prompts with an F16 cache and D in {64, 128} go to the tensor-core kernel (ops_attention_mma.cu,
+// Prompts with an F16 cache and D in {64, 128, 192} go to the tensor-core kernel (ops_attention_mma.cu,
 // attention_mma_fits); this file's FP32 kernel takes the rest: decode, short prompts, F32 caches,
 // other head sizes, unaligned views.
 //
@@ -28,7 +28,7 @@
 // registers. Where the output projection is a GEMV, the kernel also writes its result as that GEMV's
 // Q8 activation rows (fusion_plan.h), which saves the projection's quantisation launch.
 //
-// Supported head sizes: D in {32, 64, 96, 128, 256, 576 (deepseek2's latent attention)}; K and V of one type
+// Supported head sizes: D in {32, 64, 96, 128, 192, 256, 576 (deepseek2's latent attention; 192 its prefill)}; K and V of one type
 // (F16 or F32).
 #include <algorithm>
 #include <cmath>
@@ -510,12 +510,13 @@ Status launch_d(int64_t d, AttnArgs a, const Plan& plan, int64_t n_head_kv, cuda
         case 64: return launch<64, KV>(a, plan, n_head_kv, stream);
         case 96: return launch<96, KV>(a, plan, n_head_kv, stream);
         case 128: return launch<128, KV>(a, plan, n_head_kv, stream);
+        case 192: return launch<192, KV>(a, plan, n_head_kv, stream);
         case 256: return launch<256, KV>(a, plan, n_head_kv, stream);
         case 576: return launch<576, KV>(a, plan, n_head_kv, stream);
         default: break;
     }
     return unimplemented("ATTENTION: head size D = " + std::to_string(d) +
-                         " has no CUDA kernel (supported: 32, 64, 96, 128, 256, 576)");
+                         " has no CUDA kernel (supported: 32, 64, 96, 128, 192, 256, 576)");
 }
 
 Status check_inputs(const Tensor& dst) {

@@ -1,5 +1,5 @@
 // ATTENTION for prompts, on the tensor cores (flash-attention-2 style): the same function as
-// cpu/ops_attention.cpp for F16 K/V caches and head sizes 64 and 128.
+// cpu/ops_attention.cpp for F16 K/V caches and head sizes 64, 128 and 192.
 //
 // A block takes one KV head g and kRows query rows, where the rows of a KV head are its (token,
 // query head of the group) pairs in token-major order: every K/V tile the block loads serves all the
@@ -359,7 +359,7 @@ bool attention_mma_fits(const Tensor& dst) {
     const Tensor& q = *dst.src[0];
     const Tensor& k = *dst.src[1];
     const Tensor& v = *dst.src[2];
-    return (q.ne[0] == 64 || q.ne[0] == 128) && k.type == Type::F16 && v.type == Type::F16 &&
+    return (q.ne[0] == 64 || q.ne[0] == 128 || q.ne[0] == 192) && k.type == Type::F16 && v.type == Type::F16 &&
            q.ne[2] >= kAttnMmaMinTokens && rows_aligned16(k) && rows_aligned16(v);
 }
 
@@ -377,6 +377,7 @@ Status attention_mma(Tensor& dst, cudaStream_t stream) {
         return invalid_argument("ATTENTION: " + std::to_string(a.n_tiles * a.n_head_kv) + " blocks is too many");
     }
     if (q.ne[0] == 64) return launch<64>(a, stream);
+    if (q.ne[0] == 192) return launch<192>(a, stream);  // deepseek2's prefill: 128 nope + 64 rope dims
     return launch<128>(a, stream);
 }
 

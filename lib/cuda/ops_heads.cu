@@ -3,6 +3,8 @@
 //
 // MUL_MAT_HEADS is the expert product with the head as the expert (ids[h, t] = h, written into the
 // front of the node's scratch), so it runs on the expert kernels of every weight type.
+#include <cuda_fp16.h>
+
 #include <string>
 
 #include "cuda/launch.cuh"
@@ -13,19 +15,25 @@ namespace {
 
 using ops::View;
 
-__global__ void concat_kernel(View d, View a, View b) {
+__device__ __forceinline__ float load_float(const char* row, int64_t i, bool f16) {
+    return f16 ? __half2float(reinterpret_cast<const __half*>(row)[i]) : reinterpret_cast<const float*>(row)[i];
+}
+
+// a16, b16, d16: whether a, b and dst hold F16 (else F32). b.ne[0] = 0 when there is no b.
+__global__ void concat_kernel(View d, View a, View b, bool a16, bool b16, bool d16) {
     pdl_grid_sync();
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= d.ne[0]) return;
     for (int64_t r = blockIdx.y; r < d.ne[1] * d.ne[2]; r += gridDim.y) {
         const int64_t h = r % d.ne[1], t = r / d.ne[1];
-        float v;
-        if (i < a.ne[0]) {
-            v = reinterpret_cast<const float*>(ops::row_at(a, h, t, 0))[i];
+        const float v = i < a.ne[0] ? load_float(ops::row_at(a, h, t, 0), i, a16)
+                                    : load_float(ops::row_at(b, b.ne[1] == 1 ? 0 : h, t, 0), i - a.ne[0], b16);
+        char* out = ops::row_at(d, h, t, 0);
+        if (d16) {
+            reinterpret_cast<__half*>(out)[i] = __float2half_rn(v);
         } else {
-            v = reinterpret_cast<const float*>(ops::row_at(b, b.ne[1] == 1 ? 0 : h, t, 0))[i - a.ne[0]];
+            reinterpret_cast<float*>(out)[i] = v;
         }
-        reinterpret_cast<float*>(ops::row_at(d, h, t, 0))[i] = v;
     }
 }
 
@@ -117,8 +125,11 @@ Status concat(Tensor& dst, const OpContext& ctx) {
     if (dst.n_elements() == 0) return Status::ok();
     constexpr int kThreads = 128;
     const dim3 grid(ops::ceil_div(dst.ne[0], kThreads), ops::grid_y(dst.ne[1] * dst.ne[2]));
+    const Tensor* b = dst.src[1];
+    const View none{};  // ne[0] = 0: every column comes from a
     return launch_kernel("concat_kernel", concat_kernel, grid, kThreads, 0, ctx.stream, ops::view_of(dst),
-                         ops::view_of(*dst.src[0]), ops::view_of(*dst.src[1]));
+                         ops::view_of(*dst.src[0]), b != nullptr ? ops::view_of(*b) : none,
+                         dst.src[0]->type == Type::F16, b != nullptr && b->type == Type::F16, dst.type == Type::F16);
 }
 
 Status group_mask(Tensor& dst, const OpContext& ctx) {

@@ -70,7 +70,7 @@ Status bind_model_weights(moe_context& ctx) {
         t.name = info.name;
         ctx.weight_by_name[info.name] = &t;
     }
-    // deepseek2 files from before the attn_k_b / attn_v_b split: the split, made once per model.
+    // deepseek2's up-projections in the form the file lacks (mla_split.h), made once per model.
     MOE_ASSIGN_OR_RETURN(const std::vector<DerivedWeight>* derived, derived_weights(*ctx.model));
     for (const DerivedWeight& d : *derived) {
         Tensor& t = ctx.weight_tensors.emplace_back();

@@ -40,11 +40,20 @@ size_t estimate_arena_bytes(const moe_context& ctx, bool split) {
     std::deque<Tensor> cache;
     const KvCache kv = prototype_kv_cache(ctx, cache);
     const int n = std::min(ctx.params.n_ubatch, ctx.params.n_ctx);
-    Graph g;
-    build_model_graph(g, hp, ctx.weights, kv, n, ctx.params.n_ctx - n, LogitsMode::ALL);
-    const std::vector<uint8_t> split_layers(split ? static_cast<size_t>(hp.n_layer) : 0, 1);
-    sched::split_expert_blocks(g, split_layers, hp.n_expert);
-    return plan_allocation(g).arena_size;
+    const auto arena_at = [&](int n_past) {
+        Graph g;
+        build_model_graph(g, hp, ctx.weights, kv, n, n_past, LogitsMode::ALL);
+        const std::vector<uint8_t> split_layers(split ? static_cast<size_t>(hp.n_layer) : 0, 1);
+        sched::split_expert_blocks(g, split_layers, hp.n_expert);
+        return plan_allocation(g).arena_size;
+    };
+    size_t arena = arena_at(ctx.params.n_ctx - n);
+    // deepseek2's prompts decompress the cache up to kMlaDecompressMaxKv rows and attend in latent space
+    // beyond: the deepest decompressing ubatch may need more than the deepest one.
+    if (ctx.params.n_ctx > kMlaDecompressMaxKv && n <= kMlaDecompressMaxKv && mla_decompressed(hp, n, kMlaDecompressMaxKv)) {
+        arena = std::max(arena, arena_at(kMlaDecompressMaxKv - n));
+    }
+    return arena;
 }
 
 uint64_t default_weight_budget(const moe_context& ctx, uint64_t free, int n_layers, uint64_t total,

@@ -22,7 +22,8 @@ struct moe_model {
     // placement of contexts created afterwards keeps resident by.
     std::vector<uint64_t> expert_profile;
 
-    // Weights made from the file's (mla_split.h: ~2 GB for DeepSeek-V3 from a joint attn_kv_b), made by
+    // Weights made from the file's (mla_split.h: ~2 GB for DeepSeek-V3 from a joint attn_kv_b, ~1 GB the
+    // other way), made by
     // the first context that binds the weights and shared by every context of the model; read-only once
     // made, freed with the model. Use derived_weights() (model.cpp), which makes them once.
     std::mutex derived_mu;
@@ -35,7 +36,7 @@ namespace moe {
 // Opens, validates and summarises a GGUF model.
 StatusOr<std::unique_ptr<moe_model>> load_model(const std::string& path, const moe_model_params& params);
 
-// The model's derived weights, made on the first call (split_kv_b); later calls, from any thread, get the
+// The model's derived weights, made on the first call (split_kv_b, join_kv_b); later calls, from any thread, get the
 // same ones. An error is returned to every caller (the split is deterministic) and nothing is kept.
 // Borrowed; valid until the model is freed.
 StatusOr<const std::vector<DerivedWeight>*> derived_weights(moe_model& model);

@@ -69,6 +69,43 @@ TEST_CASE("CONCAT joins rows of strided views, src1 repeated over the heads when
     }
 }
 
+TEST_CASE("CONCAT converts between F32 and F16, and copies src0 alone when src1 is absent", "[ops][mla]") {
+    auto rng = make_rng(43);
+    const int64_t A = 24, B = 8, H = 3, T = 4;
+    for (const Type ta : {Type::F32, Type::F16}) {
+        for (const int tb : {-1, 0, 1}) {  // none, F32, F16
+            for (const Type td : {Type::F32, Type::F16}) {
+                TensorPool pool;
+                Tensor* qa = pool.make(ta, {A + 5, H, T});
+                fill_uniform(*qa, rng, -70000.0f, 70000.0f);  // past F16's largest: those round to inf
+                Tensor* a = pool.view(qa, {A, H, T}, {qa->nb[1], qa->nb[2]}, 0);
+                Tensor* b = nullptr;
+                if (tb >= 0) {
+                    Tensor* qb = pool.make(tb == 0 ? Type::F32 : Type::F16, {B, 1, T});
+                    fill_uniform(*qb, rng, -2.0f, 2.0f);
+                    b = qb;
+                }
+                const int64_t width = A + (b != nullptr ? B : 0);
+                Tensor* d = pool.node(Op::CONCAT, td, {width, H, T}, {a, b});
+                REQUIRE(moe::cpu::concat(*d).is_ok());
+                int bad = 0;
+                for (int64_t t = 0; t < T; ++t)
+                    for (int64_t h = 0; h < H; ++h)
+                        for (int64_t i = 0; i < width; ++i) {
+                            const double src = i < A ? value(*a, i, h, t) : value(*b, i - A, 0, t);
+                            // dst's type: F16 rounds to nearest even (the scalar converter of core/types.h)
+                            const double want = td == Type::F16
+                                                    ? moe::fp16_to_fp32(moe::fp32_to_fp16(static_cast<float>(src)))
+                                                    : src;
+                            if (value(*d, i, h, t) != want) ++bad;
+                        }
+                INFO("src0 " << moe::type_name(ta) << " src1 " << tb << " dst " << moe::type_name(td));
+                CHECK(bad == 0);
+            }
+        }
+    }
+}
+
 TEST_CASE("CONCAT names mismatched shapes", "[ops][mla]") {
     TensorPool pool;
     Tensor* a = pool.make(Type::F32, {4, 3, 2});

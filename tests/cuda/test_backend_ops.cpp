@@ -708,7 +708,8 @@ TEST_CASE("CUDA ATTENTION matches the CPU: prefill, decode split-K, GQA, windows
     }
 }
 
-TEST_CASE("CUDA ATTENTION on the tensor cores matches the CPU: D 64 and 128, GQA 8 and 4, windows, sinks", "[gpu]") {
+TEST_CASE("CUDA ATTENTION on the tensor cores matches the CPU: D 64, 128 and 192, GQA 8 and 4, windows, sinks",
+          "[gpu]") {
     MOE_GPU_OR_SKIP();
     auto rng = fresh_rng(11);
     struct Tokens {
@@ -720,7 +721,7 @@ TEST_CASE("CUDA ATTENTION on the tensor cores matches the CPU: D 64 and 128, GQA
     moe::cpu::Scratch scratch;
     double used = 0.0;
     int n_mma = 0;
-    for (const int64_t D : {64, 128}) {
+    for (const int64_t D : {64, 128, 192}) {
         for (const int64_t group : {8, 4}) {
             for (const Tokens& tk : tokens) {
                 for (const int variant : {0, 1, 2, 3}) {
@@ -746,7 +747,7 @@ TEST_CASE("CUDA ATTENTION on the tensor cores matches the CPU: D 64 and 128, GQA
         }
     }
     // 8 KV heads of 1024 tokens: more blocks than SMs (the cases above fill the device at most once).
-    for (const int64_t D : {64, 128}) {
+    for (const int64_t D : {64, 128, 192}) {
         for (const int variant : {0, 3}) {
             const bool sinks = variant % 2 == 1;
             const int32_t window = variant >= 2 ? 128 : 0;
@@ -762,6 +763,19 @@ TEST_CASE("CUDA ATTENTION on the tensor cores matches the CPU: D 64 and 128, GQA
             used = std::max(used, compare_f32(got, *dst, tol.rel, tol.abs));
             ++n_mma;
         }
+    }
+    // deepseek2's prefill form: one key head per query head (group 1), head size 192.
+    {
+        const int64_t H = 16, T = 300, n_kv = 300 + 45;
+        TensorPool pool;
+        Tensor* dst = attention_node(pool, rng, 192, H, H, T, n_kv, Type::F16, false, 0, 0);
+        INFO("ATTENTION (group 1) D 192 H " << H << " T " << T << " n_kv " << n_kv);
+        DeviceMirror dev;
+        Tensor got = run_both(dst, [&](Tensor& n) { return moe::cpu::attention(n, scratch); }, dev);
+        CHECK(moe::cuda::attention_uses_tensor_cores(*dev.of(dst)));
+        const AttnTolerance tol = attention_tolerance(*dev.of(dst));
+        used = std::max(used, compare_f32(got, *dst, tol.rel, tol.abs));
+        ++n_mma;
     }
     if (perf_mode()) {
         std::printf("tensor-core ATTENTION: %d cases, worst error at %.3f of the tolerance (rel 2e-3 + abs 1e-3)\n",

@@ -1,7 +1,8 @@
 // deepseek2's ops on the CUDA backend (one node through CudaBackend::compute) against the CPU kernels on
 // the same random inputs (fresh seed per run, printed with a failure), strided views as the graph builds
 // them, device outputs poisoned with NaN bytes first:
-//   CONCAT, GROUP_MASK: bit for bit (copies; group scores summed in the same order).
+//   CONCAT, GROUP_MASK: bit for bit (copies and F32 <-> F16 conversions, round to nearest even; group scores
+//     summed in the same order).
 //   ROPE interleaved with DeepSeek's YaRN: rel 1e-5 + 2e-6, as the NeoX ROPE test (angles in double).
 //   MUL_MAT_HEADS: |gpu - cpu| <= 2^-6 sum_k |w x| + max|x| sum_k |w| / 127 per output: both backends may
 //     quantise the activations to 8 bits per block (half a step, max|x| / 254, per element each) and the
@@ -16,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <map>
@@ -116,6 +118,31 @@ TEST_CASE("CUDA CONCAT and GROUP_MASK match the CPU bit for bit", "[gpu][mla]") 
         std::vector<uint8_t> mem;
         INFO("CONCAT shared " << shared);
         CHECK(count_bad(tw.run(d, mem), *d, 0.0, 0.0) == 0);
+    }
+    // Conversions (the prefill form's F16 keys and values, the F32 copy of the cached latents): the same bytes.
+    for (const Type ta : {Type::F32, Type::F16}) {
+        for (const int tb : {-1, 0, 1}) {  // none, F32, F16
+            for (const Type td : {Type::F32, Type::F16}) {
+                TensorPool pool;
+                const int64_t A = 128, B = 64, H = 8, T = 6;
+                Tensor* qa = pool.make(ta, {A + 64, H, T});
+                fill_uniform(*qa, rng, -70000.0f, 70000.0f);  // past F16's largest: those round to inf
+                Tensor* a = pool.view(qa, {A, H, T}, {qa->nb[1], qa->nb[2]}, 0);
+                Tensor* b = nullptr;
+                if (tb >= 0) {
+                    Tensor* qb = pool.make(tb == 0 ? Type::F32 : Type::F16, {B + 8, 1, T});
+                    fill_uniform(*qb, rng, -2.0f, 2.0f);
+                    b = pool.view(qb, {B, 1, T}, {qb->nb[1], qb->nb[2]}, 0);
+                }
+                Tensor* d = pool.node(Op::CONCAT, td, {A + (b != nullptr ? B : 0), H, T}, {a, b});
+                REQUIRE(moe::cpu::concat(*d).is_ok());
+                Twins tw;
+                std::vector<uint8_t> mem;
+                const Tensor got = tw.run(d, mem);
+                INFO("CONCAT src0 " << moe::type_name(ta) << " src1 " << tb << " dst " << moe::type_name(td));
+                CHECK(std::memcmp(got.data, d->data, d->nb[2] * static_cast<size_t>(T)) == 0);
+            }
+        }
     }
     struct Case {
         int64_t e;

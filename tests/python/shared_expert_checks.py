@@ -28,14 +28,15 @@ def write_model(path, arch: str, preset: str, w: Weights, rng: np.random.Generat
     return path
 
 
-def check_logits_match_reference(arch: str, preset: str, w: Weights, tmp_path, rng, reference: Callable) -> None:
-    """A fresh model's CPU logits for a random prompt against reference(ref, tokens, f16_kv) -> (logits, per-token
-    router margins), within w's bounds; unquantised weights also within EXACT_REF_TOL of the reference without the
-    F16 cache rounding, on tokens whose routing is stable."""
+def check_logits_match_reference(arch: str, preset: str, w: Weights, tmp_path, rng, reference: Callable,
+                                 n_tokens: int = N_TOKENS) -> None:
+    """A fresh model's CPU logits for a random prompt of n_tokens (one ubatch) against reference(ref, tokens,
+    f16_kv) -> (logits, per-token router margins), within w's bounds; unquantised weights also within EXACT_REF_TOL
+    of the reference without the F16 cache rounding, on tokens whose routing is stable."""
     path = write_model(tmp_path / "m.gguf", arch, preset, w, rng)
     model = moeinfer.Model(path)
     ref = load_reference(path)
-    tokens = prompt(rng, model.info.n_vocab, N_TOKENS)
+    tokens = prompt(rng, model.info.n_vocab, n_tokens)
 
     got = moeinfer.Context(model, device="cpu", n_ctx=64).decode(tokens, logits_all=True)
     want, margins = reference(ref, tokens)

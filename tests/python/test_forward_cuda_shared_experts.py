@@ -54,9 +54,10 @@ def flips(model_file):
 
 def on_device_always(model) -> list[str]:
     """Weights every placement keeps on the GPU: a shared expert, the dense layer's FFN (and deepseek2's per-head
-    attention matrices)."""
+    attention matrices, the joint one made at load among them)."""
     names = ["blk.1.ffn_up_shexp.weight", "blk.0.ffn_up.weight"]
-    return names + (["blk.1.attn_k_b.weight"] if model.info.architecture == "deepseek2" else [])
+    mla = ["blk.1.attn_k_b.weight", "blk.1.attn_kv_b.weight"]
+    return names + (mla if model.info.architecture == "deepseek2" else [])
 
 
 @pytest.mark.parametrize("n_prompt", [1, 5, 40])

@@ -28,7 +28,9 @@ import pytest
 import moeinfer
 import shared_expert_checks
 from reference import KVCache, deepseek2
-from test_forward_reference import QUANTISED, UBATCH_TOL, UNQUANTISED, F16KVCache, Weights, prompt
+from reference import load as load_reference
+from test_forward_reference import (QUANTISED, UBATCH_TOL, UNQUANTISED, F16KVCache, Weights, per_token_error,
+                                    prompt)
 
 pytestmark = pytest.mark.fast
 
@@ -37,10 +39,15 @@ PRESETS = ("tiny", "tiny-lite")
 WEIGHTS = UNQUANTISED + [QUANTISED[0], QUANTISED[1], QUANTISED[3]]
 
 
+# moeinfer's prefill form (model_graph.h: kMlaDecompressMinTokens) holds the per-head keys and values in F16.
+PREFILL_FORM_TOKENS = 32
+
+
 def reference(ref, tokens, f16_kv=True):
     cache = F16KVCache(ref.hparams.n_layer) if f16_kv else KVCache(ref.hparams.n_layer)
     trace: dict = {}
-    logits = deepseek2.forward(ref, tokens, cache=cache, trace=trace)
+    f16_heads = f16_kv and len(tokens) >= PREFILL_FORM_TOKENS
+    logits = deepseek2.forward(ref, tokens, cache=cache, trace=trace, f16_heads=f16_heads)
     return logits, np.min(np.stack(trace["router_margin"]), axis=0)
 
 
@@ -48,16 +55,60 @@ def write_model(path, preset: str, w: Weights, rng: np.random.Generator, **kwarg
     return shared_expert_checks.write_model(path, ARCH, preset, w, rng, **kwargs)
 
 
+# A prompt of 29 tokens runs the absorbed attention; one of 40 (>= kMlaDecompressMinTokens, model_graph.h) the
+# prefill form that up-projects the cached latents into per-head keys and values.
+PROMPTS = (29, 40)
+
+
+@pytest.mark.parametrize("n_tokens", PROMPTS)
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("w", WEIGHTS, ids=lambda w: w.id)
-def test_logits_match_reference(preset, w, tmp_path, rng):
-    shared_expert_checks.check_logits_match_reference(ARCH, preset, w, tmp_path, rng, reference)
+def test_logits_match_reference(preset, w, n_tokens, tmp_path, rng):
+    shared_expert_checks.check_logits_match_reference(ARCH, preset, w, tmp_path, rng, reference, n_tokens)
+
+
+# Between the two attention forms: the prefill form rounds each per-head key and value to F16 (2^-11 relative),
+# which moves the logits by ~1e-3 of their largest (seen: 0.6e-3 to 1.5e-3); relative, as UBATCH_TOL.
+FORM_TOL = 5e-3
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_ubatch_splits_and_token_by_token_agree(preset, tmp_path, rng):
+    """29 tokens (the absorbed form throughout): one ubatch, ubatches of 3 and 7 and token by token agree."""
     model = moeinfer.Model(write_model(tmp_path / "m.gguf", preset, QUANTISED[0], rng))
     shared_expert_checks.check_ubatch_splits_and_token_by_token_agree(model, rng)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_prefill_form_agrees_with_absorbed_form(preset, tmp_path, rng):
+    """40 tokens. Token by token and in ubatches of 7 (absorbed) agree within UBATCH_TOL; one ubatch of 40
+    (prefill form) agrees with them within FORM_TOL per token; a ubatch of 33 (prefill form) then one of 7 over the
+    cached 33 (absorbed) agrees with the one ubatch of 40 within UBATCH_TOL on its first 33 tokens (the same form
+    over the same keys) and within FORM_TOL on the last 7. Between the forms, tokens whose routing nearly ties in
+    some layer (the reference's margins below QUANTISED[0].min_margin) are excused, as in check_close: a flip
+    there moves the row by O(0.1)."""
+    w = QUANTISED[0]
+    path = write_model(tmp_path / "m.gguf", preset, w, rng)
+    model = moeinfer.Model(path)
+    tokens = prompt(rng, model.info.n_vocab, 40)
+    _, margins = reference(load_reference(path), tokens)
+    stable = margins >= w.min_margin
+    decode = lambda n_ubatch: moeinfer.Context(model, device="cpu", n_ctx=64, n_ubatch=n_ubatch).decode(  # noqa: E731
+        tokens, logits_all=True)
+    ctx = moeinfer.Context(model, device="cpu", n_ctx=64)
+    one_by_one = np.concatenate([ctx.decode(tokens[i:i + 1], logits_all=True) for i in range(len(tokens))])
+    scale = np.abs(one_by_one).max()
+    np.testing.assert_allclose(decode(7), one_by_one, rtol=0, atol=UBATCH_TOL * scale, err_msg="n_ubatch=7")
+
+    whole = decode(40)
+    err = per_token_error(whole, one_by_one)
+    print(f"{preset}: prefill form vs absorbed form, max relative difference {err[stable].max():.2e} "
+          f"(bound {FORM_TOL:g}; {np.count_nonzero(~stable)} near-tie tokens excused)")
+    assert err[stable].max() <= FORM_TOL
+    assert err.max() > 0, "both runs took the same form"
+    split = decode(33)
+    np.testing.assert_allclose(split[:33], whole[:33], rtol=0, atol=UBATCH_TOL * scale, err_msg="first 33")
+    assert per_token_error(split[33:], whole[33:])[stable[33:]].max(initial=0.0) <= FORM_TOL
 
 
 def test_truncated_presets_keep_dense_and_moe_layers(tmp_path):
@@ -185,7 +236,7 @@ def test_files_with_the_joint_kv_b_load_and_match_split_files(tiny_f32, tmp_path
     """A file as converted before llama.cpp split attn_kv_b (per-head sizes in key_length / value_length, no
     _mla keys, head_count_kv = n_head, the joint [kv_lora, n_head * (nope + v)] tensor instead of attn_k_b /
     attn_v_b): moeinfer splits it at load, so on F32 weights the logits are those of the split file (within the
-    ubatch bound: the old file is decoded in ubatches of 5)."""
+    ubatch bound: the old file is decoded in ubatches of 5); and the other way, for the prefill form."""
     r = gguf.GGUFReader(str(tiny_f32))
     md = {k: f.contents() for k, f in r.fields.items()}
     n_layer, heads = md["deepseek2.block_count"], md["deepseek2.attention.head_count"]
@@ -209,6 +260,12 @@ def test_files_with_the_joint_kv_b_load_and_match_split_files(tiny_f32, tmp_path
     old_model = moeinfer.Model(old)
     assert old_model.info.n_head_kv == heads
     got = moeinfer.Context(old_model, device="cpu", n_ctx=32, n_ubatch=5).decode(tokens, logits_all=True)
+    np.testing.assert_allclose(got, want, rtol=0, atol=UBATCH_TOL * np.abs(want).max())
+    # 40 tokens in one ubatch take the prefill form: the old file's own attn_kv_b against the one moeinfer joins
+    # from the split file's attn_k_b / attn_v_b (mla_split.h join_kv_b), F32 both.
+    tokens = prompt(rng, moeinfer.Model(tiny_f32).info.n_vocab, 40)
+    want = moeinfer.Context(moeinfer.Model(tiny_f32), device="cpu", n_ctx=64).decode(tokens, logits_all=True)
+    got = moeinfer.Context(old_model, device="cpu", n_ctx=64).decode(tokens, logits_all=True)
     np.testing.assert_allclose(got, want, rtol=0, atol=UBATCH_TOL * np.abs(want).max())
 
 

@@ -12,6 +12,10 @@
 // values: their first C entries give sum_j p_j c_j, which W_UV_h maps to out_h. The rope entries of the
 // values ride along (R / C = 1/8 more work in the value sum) so that one attention op with one head
 // size serves keys and values; the output keeps only the first C entries.
+// That form costs (C + R) + C = 1088 multiply-adds per (query, key, head) against HF's (Dn + R) + Dv = 320,
+// and its head size of 576 has no tensor-core kernel, so prompts decompress instead (mla_decompressed):
+// the cached latents go through the joint W_UK / W_UV once per ubatch, and attention runs at head size
+// Dn + R = 192. Decode (a few tokens) keeps the absorbed form, which reads only the latent cache.
 #include <cmath>
 
 #include "core/models/graph_blocks.h"
@@ -73,11 +77,31 @@ Tensor* mla_attention(BuildState& s, const LayerWeights& l, int il, Tensor* x) {
     g.cpy(k_rope, g.view(cache, {R, 1, T}, {cache->nb[1], cache->nb[2]}, at + static_cast<size_t>(C) * cache->nb[0]));
     const int n_kv = s.n_past + s.n_tokens;
 
-    Tensor* q_latent = g.concat(g.mul_mat_heads(l.wk_b, q_nope), q_rope);  // [C + R, H, T]
     Tensor* rows = blocks::cache_rows(g, cache, 0, n_kv);
-    Tensor* att = g.attention(q_latent, rows, rows, s.positions, nullptr, deepseek2_kq_scale(hp), 0, n_kv);
-    Tensor* att_latent = g.view(att, {C, H, T}, {att->nb[1], att->nb[2]}, 0);
-    Tensor* out = g.mul_mat_heads(l.wv_b, att_latent);  // [Dv, H, T]
+    Tensor* out = nullptr;  // [Dv, H, T]
+    if (mla_decompressed(hp, s.n_tokens, n_kv)) {
+        // HF's own form: every cached latent row up-projected into per-head keys [W_UK_h c, k_rope] and
+        // values W_UV_h c, then attention with head size Dn + R. The values are padded to that size with
+        // the rope key (any values would do: their outputs are dropped), so that K and V share one head
+        // size; this needs Dv = Dn, which mla_decompressed checks.
+        Tensor* latent_rows = g.concat(g.view(rows, {C, n_kv}, {rows->nb[2]}, 0), nullptr);  // F32 [C, n_kv]
+        Tensor* kv_heads = g.mul_mat(l.wkv_b, latent_rows);  // [H * (Dn + Dv), n_kv]
+        const size_t head_bytes = static_cast<size_t>(Dn + hp.head_dim_v) * sizeof(float);
+        Tensor* k_nope = g.view(kv_heads, {Dn, H, n_kv}, {head_bytes, kv_heads->nb[1]}, 0);
+        Tensor* v = g.view(kv_heads, {hp.head_dim_v, H, n_kv}, {head_bytes, kv_heads->nb[1]},
+                           static_cast<size_t>(Dn) * sizeof(float));
+        Tensor* rope_rows = g.view(rows, {R, 1, n_kv}, {rows->nb[1], rows->nb[2]}, static_cast<size_t>(C) * rows->nb[0]);
+        Tensor* k = g.concat(k_nope, rope_rows, Type::F16);       // [Dn + R, H, n_kv]
+        Tensor* v_padded = g.concat(v, rope_rows, Type::F16);     // [Dv + R, H, n_kv]
+        Tensor* att = g.attention(g.concat(q_nope, q_rope), k, v_padded, s.positions, nullptr, deepseek2_kq_scale(hp),
+                                  0, n_kv);
+        out = g.concat(g.view(att, {hp.head_dim_v, H, T}, {att->nb[1], att->nb[2]}, 0), nullptr);
+    } else {
+        Tensor* q_latent = g.concat(g.mul_mat_heads(l.wk_b, q_nope), q_rope);  // [C + R, H, T]
+        Tensor* att = g.attention(q_latent, rows, rows, s.positions, nullptr, deepseek2_kq_scale(hp), 0, n_kv);
+        Tensor* att_latent = g.view(att, {C, H, T}, {att->nb[1], att->nb[2]}, 0);
+        out = g.mul_mat_heads(l.wv_b, att_latent);
+    }
     return g.mul_mat(l.wo, g.reshape(out, {hp.head_dim_v * H, T}));
 }
 
@@ -98,6 +122,11 @@ blocks::Routing route(BuildState& s, const LayerWeights& l, Tensor* x) {
 }
 
 }  // namespace
+
+bool mla_decompressed(const HParams& hp, int n_tokens, int n_kv) {
+    return hp.arch == Arch::DEEPSEEK2 && n_tokens >= kMlaDecompressMinTokens && n_kv <= kMlaDecompressMaxKv &&
+           hp.head_dim_v == hp.head_dim - hp.rope_dims;
+}
 
 namespace blocks {
 

@@ -1,5 +1,7 @@
-// deepseek2 files converted before llama.cpp split the joint K/V up-projection (attn_kv_b) into the
-// per-head attn_k_b / attn_v_b that the absorbed attention multiplies by: the split, made at load.
+// deepseek2's K/V up-projections in both forms, whichever the file lacks made at load: the per-head
+// attn_k_b / attn_v_b that the absorbed attention (decode) multiplies by, and the joint attn_kv_b that
+// decompresses the cached latent into per-head keys and values (prefill, graph_deepseek2.cpp). Files
+// converted before llama.cpp split attn_kv_b hold only the joint one; newer files only the split ones.
 #pragma once
 
 #include <cstdint>
@@ -28,5 +30,12 @@ struct DerivedWeight {
 // quantised tensor, rounded to F16). Nothing for other architectures or split files. DATA_CORRUPT for an
 // attn_kv_b of another shape, UNIMPLEMENTED for a type without a float conversion.
 StatusOr<std::vector<DerivedWeight>> split_kv_b(const HParams& hp, const GgufFile& file);
+
+// For every layer with blk.N.attn_k_b.weight and attn_v_b.weight and no attn_kv_b.weight: attn_kv_b
+// ([kv_lora_rank, n_head * (nope + head_dim_v)], the layout split_kv_b reads). The type of both when
+// that is F32, F16 or BF16, else Q8_0 of their values (~1 GB for DeepSeek-V3's 61 layers, half of F16).
+// Nothing for other architectures or joint files. DATA_CORRUPT for a k_b or v_b of another shape,
+// UNIMPLEMENTED for a type without a float conversion.
+StatusOr<std::vector<DerivedWeight>> join_kv_b(const HParams& hp, const GgufFile& file);
 
 }  // namespace moe

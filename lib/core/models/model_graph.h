@@ -26,10 +26,11 @@ struct LayerWeights {
     Tensor *up_shexp = nullptr, *gate_shexp = nullptr, *down_shexp = nullptr;  // shared experts (dense)
     Tensor *ffn_up = nullptr, *ffn_gate = nullptr, *ffn_down = nullptr;        // a leading dense layer's FFN
     // deepseek2 multi-head latent attention: q through a LoRA (wq_a, q_a_norm, wq_b) or wq; the latent and
-    // the rope key from wkv_a; the per-head up-projections of the latent, wk_b / wv_b (older files' joint
-    // attn_kv_b is split at load: mla_split.h).
+    // the rope key from wkv_a; the up-projections of the latent per head, wk_b / wv_b, and joint, wkv_b
+    // (whichever form a file lacks is made at load: mla_split.h).
     Tensor *wq_a = nullptr, *q_a_norm = nullptr, *wq_b = nullptr;
     Tensor *wkv_a = nullptr, *kv_a_norm = nullptr, *wk_b = nullptr, *wv_b = nullptr;
+    Tensor* wkv_b = nullptr;  // the joint up-projection [C, H * (nope + v)] that prefill decompresses with
 };
 
 struct ModelWeights {
@@ -70,6 +71,15 @@ enum class LogitsMode { NONE, LAST, ALL };
 // it: a scheduler that computes a block in parts rewrites the built graph (sched/expert_split_rewrite.h).
 UbatchGraph build_model_graph(Graph& g, const HParams& hp, const ModelWeights& w, const KvCache& kv, int n_tokens,
                               int n_past, LogitsMode logits);
+
+// deepseek2: whether a ubatch of n_tokens tokens over n_kv cached rows attends with keys and values
+// decompressed per head (prompts: far fewer operations, on the tensor cores) rather than in latent space
+// (decode). The decompressed keys and values take (Dn + R) * 2 * 2 bytes per head and cached row, plus
+// the F32 up-projection, ~224 KB a row for DeepSeek-V3: above kMlaDecompressMaxKv rows the ubatch keeps
+// the latent form, so that activations stay under ~2 GB at any context length.
+inline constexpr int kMlaDecompressMinTokens = 32;
+inline constexpr int kMlaDecompressMaxKv = 8192;
+bool mla_decompressed(const HParams& hp, int n_tokens, int n_kv);
 
 // The RoPE parameters of an architecture.
 RopeParams rope_params_for(const HParams& hp);

@@ -92,14 +92,15 @@ Status bind_deepseek2_layer(const HParams& hp, Binder& b, int il, LayerWeights& 
     }
     MOE_RETURN_IF_ERROR(b.get(p + "attn_kv_a_mqa.weight", {E, C + R}, Kind::MATRIX, &l.wkv_a));
     MOE_RETURN_IF_ERROR(b.get(p + "attn_kv_a_norm.weight", {C}, Kind::FLOAT_VECTOR, &l.kv_a_norm));
-    // Files converted before llama.cpp split attn_kv_b hold the joint up-projection only; the runtime
-    // splits it at load (mla_split.h), so here both forms are attn_k_b / attn_v_b.
+    // Files converted before llama.cpp split attn_kv_b hold the joint up-projection only, newer ones the
+    // split ones only; the runtime makes the missing form at load (mla_split.h), so here both are bound.
     MOE_RETURN_IF_ERROR(b.get(p + "attn_k_b.weight", {Dk - R, C, H}, Kind::MATRIX, &l.wk_b, true));
     if (l.wk_b == nullptr) {
         return not_found("model is missing tensor '" + p + "attn_k_b.weight' (and the older joint '" + p +
                          "attn_kv_b.weight' it can be made from)");
     }
     MOE_RETURN_IF_ERROR(b.get(p + "attn_v_b.weight", {C, Dv, H}, Kind::MATRIX, &l.wv_b));
+    MOE_RETURN_IF_ERROR(b.get(p + "attn_kv_b.weight", {C, H * (Dk - R + Dv)}, Kind::MATRIX, &l.wkv_b));
     MOE_RETURN_IF_ERROR(b.get(p + "attn_output.weight", {H * Dv, E}, Kind::MATRIX, &l.wo));
     MOE_RETURN_IF_ERROR(b.get(p + "ffn_norm.weight", {E}, Kind::FLOAT_VECTOR, &l.ffn_norm));
     return bind_dense_or_moe_ffn(hp, b, il, SelectionBias::OPTIONAL, l);

@@ -211,8 +211,11 @@ def kv_up_projections(model: Model, p: MlaParams, il: int) -> tuple[np.ndarray, 
 
 
 def forward(model: Model, tokens, positions=None, cache: KVCache | None = None,
-            trace: dict | None = None, flip: tuple[int, int, str] | None = None) -> np.ndarray:
+            trace: dict | None = None, flip: tuple[int, int, str] | None = None, f16_heads: bool = False) -> np.ndarray:
     """Logits [n_tokens, n_vocab] (float64) for `tokens`, attending to `cache` (extended in place).
+
+    `f16_heads`: the per-head keys and values, once up-projected from the cache, are rounded to float16, as
+    moeinfer holds them in its prefill form (prompts of kMlaDecompressMinTokens = 32 tokens or more).
 
     `trace`, if given, receives per MoE layer 'router_margin' (and the margins route() adds), 'expert_ids',
     'expert_weights', and per layer 'layer_out'. `flip` (layer, token, "topk" or "group"): that token takes the
@@ -253,6 +256,8 @@ def forward(model: Model, tokens, positions=None, cache: KVCache | None = None,
         k_nope = np.einsum("hdc,kc->khd", wk, c_all[:, 0])                    # [n_kv, H, Dn]
         v = np.einsum("hdc,kc->khd", wv, c_all[:, 0])                         # [n_kv, H, Dv]
         k = np.concatenate([k_nope, np.repeat(k_pe_all, H, axis=1)], axis=-1)
+        if f16_heads:
+            k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)
         q = np.concatenate([q[..., :Dn], rope_deepseek(q[..., Dn:], pos, inv_freq)], axis=-1)
         a = attention(q, k, v, pos, k_pos, scale).reshape(n, H * Dv)
         x = x + linear(a, model.blk(il, "attn_output.weight", (hp.n_embd, H * Dv)))
