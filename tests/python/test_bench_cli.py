@@ -113,7 +113,7 @@ def test_sweep_text_table(cache_dir):
         assert float(r[3]) >= 0 and float(r[4]) > 0 and float(r[5]) >= 0 and float(r[6]) > 0
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss", "glm4moe", "deepseek2"])
 def test_sweep_json_records(cache_dir, arch):
     proc = run(*tiny(arch), "-c", "64", "-ub", "16", "--sweep-pp", "24", "--sweep-tg", "3", "-o", "json",
                cache=cache_dir)

@@ -46,7 +46,8 @@ struct SyntheticKey {
 };
 inline const std::vector<SyntheticKey>& synthetic_keys() {
     static const std::vector<SyntheticKey> keys = {
-        {"preset", "shape preset: qwen3-30b-a3b, gpt-oss-20b, gpt-oss-120b, tiny"},
+        {"preset", "shape preset: qwen3-30b-a3b, qwen3-235b-a22b, gpt-oss-20b, gpt-oss-120b, glm-4.5-air,\n"
+                   "                   glm-4.5, deepseek-v3, kimi-k2, deepseek-v2-lite, tiny (moeinfer-synth --help)"},
         {"layers", "number of layers"},
         {"experts", "expert tensor type (q8_0, q4_0, q4_K, iq4_xs, mxfp4, f16, ...), or a recipe name (below)"},
         {"recipe", "types of every weight by role, as in real files: q4_k_m, q5_k_m, q3_k_xl, iq4_xs\n"
@@ -147,9 +148,9 @@ inline std::optional<std::string> parse_synthetic_spec(const std::string& text, 
         pos = colon + 1;
     }
     spec.arch = parts[0];
-    if (spec.arch != "qwen3moe" && spec.arch != "gpt-oss" && spec.arch != "glm4moe") {
+    if (spec.arch != "qwen3moe" && spec.arch != "gpt-oss" && spec.arch != "glm4moe" && spec.arch != "deepseek2") {
         return "unknown architecture '" + spec.arch + "' in '" + text +
-               "' (expected qwen3moe, gpt-oss or glm4moe)";
+               "' (expected qwen3moe, gpt-oss, glm4moe or deepseek2)";
     }
     std::vector<std::string> seen;
     for (size_t i = 1; i < parts.size(); ++i) {
