@@ -99,9 +99,12 @@ def test_cache_hits_and_misses_as_predicted_from_the_router(skewed, rng, expert_
     sizes = [4, 4, 1, 1, 3, 1, 4, 1]
     hits, misses, saved = np.zeros(n_layer, np.uint64), np.zeros(n_layer, np.uint64), np.zeros(n_layer, np.uint64)
     valid = [set() for _ in range(n_layer)]  # the experts in the layer's entries (the same for its 3 matrices)
-    uploaded = skipped = 0
-    for selected in selected_per_ubatch(ctx, rng, m.info.n_vocab, sizes):
+    uploaded = skipped = readbacks = 0
+    for n_tokens, selected in zip(sizes, selected_per_ubatch(ctx, rng, m.info.n_vocab, sizes)):
         for layer, s in enumerate(selected):
+            # Active copies read the ids back, but for one token when the cache already holds every expert of the
+            # layer: that step reads the matrices there whole (12ee562, Transfers::operand), whatever it chose.
+            readbacks += expert_copy == "active" and not (n_tokens == 1 and len(valid[layer]) == n_expert)
             read = s if expert_copy == "active" else set(range(n_expert))
             h, new = len(read & valid[layer]), len(read - valid[layer])
             hits[layer] += len(MATRICES) * h
@@ -120,7 +123,7 @@ def test_cache_hits_and_misses_as_predicted_from_the_router(skewed, rng, expert_
     # expert biases are duplicated on the device by default, so they do not travel).
     assert s["bytes_weights_full"] + s["bytes_weights_experts"] == uploaded
     assert s["bytes_weights_skipped"] == skipped
-    assert s["n_id_readbacks"] == (len(sizes) * n_layer if expert_copy == "active" else 0)
+    assert s["n_id_readbacks"] == readbacks
     if expert_copy == "active":
         assert skipped > 0, "every expert selected: the test would not see an unselected one"
     ctx.reset_stats()
