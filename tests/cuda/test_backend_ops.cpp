@@ -746,6 +746,15 @@ TEST_CASE("CUDA ATTENTION on the tensor cores matches the CPU: D 64, 128 and 192
             }
         }
     }
+    // A case that must take the tensor-core kernel, against the CPU.
+    const auto check_on_tensor_cores = [&](Tensor* dst) {
+        DeviceMirror dev;
+        Tensor got = run_both(dst, [&](Tensor& n) { return moe::cpu::attention(n, scratch); }, dev);
+        CHECK(moe::cuda::attention_uses_tensor_cores(*dev.of(dst)));
+        const AttnTolerance tol = attention_tolerance(*dev.of(dst));
+        used = std::max(used, compare_f32(got, *dst, tol.rel, tol.abs));
+        ++n_mma;
+    };
     // 8 KV heads of 1024 tokens: more blocks than SMs (the cases above fill the device at most once).
     for (const int64_t D : {64, 128, 192}) {
         for (const int variant : {0, 3}) {
@@ -756,12 +765,7 @@ TEST_CASE("CUDA ATTENTION on the tensor cores matches the CPU: D 64, 128 and 192
             Tensor* dst = attention_node(pool, rng, D, H, Hkv, T, n_kv, Type::F16, sinks, window, 0);
             INFO("ATTENTION (many blocks) D " << D << " H " << H << " Hkv " << Hkv << " T " << T << " n_kv " << n_kv
                                                 << " sinks " << sinks << " window " << window);
-            DeviceMirror dev;
-            Tensor got = run_both(dst, [&](Tensor& n) { return moe::cpu::attention(n, scratch); }, dev);
-            CHECK(moe::cuda::attention_uses_tensor_cores(*dev.of(dst)));
-            const AttnTolerance tol = attention_tolerance(*dev.of(dst));
-            used = std::max(used, compare_f32(got, *dst, tol.rel, tol.abs));
-            ++n_mma;
+            check_on_tensor_cores(dst);
         }
     }
     // deepseek2's prefill form: one key head per query head (group 1), head size 192.
@@ -770,12 +774,7 @@ TEST_CASE("CUDA ATTENTION on the tensor cores matches the CPU: D 64, 128 and 192
         TensorPool pool;
         Tensor* dst = attention_node(pool, rng, 192, H, H, T, n_kv, Type::F16, false, 0, 0);
         INFO("ATTENTION (group 1) D 192 H " << H << " T " << T << " n_kv " << n_kv);
-        DeviceMirror dev;
-        Tensor got = run_both(dst, [&](Tensor& n) { return moe::cpu::attention(n, scratch); }, dev);
-        CHECK(moe::cuda::attention_uses_tensor_cores(*dev.of(dst)));
-        const AttnTolerance tol = attention_tolerance(*dev.of(dst));
-        used = std::max(used, compare_f32(got, *dst, tol.rel, tol.abs));
-        ++n_mma;
+        check_on_tensor_cores(dst);
     }
     if (perf_mode()) {
         std::printf("tensor-core ATTENTION: %d cases, worst error at %.3f of the tolerance (rel 2e-3 + abs 1e-3)\n",
