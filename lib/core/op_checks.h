@@ -221,7 +221,9 @@ inline Status check_weighted_sum_ids(const Tensor& dst) {
 // CONCAT: src0 [A, H, T], optional src1 [B, H or 1, T], dst contiguous [A + B, H, T]; each F32 or F16.
 inline Status check_concat(const Tensor& dst) {
     if (dst.op != Op::CONCAT) return invalid_argument(std::string("concat: dst.op is ") + op_name(dst.op));
-    const auto float_type = [](const Tensor* t) { return t != nullptr && t->type == Type::F16 ? Type::F16 : Type::F32; };
+    const auto float_type = [](const Tensor* t) {
+        return t != nullptr && t->type == Type::F16 ? Type::F16 : Type::F32;
+    };
     MOE_RETURN_IF_ERROR(check_operand("CONCAT", "src0", dst.src[0], float_type(dst.src[0])));
     if (dst.src[1] != nullptr) MOE_RETURN_IF_ERROR(check_operand("CONCAT", "src1", dst.src[1], float_type(dst.src[1])));
     MOE_RETURN_IF_ERROR(check_operand("CONCAT", "dst", &dst, float_type(&dst)));

@@ -10,12 +10,14 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 
 #include "core/op_checks.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "core/types.h"
 
 namespace moe::cpu::ops {
 
@@ -139,6 +141,22 @@ inline double sum_sq_f32(const float* a, int64_t n) {
     double s = 0.0;
     for (int l = 0; l < kLanes; ++l) s += acc[l];
     return s;
+}
+
+// n values of a contiguous F32 or F16 row into a contiguous F32 or F16 row: copied, widened exactly, or
+// rounded to nearest even as fp32_to_fp16 (core/types.h) does.
+inline void convert_row(const uint8_t* src, Type from, uint8_t* dst, Type to, int64_t n) {
+    if (from == to) {
+        std::memcpy(dst, src, static_cast<size_t>(n) * elem_size(to));
+    } else if (from == Type::F16) {  // -> F32
+        const auto* h = reinterpret_cast<const uint16_t*>(src);
+        auto* f = reinterpret_cast<float*>(dst);
+        for (int64_t i = 0; i < n; ++i) f[i] = half_to_float(h[i]);
+    } else {  // F32 -> F16
+        const auto* f = reinterpret_cast<const float*>(src);
+        auto* h = reinterpret_cast<uint16_t*>(dst);
+        for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(f[i]);
+    }
 }
 
 }  // namespace moe::cpu::ops

@@ -168,12 +168,7 @@ Status cpy(Tensor& dst) {
         uint8_t* d = dst.row(ri.i1, ri.i2, ri.i3);
         const float* x = same ? reinterpret_cast<const float*>(s.row(ri.i1, ri.i2, ri.i3)) : s.as<float>() + r * n;
         if (dst.nb[0] == esz) {
-            if (to_f16) {
-                auto* h = reinterpret_cast<uint16_t*>(d);
-                for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(x[i]);
-            } else {
-                std::memcpy(d, x, static_cast<size_t>(n) * sizeof(float));
-            }
+            ops::convert_row(reinterpret_cast<const uint8_t*>(x), Type::F32, d, dst.type, n);
         } else {
             for (int64_t i = 0; i < n; ++i) {
                 uint8_t* p = d + static_cast<size_t>(i) * dst.nb[0];

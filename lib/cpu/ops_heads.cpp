@@ -1,5 +1,6 @@
-// The per-head ops of multi-head latent attention: CONCAT (query = [absorbed nope part, rope part]) and
-// MUL_MAT_HEADS (one weight matrix per head, W_UK and W_UV).
+// The per-head ops of multi-head latent attention: CONCAT (query = [absorbed nope part, rope part]; the
+// prefill form's F16 keys and values, and its F32 copy of the cached latents) and MUL_MAT_HEADS (one weight
+// matrix per head, W_UK and W_UV).
 //
 // MUL_MAT_HEADS is MUL_MAT_ID with the head as the expert: head h's row of token t goes through matrix
 // h, so ids[h, t] = h and the expert kernels (activation quantisation, per-matrix GEMMs over every
@@ -13,36 +14,17 @@
 
 namespace moe::cpu {
 
-namespace {
-
-// n values of a row of `from` (F32 or F16) into a row of `to`.
-void convert_row(const uint8_t* src, Type from, uint8_t* dst, Type to, int64_t n) {
-    if (from == to) {
-        std::memcpy(dst, src, static_cast<size_t>(n) * op_checks::elem_size(to));
-    } else if (from == Type::F16) {  // -> F32
-        const auto* h = reinterpret_cast<const uint16_t*>(src);
-        auto* f = reinterpret_cast<float*>(dst);
-        for (int64_t i = 0; i < n; ++i) f[i] = ops::half_to_float(h[i]);
-    } else {  // F32 -> F16
-        const auto* f = reinterpret_cast<const float*>(src);
-        auto* h = reinterpret_cast<uint16_t*>(dst);
-        for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(f[i]);
-    }
-}
-
-}  // namespace
-
 Status concat(Tensor& dst) {
     MOE_RETURN_IF_ERROR(moe::op_checks::check_concat(dst));  // shared with the other backend
     const Tensor& a = *dst.src[0];
     const Tensor* b = dst.src[1];
-    const size_t a_out = static_cast<size_t>(a.ne[0]) * op_checks::elem_size(dst.type);
+    const size_t a_out = static_cast<size_t>(a.ne[0]) * ops::elem_size(dst.type);
     const bool b_shared = b != nullptr && b->ne[1] == 1;
     ops::for_each_row(dst, [&](int64_t r) {
         const ops::RowIndex ri = ops::split_row(dst, r);
         uint8_t* d = dst.row(ri.i1, ri.i2);
-        convert_row(a.row(ri.i1, ri.i2), a.type, d, dst.type, a.ne[0]);
-        if (b != nullptr) convert_row(b->row(b_shared ? 0 : ri.i1, ri.i2), b->type, d + a_out, dst.type, b->ne[0]);
+        ops::convert_row(a.row(ri.i1, ri.i2), a.type, d, dst.type, a.ne[0]);
+        if (b != nullptr) ops::convert_row(b->row(b_shared ? 0 : ri.i1, ri.i2), b->type, d + a_out, dst.type, b->ne[0]);
     });
     return Status::ok();
 }

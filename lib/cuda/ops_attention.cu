@@ -28,8 +28,8 @@
 // registers. Where the output projection is a GEMV, the kernel also writes its result as that GEMV's
 // Q8 activation rows (fusion_plan.h), which saves the projection's quantisation launch.
 //
-// Supported head sizes: D in {32, 64, 96, 128, 192, 256, 576 (deepseek2's latent attention; 192 its prefill)}; K and V of one type
-// (F16 or F32).
+// Supported head sizes: D in {32, 64, 96, 128, 192, 256, 576 (deepseek2's latent attention; 192 its prompts)};
+// K and V of one type (F16 or F32).
 #include <algorithm>
 #include <cmath>
 #include <string>

@@ -43,7 +43,7 @@ inline bool rows_aligned16(const Tensor& t) {
 constexpr int64_t kAttnMmaMinTokens = 32;
 
 // Whether attention_mma computes this (checked) node: F16 K and V with 16-byte aligned rows, head
-// size 64 or 128, at least kAttnMmaMinTokens query tokens. Data pointers are device pointers.
+// size 64, 128 or 192, at least kAttnMmaMinTokens query tokens. Data pointers are device pointers.
 bool attention_mma_fits(const Tensor& dst);
 
 // REQUIRES: check_attention(dst) passed and attention_mma_fits(dst).

@@ -122,6 +122,13 @@ __device__ __forceinline__ float weighted_sum_at(const View& y, const View& w, i
 }
 
 // 1 / (1 + e^-x) without overflow: through e^-|x|.
+// F32 -> F16 bits as fp32_to_fp16 (core/types.h) gives them: round to nearest even; a NaN becomes the quiet
+// NaN sign|0x7E00, where the hardware conversion gives 0x7FFF.
+__device__ __forceinline__ unsigned short to_half_bits(float f) {
+    if (isnan(f)) return static_cast<unsigned short>(((__float_as_uint(f) >> 16) & 0x8000u) | 0x7e00u);
+    return __half_as_ushort(__float2half_rn(f));
+}
+
 __device__ __forceinline__ float sigmoid(float x) {
     const float e = expf(-fabsf(x));
     const float inv = 1.0f / (1.0f + e);

@@ -12,13 +12,6 @@ namespace {
 
 using ops::View;
 
-// Round to nearest even like fp32_to_fp16 (types.cpp); a NaN becomes the quiet NaN sign|0x7E00,
-// where the hardware conversion would give 0x7FFF.
-__device__ __forceinline__ unsigned short to_half_bits(float f) {
-    if (isnan(f)) return static_cast<unsigned short>(((__float_as_uint(f) >> 16) & 0x8000u) | 0x7e00u);
-    return __half_as_ushort(__float2half_rn(f));
-}
-
 template <bool kToF16, bool kSameShape>
 __global__ void cpy_kernel(View d, View s) {
     pdl_grid_sync();
@@ -38,7 +31,7 @@ __global__ void cpy_kernel(View d, View s) {
             }
             char* out = ops::row_at(d, i1, i2, i3) + i0 * d.nb[0];
             if constexpr (kToF16) {
-                *reinterpret_cast<unsigned short*>(out) = to_half_bits(v);
+                *reinterpret_cast<unsigned short*>(out) = ops::to_half_bits(v);
             } else {
                 *reinterpret_cast<float*>(out) = v;
             }

@@ -252,12 +252,6 @@ struct PrepArgs {
     RopeArgs rope;
 };
 
-// As cpy_kernel: round to nearest even; a NaN becomes the quiet NaN sign|0x7E00.
-__device__ __forceinline__ unsigned short prep_half_bits(float f) {
-    if (isnan(f)) return static_cast<unsigned short>(((__float_as_uint(f) >> 16) & 0x8000u) | 0x7e00u);
-    return __half_as_ushort(__float2half_rn(f));
-}
-
 // The row steps both prologue kernels share, so that they compute bitwise the same values.
 // Global row gr: its stream, and (head, token) within the stream's [D, H, T] rows.
 __device__ __forceinline__ int prep_stream_of(const PrepArgs& a, int gr) {
@@ -349,7 +343,7 @@ __global__ void __launch_bounds__(1024) attn_prep_kernel(const __grid_constant__
             for (int i = 0; i < kPerLane; ++i) {
                 const int e = lane + 32 * i;
                 if (to_f16) {
-                    reinterpret_cast<unsigned short*>(row)[e] = prep_half_bits(src[e]);
+                    reinterpret_cast<unsigned short*>(row)[e] = ops::to_half_bits(src[e]);
                 } else {
                     reinterpret_cast<float*>(row)[e] = src[e];
                 }
@@ -387,7 +381,7 @@ __device__ __forceinline__ void prep_row(const PrepArgs& a, int si, int h, int t
         for (int i = 0; i < kPerLane; ++i) {
             const int e = lane + 32 * i;
             if (to_f16) {
-                reinterpret_cast<unsigned short*>(row)[e] = prep_half_bits(val[i]);
+                reinterpret_cast<unsigned short*>(row)[e] = ops::to_half_bits(val[i]);
             } else {
                 reinterpret_cast<float*>(row)[e] = val[i];
             }

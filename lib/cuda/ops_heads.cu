@@ -30,7 +30,7 @@ __global__ void concat_kernel(View d, View a, View b, bool a16, bool b16, bool d
                                     : load_float(ops::row_at(b, b.ne[1] == 1 ? 0 : h, t, 0), i - a.ne[0], b16);
         char* out = ops::row_at(d, h, t, 0);
         if (d16) {
-            reinterpret_cast<__half*>(out)[i] = __float2half_rn(v);
+            reinterpret_cast<unsigned short*>(out)[i] = ops::to_half_bits(v);
         } else {
             reinterpret_cast<float*>(out)[i] = v;
         }

@@ -1,5 +1,5 @@
 // Layers whose attention the device backend cannot compute. A device's attention kernels cover some
-// head sizes only (CUDA: 32, 64, 96, 128, 256 and the MLA latent's 576); on a model with another (the
+// head sizes only (CUDA: 32, 64, 96, 128, 192, 256 and the MLA latent's 576); on a model with another (the
 // tiny synthetic preset's 16) a device context used to fail at its first decode ("the CUDA backend
 // cannot compute ATTENTION"). Instead, such a model keeps every layer's attention anchor (the weight
 // whose home decides where the KV cache lives, and with it the cache writes and ATTENTION) in host

@@ -50,7 +50,8 @@ size_t estimate_arena_bytes(const moe_context& ctx, bool split) {
     size_t arena = arena_at(ctx.params.n_ctx - n);
     // deepseek2's prompts decompress the cache up to kMlaDecompressMaxKv rows and attend in latent space
     // beyond: the deepest decompressing ubatch may need more than the deepest one.
-    if (ctx.params.n_ctx > kMlaDecompressMaxKv && n <= kMlaDecompressMaxKv && mla_decompressed(hp, n, kMlaDecompressMaxKv)) {
+    if (ctx.params.n_ctx > kMlaDecompressMaxKv && n <= kMlaDecompressMaxKv &&
+        mla_decompressed(hp, n, kMlaDecompressMaxKv)) {
         arena = std::max(arena, arena_at(kMlaDecompressMaxKv - n));
     }
     return arena;

@@ -43,9 +43,10 @@ StatusOr<std::unique_ptr<moe_model>> load_model(const std::string& path, const m
 StatusOr<const std::vector<DerivedWeight>*> derived_weights(moe_model& model) {
     std::lock_guard<std::mutex> lock(model.derived_mu);
     if (!model.derived_made) {
-        MOE_ASSIGN_OR_RETURN(model.derived, split_kv_b(model.hparams, *model.file));
+        MOE_ASSIGN_OR_RETURN(std::vector<DerivedWeight> derived, split_kv_b(model.hparams, *model.file));
         MOE_ASSIGN_OR_RETURN(std::vector<DerivedWeight> joined, join_kv_b(model.hparams, *model.file));
-        for (DerivedWeight& w : joined) model.derived.push_back(std::move(w));
+        for (DerivedWeight& w : joined) derived.push_back(std::move(w));
+        model.derived = std::move(derived);  // only once both are made: an error keeps nothing
         model.derived_made = true;
     }
     return &model.derived;

@@ -23,9 +23,9 @@ struct moe_model {
     std::vector<uint64_t> expert_profile;
 
     // Weights made from the file's (mla_split.h: ~2 GB for DeepSeek-V3 from a joint attn_kv_b, ~1 GB the
-    // other way), made by
-    // the first context that binds the weights and shared by every context of the model; read-only once
-    // made, freed with the model. Use derived_weights() (model.cpp), which makes them once.
+    // other way), made by the first context that binds the weights and shared by every context of the
+    // model; read-only once made, freed with the model. Use derived_weights() (model.cpp), which makes them
+    // once.
     std::mutex derived_mu;
     bool derived_made = false;                // guarded by derived_mu
     std::vector<moe::DerivedWeight> derived;  // written under derived_mu before derived_made; then constant

@@ -37,7 +37,14 @@ Side Assignment::side_of(const Tensor& node, const RunState& rs, Stats& stats) c
     switch (node.op) {
         case Op::VIEW: return rs.side_of_storage(storage_of(&node), weights_);
         case Op::CPY:  // writes the KV cache: runs where the cache is, as does attention reading it
-        case Op::ATTENTION: return rs.side_of_storage(storage_of(node.src[1]), weights_);
+            return rs.side_of_storage(storage_of(node.src[1]), weights_);
+        case Op::ATTENTION: {
+            // Keys read from the cache: where the cache is. Keys computed in the graph (deepseek2's prompts
+            // up-project the cached latents) leave it to the rule of the other ops, its operands and support.
+            const Tensor* keys = storage_of(node.src[1]);
+            if (keys->op == Op::NONE) return rs.side_of_storage(keys, weights_);
+            break;
+        }
         default: break;
     }
     // A part of a split expert block runs where its group's experts are computed, whole; but the

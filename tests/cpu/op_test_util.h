@@ -7,6 +7,8 @@
 #include <cstring>
 #include <deque>
 #include <initializer_list>
+#include <iterator>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -88,6 +90,22 @@ inline void fill_uniform(Tensor& t, std::mt19937_64& rng, float lo, float hi) {
                         *elem<uint16_t>(t, i0, i1, i2, i3) = fp32_to_fp16(v);
                     }
                 }
+}
+
+// The first values of row (0, 0) of an F32 or F16 tensor: NaN, both zeros, F16 subnormals and the smallest
+// normal, a value halfway between two F16s (ties to even), and F16's largest (conversion edge cases).
+inline void set_float_edge_values(Tensor& t) {
+    REQUIRE((t.type == Type::F32 || t.type == Type::F16));
+    const float edge[] = {std::numeric_limits<float>::quiet_NaN(), 0.0f, -0.0f, 6.0e-8f, -3.0e-5f, 6.1035156e-5f,
+                          1.0f + 0x1p-11f, 65504.0f};
+    REQUIRE(t.ne[0] >= static_cast<int64_t>(std::size(edge)));
+    for (size_t i = 0; i < std::size(edge); ++i) {
+        if (t.type == Type::F32) {
+            *elem<float>(t, static_cast<int64_t>(i)) = edge[i];
+        } else {
+            *elem<uint16_t>(t, static_cast<int64_t>(i)) = fp32_to_fp16(edge[i]);
+        }
+    }
 }
 
 // Element value of an F32 or F16 tensor as double.

@@ -127,12 +127,15 @@ TEST_CASE("CUDA CONCAT and GROUP_MASK match the CPU bit for bit", "[gpu][mla]") 
                 const int64_t A = 128, B = 64, H = 8, T = 6;
                 Tensor* qa = pool.make(ta, {A + 64, H, T});
                 fill_uniform(*qa, rng, -70000.0f, 70000.0f);  // past F16's largest: those round to inf
+                moe::test::set_float_edge_values(*qa);    // NaN, zeros, subnormals, a tie
                 Tensor* a = pool.view(qa, {A, H, T}, {qa->nb[1], qa->nb[2]}, 0);
                 Tensor* b = nullptr;
                 if (tb >= 0) {
-                    Tensor* qb = pool.make(tb == 0 ? Type::F32 : Type::F16, {B + 8, 1, T});
+                    const int64_t bh = ta == Type::F16 ? H : 1;  // a row per head, or one for all of them
+                    Tensor* qb = pool.make(tb == 0 ? Type::F32 : Type::F16, {B + 8, bh, T});
                     fill_uniform(*qb, rng, -2.0f, 2.0f);
-                    b = pool.view(qb, {B, 1, T}, {qb->nb[1], qb->nb[2]}, 0);
+                    moe::test::set_float_edge_values(*qb);
+                    b = pool.view(qb, {B, bh, T}, {qb->nb[1], qb->nb[2]}, 0);
                 }
                 Tensor* d = pool.node(Op::CONCAT, td, {A + (b != nullptr ? B : 0), H, T}, {a, b});
                 REQUIRE(moe::cpu::concat(*d).is_ok());

@@ -6,7 +6,9 @@ Both are MoE architectures with a leading dense layer and shared experts next to
 * deepseek2 "tiny" (V3-like: q LoRA, sigmoid routing with the selection bias over 2 of 4 expert groups, YaRN) and
   "tiny-lite" (V2-like: plain q, softmax routing with the group limit); their latent attention rows are 64 + 32
   (a head size the CUDA attention kernels have), so the absorbed attention (MUL_MAT_HEADS, CONCAT, interleaved
-  ROPE, ATTENTION over the latent cache) and GROUP_MASK run on the GPU.
+  ROPE, ATTENTION over the latent cache) and GROUP_MASK run on the GPU; a prompt of 40 tokens takes the prompts'
+  form (the cached latents up-projected per head into F16 keys and values, attention at head size 64 on the
+  tensor cores).
 The sigmoid routers run as one fused launch on the GPU (ops_sigmoid_router.cu) where the batch allows.
 Bounds and the reasons for them are test_forward_cuda.py's (_compare: cosine > 0.999 and max |gpu - cpu| <=
 3e-2 * max |cpu| per token) on every row but those a router near-tie can move, which the float64 reference

@@ -3,9 +3,9 @@
 Both tiny deepseek2 presets (moeinfer.synth_write, fresh random weights): "tiny" as DeepSeek-V3 (q LoRA, sigmoid
 routing with the exp_probs_b selection bias over 2 of 4 expert groups, normalised weights times 2.5, YaRN) and
 "tiny-lite" as DeepSeek-V2 (plain q, softmax routing over the 2 best of 4 groups by their maximum, two shared
-experts, weights times 1.5); each has a leading dense layer. moeinfer runs the absorbed latent attention, the
-reference the plain HF formula from the same cached latent and rope key, so the two attention forms check each
-other. The comparisons and bounds are test_forward_reference.py's (see its docstring: F16 KV cache modelled by
+experts, weights times 1.5); each has a leading dense layer. moeinfer runs the absorbed latent attention below 32
+tokens and HF's form (keys and values up-projected per head, in F16) from 32 on, the reference the plain HF
+formula from the same cached latent and rope key, so the forms check each other. The comparisons and bounds are test_forward_reference.py's (see its docstring: F16 KV cache modelled by
 the reference, per-token relative errors, tokens whose routing nearly ties excused); here a token's router
 margin is the smaller of the gap between the k-th and (k+1)-th choice and, with a group limit, the gap between
 the last kept and the first dropped group's score: for the sigmoid router relative to the RMS of the choices,
@@ -105,7 +105,8 @@ def test_prefill_form_agrees_with_absorbed_form(preset, tmp_path, rng):
     print(f"{preset}: prefill form vs absorbed form, max relative difference {err[stable].max():.2e} "
           f"(bound {FORM_TOL:g}; {np.count_nonzero(~stable)} near-tie tokens excused)")
     assert err[stable].max() <= FORM_TOL
-    assert err.max() > 0, "both runs took the same form"
+    # Runs of one form differ by UBATCH_TOL at most; the F16 heads move the logits by ~1e-3 (FORM_TOL's note).
+    assert err[stable].max() > 10 * UBATCH_TOL, "both runs took the same form"
     split = decode(33)
     np.testing.assert_allclose(split[:33], whole[:33], rtol=0, atol=UBATCH_TOL * scale, err_msg="first 33")
     assert per_token_error(split[33:], whole[33:])[stable[33:]].max(initial=0.0) <= FORM_TOL

@@ -47,7 +47,8 @@ struct SyntheticKey {
 inline const std::vector<SyntheticKey>& synthetic_keys() {
     static const std::vector<SyntheticKey> keys = {
         {"preset", "shape preset: qwen3-30b-a3b, qwen3-235b-a22b, gpt-oss-20b, gpt-oss-120b, glm-4.5-air,\n"
-                   "                   glm-4.5, deepseek-v3, kimi-k2, deepseek-v2-lite, tiny (moeinfer-synth --help)"},
+                   "                   glm-4.5, deepseek-v3, kimi-k2, deepseek-v2-lite, tiny, tiny-air (glm4moe),\n"
+                   "                   tiny-lite (deepseek2); moeinfer-synth --help says what each is"},
         {"layers", "number of layers"},
         {"experts", "expert tensor type (q8_0, q4_0, q4_K, iq4_xs, mxfp4, f16, ...), or a recipe name (below)"},
         {"recipe", "types of every weight by role, as in real files: q4_k_m, q5_k_m, q3_k_xl, iq4_xs\n"

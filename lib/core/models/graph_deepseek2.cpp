@@ -90,9 +90,10 @@ Tensor* mla_attention(BuildState& s, const LayerWeights& l, int il, Tensor* x) {
         Tensor* k_nope = g.view(kv_heads, {Dn, H, n_kv}, {head_bytes, kv_heads->nb[1]}, 0);
         Tensor* v = g.view(kv_heads, {hp.head_dim_v, H, n_kv}, {head_bytes, kv_heads->nb[1]},
                            static_cast<size_t>(Dn) * sizeof(float));
-        Tensor* rope_rows = g.view(rows, {R, 1, n_kv}, {rows->nb[1], rows->nb[2]}, static_cast<size_t>(C) * rows->nb[0]);
-        Tensor* k = g.concat(k_nope, rope_rows, Type::F16);       // [Dn + R, H, n_kv]
-        Tensor* v_padded = g.concat(v, rope_rows, Type::F16);     // [Dv + R, H, n_kv]
+        Tensor* rope_rows =
+            g.view(rows, {R, 1, n_kv}, {rows->nb[1], rows->nb[2]}, static_cast<size_t>(C) * rows->nb[0]);
+        Tensor* k = g.concat(k_nope, rope_rows, Type::F16);  // [Dn + R, H, n_kv]
+        Tensor* v_padded = g.concat(v, rope_rows, Type::F16);  // [Dv + R, H, n_kv]
         Tensor* att = g.attention(g.concat(q_nope, q_rope), k, v_padded, s.positions, nullptr, deepseek2_kq_scale(hp),
                                   0, n_kv);
         out = g.concat(g.view(att, {hp.head_dim_v, H, T}, {att->nb[1], att->nb[2]}, 0), nullptr);

@@ -1,6 +1,5 @@
 #include "core/models/mla_split.h"
 
-#include <algorithm>
 #include <cstring>
 
 namespace moe {
@@ -64,8 +63,8 @@ StatusOr<std::vector<DerivedWeight>> split_kv_b(const HParams& hp, const GgufFil
 
 StatusOr<std::vector<DerivedWeight>> join_kv_b(const HParams& hp, const GgufFile& file) {
     std::vector<DerivedWeight> out;
-    if (hp.arch != Arch::DEEPSEEK2) return out;
     const int64_t C = hp.kv_lora_rank, H = hp.n_head, Dn = hp.head_dim - hp.rope_dims, Dv = hp.head_dim_v;
+    if (hp.arch != Arch::DEEPSEEK2 || Dv != Dn) return out;  // only the prefill form reads it, and only where Dv = Dn
     const auto shape_error = [](const GgufTensorInfo& t, int64_t a, int64_t b, int64_t c) {
         return data_corrupt("tensor '" + t.name + "': expected shape [" + std::to_string(a) + ", " + std::to_string(b) +
                             ", " + std::to_string(c) + "], got [" + std::to_string(t.ne[0]) + ", " +
@@ -76,30 +75,34 @@ StatusOr<std::vector<DerivedWeight>> join_kv_b(const HParams& hp, const GgufFile
         const GgufTensorInfo* k_b = file.find_tensor(p + "attn_k_b.weight");
         const GgufTensorInfo* v_b = file.find_tensor(p + "attn_v_b.weight");
         if (k_b == nullptr || v_b == nullptr || file.find_tensor(p + "attn_kv_b.weight") != nullptr) continue;
-        if (k_b->n_dims != 3 || k_b->ne[0] != Dn || k_b->ne[1] != C || k_b->ne[2] != H) return shape_error(*k_b, Dn, C, H);
-        if (v_b->n_dims != 3 || v_b->ne[0] != C || v_b->ne[1] != Dv || v_b->ne[2] != H) return shape_error(*v_b, C, Dv, H);
+        if (k_b->n_dims != 3 || k_b->ne[0] != Dn || k_b->ne[1] != C || k_b->ne[2] != H) {
+            return shape_error(*k_b, Dn, C, H);
+        }
+        if (v_b->n_dims != 3 || v_b->ne[0] != C || v_b->ne[1] != Dv || v_b->ne[2] != H) {
+            return shape_error(*v_b, C, Dv, H);
+        }
         for (const GgufTensorInfo* t : {k_b, v_b}) {
             if (traits(t->type).to_float == nullptr) {
                 return unimplemented("tensor '" + t->name + "': type " + traits(t->type).name +
                                      " has no float conversion");
             }
         }
+        const auto is_float = [](Type t) { return t == Type::F32 || t == Type::F16 || t == Type::BF16; };
         Type type = Type::Q8_0;
-        if (k_b->type == v_b->type && (k_b->type == Type::F32 || k_b->type == Type::F16 || k_b->type == Type::BF16)) {
-            type = k_b->type;
-        }
-        if (C % traits(Type::Q8_0).block_size != 0 && type == Type::Q8_0) type = Type::F16;
+        if (is_float(k_b->type) && is_float(v_b->type)) type = k_b->type == v_b->type ? k_b->type : Type::F32;
+        if (type == Type::Q8_0 && C % traits(Type::Q8_0).block_size != 0) type = Type::F16;
         // The joint matrix in floats, row h * (Dn + Dv) + j: W_UK_h row j (column j of k_b's head h) for
         // j < Dn, then W_UV_h row j - Dn (v_b's row of head h).
         const int64_t n_rows = H * (Dn + Dv);
         std::vector<float> joint(static_cast<size_t>(n_rows * C));
-        std::vector<float> row(static_cast<size_t>(std::max(C, Dn)));
+        std::vector<float> row(static_cast<size_t>(Dn));
         const size_t k_row_b = static_cast<size_t>(row_bytes(k_b->type, Dn));
         const size_t v_row_b = static_cast<size_t>(row_bytes(v_b->type, C));
         for (int64_t h = 0; h < H; ++h) {
             float* head = joint.data() + h * (Dn + Dv) * C;
             for (int64_t c = 0; c < C; ++c) {  // k_b's row (c, h) holds W_UK_h[:, c]
-                traits(k_b->type).to_float(file.tensor_data(*k_b) + static_cast<size_t>(h * C + c) * k_row_b, row.data(), Dn);
+                const uint8_t* k_row = file.tensor_data(*k_b) + static_cast<size_t>(h * C + c) * k_row_b;
+                traits(k_b->type).to_float(k_row, row.data(), Dn);
                 for (int64_t j = 0; j < Dn; ++j) head[j * C + c] = row[static_cast<size_t>(j)];
             }
             for (int64_t j = 0; j < Dv; ++j) {
@@ -110,14 +113,8 @@ StatusOr<std::vector<DerivedWeight>> join_kv_b(const HParams& hp, const GgufFile
         DerivedWeight kv{p + "attn_kv_b.weight", type, {C, n_rows, 1}, {}};
         const size_t out_row_b = static_cast<size_t>(row_bytes(type, C));
         kv.data.resize(out_row_b * static_cast<size_t>(n_rows));
-        for (int64_t r = 0; r < n_rows; ++r) {
-            const float* src = joint.data() + r * C;
-            uint8_t* dst = kv.data.data() + static_cast<size_t>(r) * out_row_b;
-            if (type == Type::F32 || type == Type::F16) {
-                for (int64_t c = 0; c < C; ++c) put(type, dst, c, src[c]);
-            } else {
-                traits(type).from_float(src, dst, C);  // exact for BF16: the values came from BF16
-            }
+        for (int64_t r = 0; r < n_rows; ++r) {  // exact for F32, F16 and BF16: the values came from that type
+            traits(type).from_float(joint.data() + r * C, kv.data.data() + static_cast<size_t>(r) * out_row_b, C);
         }
         out.push_back(std::move(kv));
     }

@@ -32,10 +32,11 @@ struct DerivedWeight {
 StatusOr<std::vector<DerivedWeight>> split_kv_b(const HParams& hp, const GgufFile& file);
 
 // For every layer with blk.N.attn_k_b.weight and attn_v_b.weight and no attn_kv_b.weight: attn_kv_b
-// ([kv_lora_rank, n_head * (nope + head_dim_v)], the layout split_kv_b reads). The type of both when
-// that is F32, F16 or BF16, else Q8_0 of their values (~1 GB for DeepSeek-V3's 61 layers, half of F16).
-// Nothing for other architectures or joint files. DATA_CORRUPT for a k_b or v_b of another shape,
-// UNIMPLEMENTED for a type without a float conversion.
+// ([kv_lora_rank, n_head * (nope + head_dim_v)], the layout split_kv_b reads). F32, F16 or BF16 when both are
+// that type, F32 when both are of float types but differ, else Q8_0 of their values (~1 GB for DeepSeek-V3's
+// 61 layers, half of F16). Nothing for other architectures, joint files, or head_dim_v != nope (where the
+// prefill form, its only reader, does not run: model_graph.h mla_decompressed). DATA_CORRUPT for a k_b or v_b
+// of another shape, UNIMPLEMENTED for a type without a float conversion.
 StatusOr<std::vector<DerivedWeight>> join_kv_b(const HParams& hp, const GgufFile& file);
 
 }  // namespace moe

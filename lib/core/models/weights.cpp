@@ -100,7 +100,9 @@ Status bind_deepseek2_layer(const HParams& hp, Binder& b, int il, LayerWeights& 
                          "attn_kv_b.weight' it can be made from)");
     }
     MOE_RETURN_IF_ERROR(b.get(p + "attn_v_b.weight", {C, Dv, H}, Kind::MATRIX, &l.wv_b));
-    MOE_RETURN_IF_ERROR(b.get(p + "attn_kv_b.weight", {C, H * (Dk - R + Dv)}, Kind::MATRIX, &l.wkv_b));
+    // The joint one is read by the prefill form only, which needs head_dim_v = nope (mla_decompressed).
+    const bool joint_read = Dv == Dk - R;
+    MOE_RETURN_IF_ERROR(b.get(p + "attn_kv_b.weight", {C, H * (Dk - R + Dv)}, Kind::MATRIX, &l.wkv_b, !joint_read));
     MOE_RETURN_IF_ERROR(b.get(p + "attn_output.weight", {H * Dv, E}, Kind::MATRIX, &l.wo));
     MOE_RETURN_IF_ERROR(b.get(p + "ffn_norm.weight", {E}, Kind::FLOAT_VECTOR, &l.ffn_norm));
     return bind_dense_or_moe_ffn(hp, b, il, SelectionBias::OPTIONAL, l);

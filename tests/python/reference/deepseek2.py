@@ -21,7 +21,8 @@ logits = W_out RMSNorm(x; output_norm)
 
 The cache holds what moeinfer's holds: per token the normalised latent c and the rotated k_pe (here as the
 "k" and "v" of ops.KVCache, so the F16 test cache rounds exactly those), and the keys and values of the
-heads are recomputed from them: the C++ absorbed attention is checked against the plain formula.
+heads are recomputed from them: the C++ absorbed attention (decode) and its prompts' form (keys and values
+up-projected per head and held in F16: f16_heads) are checked against the plain formula.
 
 Differences from HF, both where no released config reaches them: HF fills the experts of dropped groups
 with 0.0 before the top-k, here (as llama.cpp) with -inf (the same whenever the kept groups hold k positive
