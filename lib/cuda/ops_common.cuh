@@ -129,6 +129,16 @@ __device__ __forceinline__ unsigned short to_half_bits(float f) {
     return __half_as_ushort(__float2half_rn(f));
 }
 
+// F16 bits -> F32 as the CPU gives them (cpu/ops_common.h half_to_float, as F16C): exact, a NaN quieted
+// with its payload kept, where the hardware conversion gives 0x7FFFFFFF.
+__device__ __forceinline__ float from_half_bits(unsigned short h) {
+    if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0) {
+        return __uint_as_float((static_cast<unsigned int>(h & 0x8000u) << 16) | 0x7fc00000u |
+                               (static_cast<unsigned int>(h & 0x3ffu) << 13));
+    }
+    return __half2float(__ushort_as_half(h));
+}
+
 __device__ __forceinline__ float sigmoid(float x) {
     const float e = expf(-fabsf(x));
     const float inv = 1.0f / (1.0f + e);

@@ -16,7 +16,8 @@ namespace {
 using ops::View;
 
 __device__ __forceinline__ float load_float(const char* row, int64_t i, bool f16) {
-    return f16 ? __half2float(reinterpret_cast<const __half*>(row)[i]) : reinterpret_cast<const float*>(row)[i];
+    return f16 ? ops::from_half_bits(reinterpret_cast<const unsigned short*>(row)[i])
+               : reinterpret_cast<const float*>(row)[i];
 }
 
 // a16, b16, d16: whether a, b and dst hold F16 (else F32). b.ne[0] = 0 when there is no b.
