@@ -132,6 +132,15 @@ def test_sweep_json_records(cache_dir, arch):
         assert "profile" not in r
 
 
+def test_sweep_runs_deepseek2_prompts_in_both_attention_forms(cache_dir):
+    """Ubatches of 32 (kMlaDecompressMinTokens: the keys and values up-projected per head) and the 4-token decode
+    steps (latent space) through the sweep, at depths 0, 32, 64 and 96."""
+    out = run(*tiny("deepseek2"), "-c", "128", "-ub", "32", "--sweep-tg", "4", "-o", "csv", cache=cache_dir).stdout
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [int(r["n_kv"]) for r in rows] == [0, 32, 64, 96]
+    assert all(float(r["speed_pp_tps"]) > 0 and float(r["speed_tg_tps"]) > 0 for r in rows)
+
+
 def test_sweep_csv_rows(cache_dir):
     out = run(*tiny(), "-c", "96", "-ub", "32", "--sweep-tg", "2", "-o", "csv", cache=cache_dir).stdout
     reader = csv.DictReader(io.StringIO(out))
