@@ -363,8 +363,12 @@ def test_routing_stays_spread_through_all_layers(tmp_path, seed, arch):
     mean = tokens.size * 2 / 16
     for il, ids in enumerate(trace["expert_ids"]):
         counts = np.bincount(np.asarray(ids).ravel(), minlength=16)
-        # 64 tokens per expert on average: +-3 sigma of sampling noise is 0.6x..1.4x.
-        assert counts.min() >= 0.35 * mean and counts.max() <= 2.2 * mean, (il, counts / mean)
+        # 64 tokens per expert on average: +-3 sigma of sampling noise is 0.6x..1.4x. The random routers add their
+        # own spread: over 240 seeds the least chosen expert of a layer got 0.42x..0.55x, but a run on 2026-11-27
+        # saw one expert at 0.31x (gpt-oss, layer 7), so one expert may dip to 0.2x. A router fed by drifting
+        # activations would leave several experts near 0.
+        assert counts.min() >= 0.2 * mean and np.sort(counts)[1] >= 0.35 * mean, (il, counts / mean)
+        assert counts.max() <= 2.2 * mean, (il, counts / mean)
     emb_rms = np.sqrt(np.mean(model.get("token_embd.weight", (1024, 128))[tokens] ** 2))
     last_rms = np.sqrt(np.mean(trace["layer_out"][-1] ** 2))
     assert last_rms < 1.5 * emb_rms
