@@ -5,8 +5,9 @@ routing with the exp_probs_b selection bias over 2 of 4 expert groups, normalise
 "tiny-lite" as DeepSeek-V2 (plain q, softmax routing over the 2 best of 4 groups by their maximum, two shared
 experts, weights times 1.5); each has a leading dense layer. moeinfer runs the absorbed latent attention below 32
 tokens and HF's form (keys and values up-projected per head, in F16) from 32 on, the reference the plain HF
-formula from the same cached latent and rope key, so the forms check each other. The comparisons and bounds are test_forward_reference.py's (see its docstring: F16 KV cache modelled by
-the reference, per-token relative errors, tokens whose routing nearly ties excused); here a token's router
+formula from the same cached latent and rope key, so the forms check each other. The comparisons and bounds are
+test_forward_reference.py's (see its docstring: F16 KV cache modelled by the reference, per-token relative errors,
+tokens whose routing nearly ties excused); here a token's router
 margin is the smaller of the gap between the k-th and (k+1)-th choice and, with a group limit, the gap between
 the last kept and the first dropped group's score: for the sigmoid router relative to the RMS of the choices,
 for the softmax router between log-probabilities relative to the RMS of the logits (reference/routing.py

@@ -188,8 +188,8 @@ inline std::vector<Option> make_options(Config& c) {
          }},
         {"", "--synthetic", "SPEC",
          "synthetic model ARCH[:key=value...], ARCH = qwen3moe, gpt-oss, glm4moe or deepseek2, keys: preset, layers, "
-         "experts, recipe, dense, embd, n_expert, n_expert_used, ff, vocab, n_head, n_head_kv, head_dim, seed, skew (e.g. "
-         "qwen3moe:preset=tiny, qwen3moe:layers=4:experts=q8_0, qwen3moe:recipe=q4_k_m); written once into "
+         "experts, recipe, dense, embd, n_expert, n_expert_used, ff, vocab, n_head, n_head_kv, head_dim, seed, skew "
+         "(e.g. qwen3moe:preset=tiny, qwen3moe:layers=4:experts=q8_0, qwen3moe:recipe=q4_k_m); written once into "
          "--synthetic-dir and reused",
          "", model,
          [&c](const std::string& v) -> std::optional<std::string> {
