@@ -1,7 +1,6 @@
 #include "runtime/default_devices.h"
 
 #include <algorithm>
-#include <numeric>
 #include <regex>
 
 #include "runtime/context.h"

@@ -57,6 +57,18 @@ inline moe_context_params device_params(const DeviceSetup& s, moe_sched_policy& 
     return p;
 }
 
+// Creates a context for `s` that must be refused: checks that none was made and returns the status
+// (moe_last_error() says why).
+inline moe_status create_refused(moe_model* m, const DeviceSetup& s) {
+    moe_sched_policy pol;
+    const moe_context_params p = device_params(s, pol);
+    moe_context* ctx = nullptr;
+    const moe_status st = moe_context_create(m, &p, &ctx);
+    CHECK(ctx == nullptr);
+    moe_context_free(ctx);
+    return st;
+}
+
 struct DeviceContext : ApiContext {
     DeviceContext(moe_model* m, const DeviceSetup& s) : DeviceContext(m, s, moe_sched_policy{}) {}
 

@@ -257,11 +257,7 @@ TEST_CASE("the several-device default: the device offering the most first; the w
         DeviceSetup s;
         s.backend_options = "emulated_devices=2";
         s.vram_budget = total / 50;
-        moe_sched_policy pol;
-        const moe_context_params p = moe::test::device_params(s, pol);
-        moe_context* ctx = nullptr;
-        CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_RESOURCE_EXHAUSTED);
-        CHECK(ctx == nullptr);
+        CHECK(moe::test::create_refused(m.get(), s) == MOE_STATUS_RESOURCE_EXHAUSTED);
         CHECK_THAT(moe_last_error(), Catch::Contains("over the VRAM budget of " + std::to_string(total / 50)) &&
                                          !Catch::Contains("placing the weights of CUDA"));
     }
@@ -282,11 +278,7 @@ TEST_CASE("the several-device default: the device offering the most first; the w
         DeviceSetup s;
         s.backend_options = "emulated_devices=2,emulated_busy=1";
         s.devices = {0, 1};
-        moe_sched_policy pol;
-        const moe_context_params p = moe::test::device_params(s, pol);
-        moe_context* ctx = nullptr;
-        CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_FAILED_PRECONDITION);
-        CHECK(ctx == nullptr);
+        CHECK(moe::test::create_refused(m.get(), s) == MOE_STATUS_FAILED_PRECONDITION);
         CHECK_THAT(moe_last_error(), Catch::Contains("emulated device 1 is busy"));
     }
     // One device shown (the emulated backend's default, a one-GPU machine): as ever, device 0.
@@ -296,11 +288,7 @@ TEST_CASE("the several-device default: the device offering the most first; the w
     // A bad count is named.
     DeviceSetup bad;
     bad.backend_options = "emulated_devices=9";
-    moe_sched_policy pol;
-    const moe_context_params p = moe::test::device_params(bad, pol);
-    moe_context* ctx = nullptr;
-    CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
-    CHECK(ctx == nullptr);
+    CHECK(moe::test::create_refused(m.get(), bad) == MOE_STATUS_INVALID_ARGUMENT);
     CHECK_THAT(moe_last_error(), Catch::Contains("emulated_devices"));
 }
 

@@ -320,11 +320,7 @@ TEST_CASE("emulated:2 crossings: staged by default, by peer copy where a device 
     Setup bad;
     bad.devices = {0, 1};
     bad.backend_options = "peer_copies=on";
-    moe_sched_policy pol;
-    const moe_context_params p = device_params(bad, pol);
-    moe_context* ctx = nullptr;
-    CHECK(moe_context_create(m.get(), &p, &ctx) == MOE_STATUS_INVALID_ARGUMENT);
-    CHECK(ctx == nullptr);
+    CHECK(moe::test::create_refused(m.get(), bad) == MOE_STATUS_INVALID_ARGUMENT);
     CHECK_THAT(moe_last_error(), Catch::Contains("peer_copies takes auto|staged, got 'on'"));
 }
 

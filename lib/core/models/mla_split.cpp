@@ -70,6 +70,8 @@ StatusOr<std::vector<DerivedWeight>> join_kv_b(const HParams& hp, const GgufFile
                             ", " + std::to_string(c) + "], got [" + std::to_string(t.ne[0]) + ", " +
                             std::to_string(t.ne[1]) + ", " + std::to_string(t.n_dims > 2 ? t.ne[2] : 1) + "]");
     };
+    const int64_t n_rows = H * (Dn + Dv);
+    std::vector<float> joint, row;  // one layer's, kept for the next
     for (int il = 0; il < hp.n_layer; ++il) {
         const std::string p = "blk." + std::to_string(il) + ".";
         const GgufTensorInfo* k_b = file.find_tensor(p + "attn_k_b.weight");
@@ -93,9 +95,8 @@ StatusOr<std::vector<DerivedWeight>> join_kv_b(const HParams& hp, const GgufFile
         if (type == Type::Q8_0 && C % traits(Type::Q8_0).block_size != 0) type = Type::F16;
         // The joint matrix in floats, row h * (Dn + Dv) + j: W_UK_h row j (column j of k_b's head h) for
         // j < Dn, then W_UV_h row j - Dn (v_b's row of head h).
-        const int64_t n_rows = H * (Dn + Dv);
-        std::vector<float> joint(static_cast<size_t>(n_rows * C));
-        std::vector<float> row(static_cast<size_t>(Dn));
+        joint.resize(static_cast<size_t>(n_rows * C));
+        row.resize(static_cast<size_t>(Dn));
         const size_t k_row_b = static_cast<size_t>(row_bytes(k_b->type, Dn));
         const size_t v_row_b = static_cast<size_t>(row_bytes(v_b->type, C));
         for (int64_t h = 0; h < H; ++h) {
