@@ -359,17 +359,21 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C, FUSED>()) mma_
     // Q8_0's fused kernel of 128 columns sits at the 128-register cap (2 CTAs per SM) and spills when
     // its two half-block decodes are interleaved: one after the other there.
     constexpr int kDqUnroll = W == Type::Q8_0 && BN == 128 && FUSED ? 1 : S::kDq;
+    // Decoded types at 32 columns: both halves of a group decode together (registers allow it there: 96-120 of
+    // 128), so that their shared head and scale reads are one (DeepSeek-V3's routed expert GEMM, ~16 tokens an
+    // expert: pp512 +2.5%, PERF.md 2026-11-27 evening).
+    constexpr int kDecHalvesUnroll = BN <= 32 ? 2 : 1;
     auto dequant = [&](int step, int slot, int st) {
         if (KB > 1 && dq_blk >= blocks_in(step)) return;  // the missing block of an odd last step
         if constexpr (S::kDec) {
             // Group q of unit `copy`, staged from byte (its address & 15) of the row's raw words, a half
-            // at a time (not unrolled: the decoders' index arithmetic and byte reads of both halves at once
-            // would not fit the register budget at 128 columns).
+            // at a time (unrolled at 32 columns only: the decoders' index arithmetic and byte reads of both
+            // halves at once would not fit the register budget at 128).
             const int copy = step / S::kPeriod;
             const int q = (step - copy * S::kPeriod) * KB + dq_blk;
             const uint32_t off = (dq_lo[0] + static_cast<uint32_t>(copy) * static_cast<uint32_t>(S::kUnitBytes)) & 15u;
             const uint32_t* unit_words = raw_s + slot * S::kRawWords + dq_row0 * S::kWR;  // the unit from byte off
-#pragma unroll 1
+#pragma unroll(kDecHalvesUnroll)
             for (int h = 0; h < 2; ++h) {
                 float v[16];
                 qd::decode16_words<W>(unit_words, static_cast<int>(off), q, h, v);  // word loads, byte permutes
