@@ -8,10 +8,16 @@
 // order, and every product that a sum follows rounded on its own (mul_rn), so that no FMA contraction
 // (nvcc contracts by default) changes a value.
 //
+// The FMA form (decode16<W, true>, decode_fma(W)) is for the tensor-core GEMM's BF16 tiles: one FMA per element
+// (OneFma below), within 2^-9 of the group's scale of those values, and the same bits in every decoder of this
+// folder that takes it (decode16_words<W, true>), so that the GEMM's fused decode and its dequantise-first path
+// agree bit for bit.
+//
 // REQUIRES of every decoder: blk is 2-byte aligned (the fp16 fields are read as such; every block size
 // here is even).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -90,6 +96,27 @@ MOE_HD inline float mul_rn(float a, float b) {
 #endif
 }
 
+// ---- the FMA form ----
+// (u - bias) * scale + offset for a byte u as x * mul + add: u goes into bits 8-15 of 256.0f (x = 256 + u / 128,
+// exactly), mul = 128 scale (exact) and add = offset - (2^15 + bias) scale, rounded once. The product inside the
+// FMA is exact, so an element is its exact value rounded once, plus add's rounding: at most 2^-9 of the scale
+// (half an ulp of 2^15 scale), the same on every element of the group. A non-finite add (inf or NaN scale or
+// offset) takes the exact form instead (finite_form), per half group.
+struct OneFma {
+    float mul, add;
+};
+MOE_HD inline OneFma one_fma(float scale, float bias, float offset) {
+    return {128.0f * scale, fmaf(-(32768.0f + bias), scale, offset)};
+}
+// add is finite (then so is mul, 2^-8 of it at most in magnitude): inf - inf and NaN - NaN are NaN, not 0.
+MOE_HD inline bool finite_form(OneFma f) { return f.add - f.add == 0.0f; }
+// The element of byte value u (0 .. 255, the bias not yet taken off).
+MOE_HD inline float fma_value(uint32_t u, OneFma f) { return fmaf(bits_to_float(0x43800000u | u << 8), f.mul, f.add); }
+
+// Whether the tensor-core GEMM decodes W in the FMA form: every decoded type but Q2_K and Q3_K, whose fused
+// 128-column GEMM kernels spill registers with it. Its dequantise-first path follows the same choice.
+MOE_HD constexpr bool decode_fma(Type t) { return t != Type::Q2_K && t != Type::Q3_K; }
+
 // The IQ4_NL / IQ4_XS grid (quant_blocks.h's kIq4nlValues) as two words of int8 bytes: device code
 // cannot index a host array.
 MOE_HD inline int iq4nl_value(int i) {
@@ -102,9 +129,19 @@ MOE_HD inline uint32_t load_u16(const uint8_t* p) { return static_cast<uint32_t>
 
 // v[j] = element 32 g + 16 h + j of the block (or super-block) at blk, h = 0 or 1: half a group, so that
 // a kernel can decode a group in two passes of 16 values instead of holding 32 and their inputs at once.
-template <Type W>
+// FMA: in the FMA form (above).
+template <Type W, bool FMA = false>
 MOE_HD inline void decode16(const uint8_t* blk, int g, int h, float (&v)[16]) {
     static_assert(decodes(W), "a type of quant_decode.h");
+    // Element j from its byte value u[j] (the bias not taken off): one FMA, or exact(u[j]).
+    auto finish = [&](const uint32_t (&u)[16], OneFma f, auto exact) {
+        if (FMA && finite_form(f)) {
+            for (int j = 0; j < 16; ++j) v[j] = fma_value(u[j], f);
+        } else {
+            for (int j = 0; j < 16; ++j) v[j] = exact(u[j]);
+        }
+    };
+    uint32_t u[16];
     if constexpr (W == Type::Q4_1 || W == Type::Q5_1) {
         constexpr int kQs = W == Type::Q4_1 ? 4 : 8;  // after d, m (and qh)
         const float d = fp16_to_float(load_u16(blk));
@@ -112,18 +149,14 @@ MOE_HD inline void decode16(const uint8_t* blk, int g, int h, float (&v)[16]) {
         const uint8_t* qs = blk + kQs;
         // Q5_1's fifth bits: element j's in bit j of qh, element 16 + j's in bit 16 + j.
         const uint32_t hb = W == Type::Q5_1 ? (load_u16(blk + 4) | load_u16(blk + 6) << 16) >> (16 * h) : 0u;
-        for (int j = 0; j < 16; ++j) {
-            const int q = ((qs[j] >> (4 * h)) & 0x0F) | static_cast<int>((hb >> j) & 1u) << 4;
-            v[j] = mul_rn(small_to_float(q), d) + m;
-        }
+        for (int j = 0; j < 16; ++j) u[j] = ((qs[j] >> (4 * h)) & 0x0Fu) | ((hb >> j) & 1u) << 4;
+        finish(u, one_fma(d, 0.0f, m), [&](uint32_t q) { return mul_rn(small_to_float(static_cast<int>(q)), d) + m; });
     } else if constexpr (W == Type::Q5_0) {
         const float d = fp16_to_float(load_u16(blk));
         const uint32_t hb = (load_u16(blk + 2) | load_u16(blk + 4) << 16) >> (16 * h);
         const uint8_t* qs = blk + 6;
-        for (int j = 0; j < 16; ++j) {
-            const int q = ((qs[j] >> (4 * h)) & 0x0F) | static_cast<int>((hb >> j) & 1u) << 4;
-            v[j] = small_to_float(q - 16) * d;
-        }
+        for (int j = 0; j < 16; ++j) u[j] = ((qs[j] >> (4 * h)) & 0x0Fu) | ((hb >> j) & 1u) << 4;
+        finish(u, one_fma(d, 16.0f, 0.0f), [&](uint32_t q) { return small_to_float(static_cast<int>(q) - 16) * d; });
     } else if constexpr (W == Type::IQ4_NL || W == Type::IQ4_XS) {
         const float d0 = fp16_to_float(load_u16(blk));
         float d = d0;
@@ -133,7 +166,9 @@ MOE_HD inline void decode16(const uint8_t* blk, int g, int h, float (&v)[16]) {
             d = d0 * small_to_float(kq::iq4_xs_scale(b, g) - 32);
             qs = b.qs + 16 * g;
         }
-        for (int j = 0; j < 16; ++j) v[j] = d * small_to_float(iq4nl_value((qs[j] >> (4 * h)) & 0x0F));
+        // The grid's values biased by 128 (1 .. 241).
+        for (int j = 0; j < 16; ++j) u[j] = static_cast<uint32_t>(iq4nl_value((qs[j] >> (4 * h)) & 0x0F) + 128);
+        finish(u, one_fma(d, 128.0f, 0.0f), [&](uint32_t q) { return d * small_to_float(static_cast<int>(q) - 128); });
     } else if constexpr (W == Type::Q2_K) {
         const auto& b = *reinterpret_cast<const BlockQ2_K*>(blk);
         const float d = fp16_to_float(b.d);
@@ -143,13 +178,15 @@ MOE_HD inline void decode16(const uint8_t* blk, int g, int h, float (&v)[16]) {
         const float ml = mul_rn(dmin, small_to_float(sc >> 4));
         int q[16];
         kq::two_bits16(b.qs, 32 * g + 16 * h, q);
-        for (int j = 0; j < 16; ++j) v[j] = mul_rn(dl, small_to_float(q[j])) - ml;
+        for (int j = 0; j < 16; ++j) u[j] = static_cast<uint32_t>(q[j]);
+        finish(u, one_fma(dl, 0.0f, -ml), [&](uint32_t x) { return mul_rn(dl, small_to_float(static_cast<int>(x))) - ml; });
     } else if constexpr (W == Type::Q3_K) {
         const auto& b = *reinterpret_cast<const BlockQ3_K*>(blk);
         const float dl = fp16_to_float(b.d) * small_to_float(kq::q3_k_scale(b.scales, 2 * g + h));
         int q[16];
         kq::q3_k_values16(b, 32 * g + 16 * h, q);
-        for (int j = 0; j < 16; ++j) v[j] = dl * small_to_float(q[j]);
+        for (int j = 0; j < 16; ++j) u[j] = static_cast<uint32_t>(q[j] + 4);  // -4 .. 3, biased by 4
+        finish(u, one_fma(dl, 4.0f, 0.0f), [&](uint32_t x) { return dl * small_to_float(static_cast<int>(x) - 4); });
     } else if constexpr (W == Type::Q4_K || W == Type::Q5_K) {
         // Q4_K and Q5_K share d, dmin, scales[12] at the front; Q5_K's qh[32] comes before its qs.
         const float d = fp16_to_float(load_u16(blk));
@@ -165,23 +202,25 @@ MOE_HD inline void decode16(const uint8_t* blk, int g, int h, float (&v)[16]) {
             const int e = 32 * g + 16 * h + j;
             int q = kq::nibble_k(qs, e);
             if constexpr (W == Type::Q5_K) q |= kq::high_bit(qh, e) << 4;
-            v[j] = mul_rn(dl, small_to_float(q)) - ml;
+            u[j] = static_cast<uint32_t>(q);
         }
+        finish(u, one_fma(dl, 0.0f, -ml), [&](uint32_t x) { return mul_rn(dl, small_to_float(static_cast<int>(x))) - ml; });
     } else {  // Q6_K
         const auto& b = *reinterpret_cast<const BlockQ6_K*>(blk);
         const float dl = fp16_to_float(b.d) * small_to_float(b.scales[2 * g + h]);
         int q[16];
         kq::q6_k_values16(b, 32 * g + 16 * h, q);
-        for (int j = 0; j < 16; ++j) v[j] = dl * small_to_float(q[j]);
+        for (int j = 0; j < 16; ++j) u[j] = static_cast<uint32_t>(q[j] + 32);  // -32 .. 31, biased by 32
+        finish(u, one_fma(dl, 32.0f, 0.0f), [&](uint32_t x) { return dl * small_to_float(static_cast<int>(x) - 32); });
     }
 }
 
 // v[i] = element 32 g + i of the block (or super-block) at blk.
-template <Type W>
+template <Type W, bool FMA = false>
 MOE_HD inline void decode32(const uint8_t* blk, int g, float (&v)[32]) {
     float lo[16], hi[16];
-    decode16<W>(blk, g, 0, lo);
-    decode16<W>(blk, g, 1, hi);
+    decode16<W, FMA>(blk, g, 0, lo);
+    decode16<W, FMA>(blk, g, 1, hi);
     for (int j = 0; j < 16; ++j) {
         v[j] = lo[j];
         v[16 + j] = hi[j];
@@ -205,12 +244,12 @@ MOE_HD constexpr int unit_chunks16(Type t) { return (14 + unit_bytes(t) + 15) / 
 
 // v[j] = element 32 q + 16 h + j of the unit at u (q < kUnitGroups, h = 0 or 1). A row of 32-element
 // blocks may end inside its last unit: only its groups are decoded.
-template <Type W>
+template <Type W, bool FMA = false>
 MOE_HD inline void decode_unit_half(const uint8_t* u, int q, int h, float (&v)[16]) {
     if constexpr (block_elems(W) == kUnitElems) {
-        decode16<W>(u, q, h, v);
+        decode16<W, FMA>(u, q, h, v);
     } else {
-        decode16<W>(u + q * block_bytes(W), 0, h, v);
+        decode16<W, FMA>(u + q * block_bytes(W), 0, h, v);
     }
 }
 

@@ -70,7 +70,8 @@ bool supports_matmul_type(Type weight_type);
 size_t matmul_scratch_bytes(const Tensor& node, ExpertGemmDecode decode);
 // The 2-D weight w (device memory, any type but F32) as BF16 rows of w.ne[0] at dst (device memory,
 // w.ne[1] rows): the decode the tensor-core kernel and the cuBLAS path's dequantisation share
-// (decode_half_bf16), each value RN(to_float) of the CPU's traits, bit for bit up to NaN payloads.
+// (decode_half_bf16), each value RN(to_float) of the CPU's traits, bit for bit up to NaN payloads; the
+// decoded types (Q4_1 .. IQ4_XS) in the FMA form of qd::decode_fma (quant_decode.h) where it applies.
 // For tests; weights are checked as for MUL_MAT.
 Status dequant_rows_bf16(const Tensor& w, void* dst, cudaStream_t stream);
 

@@ -183,7 +183,7 @@ Status gemv_multi(std::span<const GemvOut> outs, const WeightArg* gate, const vo
 // Converts `rows` rows of x to BF16 rows of k elements, contiguous, into dst.
 Status prepare_bf16(const RowsF32& x, int64_t rows, int64_t k, void* dst, cudaStream_t stream);
 // Weight rows [r0, r0 + rows) of w (expert 0) -> BF16 rows of w.k at dst (decode_half_bf16, or
-// qd::decode32 for the decoded types).
+// qd::decode32 for the decoded types, in the tensor-core kernel's form: qd::decode_fma).
 Status dequant_bf16(const WeightArg& w, int64_t r0, int64_t rows, void* dst, cudaStream_t stream);
 // Experts e_lo <= e < e_hi of w (a decoded type) that counts[e] > 0 names -> BF16 rows [e - e_lo][N][K] at
 // dst; the rows of other experts are not written. counts == nullptr: every expert of the range.

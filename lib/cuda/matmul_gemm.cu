@@ -90,7 +90,8 @@ __global__ void __launch_bounds__(128) dequant_bf16_kernel(const uint8_t* w, con
 
 // Decoded types (qd::decodes): a thread per group of 32 of rows [0, rows) of one or more experts of n_rows
 // rows each, decoded by qd::decode32 and stored as 32 BF16 values (64 contiguous bytes; a warp's stores
-// cover 2 KiB). Rows of experts whose counts entry is 0 are skipped (counts == nullptr: none are).
+// cover 2 KiB). Rows of experts whose counts entry is 0 are skipped (counts == nullptr: none are). The form
+// is the tensor-core kernel's (qd::decode_fma), so that its fused decode and this path agree bit for bit.
 template <Type W>
 __global__ void dequant_decode_bf16_kernel(const uint8_t* w, int64_t nb1, int64_t nb2, int64_t n_rows, int64_t rows,
                                            int nblk, const int32_t* counts, __nv_bfloat16* dst) {
@@ -103,7 +104,7 @@ __global__ void dequant_decode_bf16_kernel(const uint8_t* w, int64_t nb1, int64_
     const int64_t e = r / n_rows;
     if (counts != nullptr && counts[e] == 0) return;
     float v[32];
-    qd::decode32<W>(w + e * nb2 + (r - e * n_rows) * nb1 + static_cast<int64_t>(g / kGroups) * qd::block_bytes(W),
+    qd::decode32<W, qd::decode_fma(W)>(w + e * nb2 + (r - e * n_rows) * nb1 + static_cast<int64_t>(g / kGroups) * qd::block_bytes(W),
                     g % kGroups, v);
     uint32_t packed[16];
 #pragma unroll

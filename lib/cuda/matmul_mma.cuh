@@ -38,8 +38,8 @@
 // Q6_K's 210-byte blocks, Q3_K's 110, K = 768 rows of 630 bytes...), two units in flight, and each
 // thread decodes one group of one row per step, half a group at a time, with qd::decode16_words
 // (host-tested against the decoders of quant_decode.h: it reads the staged row as words and builds each
-// float with a byte permute, the same floats in fewer instructions) straight from the staged bytes into
-// the A tile. Pipeline: each step commits its activation tile and then (every kPeriod steps) the next raw
+// float with a byte permute and, for the types of qd::decode_fma, one FMA: quant_decode.h's FMA form, which
+// the dequantise-first path takes too) straight from the staged bytes into the A tile. Pipeline: each step commits its activation tile and then (every kPeriod steps) the next raw
 // unit as two cp.async groups; waiting for all but the newest group completes the step's activations and
 // every unit issued two or more steps before; a unit is issued kPeriod steps before the step that decodes
 // its first group, into the slot whose unit the step before finished.
@@ -376,7 +376,7 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C, FUSED>()) mma_
 #pragma unroll(kDecHalvesUnroll)
             for (int h = 0; h < 2; ++h) {
                 float v[16];
-                qd::decode16_words<W>(unit_words, static_cast<int>(off), q, h, v);  // word loads, byte permutes
+                qd::decode16_words<W, qd::decode_fma(W)>(unit_words, static_cast<int>(off), q, h, v);
                 uint32_t packed[8];
 #pragma unroll
                 for (int i = 0; i < 8; ++i) packed[i] = pack_bf16x2(v[2 * i], v[2 * i + 1]);

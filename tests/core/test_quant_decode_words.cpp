@@ -6,6 +6,7 @@
 // two NaNs carries is the compiler's choice (it may swap a commutative sum).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -23,31 +24,52 @@ using moe::Type;
 using moe::test::fp16_fields;
 constexpr auto& kDecoded = moe::test::kDecodedTypes;
 
+// Both forms of both decoders: words (decode16_words, from the staged words) and unit (decode_unit_half, from the
+// unit's bytes), exact and FMA.
+struct Decoded {
+    float words[16], unit[16], words_fma[16], unit_fma[16];
+};
+
 template <Type W>
-void decode_both(const uint32_t* staged, int off, const uint8_t* unit, int g, int h, float (&got)[16], float (&want)[16]) {
-    moe::qd::decode16_words<W>(staged, off, g, h, got);
-    moe::qd::decode_unit_half<W>(unit, g, h, want);
+void decode_all(const uint32_t* staged, int off, const uint8_t* unit, int g, int h, Decoded& d) {
+    moe::qd::decode16_words<W>(staged, off, g, h, d.words);
+    moe::qd::decode_unit_half<W>(unit, g, h, d.unit);
+    moe::qd::decode16_words<W, true>(staged, off, g, h, d.words_fma);
+    moe::qd::decode_unit_half<W, true>(unit, g, h, d.unit_fma);
 }
 
-void decode_both(Type t, const uint32_t* staged, int off, const uint8_t* unit, int g, int h, float (&got)[16],
-                 float (&want)[16]) {
+void decode_all(Type t, const uint32_t* staged, int off, const uint8_t* unit, int g, int h, Decoded& d) {
     switch (t) {
-        case Type::Q4_1: return decode_both<Type::Q4_1>(staged, off, unit, g, h, got, want);
-        case Type::Q5_0: return decode_both<Type::Q5_0>(staged, off, unit, g, h, got, want);
-        case Type::Q5_1: return decode_both<Type::Q5_1>(staged, off, unit, g, h, got, want);
-        case Type::IQ4_NL: return decode_both<Type::IQ4_NL>(staged, off, unit, g, h, got, want);
-        case Type::Q2_K: return decode_both<Type::Q2_K>(staged, off, unit, g, h, got, want);
-        case Type::Q3_K: return decode_both<Type::Q3_K>(staged, off, unit, g, h, got, want);
-        case Type::Q4_K: return decode_both<Type::Q4_K>(staged, off, unit, g, h, got, want);
-        case Type::Q5_K: return decode_both<Type::Q5_K>(staged, off, unit, g, h, got, want);
-        case Type::Q6_K: return decode_both<Type::Q6_K>(staged, off, unit, g, h, got, want);
-        default: return decode_both<Type::IQ4_XS>(staged, off, unit, g, h, got, want);
+        case Type::Q4_1: return decode_all<Type::Q4_1>(staged, off, unit, g, h, d);
+        case Type::Q5_0: return decode_all<Type::Q5_0>(staged, off, unit, g, h, d);
+        case Type::Q5_1: return decode_all<Type::Q5_1>(staged, off, unit, g, h, d);
+        case Type::IQ4_NL: return decode_all<Type::IQ4_NL>(staged, off, unit, g, h, d);
+        case Type::Q2_K: return decode_all<Type::Q2_K>(staged, off, unit, g, h, d);
+        case Type::Q3_K: return decode_all<Type::Q3_K>(staged, off, unit, g, h, d);
+        case Type::Q4_K: return decode_all<Type::Q4_K>(staged, off, unit, g, h, d);
+        case Type::Q5_K: return decode_all<Type::Q5_K>(staged, off, unit, g, h, d);
+        case Type::Q6_K: return decode_all<Type::Q6_K>(staged, off, unit, g, h, d);
+        default: return decode_all<Type::IQ4_XS>(staged, off, unit, g, h, d);
     }
+}
+
+bool same_float(float a, float b) { return std::memcmp(&a, &b, 4) == 0 || (std::isnan(a) && std::isnan(b)); }
+
+// The FMA form's error is at most 2^-9 of the group's scale (qd::OneFma) plus one rounding of the element. Random
+// bytes give every half group values at least one scale apart (Q2_K's 2-bit values: all 16 equal has probability
+// 4^-15), so 2^-8 of the half group's largest magnitude bounds the first term. Non-finite scales take the exact
+// form: the same bits.
+bool fma_form_close(const float (&got)[16], const float (&exact)[16], int j) {
+    if (!std::isfinite(exact[j]) || !std::isfinite(got[j])) return same_float(got[j], exact[j]);
+    float amax = 0.0f;
+    for (float w : exact) amax = std::isfinite(w) ? std::max(amax, std::fabs(w)) : amax;
+    return std::fabs(static_cast<double>(got[j]) - exact[j]) <= std::ldexp(amax, -8) + std::ldexp(std::fabs(exact[j]), -22);
 }
 
 }  // namespace
 
-TEST_CASE("quant_decode_words gives decode_unit_half's floats bit for bit at every staging offset", "[types][quant_decode]") {
+TEST_CASE("quant_decode_words gives decode_unit_half's floats bit for bit at every staging offset, in both forms; "
+          "the FMA form is within 2^-9 of the scale of the exact", "[types][quant_decode]") {
     const uint32_t seed = std::random_device{}();
     INFO("seed " << seed);
     std::mt19937 rng(seed);
@@ -77,17 +99,22 @@ TEST_CASE("quant_decode_words gives decode_unit_half's floats bit for bit at eve
                 std::memcpy(reinterpret_cast<uint8_t*>(staged.data()) + off, blk.data(), static_cast<size_t>(ub));
                 for (int g = 0; g < 8; ++g) {
                     for (int h = 0; h < 2; ++h) {
-                        float got[16], want[16];
-                        decode_both(t, staged.data(), off, blk.data(), g, h, got, want);
+                        Decoded d;
+                        decode_all(t, staged.data(), off, blk.data(), g, h, d);
                         ++checked;
-                        int j = 0;  // the first element that differs (two NaNs count as equal: see the top)
-                        while (j < 16 && (std::memcmp(&got[j], &want[j], 4) == 0 ||
-                                          (std::isnan(got[j]) && std::isnan(want[j])))) {
-                            ++j;
-                        }
-                        if (j < 16 && bad++ < 4) {
+                        // The first element where each check fails (two NaNs count as equal: see the top).
+                        auto first = [](auto ok) {
+                            int j = 0;
+                            while (j < 16 && ok(j)) ++j;
+                            return j;
+                        };
+                        const int j = first([&](int i) { return same_float(d.words[i], d.unit[i]); });
+                        const int jf = first([&](int i) { return same_float(d.words_fma[i], d.unit_fma[i]); });
+                        const int jc = first([&](int i) { return fma_form_close(d.unit_fma, d.unit, i); });
+                        if (j + jf + jc < 48 && bad++ < 4) {
                             UNSCOPED_INFO("block " << blk_i << " offset " << off << " group " << g << " half " << h
-                                                   << ": element " << j << " " << got[j] << " vs " << want[j]);
+                                                   << ": exact " << j << ", FMA form " << jf << ", FMA vs exact " << jc
+                                                   << " (the first element that differs; 16: none)");
                         }
                     }
                 }
