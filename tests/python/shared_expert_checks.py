@@ -14,7 +14,7 @@ import pytest
 import moeinfer
 from conftest import model_seed
 from reference import load as load_reference
-from test_forward_reference import (EXACT_REF_TOL, UBATCH_TOL, Weights, check_close, per_token_error, prompt)
+from test_forward_reference import UBATCH_TOL, Weights, check_close, check_exact_reference, per_token_error, prompt
 from test_sched_emulated import REL_TOL, assert_logits_close, check_placement_figures, emulated, row_errors
 
 # --- the CPU forward pass against the float64 reference -----------------------------------------------------------
@@ -32,7 +32,7 @@ def check_logits_match_reference(arch: str, preset: str, w: Weights, tmp_path, r
                                  n_tokens: int = N_TOKENS) -> None:
     """A fresh model's CPU logits for a random prompt of n_tokens (one ubatch) against reference(ref, tokens,
     f16_kv) -> (logits, per-token router margins), within w's bounds; unquantised weights also within EXACT_REF_TOL
-    of the reference without the F16 cache rounding, on tokens whose routing is stable."""
+    of the reference without the F16 cache rounding (check_exact_reference)."""
     path = write_model(tmp_path / "m.gguf", arch, preset, w, rng)
     model = moeinfer.Model(path)
     ref = load_reference(path)
@@ -43,9 +43,7 @@ def check_logits_match_reference(arch: str, preset: str, w: Weights, tmp_path, r
     err = check_close(got, want, margins, w, f"{preset} {w.id}")
     print(f"{arch} {preset} {w.id}: max relative error {err:.2e} (bound {w.tol:g})")
     if not w.quantised:
-        exact, exact_margins = reference(ref, tokens, f16_kv=False)
-        stable = exact_margins >= 1e-2
-        assert per_token_error(got, exact)[stable].max() <= EXACT_REF_TOL
+        check_exact_reference(got, *reference(ref, tokens, f16_kv=False))
 
 
 def check_ubatch_splits_and_token_by_token_agree(model: moeinfer.Model, rng) -> None:
