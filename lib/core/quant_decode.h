@@ -9,9 +9,9 @@
 // (nvcc contracts by default) changes a value.
 //
 // The FMA form (decode16<W, true>, decode_fma(W)) is for the tensor-core GEMM's BF16 tiles: one FMA per element
-// (OneFma below), within 2^-9 of the group's scale of those values, and the same bits in every decoder of this
-// folder that takes it (decode16_words<W, true>), so that the GEMM's fused decode and its dequantise-first path
-// agree bit for bit.
+// (OneFma below), within about an ulp of each element of the exact form, and the same bits in every decoder of
+// this folder that takes it (decode16_words<W, true>), so that the GEMM's fused decode and its dequantise-first
+// path agree bit for bit.
 //
 // REQUIRES of every decoder: blk is 2-byte aligned (the fp16 fields are read as such; every block size
 // here is even).
@@ -99,16 +99,20 @@ MOE_HD inline float mul_rn(float a, float b) {
 // ---- the FMA form ----
 // (u - bias) * scale + offset for a byte u as x * mul + add: u goes into bits 8-15 of 256.0f (x = 256 + u / 128,
 // exactly), mul = 128 scale (exact) and add = offset - (2^15 + bias) scale, rounded once. The product inside the
-// FMA is exact, so an element is its exact value rounded once, plus add's rounding: at most 2^-9 of the scale
-// (half an ulp of 2^15 scale), the same on every element of the group. A non-finite add (inf or NaN scale or
-// offset) takes the exact form instead (finite_form), per half group.
+// FMA is exact, so an element is its exact value rounded once, plus add's rounding, the same on every element of
+// the group: half an ulp of add, about 2^-9 (1 + bias / 2^15) of the scale where the offset is small, or 2^-24 of
+// the offset where it dominates (then the elements are about the offset: an ulp of theirs). Where add is exact
+// (no offset, and bias * scale short: Q5_0, IQ4_NL, IQ4_XS with their FP16 scales) the form is exact up to the
+// sign of a zero. A non-finite add (inf or NaN scale or offset) takes the exact form instead (finite_form), per
+// half group.
 struct OneFma {
     float mul, add;
 };
 MOE_HD inline OneFma one_fma(float scale, float bias, float offset) {
     return {128.0f * scale, fmaf(-(32768.0f + bias), scale, offset)};
 }
-// add is finite (then so is mul, 2^-8 of it at most in magnitude): inf - inf and NaN - NaN are NaN, not 0.
+// Scales and offsets come from FP16 fields times small integers (|scale| < 2^23): add overflows only where they
+// are not finite, and inf - inf and NaN - NaN are NaN, not 0.
 MOE_HD inline bool finite_form(OneFma f) { return f.add - f.add == 0.0f; }
 // The element of byte value u (0 .. 255, the bias not yet taken off).
 MOE_HD inline float fma_value(uint32_t u, OneFma f) { return fmaf(bits_to_float(0x43800000u | u << 8), f.mul, f.add); }
@@ -179,7 +183,8 @@ MOE_HD inline void decode16(const uint8_t* blk, int g, int h, float (&v)[16]) {
         int q[16];
         kq::two_bits16(b.qs, 32 * g + 16 * h, q);
         for (int j = 0; j < 16; ++j) u[j] = static_cast<uint32_t>(q[j]);
-        finish(u, one_fma(dl, 0.0f, -ml), [&](uint32_t x) { return mul_rn(dl, small_to_float(static_cast<int>(x))) - ml; });
+        finish(u, one_fma(dl, 0.0f, -ml),
+               [&](uint32_t x) { return mul_rn(dl, small_to_float(static_cast<int>(x))) - ml; });
     } else if constexpr (W == Type::Q3_K) {
         const auto& b = *reinterpret_cast<const BlockQ3_K*>(blk);
         const float dl = fp16_to_float(b.d) * small_to_float(kq::q3_k_scale(b.scales, 2 * g + h));
@@ -204,7 +209,8 @@ MOE_HD inline void decode16(const uint8_t* blk, int g, int h, float (&v)[16]) {
             if constexpr (W == Type::Q5_K) q |= kq::high_bit(qh, e) << 4;
             u[j] = static_cast<uint32_t>(q);
         }
-        finish(u, one_fma(dl, 0.0f, -ml), [&](uint32_t x) { return mul_rn(dl, small_to_float(static_cast<int>(x))) - ml; });
+        finish(u, one_fma(dl, 0.0f, -ml),
+               [&](uint32_t x) { return mul_rn(dl, small_to_float(static_cast<int>(x))) - ml; });
     } else {  // Q6_K
         const auto& b = *reinterpret_cast<const BlockQ6_K*>(blk);
         const float dl = fp16_to_float(b.d) * small_to_float(b.scales[2 * g + h]);

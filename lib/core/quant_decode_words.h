@@ -135,7 +135,9 @@ MOE_HD inline void decode16_words(const uint32_t* s, int off, int g, int h, floa
             const float dl = fp16_to_float(word_at(s, off + 108) & 0xFFFFu) * small_to_float((lo | hi << 4) - 32);
             // The 2 bits, plus 4 where the hmask bit is set: the value + 4, in 0 .. 7.
             uint32_t u[4];
-            for (int i = 0; i < 4; ++i) u[i] = ((q[i] >> (2 * (g % 4))) & 0x03030303u) | ((hm[i] >> g) & 0x01010101u) << 2;
+            for (int i = 0; i < 4; ++i) {
+                u[i] = ((q[i] >> (2 * (g % 4))) & 0x03030303u) | ((hm[i] >> g) & 0x01010101u) << 2;
+            }
             decode16_bytes<FMA>(u, one_fma(dl, 4.0f, 0.0f), v,
                                 [&](uint32_t n, int b) { return dl * byte_minus(n, b, kMagic0 + 4.0f); });
         }

@@ -213,35 +213,19 @@ __device__ __forceinline__ void bytes_scaled_bf16(uint32_t u, float magic_plus_b
     hi = pack_bf16x2(byte_minus<2>(u, magic_plus_bias) * d, byte_minus<3>(u, magic_plus_bias) * d);
 }
 
-// The scale of a block for byte_scaled: 128 d and -(2^15 + bias) d.
-struct ByteScale {
-    float d128;
-    float neg_base;
-};
-__device__ __forceinline__ ByteScale byte_scale(float d, float bias) {
-    return {128.0f * d, -(32768.0f + bias) * d};
-}
-
-// Byte B of w as (byte - bias) * d, in one byte permute and one FMA (byte_minus * d takes a permute,
-// a subtraction and a product): the byte goes into bits 8-15 of 256.0f, x = 256 + byte / 128, and
-// x * 128 d - (2^15 + bias) d = (byte - bias) * d. Exact for a finite FP16 d and bias 8 or 128: the
-// product is exact inside the FMA, (2^15 + bias) d has at most 24 significant bits, the result at
-// most 19. It differs from byte_minus * d only in the sign of a zero (+0 where d < 0 gives -0), which
-// no sum of products can tell apart. Infinite or NaN scales take byte_minus (inf - inf here).
-template <int B>
-__device__ __forceinline__ float byte_scaled(uint32_t w, ByteScale s) {
-    return fmaf(__uint_as_float(__byte_perm(w, 0x43800000u, 0x7604u | (B << 4))), s.d128, s.neg_base);
-}
-
-// Sixteen bytes (u - bias) * d -> 8 packed BF16 pairs, elements in byte order: byte_scaled for a finite
-// d, byte_minus * d otherwise (one branch per half block).
+// Sixteen bytes (u - bias) * d -> 8 packed BF16 pairs, elements in byte order: the FMA form of
+// quant_decode.h (qd::byte_fma: one byte permute and one FMA, where byte_minus * d takes a permute, a
+// subtraction and a product) for a finite d, byte_minus * d otherwise (one branch per half block). Exact
+// for a finite FP16 d and bias 8 or 128: the product is exact inside the FMA and (2^15 + bias) d has at most
+// 24 significant bits. It differs from byte_minus * d only in the sign of a zero (+0 where d < 0 gives -0),
+// which no sum of products can tell apart.
 __device__ __forceinline__ void bytes16_scaled_bf16(const uint32_t (&u)[4], float bias, float d, uint32_t (&out)[8]) {
     if (isfinite(d)) {
-        const ByteScale s = byte_scale(d, bias);
+        const qd::OneFma f = qd::one_fma(d, bias, 0.0f);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            out[2 * i] = pack_bf16x2(byte_scaled<0>(u[i], s), byte_scaled<1>(u[i], s));
-            out[2 * i + 1] = pack_bf16x2(byte_scaled<2>(u[i], s), byte_scaled<3>(u[i], s));
+            out[2 * i] = pack_bf16x2(qd::byte_fma(u[i], 0, f), qd::byte_fma(u[i], 1, f));
+            out[2 * i + 1] = pack_bf16x2(qd::byte_fma(u[i], 2, f), qd::byte_fma(u[i], 3, f));
         }
     } else {
         constexpr float kMagic = 8388608.0f;  // 2^23
@@ -259,7 +243,7 @@ __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t 
 
 // decode_half's 16 values as 8 packed BF16 pairs: the same values, rounded to BF16 (RN), bit for bit,
 // except that NaNs (inf / NaN scales only) may carry another payload and Q8_0's and Q4_0's zeros are
-// +0 under a negative scale. Q8_0 and Q4_0 take the byte-permute + FMA conversion above (byte_scaled;
+// +0 under a negative scale. Q8_0 and Q4_0 take the byte-permute + FMA conversion above (qd::byte_fma;
 // Q8_0's signed bytes biased by 128 first; the A/B is in PERF.md, 2026-11-25). MXFP4 computes in BF16
 // (fma.bf16x2, two values per instruction instead of F32 products and conversions: its expert GEMMs
 // +5-9% in PERF.md's 2026-11-23 A/B, where the same change for Q4_0 gained nothing):

@@ -104,8 +104,8 @@ __global__ void dequant_decode_bf16_kernel(const uint8_t* w, int64_t nb1, int64_
     const int64_t e = r / n_rows;
     if (counts != nullptr && counts[e] == 0) return;
     float v[32];
-    qd::decode32<W, qd::decode_fma(W)>(w + e * nb2 + (r - e * n_rows) * nb1 + static_cast<int64_t>(g / kGroups) * qd::block_bytes(W),
-                    g % kGroups, v);
+    const uint8_t* blk = w + e * nb2 + (r - e * n_rows) * nb1 + static_cast<int64_t>(g / kGroups) * qd::block_bytes(W);
+    qd::decode32<W, qd::decode_fma(W)>(blk, g % kGroups, v);
     uint32_t packed[16];
 #pragma unroll
     for (int j = 0; j < 16; ++j) packed[j] = pack_bf16x2(v[2 * j], v[2 * j + 1]);

@@ -39,10 +39,11 @@
 // thread decodes one group of one row per step, half a group at a time, with qd::decode16_words
 // (host-tested against the decoders of quant_decode.h: it reads the staged row as words and builds each
 // float with a byte permute and, for the types of qd::decode_fma, one FMA: quant_decode.h's FMA form, which
-// the dequantise-first path takes too) straight from the staged bytes into the A tile. Pipeline: each step commits its activation tile and then (every kPeriod steps) the next raw
-// unit as two cp.async groups; waiting for all but the newest group completes the step's activations and
-// every unit issued two or more steps before; a unit is issued kPeriod steps before the step that decodes
-// its first group, into the slot whose unit the step before finished.
+// the dequantise-first path takes too) straight from the staged bytes into the A tile. Pipeline: each step
+// commits its activation tile and then (every kPeriod steps) the next raw unit as two cp.async groups;
+// waiting for all but the newest group completes the step's activations and every unit issued two or more
+// steps before; a unit is issued kPeriod steps before the step that decodes its first group, into the slot
+// whose unit the step before finished.
 // Shared memory per CTA, bytes: A 2 x 128 x 72 x 2 = 36,864; B 2 x BN x 72 x 2 (BN 32 / 64 / 128: 9,216 /
 // 18,432 / 36,864); column tables 8 BN; raw 2 x 128 x 16 kCR, kCR = unit_chunks16 (Q2_K 7, Q3_K 8,
 // IQ4_NL / Q4_K / IQ4_XS 10, Q4_1 11, Q5_0 / Q5_K 12, Q5_1 13, Q6_K 14), made odd where that costs no
@@ -360,8 +361,8 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_ctas<W, C, FUSED>()) mma_
     // its two half-block decodes are interleaved: one after the other there.
     constexpr int kDqUnroll = W == Type::Q8_0 && BN == 128 && FUSED ? 1 : S::kDq;
     // Decoded types at 32 columns: both halves of a group decode together (registers allow it there: 96-120 of
-    // 128), so that their shared head and scale reads are one (DeepSeek-V3's routed expert GEMM, ~16 tokens an
-    // expert: pp512 +2.5%, PERF.md 2026-11-27 evening).
+    // 128), so that their shared head and scale reads are one: DeepSeek-V3's routed expert GEMMs (~16 tokens an
+    // expert) take 32-column tiles, and ncu shows them issue-bound (PERF.md).
     constexpr int kDecHalvesUnroll = BN <= 32 ? 2 : 1;
     auto dequant = [&](int step, int slot, int st) {
         if (KB > 1 && dq_blk >= blocks_in(step)) return;  // the missing block of an odd last step

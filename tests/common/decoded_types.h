@@ -2,6 +2,9 @@
 // for the host tests of the decoders that plant extreme scales (zero, subnormal, inf, NaN) in random blocks.
 #pragma once
 
+#include <bit>
+#include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "core/types.h"
@@ -23,6 +26,12 @@ inline std::vector<int> fp16_fields(Type t) {
         case Type::Q6_K: return {208};
         default: return {0};  // Q5_0, IQ4_NL, IQ4_XS
     }
+}
+
+// Bit for bit, or both NaN: a NaN scale gives a NaN either way, and which operand's payload a sum of two NaNs
+// carries is the compiler's choice (it may swap a commutative sum).
+inline bool same_value(float a, float b) {
+    return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b) || (std::isnan(a) && std::isnan(b));
 }
 
 }  // namespace moe::test

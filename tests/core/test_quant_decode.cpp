@@ -21,6 +21,7 @@ namespace {
 using moe::Type;
 
 using moe::test::fp16_fields;
+using moe::test::same_value;
 constexpr auto& kDecoded = moe::test::kDecodedTypes;
 
 void decode32(Type t, const uint8_t* blk, int g, float (&v)[32]) {
@@ -36,11 +37,6 @@ void decode32(Type t, const uint8_t* blk, int g, float (&v)[32]) {
         case Type::Q6_K: return moe::qd::decode32<Type::Q6_K>(blk, g, v);
         default: return moe::qd::decode32<Type::IQ4_XS>(blk, g, v);
     }
-}
-
-// Bit for bit, or both NaN (see the top of this file).
-bool same_value(float a, float b) {
-    return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b) || (std::isnan(a) && std::isnan(b));
 }
 
 void decode_unit_half(Type t, const uint8_t* unit, int q, int h, float (&v)[16]) {
