@@ -41,7 +41,7 @@ def check_logits_match_reference(arch: str, preset: str, w: Weights, tmp_path, r
     got = moeinfer.Context(model, device="cpu", n_ctx=64).decode(tokens, logits_all=True)
     want, margins = reference(ref, tokens)
     err = check_close(got, want, margins, w, f"{preset} {w.id}")
-    print(f"{arch} {preset} {w.id}: max relative error {err:.2e} (bound {w.tol:g})")
+    print(f"{arch} {preset} {w.id}: max relative error {err:.2e} (tol {w.tol:g})")
     if not w.quantised:
         check_exact_reference(got, *reference(ref, tokens, f16_kv=False))
 

@@ -86,8 +86,8 @@ def test_prefill_form_agrees_with_absorbed_form(preset, tmp_path, rng):
     (prefill form) agrees with them within FORM_TOL per token; a ubatch of 33 (prefill form) then one of 7 over the
     cached 33 (absorbed) agrees with the one ubatch of 40 within UBATCH_TOL on its first 33 tokens (the same form
     over the same keys) and within FORM_TOL on the last 7. Between the forms, tokens whose routing nearly ties in
-    some layer (the reference's margins below QUANTISED[0].min_margin) are excused, as in check_close: a flip
-    there moves the row by O(0.1), and the tokens after a flipped one are held to its error (flip_bounds)."""
+    some layer (the reference's margins below QUANTISED[0].min_margin) are excused: a flip there moves the row by
+    O(0.1), and the tokens after a flipped one are held to its error (flip_bounds)."""
     w = QUANTISED[0]
     path = write_model(tmp_path / "m.gguf", preset, w, rng)
     model = moeinfer.Model(path)

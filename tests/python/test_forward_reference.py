@@ -12,7 +12,9 @@ and by tests/python/reference on fresh random prompts. What is compared, and why
   expert under tiny arithmetic differences, and its logits then legitimately differ by O(1e-1). The reference
   reports each token's smallest router margin (over layers, relative to the RMS of its router logits); tokens
   under a per-type margin are left out of the per-token bound (about 4% of them for the quantised types, far
-  fewer otherwise), but still count in the argmax / cosine checks over all tokens.
+  fewer otherwise), but still count in the argmax check over all tokens. Later tokens attend to such a
+  token's keys and values and carry part of a flip: after a token that most likely flipped (its error shows
+  it), they are held to that flip's error, at most FLIP_CARRY (flip_bounds).
 * Per type (measured over hundreds of random models before choosing, 2.4x to 10x headroom):
     F32 / F16 / BF16 weights: the activations stay F32 (FMA on widened weights): <= 1e-4 (the issue's
       bound; observed <= 4e-5 on ~1000 models), every row's cosine > 1 - 1e-6. The limit is the F16 cache
@@ -53,6 +55,10 @@ pytestmark = pytest.mark.fast
 ARCHS = ("qwen3moe", "gpt-oss")
 UBATCH_TOL = 1e-5        # relative: one ubatch vs many vs token by token
 EXACT_REF_TOL = 2e-3     # relative, against the reference without F16 KV rounding (unquantised weights)
+# A routing flip moves its token's row by O(0.1) (seen up to 0.15) and the later tokens by less (up to 0.12):
+# errors above FLIP_MAX are no flip, and no later token is excused more than FLIP_CARRY.
+FLIP_MAX = 0.3
+FLIP_CARRY = 0.15
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +66,7 @@ class Weights:
     expert_type: str
     dense_type: str
     tol: float           # per-token relative error bound on tokens with stable routing
-    min_cos: float       # per-token cosine similarity bound on tokens with stable routing
+    min_cos: float       # per-token cosine similarity bound on stable tokens before any flip (flip_bounds)
     min_margin: float    # relative router margin under which a token's routing may flip
     min_argmax: float    # fraction of all tokens whose argmax must agree
 
@@ -120,13 +126,14 @@ def cosine(got: np.ndarray, want: np.ndarray) -> np.ndarray:
 
 
 def flip_bounds(may_flip: np.ndarray, err: np.ndarray, tol: float) -> np.ndarray:
-    """Per-token error bounds. A token that may flip (its router margin is narrow) and whose own error exceeds tol
-    was routed differently on the two sides (a flip moves its row by O(0.1)): no bound there. Every later token
-    attends to its keys and values in the later layers and carries part of the flip (seen: 0.08-0.12 on stable
-    tokens after one, in ~5% of runs of the 29- and 40-token prompts), so from the first flip on a token is held
-    to the largest error of a flip before it (and to tol at least); before it, to tol."""
-    flipped = may_flip & (err > tol)
-    carried = np.maximum.accumulate(np.where(flipped, err, tol))
+    """Per-token error bounds. A token that may flip (its router margin is narrow) and whose own error is above tol
+    but at most FLIP_MAX was most likely routed differently on the two sides (a flip moves its row by O(0.1)): no
+    bound there. Every later token attends to its keys and values in the later layers and carries part of the
+    flip (seen: 0.08-0.12 on stable tokens after one, in ~5% of runs of the 29- and 40-token prompts), so from the
+    first flip on a token is held to the largest error of a flip before it, capped at FLIP_CARRY (and to tol at
+    least); before it, to tol."""
+    flipped = may_flip & (err > tol) & (err <= FLIP_MAX)
+    carried = np.maximum.accumulate(np.where(flipped, np.minimum(err, FLIP_CARRY), tol))
     bound = np.full(err.shape, tol)
     bound[1:] = np.maximum(tol, carried[:-1])
     bound[flipped] = np.inf
@@ -134,30 +141,34 @@ def flip_bounds(may_flip: np.ndarray, err: np.ndarray, tol: float) -> np.ndarray
 
 
 def check_close(got: np.ndarray, want: np.ndarray, margins: np.ndarray, w: Weights, what: str) -> float:
-    """Asserts the per-type bounds; returns the largest per-token error over the tokens with stable routing."""
+    """Asserts the per-type bounds; returns the largest per-token error over the checked tokens (stable, and not a
+    flip: flip_bounds), which may pass w.tol after a flip."""
     assert got.shape == want.shape and got.dtype == np.float32, (got.shape, got.dtype, want.shape)
     assert np.all(np.isfinite(got)), f"{what}: non-finite logits"
     stable = margins >= w.min_margin
     # Never a vacuous check: only near-ties are excused; ~4% of the tokens on average (more on some models:
-    # near-ties cluster by model, and deepseek2's group limit adds a second margin: 13 of 29 seen), so at least
-    # 40% of the tokens are always checked. A token of a margin below twice w.min_margin may flip too (seen at
-    # 1.4e-2 with Q8_0 dense weights): where its error shows that it did, it and the tokens after it are held to
-    # flip_bounds.
+    # near-ties cluster by model, and deepseek2's group limit adds a second margin: a prompt with only 13 of 29
+    # tokens stable was seen), so at least 40% of the tokens are always checked, to tol or to a flip's error. A
+    # token of a margin below twice w.min_margin may flip too (seen at 1.4e-2 with Q8_0 dense weights): where its
+    # error shows that it did, it and the tokens after it are held to flip_bounds.
     assert stable.mean() >= 0.4, f"{what}: only {stable.sum()} of {len(stable)} tokens have stable routing"
     err, cos = per_token_error(got, want), cosine(got, want)
     bound = flip_bounds(margins < 2 * w.min_margin, err, w.tol)
     bound[~stable] = np.inf
+    checked = np.isfinite(bound)
+    assert checked.mean() >= 0.4, f"{what}: only {checked.sum()} of {len(checked)} tokens checked"
     worst = int(np.argmax(err / bound))
     assert err[worst] <= bound[worst], (
         f"{what}: token {worst} has relative error {err[worst]:.3e} > {bound[worst]:.3g} (tol {w.tol:g}; router "
         f"margin {margins[worst]:.2e}; per-token errors {np.round(err, 5)})")
-    unflipped = bound == w.tol  # stable and before any flip: the cosine bound too
-    assert cos[unflipped].min(initial=1.0) > w.min_cos, f"{what}: cosine {cos[unflipped].min():.7f} <= {w.min_cos}"
+    # The cosine bound holds before any flip only; with a flip at the first token, there is no such token.
+    before_flips = bound == w.tol
+    if before_flips.any():
+        assert cos[before_flips].min() > w.min_cos, f"{what}: cosine {cos[before_flips].min():.7f} <= {w.min_cos}"
     agree = np.mean(np.argmax(got, axis=-1) == np.argmax(want, axis=-1))
     assert agree >= w.min_argmax, f"{what}: argmax agrees on only {agree:.0%} of the tokens"
-    checked = stable & np.isfinite(bound)
     assert np.mean(cos[checked]) > 0.999, f"{what}: mean cosine over the checked tokens {np.mean(cos[checked]):.6f}"
-    return float(err[checked].max(initial=0.0))
+    return float(err[checked].max())
 
 
 def check_exact_reference(got: np.ndarray, exact: np.ndarray, exact_margins: np.ndarray) -> None:
@@ -165,9 +176,10 @@ def check_exact_reference(got: np.ndarray, exact: np.ndarray, exact_margins: np.
     routing is stable (router margin >= 1e-2), or a flip's error after a near-tie that flipped (flip_bounds)."""
     err = per_token_error(got, exact)
     stable = exact_margins >= 1e-2
+    assert stable.mean() >= 0.4, f"only {stable.sum()} of {len(stable)} tokens have stable routing"
     bound = flip_bounds(~stable, err, EXACT_REF_TOL)
-    print(f"  against the reference without F16 rounding: {err[stable].max(initial=0.0):.2e} on {stable.sum()} "
-          f"tokens (bound {EXACT_REF_TOL:g}, {np.count_nonzero(stable & (bound > EXACT_REF_TOL))} after a flip)")
+    print(f"  against the reference without F16 rounding: {err[stable].max():.2e} on {stable.sum()} tokens "
+          f"(bound {EXACT_REF_TOL:g}, {np.count_nonzero(stable & (bound > EXACT_REF_TOL))} after a flip)")
     assert np.all(err[stable] <= bound[stable]), (err, bound)
 
 
@@ -210,7 +222,7 @@ def test_logits_match_reference(arch, w, tmp_path, rng):
     got = moeinfer.Context(model, device="cpu", n_ctx=64).decode(tokens, logits_all=True)
     want, margins = reference(ref, tokens)
     err = check_close(got, want, margins, w, f"{arch} {w.id}")
-    print(f"{arch} {w.id}: max relative error {err:.2e} (bound {w.tol:g})")
+    print(f"{arch} {w.id}: max relative error {err:.2e} (tol {w.tol:g})")
 
     # Only the last row without logits_all, and the same values.
     last = moeinfer.Context(model, device="cpu", n_ctx=64).decode(tokens)
