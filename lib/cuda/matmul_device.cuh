@@ -198,19 +198,13 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Byte b of w as the float (byte - bias), exactly: the byte goes into the low mantissa byte of 2^23
-// (a byte permute), and one subtraction of 2^23 + bias follows. Cheaper than an integer-to-float
-// conversion, which runs at a quarter of the rate of float adds.
-template <int B>
-__device__ __forceinline__ float byte_minus(uint32_t w, float magic_plus_bias) {
-    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | B)) - magic_plus_bias;
-}
-
-// Four bytes (u - bias) * d -> two packed BF16 pairs, elements in byte order.
+// Four bytes (u - bias) * d -> two packed BF16 pairs, elements in byte order (qd::byte_minus: each byte
+// made the float byte - bias exactly by a byte permute and one subtraction, cheaper than an integer-to-float
+// conversion, which runs at a quarter of the rate of float adds).
 __device__ __forceinline__ void bytes_scaled_bf16(uint32_t u, float magic_plus_bias, float d, uint32_t& lo,
                                                   uint32_t& hi) {
-    lo = pack_bf16x2(byte_minus<0>(u, magic_plus_bias) * d, byte_minus<1>(u, magic_plus_bias) * d);
-    hi = pack_bf16x2(byte_minus<2>(u, magic_plus_bias) * d, byte_minus<3>(u, magic_plus_bias) * d);
+    lo = pack_bf16x2(qd::byte_minus(u, 0, magic_plus_bias) * d, qd::byte_minus(u, 1, magic_plus_bias) * d);
+    hi = pack_bf16x2(qd::byte_minus(u, 2, magic_plus_bias) * d, qd::byte_minus(u, 3, magic_plus_bias) * d);
 }
 
 // Sixteen bytes (u - bias) * d -> 8 packed BF16 pairs, elements in byte order: the FMA form of

@@ -121,7 +121,6 @@ __device__ __forceinline__ float weighted_sum_at(const View& y, const View& w, i
     return acc;
 }
 
-// 1 / (1 + e^-x) without overflow: through e^-|x|.
 // F32 -> F16 bits as fp32_to_fp16 (core/types.h) gives them: round to nearest even; a NaN becomes the quiet
 // NaN sign|0x7E00, where the hardware conversion gives 0x7FFF.
 __device__ __forceinline__ unsigned short to_half_bits(float f) {
@@ -139,6 +138,7 @@ __device__ __forceinline__ float from_half_bits(unsigned short h) {
     return __half2float(__ushort_as_half(h));
 }
 
+// 1 / (1 + e^-x) without overflow: through e^-|x|.
 __device__ __forceinline__ float sigmoid(float x) {
     const float e = expf(-fabsf(x));
     const float inv = 1.0f / (1.0f + e);

@@ -58,9 +58,8 @@ void decode_all(Type t, const uint32_t* staged, int off, const uint8_t* unit, in
 // element's own rounding. Half an ulp of add is at most 2^-9 (1 + 2^-7) of the scale plus 2^-24 of the offset; the
 // scale is at most the smallest gap between two distinct values of the half group (their bytes differ by 1 or
 // more; Q2_K's 2-bit values are all equal with probability 4^-15, and then the largest magnitude stands in), and
-// the offset is at most the largest magnitude plus 255 scales. Non-finite values take the exact form: the same bits.
-bool fma_form_close(const float (&got)[16], const float (&exact)[16], int j) {
-    if (!std::isfinite(exact[j]) || !std::isfinite(got[j])) return same_value(got[j], exact[j]);
+// the offset is at most the largest magnitude plus 255 scales. fma_slack: that add term of a half group.
+double fma_slack(const float (&exact)[16]) {
     double amax = 0.0, gap = HUGE_VAL;
     for (float a : exact) {
         if (!std::isfinite(a)) continue;
@@ -71,9 +70,15 @@ bool fma_form_close(const float (&got)[16], const float (&exact)[16], int j) {
         }
     }
     const double scale = gap == HUGE_VAL ? amax : gap;
-    const double bound = std::ldexp(scale, -9) * (1.0 + 1.0 / 128) + std::ldexp(amax + 256.0 * scale, -24) +
-                         std::ldexp(std::fabs(static_cast<double>(exact[j])), -24);
-    return std::fabs(static_cast<double>(got[j]) - exact[j]) <= bound;
+    return std::ldexp(scale, -9) * (1.0 + 1.0 / 128) + std::ldexp(amax + 256.0 * scale, -24);
+}
+
+// Element j of the FMA form within slack plus its own rounding of the exact one. Non-finite values take the exact
+// form: the same bits.
+bool fma_form_close(float got, float exact, double slack) {
+    if (!std::isfinite(exact) || !std::isfinite(got)) return same_value(got, exact);
+    const double own = std::ldexp(std::fabs(static_cast<double>(exact)), -24);
+    return std::fabs(static_cast<double>(got) - exact) <= slack + own;
 }
 
 }  // namespace
@@ -120,7 +125,8 @@ TEST_CASE("quant_decode_words gives decode_unit_half's floats bit for bit at eve
                         };
                         const int j = first([&](int i) { return same_value(d.words[i], d.unit[i]); });
                         const int jf = first([&](int i) { return same_value(d.words_fma[i], d.unit_fma[i]); });
-                        const int jc = first([&](int i) { return fma_form_close(d.unit_fma, d.unit, i); });
+                        const double slack = fma_slack(d.unit);
+                        const int jc = first([&](int i) { return fma_form_close(d.unit_fma[i], d.unit[i], slack); });
                         if (j + jf + jc < 48 && bad++ < 4) {
                             UNSCOPED_INFO("block " << blk_i << " offset " << off << " group " << g << " half " << h
                                                    << ": exact " << j << ", FMA form " << jf << ", FMA vs exact " << jc
