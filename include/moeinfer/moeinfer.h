@@ -629,6 +629,10 @@ typedef struct moe_sched_stats {
     double offload_link_gbps;
     double offload_host_gbps[MOE_OFFLOAD_OP_COUNT];
     double offload_device_gbps[MOE_OFFLOAD_OP_COUNT];
+    /* Contexts over several GPUs with weights in host RAM: of the weight bytes uploaded
+     * (bytes_weights_full + bytes_weights_experts), those sent through another GPU's host link and then
+     * the peer link (backend option upload_relay, docs/MULTI_GPU.md); the rest crossed the device's own. */
+    uint64_t bytes_weights_relayed;
 } moe_sched_stats;
 
 /* Where an offload threshold (moe_sched_stats.offload_min_batch) came from. */
@@ -673,7 +677,8 @@ MOE_API const char* moe_threshold_source_name(int32_t source);
     X(uint64_t, bytes_between_devices, )                 \
     X(uint64_t, n_cache_hits, )                          \
     X(uint64_t, n_cache_misses, )                        \
-    X(uint64_t, bytes_cache_saved, )
+    X(uint64_t, bytes_cache_saved, )                     \
+    X(uint64_t, bytes_weights_relayed, )
 #define MOE_SCHED_STATS_CONTEXT(X)                       \
     X(uint64_t, weights_host_bytes, )                    \
     X(uint64_t, weights_device_bytes, )                  \

@@ -154,6 +154,19 @@ public:
         (void)n;
         return unimplemented(std::string(name()) + " backend: copy_from_peer (from " + peer.name() + ")");
     }
+    // Lets upload() send part of each large copy through `partner`'s host link: host memory to a staging
+    // slot on the partner, then to this device by peer copy, so that one upload runs over both links at
+    // once (core/upload_share.h decides the shares). Worth it where the peer link is much faster than a
+    // host link (NVLink); `measure`: only where it measures at least twice the host link (false: wherever
+    // the two have peer access). true once set up, false where it is not (the default: no relays).
+    // The ordering rules of upload() hold for the relayed bytes too.
+    virtual StatusOr<bool> add_upload_relay(Backend& partner, bool measure) {
+        (void)partner;
+        (void)measure;
+        return false;
+    }
+    // Bytes of upload()s sent through relays since creation.
+    virtual uint64_t relayed_bytes() const { return 0; }
 };
 
 }  // namespace moe

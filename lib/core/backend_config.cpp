@@ -203,6 +203,19 @@ const std::vector<Key>& keys() {
              return true;
          },
          nullptr},
+        {"upload_relay", nullptr, "auto|on|off", "auto",
+         "contexts over several GPUs with weights in host RAM: each GPU uploads part of every large weight "
+         "copy through the other GPUs' host links and the peer link (NVLink), so one upload runs over "
+         "several PCIe links; auto, where the peer link measures at least twice a host link; on, wherever "
+         "the GPUs have peer access; off, each GPU over its own link only",
+         [](std::string_view v, BackendConfig& c) {
+             if (v == "auto") c.upload_relay = UploadRelay::AUTO;
+             else if (v == "on") c.upload_relay = UploadRelay::ON;
+             else if (v == "off") c.upload_relay = UploadRelay::OFF;
+             else return false;
+             return true;
+         },
+         nullptr},
     };
     return table;
 }

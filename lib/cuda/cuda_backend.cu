@@ -11,11 +11,13 @@
 #include "core/device_memory.h"
 #include "core/host_registry.h"
 #include "core/quant_decode.h"
+#include "core/upload_share.h"
 #include "cuda/bandwidth.cuh"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_ops.cuh"
 #include "cuda/device_scope.h"
+#include "cuda/host_copy.h"
 #include "cuda/launch.cuh"
 #include "cuda/mapped_copy.cuh"
 
@@ -179,6 +181,7 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device, const Backend
 }
 
 CudaBackend::~CudaBackend() {
+    relays_.clear();  // each waits for its copies
     const DeviceScope scope(device_);
     // Nothing queued may outlive the memory it uses.
     if (compute_stream_) cudaStreamSynchronize(compute_stream_);
@@ -480,33 +483,7 @@ Status CudaBackend::copy_to_device(void* dst_dev, const void* src_host, size_t n
             return pull_from_host(dst_dev, mapped, n, compute_stream_);
         }
     }
-    return copy_host_range(dst_dev, src_host, n, compute_stream_);
-}
-
-// Weights used in place from the model file are page-locked in runs (runtime/host_weights.h): a range
-// next to a run (a device-side tensor at load) can start in locked pages and end in pageable ones, and
-// the driver refuses a copy across that border (cudaErrorInvalidValue). Such a copy is split at a page
-// border until each part lies in one kind of memory.
-Status CudaBackend::copy_host_range(void* dst_dev, const void* src_host, size_t n, cudaStream_t stream) {
-    MOE_CUDA_DEVICE_SCOPE(device_);
-    const cudaError_t err = cudaMemcpyAsync(dst_dev, src_host, n, cudaMemcpyHostToDevice, stream);
-    if (err == cudaSuccess) return Status::ok();
-    (void)cudaGetLastError();
-    constexpr uintptr_t kPage = 4096;
-    const auto src = reinterpret_cast<uintptr_t>(src_host);
-    const uintptr_t mid = (src + n / 2) & ~(kPage - 1);
-    if (err != cudaErrorInvalidValue) return cuda_status(err, "cudaMemcpyAsync(host to device)");
-    if (mid <= src || mid >= src + n) {
-        // Refused within one page (e.g. two registrations that meet there): through ordinary memory, which
-        // the driver stages before the call returns, so the bounce buffer may go at once.
-        const std::vector<uint8_t> bounce(static_cast<const uint8_t*>(src_host), static_cast<const uint8_t*>(src_host) + n);
-        MOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst_dev, bounce.data(), n, cudaMemcpyHostToDevice, stream));
-        return Status::ok();
-    }
-    const size_t head = static_cast<size_t>(mid - src);
-    MOE_RETURN_IF_ERROR(copy_host_range(dst_dev, src_host, head, stream));
-    return copy_host_range(static_cast<uint8_t*>(dst_dev) + head, static_cast<const uint8_t*>(src_host) + head,
-                           n - head, stream);
+    return copy_host_range(device_, dst_dev, src_host, n, compute_stream_);
 }
 
 Status CudaBackend::copy_to_host(void* dst_host, const void* src_dev, size_t n) {
@@ -557,17 +534,54 @@ Status CudaBackend::upload(void* dst_dev, const void* src_host, size_t n, uint64
     if (dst_dev == nullptr || src_host == nullptr) return invalid_argument("upload: dst_dev and src_host must not be null");
     if (after >= next_fence_) return invalid_argument("upload: fence " + std::to_string(after) + " was never marked");
     MOE_CUDA_DEVICE_SCOPE(device_);
-    if (after != 0) MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, fences_[after % kFences], 0));
-    // Weights at load and expert slices can lie across the border of a page-locked run of another
-    // context's placement (copy_host_range).
-    return copy_host_range(dst_dev, src_host, n, copy_stream_);
+    cudaEvent_t fence = after != 0 ? fences_[after % kFences] : nullptr;
+    // The links' shares: the own link's piece first, then each relay's (core/upload_share.h).
+    for (const UploadPiece& p : share_upload(n, link_bytes_)) {
+        link_bytes_[static_cast<size_t>(p.link)] += p.bytes;
+        void* dst = static_cast<uint8_t*>(dst_dev) + p.offset;
+        const void* src = static_cast<const uint8_t*>(src_host) + p.offset;
+        if (p.link > 0) {
+            MOE_RETURN_IF_ERROR(relays_[static_cast<size_t>(p.link - 1)]->send(dst, src, p.bytes, fence));
+            relayed_bytes_ += p.bytes;
+            continue;
+        }
+        if (fence != nullptr) MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, fence, 0));
+        // Weights at load and expert slices can lie across the border of a page-locked run of another
+        // context's placement (copy_host_range).
+        MOE_RETURN_IF_ERROR(copy_host_range(device_, dst, src, p.bytes, copy_stream_));
+    }
+    return Status::ok();
 }
 
 Status CudaBackend::order_after_uploads() {
     MOE_CUDA_DEVICE_SCOPE(device_);
     MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_mark_, copy_stream_));
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream_, copy_mark_, 0));
+    for (const std::unique_ptr<UploadRelay>& r : relays_) MOE_RETURN_IF_ERROR(r->order(compute_stream_));
     return Status::ok();
+}
+
+StatusOr<bool> CudaBackend::add_upload_relay(Backend& partner, bool measure) {
+    auto* other = dynamic_cast<CudaBackend*>(&partner);
+    if (other == nullptr || other->device_ == device_) return false;
+    for (const std::unique_ptr<UploadRelay>& r : relays_) {
+        if (r->partner() == other->device_) return true;
+    }
+    // The partner reads host memory and writes here: peer access both ways.
+    MOE_ASSIGN_OR_RETURN(const bool there, other->enable_peer_access(*this));
+    MOE_ASSIGN_OR_RETURN(const bool here, enable_peer_access(*other));
+    if (!there || !here) return false;
+    MOE_ASSIGN_OR_RETURN(std::unique_ptr<UploadRelay> relay,
+                         UploadRelay::create(this, device_, other->device_, kRelaySlotBytes, kRelaySlots));
+    if (measure) {
+        MOE_ASSIGN_OR_RETURN(const UploadRelay::Rates rates, relay->measure());
+        // Each relayed byte crosses the peer link after the partner's host link: over PCIe peer-to-peer
+        // it would share this GPU's own link and gain nothing.
+        if (rates.peer < 2.0 * rates.host) return false;
+    }
+    relays_.push_back(std::move(relay));
+    link_bytes_.assign(relays_.size() + 1, 0);
+    return true;
 }
 
 StatusOr<bool> CudaBackend::enable_peer_access(Backend& peer) {
@@ -645,6 +659,7 @@ Status CudaBackend::read_now(void* dst_host, const void* src_dev, size_t n) {
 
 Status CudaBackend::synchronize() {
     MOE_CUDA_DEVICE_SCOPE(device_);
+    for (const std::unique_ptr<UploadRelay>& r : relays_) MOE_RETURN_IF_ERROR(r->synchronize());
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_stream_));
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_stream_));
     const unsigned int flags = *reinterpret_cast<volatile unsigned int*>(error_flags_);

@@ -1,5 +1,5 @@
-// The CUDA backend: device buffers, pinned host buffers, a compute stream, a copy stream and a stream for
-// copies from other GPUs.
+// The CUDA backend: device buffers, pinned host buffers, a compute stream, a copy stream, a stream for
+// copies from other GPUs, and relays that upload through other GPUs' host links.
 #pragma once
 
 #include <cublas_v2.h>
@@ -10,8 +10,10 @@
 
 #include "core/backend.h"
 #include "core/backend_config.h"
+#include "core/upload_share.h"
 #include "cuda/fusion_plan.h"
 #include "cuda/graph_runner.h"
+#include "cuda/upload_relay.h"
 
 namespace moe::cuda {
 
@@ -101,8 +103,6 @@ public:
     // every compute queued after it. src_host must stay valid and unchanged until synchronize() or a
     // fence marked after the copy (for pinned memory the copy is truly asynchronous).
     Status copy_to_device(void* dst_dev, const void* src_host, size_t n) override;
-    // cudaMemcpyAsync from host memory, split where page-locked and pageable memory meet.
-    Status copy_host_range(void* dst_dev, const void* src_host, size_t n, cudaStream_t stream);
     // Queues a copy of n bytes from device memory to host memory on the compute stream, after every
     // compute queued before the call. The bytes are in place after synchronize() or a later fence.
     Status copy_to_host(void* dst_host, const void* src_dev, size_t n) override;
@@ -117,6 +117,8 @@ public:
     StatusOr<std::unique_ptr<Buffer>> register_host(void* p, size_t n, bool read_only) override;
     size_t free_memory() const override;
     StatusOr<uint64_t> mark_compute() override;
+    // On the copy stream; with upload relays, the relays' shares of a large copy through them
+    // (core/upload_share.h evens out the bytes each link carried).
     Status upload(void* dst_dev, const void* src_host, size_t n, uint64_t after) override;
     Status read_now(void* dst_host, const void* src_dev, size_t n) override;
     Status wait_fence(uint64_t fence) override;
@@ -128,6 +130,11 @@ public:
     // cudaMemcpyPeerAsync on this backend's peer stream, which waits for an event recorded on the peer's
     // compute stream; this compute stream and the peer's wait for an event recorded after the copy.
     Status copy_from_peer(void* dst_dev, Backend& peer, const void* src_dev, size_t n) override;
+    // A relay through the partner's GPU (cuda/upload_relay.h: kRelaySlots slots of kRelaySlotBytes there),
+    // with peer access enabled both ways; false where the GPUs have none, the partner is this GPU or no
+    // CUDA backend, or (measure) the peer link is under twice the partner's host link. Idempotent.
+    StatusOr<bool> add_upload_relay(Backend& partner, bool measure) override;
+    uint64_t relayed_bytes() const override { return relayed_bytes_; }
     // Whether compute() uses CUDA graphs (default: on, unless cuda_graphs=off at create()).
     // REQUIRES: nothing queued by compute() is still capturing (always true between calls).
     void set_graphs_enabled(bool on) { graphs_enabled_ = on; }
@@ -182,6 +189,12 @@ private:
     cudaStream_t peer_stream_ = nullptr;
     cudaEvent_t peer_ready_ = nullptr;
     cudaEvent_t peer_done_ = nullptr;
+    // Upload relays (add_upload_relay) and the bytes each link carried: [0] this GPU's own, [1 + r] relay r.
+    static constexpr size_t kRelaySlotBytes = UploadShareLimits{}.chunk;  // a relayed piece fills one slot
+    static constexpr int kRelaySlots = 4;
+    std::vector<std::unique_ptr<UploadRelay>> relays_;
+    std::vector<uint64_t> link_bytes_ = std::vector<uint64_t>(1, 0);
+    uint64_t relayed_bytes_ = 0;
     // Compute fences: fence f is fences_[f % kFences], re-recorded every kFences marks. Waiting on a
     // re-recorded event waits for later compute than asked (only ever queued before the waiter), so a
     // stale fence is conservative, never wrong.

@@ -26,6 +26,9 @@ struct DevicePart {
     // Per device of the list: whether this one copies from that one's memory directly (peer access,
     // enabled at creation for the devices of consecutive stages unless peer_copies=staged).
     std::vector<uint8_t> peer;
+    // Per device of the list: whether this one uploads part of its host-resident weights through that
+    // one's host link (Backend::add_upload_relay; backend option upload_relay).
+    std::vector<uint8_t> relay;
     // Page-locked host memory (its backend's) where its stages' results cross to other devices through
     // the host; grow-only.
     std::unique_ptr<Buffer> staging;

@@ -378,6 +378,26 @@ Status place_weights_multi(moe_context& ctx, const DeviceList& list, const sched
             ctx.parts[t].peer[f] = *on ? 1 : 0;
         }
     }
+    // Upload relays: a device with weights in host RAM sends part of each upload through the other devices'
+    // host links and the peer link, where that pays (upload_relay=auto measures it). Peer access is needed,
+    // so peer_copies=staged has none. A partner without memory for the relay's slots is left out.
+    for (DevicePart& part : ctx.parts) part.relay.assign(n_dev, 0);
+    const UploadRelay relay = ctx.backend_config.upload_relay;
+    if (relay != UploadRelay::OFF && ctx.backend_config.peer_copies == PeerCopies::AUTO) {
+        for (size_t t = 0; t < n_dev; ++t) {
+            if (ctx.parts[t].weights_host_bytes == 0) continue;
+            for (size_t f = 0; f < n_dev; ++f) {
+                if (f == t) continue;
+                StatusOr<bool> on = backend_of(ctx, t).add_upload_relay(backend_of(ctx, f), relay == UploadRelay::AUTO);
+                if (!on.is_ok() && on.status().code() == MOE_STATUS_RESOURCE_EXHAUSTED) continue;
+                if (!on.is_ok()) {
+                    return on.status().with_context("relaying the uploads of " + device_label(ctx, t) + " through " +
+                                                    device_label(ctx, f) + " (backend option upload_relay=off avoids it)");
+                }
+                ctx.parts[t].relay[f] = *on ? 1 : 0;
+            }
+        }
+    }
     // The KV cache over the buffers, layer by layer.
     std::vector<size_t> used(n_dev, 0);
     size_t host_used = 0;

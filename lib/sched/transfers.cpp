@@ -404,7 +404,7 @@ StatusOr<Tensor*> Transfers::weight_operand(Tensor& node, int src_index, Side si
         MOE_ASSIGN_OR_RETURN(const size_t sent, upload_experts(dst, src, per_expert, needed, after));
         stats_.bytes_weights_skipped += n - sent - prefetched;
     } else {
-        MOE_RETURN_IF_ERROR(device_->upload(dst, src, n, after));
+        MOE_RETURN_IF_ERROR(send(dst, src, n, after));
         stats_.bytes_weights_full += n;
         ++stats_.n_weight_copies;
     }
@@ -479,7 +479,7 @@ StatusOr<Tensor*> Transfers::cached_operand(Tensor& node, int src_index, const W
         uint8_t* dst = slot_data(slot);
         const auto* src = static_cast<const uint8_t*>(c.host);
         if (!sliced(node, src_index, rs)) {  // FULL: every expert is missing (first use of the entry)
-            MOE_RETURN_IF_ERROR(device_->upload(dst, src, w->n_bytes(), cache_fences_[entry]));
+            MOE_RETURN_IF_ERROR(send(dst, src, w->n_bytes(), cache_fences_[entry]));
             stats_.bytes_weights_full += w->n_bytes();
             ++stats_.n_weight_copies;
         } else {
@@ -490,6 +490,15 @@ StatusOr<Tensor*> Transfers::cached_operand(Tensor& node, int src_index, const W
     return rs.substitute(*w, slot_data(slot), cache_buffer_.get());
 }
 
+// Every weight upload of a run: the device's upload, with the bytes it relayed through other devices' links
+// counted (Backend::add_upload_relay).
+Status Transfers::send(void* dst, const void* src, size_t n, uint64_t after) {
+    const uint64_t relayed = device_->relayed_bytes();
+    MOE_RETURN_IF_ERROR(device_->upload(dst, src, n, after));
+    stats_.bytes_weights_relayed += device_->relayed_bytes() - relayed;
+    return Status::ok();
+}
+
 // Uploads the marked experts of an expert tensor (src) into its slot (dst), one copy per run of
 // adjacent experts, at their own offsets; returns the bytes sent (counted in bytes_weights_experts).
 StatusOr<size_t> Transfers::upload_experts(uint8_t* dst, const uint8_t* src, size_t per_expert,
@@ -498,7 +507,7 @@ StatusOr<size_t> Transfers::upload_experts(uint8_t* dst, const uint8_t* src, siz
     for (const ExpertRun& r : coalesce_runs(experts)) {
         const size_t offset = static_cast<size_t>(r.first) * per_expert;
         const size_t bytes = static_cast<size_t>(r.count) * per_expert;
-        MOE_RETURN_IF_ERROR(device_->upload(dst + offset, src + offset, bytes, after));
+        MOE_RETURN_IF_ERROR(send(dst + offset, src + offset, bytes, after));
         sent += bytes;
         ++stats_.n_weight_copies;
     }

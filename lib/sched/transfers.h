@@ -139,6 +139,7 @@ private:
     Status ensure_ring();
     StatusOr<size_t> take_slot(RunState& rs);
     uint8_t* slot_data(size_t slot);
+    Status send(void* dst, const void* src, size_t n, uint64_t after);
     StatusOr<size_t> upload_experts(uint8_t* dst, const uint8_t* src, size_t per_expert,
                                     const std::vector<uint8_t>& experts, uint64_t after);
     Status early_upload(Tensor& node, int src_index, const void* host, std::vector<uint8_t> experts, RunState& rs);

@@ -20,6 +20,7 @@ struct TinyModelOptions {
     int32_t n_embd = 0;       // 0: the "tiny" preset's
     int32_t head_dim = 0;     // 0: the preset's
     int32_t n_layer = 0;      // 0: the preset's
+    int32_t n_ff_expert = 0;  // 0: the preset's
     float routing_skew = 0.0f;
 };
 
@@ -39,6 +40,7 @@ public:
         if (o.n_embd > 0) sp.n_embd = o.n_embd;
         if (o.head_dim > 0) sp.head_dim = o.head_dim;
         sp.n_layer = o.n_layer;
+        if (o.n_ff_expert > 0) sp.n_ff_expert = o.n_ff_expert;
         REQUIRE(moe_synth_write(path_.c_str(), &sp) == MOE_STATUS_OK);
         REQUIRE(moe_model_load(path_.c_str(), nullptr, &model_) == MOE_STATUS_OK);
         moe_model_info_init(&info_);

@@ -40,7 +40,7 @@ STATS_FIELDS = (["n_ubatches", "n_splits", "bytes_weights_full", "bytes_weights_
                 [f"n_offloaded_{op}" for op in OPS] + [f"n_kept_host_{op}" for op in OPS] +
                 ["n_ops_host", "n_ops_device", "seconds_total", "seconds_host_compute", "seconds_wait", "seconds_device_submit",
                  "n_split_layers", "n_split_host_experts", "n_split_trials", "n_cache_hits", "n_cache_misses",
-                 "bytes_cache_saved", "bytes_between_devices", "bytes_uploaded", "bytes_uploaded_per_ubatch", "upload_gbps"])
+                 "bytes_cache_saved", "bytes_between_devices", "bytes_weights_relayed", "bytes_uploaded", "bytes_uploaded_per_ubatch", "upload_gbps"])
 SWEEP_CSV_FIELDS = (SWEEP_FIELDS + RUN_FIELDS + ["sched_pp_" + f for f in STATS_FIELDS] +
                     ["sched_tg_" + f for f in STATS_FIELDS])
 BENCH_CSV_FIELDS = BENCH_FIELDS + RUN_FIELDS + ["sched_" + f for f in STATS_FIELDS]

@@ -35,7 +35,7 @@ STATS_KEYS = {"n_ubatches", "n_splits", "bytes_weights_full", "bytes_weights_exp
               "weights_host_bytes", "weights_device_bytes", "n_layer", "n_expert", "seconds_device_submit",
               "n_split_layers", "n_split_host_experts", "n_split_trials", "weights_host_pinned_bytes",
               "bytes_between_devices",
-              "n_cache_hits", "n_cache_misses", "bytes_cache_saved",
+              "n_cache_hits", "n_cache_misses", "bytes_cache_saved", "bytes_weights_relayed",
               # the offload thresholds in effect and what measured ones came from (docs/POLICY.md)
               "offload_min_batch", "offload_min_batch_source", "offload_link_gbps", "offload_host_gbps",
               "offload_device_gbps"}

@@ -291,7 +291,10 @@ TEST_CASE("emulated:2 crossings: staged by default, by peer copy where a device 
             Ctx a(m, one), automatic(m, two), forced(m, two), st(m, staged);
             moe_context& f = *forced.ctx;
             for (const Ctx* c : {&automatic, &forced, &st}) {
-                for (const moe::DevicePart& part : c->ctx->parts) CHECK(part.peer == std::vector<uint8_t>{0, 0});
+                for (const moe::DevicePart& part : c->ctx->parts) {
+                    CHECK(part.peer == std::vector<uint8_t>{0, 0});
+                    CHECK(part.relay == std::vector<uint8_t>{0, 0});  // upload relays need peer access
+                }
             }
             const auto pairs = moe::adjacent_devices(f.layer_device);
             REQUIRE(pairs.size() == (pinned ? 2u : 1u));
@@ -322,6 +325,9 @@ TEST_CASE("emulated:2 crossings: staged by default, by peer copy where a device 
     bad.backend_options = "peer_copies=on";
     CHECK(moe::test::create_refused(m.get(), bad) == MOE_STATUS_INVALID_ARGUMENT);
     CHECK_THAT(moe_last_error(), Catch::Contains("peer_copies takes auto|staged, got 'on'"));
+    bad.backend_options = "upload_relay=maybe";
+    CHECK(moe::test::create_refused(m.get(), bad) == MOE_STATUS_INVALID_ARGUMENT);
+    CHECK_THAT(moe_last_error(), Catch::Contains("upload_relay takes auto|on|off, got 'maybe'"));
 }
 
 TEST_CASE("emulated:2 with the expert split: each device's plan for its own layers", "[sched][multi_device]") {

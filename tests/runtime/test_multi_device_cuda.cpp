@@ -412,6 +412,59 @@ TEST_CASE("a 2-GPU layer split gives the one-GPU logits", "[gpu][multi]") {
 #endif
 }
 
+TEST_CASE("upload relays: a 2-GPU hybrid context gives the same logits with part of its uploads through the other GPU",
+          "[gpu][multi]") {
+#if !MOEINFER_HAS_CUDA
+    WARN("skipped: needs 2 CUDA devices (this build has no CUDA backend)");
+#else
+    if (!have_gpus(2)) return;
+    int can = 0;
+    REQUIRE(cudaDeviceCanAccessPeer(&can, 0, 1) == cudaSuccess);
+    if (!can) {
+        WARN("skipped: GPUs 0 and 1 have no peer access");
+        return;
+    }
+    std::mt19937 rng(std::random_device{}());
+    for (const char* arch : {"qwen3moe", "gpt-oss"}) {
+        // Expert matrices of 4.5 MB (8 experts of 1024 x 512 at Q8_0): above the share's 1 MiB, so every
+        // whole-matrix upload is split between the links.
+        moe::test::TinyModelOptions o = gpu_model(4);
+        o.n_embd = 1024;
+        o.n_ff_expert = 512;
+        Model m(arch, "moe_cuda_relay", rng(), o);
+        const auto batches = token_batches(rng, m.info().n_vocab);
+        Setup off = cuda_setup(false, "upload_relay=off"), on = cuda_setup(false, "upload_relay=on");
+        for (Setup* t : {&off, &on}) {
+            t->overrides = "exps=CPU";
+            t->expert_copy = MOE_EXPERT_COPY_FULL;
+            t->offload = "all=4";
+            t->devices = {0, 1};
+            t->split = {1, 1};
+        }
+        INFO(arch);
+        Ctx a(m, off), b(m, on);
+        REQUIRE(b.ctx->parts.size() == 2);
+        CHECK(b.ctx->parts[0].relay == std::vector<uint8_t>{0, 1});
+        CHECK(b.ctx->parts[1].relay == std::vector<uint8_t>{1, 0});
+        CHECK(a.ctx->parts[0].relay == std::vector<uint8_t>{0, 0});
+        for (const auto& batch : batches) REQUIRE(moe::test::bitwise_equal(b.decode(batch), a.decode(batch)));
+        for (int32_t d = 0; d < 2; ++d) {
+            moe_sched_stats sa{}, sb{};
+            sa.struct_size = sb.struct_size = sizeof sa;
+            REQUIRE(moe_context_get_device_stats(a.ctx, d, &sa) == MOE_STATUS_OK);
+            REQUIRE(moe_context_get_device_stats(b.ctx, d, &sb) == MOE_STATUS_OK);
+            const uint64_t uploaded = sb.bytes_weights_full + sb.bytes_weights_experts;
+            INFO("GPU " << d << ": " << sb.bytes_weights_relayed << " of " << uploaded << " bytes relayed");
+            CHECK(uploaded == sa.bytes_weights_full + sa.bytes_weights_experts);
+            CHECK(sa.bytes_weights_relayed == 0);
+            // About half of the expert matrices' bytes; the small uploads (norms, biases) stay on the own link.
+            CHECK(sb.bytes_weights_relayed * 10 >= uploaded * 3);
+            CHECK(sb.bytes_weights_relayed * 10 <= uploaded * 6);
+        }
+    }
+#endif
+}
+
 TEST_CASE("the several-device default on two GPUs: one while the model fits, the freest first, both when needed",
           "[gpu][multi]") {
 #if !MOEINFER_HAS_CUDA

@@ -310,6 +310,7 @@ inline void append_stats_fields(std::vector<Field>& f, const std::string& prefix
     u("n_cache_misses", s.n_cache_misses);
     u("bytes_cache_saved", s.bytes_cache_saved);
     u("bytes_between_devices", s.bytes_between_devices);
+    u("bytes_weights_relayed", s.bytes_weights_relayed);
     u("bytes_uploaded", s.bytes_uploaded());
     d("bytes_uploaded_per_ubatch", s.per_ubatch(static_cast<double>(s.bytes_uploaded())));
     d("upload_gbps", s.upload_gbps());
@@ -447,15 +448,21 @@ inline void print_sched_summary(FILE* out, const RunInfo& i,
         // Several devices: each one's share, per ubatch of the context (moe_context_get_device_stats).
         for (size_t d = 0; d < st.devices.size() && i.devices.size() > 1; ++d) {
             const SchedStats& ds = st.devices[d];
+            // The upload rate per link: its own, and through the other GPUs' (upload relays).
+            const double relayed = static_cast<double>(ds.bytes_weights_relayed);
+            const double own = static_cast<double>(ds.bytes_uploaded()) - relayed;
+            const auto gbps = [&ds](double bytes) { return ds.seconds_total > 0.0 ? bytes / ds.seconds_total / 1e9 : 0.0; };
             std::fprintf(out, "  CUDA%zu: per ubatch %s uploaded, %s between devices, %s ops on the device / %s on the "
-                              "host, %s ms (host compute %s ms, waiting %s ms); upload %s GB/s\n",
+                              "host, %s ms (host compute %s ms, waiting %s ms); upload %s GB/s (own link %s, relayed "
+                              "through other GPUs %s)\n",
                          d, human_bytes(per(static_cast<double>(ds.bytes_uploaded()))).c_str(),
                          human_bytes(per(static_cast<double>(ds.bytes_between_devices))).c_str(),
                          mean(per(static_cast<double>(ds.n_ops_device))).c_str(),
                          mean(per(static_cast<double>(ds.n_ops_host))).c_str(),
                          fmt("%.3f", 1e3 * per(ds.seconds_total)).c_str(),
                          fmt("%.3f", 1e3 * per(ds.seconds_host_compute)).c_str(),
-                         fmt("%.3f", 1e3 * per(ds.seconds_wait)).c_str(), fmt("%.2f", ds.upload_gbps()).c_str());
+                         fmt("%.3f", 1e3 * per(ds.seconds_wait)).c_str(), fmt("%.2f", ds.upload_gbps()).c_str(),
+                         fmt("%.2f", gbps(own)).c_str(), fmt("%.2f", gbps(relayed)).c_str());
         }
     }
     std::fprintf(out, "(upload GB/s = weight bytes uploaded / ubatch wall time; pinned PCIe 5.0 x16 tops out near 55 "

@@ -1,0 +1,35 @@
+// How one upload is shared between a device's own host link and the host links of other devices that
+// relay for it (Backend::add_upload_relay: host memory to the other device over its PCIe link, then to
+// this device over the peer link, NVLink). Each link's share evens out the bytes the links have carried,
+// so that, over an ubatch's uploads, they all stay busy and finish together.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace moe {
+
+struct UploadPiece {
+    size_t offset = 0;  // into the upload
+    size_t bytes = 0;
+    int link = 0;  // 0: the device's own link; r > 0: relay r - 1
+};
+
+// Where a relay stops cutting: shares below min_share go to the own link (a relayed copy costs a peer
+// copy and two waits more than a direct one), and each relayed piece fits one staging slot.
+struct UploadShareLimits {
+    size_t grain = 64 << 10;     // relay shares are whole multiples of this
+    size_t min_share = 1 << 20;  // smaller relay shares are left to the own link
+    size_t chunk = 8 << 20;      // a relayed piece at most this (the relay's staging slot)
+};
+
+// The pieces of an upload of n bytes over sent.size() links, sent[l] the bytes link l carried so far:
+// the links' shares fill them up to one level (water-filling: a link already above the level gets
+// nothing), each relay's share rounded down to limits.grain and dropped below limits.min_share, the
+// own link taking the rest. Pieces cover [0, n) once, in order: the own link's (one piece, none for
+// 0 bytes), then each relay's, cut into pieces of at most limits.chunk. REQUIRES: sent is not empty.
+std::vector<UploadPiece> share_upload(size_t n, std::span<const uint64_t> sent, const UploadShareLimits& limits = {});
+
+}  // namespace moe
