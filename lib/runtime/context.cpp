@@ -438,20 +438,34 @@ Status decode_ubatch(moe_context& ctx, const int32_t* tokens, int n_tokens, int 
     std::vector<sched::HostOutput> outputs;
     if (ub.logits != nullptr) outputs.push_back({ub.logits, logits_dst});
     const int next_past = n_past + n_tokens;
+    const bool several = !ctx.parts.empty();
+    if (several && step->stages.empty()) {
+        MOE_ASSIGN_OR_RETURN(step->stages, cut_stages(ctx, step->graph));
+    }
     const auto while_waiting = [&] {
         ctx.retired.reset();
         if (!build_ahead || next_past >= ctx.params.n_ctx) return;
         // A one-token step splits the partly resident layers only (the expert split's own layers need
-        // more tokens).
-        ctx.ahead = build_step(ctx, 1, next_past, LogitsMode::LAST, ctx.sched->resident_layers());
+        // more tokens); over several devices none (a step whose call splits layers is built again).
+        ctx.ahead = build_step(ctx, 1, next_past, LogitsMode::LAST,
+                               several ? std::vector<uint8_t>{} : ctx.sched->resident_layers());
+        if (several) {
+            StatusOr<std::vector<sched::Stage>> stages = cut_stages(ctx, ctx.ahead->graph);
+            if (!stages.is_ok()) {
+                ctx.ahead.reset();  // cut again, with its error, when the step comes
+                return;
+            }
+            ctx.ahead->stages = std::move(stages).value();
+            prepare_stages(ctx, ctx.ahead->stages);
+            return;
+        }
         std::vector<Tensor*> ahead_inputs = {ctx.ahead->ub.tokens, ctx.ahead->ub.positions};
         if (ctx.ahead->parts.groups != nullptr) ahead_inputs.push_back(ctx.ahead->parts.groups);
         ctx.sched->prepare(ctx.ahead->graph, ahead_inputs);
     };
-    // Several devices: stage by stage (runtime/multi_device.h), nothing built ahead.
-    const Status s = ctx.parts.empty()
-                         ? ctx.sched->run(step->graph, step->parts, n_tokens, inputs, outputs, while_waiting)
-                         : run_stages(ctx, step->graph, step->parts, n_tokens, inputs, outputs);
+    // Several devices: stage by stage (runtime/multi_device.h), the next step built ahead as on one.
+    const Status s = several ? run_stages(ctx, step->stages, step->parts, n_tokens, inputs, outputs, while_waiting)
+                             : ctx.sched->run(step->graph, step->parts, n_tokens, inputs, outputs, while_waiting);
     if (!s.is_ok()) ctx.ahead.reset();
     ctx.retired = std::move(step);  // freed while the device computes the next step
     return s;
@@ -566,7 +580,7 @@ Status decode(moe_context& ctx, const int32_t* tokens, const int32_t* positions,
             float* dst = ctx.logits_data() + static_cast<size_t>(logits_all ? done : 0) * static_cast<size_t>(n_vocab);
             // Built ahead: the step a generation loop asks for next (one token, its logits).
             status = decode_ubatch(ctx, tokens + done, n, ctx.n_past, logits_all ? LogitsMode::ALL : LogitsMode::LAST,
-                                   dst, last && ctx.device != nullptr && ctx.parts.empty());
+                                   dst, last && ctx.device != nullptr);
         } else {
             status = decode_ubatch(ctx, tokens + done, n, ctx.n_past, LogitsMode::NONE, nullptr, false);
         }

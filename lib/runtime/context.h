@@ -13,6 +13,7 @@
 #include "runtime/device_part.h"
 #include "runtime/host_weights.h"
 #include "runtime/model.h"
+#include "sched/graph_cut.h"
 #include "sched/placement.h"
 #include "sched/scheduler.h"
 
@@ -61,6 +62,9 @@ struct moe_context {
         moe::Graph graph;
         moe::UbatchGraph ub;
         moe::sched::ExpertParts parts;  // its split expert blocks (the expert split's rewrite)
+        // Several devices: the graph cut into stages (runtime/multi_device.h: cut_stages), which then hold
+        // its nodes.
+        std::vector<moe::sched::Stage> stages;
         int n_tokens = 0;
         int n_past = 0;
         moe::LogitsMode mode = moe::LogitsMode::NONE;

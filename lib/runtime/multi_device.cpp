@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <functional>
 #include <iterator>
 #include <numeric>
 #include <type_traits>
@@ -15,6 +16,7 @@
 #include "runtime/context_sizes.h"
 #include "runtime/copy_progress.h"
 #include "runtime/stage_crossing.h"
+#include "sched/clock.h"
 #include "sched/device_split.h"
 #include "sched/graph_cut.h"
 #include "sched/placement.h"
@@ -442,10 +444,24 @@ StatusOr<sched::ExpertSplitPlan> plan_expert_split_multi(moe_context& ctx, int n
     return merged;
 }
 
-Status run_stages(moe_context& ctx, Graph& graph, const sched::ExpertParts& parts, int n_tokens,
-                  std::span<const sched::HostInput> inputs, std::span<const sched::HostOutput> outputs) {
-    const std::vector<int> node_device = sched::node_devices(graph, ctx.layer_device);
-    MOE_ASSIGN_OR_RETURN(std::vector<sched::Stage> stages, sched::cut_graph(graph, node_device));
+StatusOr<std::vector<sched::Stage>> cut_stages(const moe_context& ctx, Graph& graph) {
+    return sched::cut_graph(graph, sched::node_devices(graph, ctx.layer_device));
+}
+
+void prepare_stages(moe_context& ctx, std::vector<sched::Stage>& stages) {
+    std::vector<int> seen(ctx.parts.size(), 0);
+    for (const sched::Stage& stage : stages) {
+        // One plan per scheduler: a device's first stage (a second, of layers pinned away, plans when it runs).
+        if (seen[static_cast<size_t>(stage.device)]++ > 0) continue;
+        std::vector<Tensor*> leaves;
+        for (const auto& [leaf, from] : stage.inputs) leaves.push_back(leaf);
+        scheduler_of(ctx, static_cast<size_t>(stage.device)).prepare(*stage.graph, leaves);
+    }
+}
+
+Status run_stages(moe_context& ctx, std::vector<sched::Stage>& stages, const sched::ExpertParts& parts, int n_tokens,
+                  std::span<const sched::HostInput> inputs, std::span<const sched::HostOutput> outputs,
+                  const std::function<void()>& while_waiting) {
     const std::vector<std::vector<uint8_t>> by_peer = peer_crossings(stages, [&ctx](int to, int from) {
         return ctx.parts[static_cast<size_t>(to)].peer[static_cast<size_t>(from)] != 0;
     });
@@ -460,9 +476,12 @@ Status run_stages(moe_context& ctx, Graph& graph, const sched::ExpertParts& part
         const void* on_device = nullptr;  // set by its stage's run where it stayed on the device
     };
     std::unordered_map<const Tensor*, Crossing> crossing;
+    std::unordered_map<const Tensor*, size_t> producer;  // export -> its stage
     std::vector<size_t> staging_bytes(ctx.parts.size(), 0);
-    for (const sched::Stage& stage : stages) {
+    for (size_t si = 0; si < stages.size(); ++si) {
+        const sched::Stage& stage = stages[si];
         for (const Tensor* e : stage.exports) {
+            producer[e] = si;
             size_t& at = staging_bytes[static_cast<size_t>(stage.device)];
             crossing[e] = {stage.device, at, nullptr};
             at += (e->n_bytes() + 255) & ~size_t{255};
@@ -480,7 +499,24 @@ Status run_stages(moe_context& ctx, Graph& graph, const sched::ExpertParts& part
         return static_cast<uint8_t*>(ctx.parts[static_cast<size_t>(c.device)].staging->data()) + c.offset;
     };
     std::vector<int> runs(ctx.parts.size(), 0);  // stages each device ran in this ubatch
-    for (size_t si = 0; si < stages.size(); ++si) {
+    std::vector<uint8_t> done(stages.size(), 0);     // stages whose run has returned
+    std::vector<uint8_t> busy(ctx.parts.size(), 0);  // devices inside a run (chained runs nest)
+    size_t next = 0;                                 // the next stage to start
+    // Whether stage si can start inside the run of an earlier one, while that one's device computes: its
+    // device is in no run, and what it takes from stages still running is left on their devices (a peer
+    // copy ordered after their queued compute; an export through the host is there only once its
+    // producer's device is synchronised).
+    const auto can_chain = [&](size_t si) {
+        if (busy[static_cast<size_t>(stages[si].device)]) return false;
+        for (const auto& [leaf, from] : stages[si].inputs) {
+            if (from->op == Op::NONE) continue;
+            const Crossing& c = crossing.at(from);
+            if (c.on_device == nullptr && !done[producer.at(from)]) return false;
+        }
+        return true;
+    };
+    std::function<Status()> run_next = [&]() -> Status {
+        const size_t si = next++;
         sched::Stage& stage = stages[si];
         std::vector<sched::HostInput> ins;
         uint64_t crossed = 0;
@@ -509,8 +545,30 @@ Status run_stages(moe_context& ctx, Graph& graph, const sched::ExpertParts& part
             if (here.count(out.tensor)) outs.push_back(out);
         }
         sched::Scheduler& s = scheduler_of(ctx, static_cast<size_t>(stage.device));
+        // Once this stage is queued, the next starts while this one's device computes (its host work, the
+        // peer copy of its input ordered after this stage's compute by events), instead of after this
+        // device's synchronisation: the devices' work follows without a gap. Its time is its scheduler's.
+        Status chained = Status::ok();
+        double chained_seconds = 0.0;
+        // After the last stage is queued: the caller's host work for the next ubatch.
+        const auto chain = [&] {
+            if (next >= stages.size()) {
+                if (while_waiting) while_waiting();
+                return;
+            }
+            if (!can_chain(next)) return;
+            const sched::Clock::time_point t0 = sched::Clock::now();
+            chained = run_next();
+            chained_seconds += sched::seconds_since(t0);
+        };
+        busy[static_cast<size_t>(stage.device)] = 1;
         // A stage adopts the full graph's nodes as they are: the parts' nodes keep their groups.
-        MOE_RETURN_IF_ERROR(s.run(*stage.graph, parts, n_tokens, ins, outs));
+        const Status st = s.run(*stage.graph, parts, n_tokens, ins, outs, chain);
+        busy[static_cast<size_t>(stage.device)] = 0;
+        done[si] = 1;
+        s.stats().seconds_total -= chained_seconds;
+        MOE_RETURN_IF_ERROR(st);
+        MOE_RETURN_IF_ERROR(chained);
         // An export through the host crosses twice (out here, into each reader); by peer copy once.
         for (const Tensor* e : stage.exports) {
             if (crossing.at(e).on_device == nullptr) crossed += e->n_bytes();
@@ -519,7 +577,9 @@ Status run_stages(moe_context& ctx, Graph& graph, const sched::ExpertParts& part
         // A device that runs two stages of one ubatch (layers pinned away from its run) counts the
         // ubatch once, so that n_ubatches stays the context's.
         if (runs[static_cast<size_t>(stage.device)]++ > 0) --s.stats().n_ubatches;
-    }
+        return Status::ok();
+    };
+    while (next < stages.size()) MOE_RETURN_IF_ERROR(run_next());
     return Status::ok();
 }
 

@@ -9,12 +9,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <vector>
 
 #include "core/models/model_graph.h"
 #include "runtime/context.h"
+#include "sched/graph_cut.h"
 #include "sched/policy.h"
 
 namespace moe {
@@ -51,12 +53,24 @@ Status place_weights_multi(moe_context& ctx, const DeviceList& list, const sched
 // The expert split of the next ubatch over all devices: each scheduler's plan for its own layers.
 StatusOr<sched::ExpertSplitPlan> plan_expert_split_multi(moe_context& ctx, int n_tokens);
 
-// Runs a ubatch graph stage by stage, as Scheduler::run does on one device (graph consumed; parts,
-// inputs and outputs those of the whole graph). Counts the bytes crossing between devices in the
-// stats of the schedulers that send and receive them (a peer copy once, at the reader).
-// REQUIRES: place_weights_multi made the context (its devices' peer flags).
-Status run_stages(moe_context& ctx, Graph& graph, const sched::ExpertParts& parts, int n_tokens,
-                  std::span<const sched::HostInput> inputs, std::span<const sched::HostOutput> outputs);
+// A ubatch graph cut into stages for the context's devices (sched/graph_cut.h; the graph is consumed and
+// must outlive the stages).
+StatusOr<std::vector<sched::Stage>> cut_stages(const moe_context& ctx, Graph& graph);
+
+// Plans the stages of a ubatch built ahead on their devices' schedulers (Scheduler::prepare; a device's
+// first stage only), while the devices may still compute the current ubatch.
+void prepare_stages(moe_context& ctx, std::vector<sched::Stage>& stages);
+
+// Runs a ubatch's stages (cut_stages) in order, as Scheduler::run does on one device (parts, inputs and
+// outputs those of the whole graph). Once a stage is queued, the next starts inside its run (while its
+// device computes: Scheduler::run's while_waiting) where it can: its device in no run, and what it takes
+// from stages still running left on their devices for a peer copy. while_waiting, when given, runs once
+// the last stage is queued. Counts the bytes crossing between devices in the stats of the schedulers that
+// send and receive them (a peer copy once, at the reader). REQUIRES: place_weights_multi made the context
+// (its devices' peer flags).
+Status run_stages(moe_context& ctx, std::vector<sched::Stage>& stages, const sched::ExpertParts& parts, int n_tokens,
+                  std::span<const sched::HostInput> inputs, std::span<const sched::HostOutput> outputs,
+                  const std::function<void()>& while_waiting = {});
 
 // The statistics of the context: its devices' schedulers' summed (one device: its scheduler's).
 sched::Stats context_stats(const moe_context& ctx);

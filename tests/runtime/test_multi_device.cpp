@@ -422,3 +422,44 @@ TEST_CASE("several devices: every bad value is INVALID_ARGUMENT naming it", "[sc
     s.overrides = "exps=CUDA1";
     refused(s, -1, "CUDA1");
 }
+
+TEST_CASE("emulated:2 decode steps: the next stage starts inside the last one's run, the next step built ahead",
+          "[sched][multi_device]") {
+    // A generation loop's one-token steps over two devices: each step's second stage is queued while the
+    // first device computes (chained inside its run), and the next step is built, cut and planned on both
+    // devices while the last stage computes (Scheduler::prepare). With the asynchronous emulated streams a
+    // stage started before its input was in place, or a plan bound to memory still in use, gives other
+    // logits: they must equal a one-device context's bit for bit, with peer copies forced (chaining needs
+    // the crossing left on the device) and staged through the host (no chaining).
+    std::mt19937 rng(std::random_device{}());
+    moe::test::TinyModelOptions o;
+    o.n_layer = 4;
+    Model m("qwen3moe", "moe_multi_ahead", rng(), o);
+    const int32_t nv = m.info().n_vocab;
+    for (const char* ot : {static_cast<const char*>(nullptr), "exps=CPU"}) {
+        INFO("-ot " << (ot ? ot : "(none)"));
+        Setup one;
+        one.overrides = ot;
+        one.backend_options = "emulated_async=on";
+        Setup two = one;
+        two.devices = {0, 1};
+        two.split = {1, 1};
+        Ctx a(m, one), staged(m, two), peer(m, two);
+        moe_context& f = *peer.ctx;
+        for (const auto& [from, to] : moe::adjacent_devices(f.layer_device)) {
+            f.parts[static_cast<size_t>(to)].peer[static_cast<size_t>(from)] = 1;
+        }
+        std::vector<int32_t> batch = random_tokens(rng, 21, nv);
+        for (int step = 0; step < 12; ++step) {
+            const std::vector<float> want = a.decode(batch, nv, false);  // the last row: a generation loop's
+            REQUIRE(moe::test::bitwise_equal(staged.decode(batch, nv, false), want));
+            REQUIRE(moe::test::bitwise_equal(peer.decode(batch, nv, false), want));
+            batch = random_tokens(rng, 1, nv);
+        }
+        // The one-token steps ran plans made ahead on both devices, all but the first (plans come from the
+        // cache of graph shapes, and no one-token step had run before it).
+        for (const Ctx* c : {&staged, &peer}) {
+            for (size_t d = 0; d < 2; ++d) CHECK(moe::scheduler_of(*c->ctx, d).stats().n_planned_ahead == 10);
+        }
+    }
+}
