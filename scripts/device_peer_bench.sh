@@ -11,6 +11,12 @@
 #   hybrid4096  the same, pp4096 at ubatch 4096
 #   cpu         CPU only: pp512, tg128 (peers with the GPU hidden: a CUDA build with -ngl 0 still
 #               offloads large prompt batches)
+#   two         two GPUs under per-GPU budgets (issue 24's consumer setup; BUDGETS, default 20GiB,20GiB):
+#               pp512, tg128 and pp4096 at ubatch 4096. moeinfer runs first with -dev CUDA0,CUDA1
+#               --vram-budget BUDGETS; the peers then get -ts with its layers per GPU (the same weights on
+#               each GPU where moeinfer keeps every weight on them; a line says when it does not). llama-bench
+#               separates a split's proportions with '/' (-ts 24/24); a comma lists separate runs (-ts 24,24
+#               is two runs of -ts 24: every layer on the first GPU)
 # Peer flags are those of ../shared/peers/README.md. moeinfer runs its defaults; in the hybrid configs it
 # runs twice, with the expert cache on (its default, "auto") and off, labelled moeinfer and moeinfer-nocache:
 # the cache keeps uploaded experts in free VRAM, which the peers do not do.
@@ -47,6 +53,14 @@ peer() {  # system binary config
     hybrid)     run "$sys" "$cfg" "$bin" "${common[@]}" -ngl 99 -ot exps=CPU "${mmap[@]}" -p 512 -n 128 ;;
     hybrid4096) run "$sys" "$cfg" "$bin" "${common[@]}" -ngl 99 -ot exps=CPU "${mmap[@]}" -p 4096 -b 4096 -ub 4096 -n 0 ;;
     cpu)        run "$sys" "$cfg" env CUDA_VISIBLE_DEVICES= "$bin" "${common[@]}" -ngl 0 -p 512 -n 128 ;;
+    two)        local ts
+                ts=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))[0]; print(f\"{r['dev0_n_layers']}/{r['dev1_n_layers']}\")" \
+                     "$out/moeinfer_two.json") || { echo "  $sys two: no moeinfer placement to match"; return; }
+                run "$sys" "$cfg" "$bin" "${common[@]}" -ngl 99 -ts "$ts" -p 512 -n 128
+                run "$sys" "${cfg}4096" "$bin" "${common[@]}" -ngl 99 -ts "$ts" -p 4096 -b 4096 -ub 4096 -n 0
+                # What the peer understood (a wrong -ts silently puts every layer on one GPU).
+                python3 -c "import json,sys; print('  $sys two: tensor_split', sorted({r.get('tensor_split') for r in json.load(open(sys.argv[1]))}))" \
+                  "$out/${sys}_$cfg.json" ;;
   esac
 }
 moeinfer() {  # config
@@ -59,17 +73,23 @@ moeinfer() {  # config
     hybrid4096) run moeinfer "$cfg" "${bench[@]}" --device cuda -ot exps=CPU -p 4096 -ub 4096 -n 0
                 run moeinfer-nocache "$cfg" "${bench[@]}" --device cuda -ot exps=CPU --expert-cache off -p 4096 -ub 4096 -n 0 ;;
     cpu)        run moeinfer "$cfg" "${bench[@]}" --device cpu -p 512 -n 128 ;;
+    two)        run moeinfer "$cfg" "${bench[@]}" --device cuda -dev CUDA0,CUDA1 --vram-budget "${BUDGETS:-20GiB,20GiB}" -p 512 -n 128
+                run moeinfer "${cfg}4096" "${bench[@]}" --device cuda -dev CUDA0,CUDA1 --vram-budget "${BUDGETS:-20GiB,20GiB}" \
+                  -p 4096 -ub 4096 -n 0
+                python3 -c "import json,sys; r=json.load(open(sys.argv[1]))[0]; print('  moeinfer two: layers per GPU', r['dev0_n_layers'], r['dev1_n_layers'], ', weights in host RAM', r['weights_host_bytes'], '(peers match only at 0)')" \
+                  "$out/moeinfer_two.json" ;;
   esac
 }
 
 for cfg in $configs; do
   echo "config $cfg"
+  [ "$cfg" = two ] && moeinfer "$cfg"  # its placement sets the peers' -ts
   peer llama.cpp "$llama" "$cfg"
   peer ik_llama.cpp "$ik" "$cfg"
-  moeinfer "$cfg"
+  [ "$cfg" = two ] || moeinfer "$cfg"
 done
 
-python3 - "$out" $configs <<'PY'
+python3 - "$out" $(for c in $configs; do echo "$c"; [ "$c" = two ] && echo two4096; done) <<'PY'
 import glob, json, os, statistics, sys
 
 out, configs = sys.argv[1], sys.argv[2:]
