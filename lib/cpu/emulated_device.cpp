@@ -1,5 +1,6 @@
 #include "cpu/emulated_device.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include "core/backend_registry.h"
 #include "core/device_memory.h"
 #include "core/host_registry.h"
+#include "core/upload_share.h"
 #include "cpu/emulated_streams.h"
 
 namespace moe::cpu {
@@ -217,16 +219,39 @@ StatusOr<uint64_t> EmulatedDeviceBackend::mark_compute() {
 Status EmulatedDeviceBackend::upload(void* dst, const void* src_host, size_t n, uint64_t after) {
     if (n == 0) return Status::ok();
     if (dst == nullptr || src_host == nullptr) return invalid_argument("upload: null pointer");
-    const double rate = upload_bytes_per_second_;
-    if (!streams_) {
-        timed_copy(dst, src_host, n, rate);
-        return Status::ok();
+    if (streams_ && after > streams_->last_fence()) {
+        return invalid_argument("upload: fence " + std::to_string(after) + " was never marked");
     }
-    if (after > streams_->last_fence()) return invalid_argument("upload: fence " + std::to_string(after) + " was never marked");
-    streams_->upload([dst, src_host, n, rate] { timed_copy(dst, src_host, n, rate); }, after);
+    const double rate = upload_bytes_per_second_;
+    // The links' shares, as the CUDA backend's (core/upload_share.h): the own link's piece on copy stream
+    // 0, relay r's on copy stream r + 1.
+    for (const UploadPiece& p : share_upload(n, link_bytes_)) {
+        link_bytes_[static_cast<size_t>(p.link)] += p.bytes;
+        if (p.link > 0) relayed_bytes_ += p.bytes;
+        void* d = static_cast<uint8_t*>(dst) + p.offset;
+        const void* src = static_cast<const uint8_t*>(src_host) + p.offset;
+        if (!streams_) {
+            timed_copy(d, src, p.bytes, rate);
+            continue;
+        }
+        streams_->upload([d, src, b = p.bytes, rate] { timed_copy(d, src, b, rate); }, after, p.link);
+    }
     // Pageable memory: the copy is staged while the caller waits, as CUDA's driver stages it.
-    if (!HostRegistry::of("emulated").contains(src_host, n)) streams_->wait_uploads();
+    if (streams_ && !HostRegistry::of("emulated").contains(src_host, n)) streams_->wait_uploads();
     return Status::ok();
+}
+
+StatusOr<bool> EmulatedDeviceBackend::add_upload_relay(Backend& partner, bool measure) {
+    const auto* other = dynamic_cast<const EmulatedDeviceBackend*>(&partner);
+    if (other == nullptr || other->ordinal_ == ordinal_ || measure) return false;
+    if (std::find(relays_.begin(), relays_.end(), other->ordinal_) != relays_.end()) return true;
+    if (streams_) {
+        const int stream = streams_->add_copy_stream();
+        MOE_ASSERT(stream == static_cast<int>(relays_.size()) + 1);
+    }
+    relays_.push_back(other->ordinal_);
+    link_bytes_.assign(relays_.size() + 1, 0);
+    return true;
 }
 
 Status EmulatedDeviceBackend::order_after_uploads() {

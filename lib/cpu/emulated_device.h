@@ -21,9 +21,13 @@
 // With emulated_pcie_gbps=<GB/s> (or MOEINFER_EMULATED_PCIE_GBPS) weight uploads take as long as they would
 // over a link of that bandwidth (the copy sleeps for the rest), so that the expert split's cost model,
 // which times an upload, sees a device worth splitting for.
+//
+// Upload relays (upload_relay=on in a context over several emulated devices): part of each large upload
+// goes over another copy stream, the partner's link, as CUDA's relay through another GPU does.
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "core/backend.h"
 #include "core/backend_config.h"
@@ -67,6 +71,12 @@ public:
     // that tests drive a context's peer path without GPUs. Waits for the peer's queued compute, and
     // returns once the bytes are in place.
     Status copy_from_peer(void* dst, Backend& peer, const void* src, size_t n) override;
+    // An emulated relay, for tests of the relay's share and ordering without GPUs: another emulated device
+    // (upload_relay=on; `measure`, upload_relay=auto, finds no peer link to measure and sets none up).
+    // Its share of each upload (core/upload_share.h) is copied by a copy stream of its own, at
+    // emulated_pcie_gbps too, so two links carry at once; with the synchronous streams, at once.
+    StatusOr<bool> add_upload_relay(Backend& partner, bool measure) override;
+    uint64_t relayed_bytes() const override { return relayed_bytes_; }
 
 private:
     Status check_own_memory(const Tensor& node) const;
@@ -76,6 +86,11 @@ private:
     size_t vram_;  // the card's size
     std::unique_ptr<AsyncStreams> streams_;  // null: synchronous
     double upload_bytes_per_second_ = 0.0;    // 0: as fast as memcpy
+    // Upload relays: the partners' ordinals; the bytes each link carried ([0] its own, [1 + r] relay r),
+    // relay r's copy stream (r + 1).
+    std::vector<int> relays_;
+    std::vector<uint64_t> link_bytes_ = std::vector<uint64_t>(1, 0);
+    uint64_t relayed_bytes_ = 0;
 };
 
 // Registers "emulated" in the backend registry (called by the generated backends_init.cpp).

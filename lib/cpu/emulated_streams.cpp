@@ -7,7 +7,27 @@ namespace moe::cpu {
 
 AsyncStreams::AsyncStreams() : rng_(std::random_device{}()) {
     compute_.worker = std::thread([this] { run(compute_); });
-    copy_.worker = std::thread([this] { run(copy_); });
+    (void)add_copy_stream();
+}
+
+int AsyncStreams::add_copy_stream() {
+    std::lock_guard<std::mutex> l(mu_);
+    Stream& s = copies_.emplace_back();
+    s.worker = std::thread([this, &s] { run(s); });
+    return static_cast<int>(copies_.size()) - 1;
+}
+
+std::vector<uint64_t> AsyncStreams::uploads_queued() const {
+    std::vector<uint64_t> q;
+    for (const Stream& s : copies_) q.push_back(s.queued);
+    return q;
+}
+
+bool AsyncStreams::uploads_done(const std::vector<uint64_t>& queued) const {
+    for (size_t i = 0; i < queued.size(); ++i) {
+        if (copies_[i].done < queued[i]) return false;
+    }
+    return true;
 }
 
 AsyncStreams::~AsyncStreams() {
@@ -17,7 +37,7 @@ AsyncStreams::~AsyncStreams() {
     }
     cv_.notify_all();
     compute_.worker.join();
-    copy_.worker.join();
+    for (Stream& s : copies_) s.worker.join();
 }
 
 void AsyncStreams::run(Stream& s) {
@@ -62,14 +82,14 @@ void AsyncStreams::compute(std::function<Status()> task) {
 }
 
 void AsyncStreams::order_after_uploads() {
-    uint64_t uploads = 0;
+    std::vector<uint64_t> uploads;
     {
         std::lock_guard<std::mutex> l(mu_);
-        uploads = copy_.queued;
+        uploads = uploads_queued();
     }
     push(compute_, [this, uploads] {
         std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [&] { return copy_.done >= uploads; });
+        cv_.wait(l, [&] { return uploads_done(uploads); });
     });
 }
 
@@ -91,8 +111,13 @@ uint64_t AsyncStreams::last_fence() const {
     return next_fence_ - 1;
 }
 
-void AsyncStreams::upload(std::function<void()> copy, uint64_t after) {
-    push(copy_, [this, after, copy = std::move(copy)] {
+void AsyncStreams::upload(std::function<void()> copy, uint64_t after, int stream) {
+    Stream* s = nullptr;
+    {
+        std::lock_guard<std::mutex> l(mu_);
+        s = &copies_.at(static_cast<size_t>(stream));
+    }
+    push(*s, [this, after, copy = std::move(copy)] {
         {
             std::unique_lock<std::mutex> l(mu_);
             cv_.wait(l, [&] { return fence_done_ >= after; });
@@ -103,8 +128,8 @@ void AsyncStreams::upload(std::function<void()> copy, uint64_t after) {
 
 void AsyncStreams::wait_uploads() {
     std::unique_lock<std::mutex> l(mu_);
-    const uint64_t queued = copy_.queued;
-    cv_.wait(l, [&] { return copy_.done >= queued; });
+    const std::vector<uint64_t> queued = uploads_queued();
+    cv_.wait(l, [&] { return uploads_done(queued); });
 }
 
 Status AsyncStreams::take_error() {
@@ -121,7 +146,7 @@ Status AsyncStreams::wait_fence(uint64_t f) {
 
 Status AsyncStreams::synchronize() {
     std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [&] { return compute_.done == compute_.queued && copy_.done == copy_.queued; });
+    cv_.wait(l, [&] { return compute_.done == compute_.queued && uploads_done(uploads_queued()); });
     return take_error();
 }
 

@@ -26,6 +26,7 @@ struct DeviceSetup {
     const char* offload = nullptr;
     int32_t n_ubatch = 16;
     int32_t expert_split = 0;  // the same nodes on the same sides in the contexts compared
+    int64_t expert_cache = MOE_EXPERT_CACHE_AUTO;
     std::string backend_options;
 };
 
@@ -35,6 +36,7 @@ inline moe_context_params device_params(const DeviceSetup& s, moe_sched_policy& 
     moe_sched_policy_init(&pol);
     pol.expert_copy = s.expert_copy;
     pol.expert_split = s.expert_split;
+    pol.expert_cache = s.expert_cache;
     if (s.offload != nullptr) REQUIRE(moe_sched_policy_parse_offload(&pol, s.offload) == MOE_STATUS_OK);
     moe_context_params p;
     moe_context_params_init(&p);

@@ -15,6 +15,7 @@
 #include "common/multi_device_context.h"
 #include "common/tiny_model.h"
 #include "core/models/model_graph.h"
+#include "core/upload_share.h"
 #include "moeinfer/moeinfer.h"
 #include "runtime/context.h"
 #include "runtime/multi_device.h"
@@ -460,6 +461,76 @@ TEST_CASE("emulated:2 decode steps: the next stage starts inside the last one's 
         // cache of graph shapes, and no one-token step had run before it).
         for (const Ctx* c : {&staged, &peer}) {
             for (size_t d = 0; d < 2; ++d) CHECK(moe::scheduler_of(*c->ctx, d).stats().n_planned_ahead == 10);
+        }
+    }
+}
+
+TEST_CASE("emulated:2 upload relays: the one-device logits, each upload shared with the other device's link",
+          "[sched][multi_device]") {
+    // upload_relay=on over emulated devices (auto sets none up: they have no peer link to measure): each
+    // device's expert uploads (whole matrices of 4.5 MB: FULL copies, no expert cache) go partly over the
+    // other device's copy stream, as share_upload says: the relayed bytes are its replay over the same
+    // uploads, exactly. With the asynchronous streams a relayed piece copied before the compute that last
+    // read its slot, or read before it arrived, gives other logits: they must be the staged context's and
+    // the one-device context's bit for bit.
+    std::mt19937 rng(std::random_device{}());
+    moe::test::TinyModelOptions o;
+    o.n_layer = 8;  // 12 uploads per device and ubatch through a ring of 6 slots: slots reused within one
+    o.n_embd = 1024;
+    o.n_ff_expert = 512;
+    Model m("qwen3moe", "moe_multi_relay", rng(), o);
+    const int32_t nv = m.info().n_vocab;
+    const std::vector<std::vector<int32_t>> batches = {random_tokens(rng, 23, nv), random_tokens(rng, 1, nv),
+                                                        random_tokens(rng, 6, nv)};
+    for (const char* async : {"emulated_async=off", "emulated_async=on"}) {
+        INFO(async);
+        Setup one;
+        one.overrides = "exps=CPU";
+        one.offload = "all=4";
+        one.expert_copy = MOE_EXPERT_COPY_FULL;
+        one.expert_cache = 0;
+        one.backend_options = async;
+        Setup off = one, on = one, automatic = one;
+        for (Setup* t : {&off, &on, &automatic}) {
+            t->devices = {0, 1};
+            t->split = {1, 1};
+        }
+        off.backend_options = std::string(async) + ",upload_relay=off";
+        on.backend_options = std::string(async) + ",upload_relay=on";
+        Ctx a(m, one), b(m, off), c(m, on), d(m, automatic);
+        CHECK(c.ctx->parts[0].relay == std::vector<uint8_t>{0, 1});
+        CHECK(c.ctx->parts[1].relay == std::vector<uint8_t>{1, 0});
+        for (const Ctx* x : {&b, &d}) {
+            for (const moe::DevicePart& part : x->ctx->parts) CHECK(part.relay == std::vector<uint8_t>{0, 0});
+        }
+        for (const auto& batch : batches) {
+            const std::vector<float> want = a.decode(batch, nv);
+            REQUIRE(moe::test::bitwise_equal(b.decode(batch, nv), want));
+            REQUIRE(moe::test::bitwise_equal(c.decode(batch, nv), want));
+        }
+        // One expert matrix's bytes: every upload here is one whole (up, gate and down are the same size).
+        const uint64_t matrix = moe::test::tensor_bytes_containing(m.get(), "blk.0.ffn_up_exps");
+        REQUIRE(matrix > (uint64_t{1} << 20));
+        for (int32_t dev = 0; dev < 2; ++dev) {
+            moe_sched_stats sb{}, sc{};
+            sb.struct_size = sc.struct_size = sizeof sb;
+            REQUIRE(moe_context_get_device_stats(b.ctx, dev, &sb) == MOE_STATUS_OK);
+            REQUIRE(moe_context_get_device_stats(c.ctx, dev, &sc) == MOE_STATUS_OK);
+            const uint64_t uploaded = sc.bytes_weights_full + sc.bytes_weights_experts;
+            CHECK(uploaded == sb.bytes_weights_full + sb.bytes_weights_experts);
+            CHECK(sb.bytes_weights_relayed == 0);
+            REQUIRE(uploaded % matrix == 0);
+            std::vector<uint64_t> sent = {0, 0};
+            uint64_t predicted = 0;
+            for (uint64_t k = 0; k < uploaded / matrix; ++k) {
+                for (const moe::UploadPiece& p : moe::share_upload(static_cast<size_t>(matrix), sent)) {
+                    sent[static_cast<size_t>(p.link)] += p.bytes;
+                    if (p.link > 0) predicted += p.bytes;
+                }
+            }
+            INFO("device " << dev << ": " << uploaded / matrix << " uploads");
+            CHECK(predicted > 0);
+            CHECK(sc.bytes_weights_relayed == predicted);
         }
     }
 }
