@@ -209,9 +209,9 @@ const std::vector<Key>& keys() {
          "several PCIe links; auto, where the peer link measures at least twice a host link; on, wherever "
          "the GPUs have peer access; off, each GPU over its own link only",
          [](std::string_view v, BackendConfig& c) {
-             if (v == "auto") c.upload_relay = UploadRelay::AUTO;
-             else if (v == "on") c.upload_relay = UploadRelay::ON;
-             else if (v == "off") c.upload_relay = UploadRelay::OFF;
+             if (v == "auto") c.upload_relay = UploadRelayMode::AUTO;
+             else if (v == "on") c.upload_relay = UploadRelayMode::ON;
+             else if (v == "off") c.upload_relay = UploadRelayMode::OFF;
              else return false;
              return true;
          },

@@ -52,7 +52,7 @@ enum class PeerCopies : int32_t { AUTO = 0, STAGED = 1 };
 // Whether a device of a context over several devices uploads part of each host-resident weight through
 // the others' host links (Backend::add_upload_relay; docs/MULTI_GPU.md): AUTO, where the peer link
 // measures at least twice a host link (NVLink); ON, wherever the devices have peer access; OFF, never.
-enum class UploadRelay : int32_t { AUTO = 0, ON = 1, OFF = 2 };
+enum class UploadRelayMode : int32_t { AUTO = 0, ON = 1, OFF = 2 };
 
 struct BackendConfig {
     bool cuda_graphs = true;            // cuda_graphs / MOEINFER_CUDA_GRAPHS
@@ -69,7 +69,7 @@ struct BackendConfig {
     KquantGemv kquant_gemv = KquantGemv::V3;  // kquant_gemv / MOEINFER_KQUANT_GEMV
     FloatGemv float_gemv = FloatGemv::V2;     // float_gemv / MOEINFER_FLOAT_GEMV
     PeerCopies peer_copies = PeerCopies::AUTO;  // peer_copies (no variable)
-    UploadRelay upload_relay = UploadRelay::AUTO;  // upload_relay (no variable)
+    UploadRelayMode upload_relay = UploadRelayMode::AUTO;  // upload_relay (no variable)
 };
 
 // Looks an environment variable up: nullptr when unset.

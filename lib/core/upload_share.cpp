@@ -53,4 +53,12 @@ std::vector<UploadPiece> share_upload(size_t n, std::span<const uint64_t> sent, 
     return pieces;
 }
 
+std::vector<UploadPiece> LinkShares::share(size_t n) {
+    std::vector<UploadPiece> pieces = share_upload(n, sent_, limits_);
+    for (const UploadPiece& p : pieces) sent_[static_cast<size_t>(p.link)] += p.bytes;
+    const uint64_t top = *std::max_element(sent_.begin(), sent_.end());
+    for (uint64_t& s : sent_) s = std::max(s, top > window_ ? top - window_ : uint64_t{0});
+    return pieces;
+}
+
 }  // namespace moe

@@ -32,4 +32,23 @@ struct UploadShareLimits {
 // 0 bytes), then each relay's, cut into pieces of at most limits.chunk. REQUIRES: sent is not empty.
 std::vector<UploadPiece> share_upload(size_t n, std::span<const uint64_t> sent, const UploadShareLimits& limits = {});
 
+// The bytes a device's links carried, as share_upload reads them, with a short memory: no link is counted
+// more than `window` bytes behind the busiest, so uploads that went over one link alone (those under
+// min_share) do not leave the others owing for long (the links even out over the last few uploads, not
+// since the device's creation).
+class LinkShares {
+public:
+    explicit LinkShares(size_t links = 1, const UploadShareLimits& limits = {})
+        : sent_(links, 0), limits_(limits), window_(4 * uint64_t{limits.chunk}) {}
+    // The pieces of an upload of n bytes (share_upload over the counts), counted.
+    std::vector<UploadPiece> share(size_t n);
+    size_t links() const { return sent_.size(); }
+    std::span<const uint64_t> sent() const { return sent_; }
+
+private:
+    std::vector<uint64_t> sent_;
+    UploadShareLimits limits_;
+    uint64_t window_;
+};
+
 }  // namespace moe

@@ -225,8 +225,7 @@ Status EmulatedDeviceBackend::upload(void* dst, const void* src_host, size_t n, 
     const double rate = upload_bytes_per_second_;
     // The links' shares, as the CUDA backend's (core/upload_share.h): the own link's piece on copy stream
     // 0, relay r's on copy stream r + 1.
-    for (const UploadPiece& p : share_upload(n, link_bytes_)) {
-        link_bytes_[static_cast<size_t>(p.link)] += p.bytes;
+    for (const UploadPiece& p : links_.share(n)) {
         if (p.link > 0) relayed_bytes_ += p.bytes;
         void* d = static_cast<uint8_t*>(dst) + p.offset;
         const void* src = static_cast<const uint8_t*>(src_host) + p.offset;
@@ -250,7 +249,7 @@ StatusOr<bool> EmulatedDeviceBackend::add_upload_relay(Backend& partner, bool me
         MOE_ASSERT(stream == static_cast<int>(relays_.size()) + 1);
     }
     relays_.push_back(other->ordinal_);
-    link_bytes_.assign(relays_.size() + 1, 0);
+    links_ = LinkShares(relays_.size() + 1);
     return true;
 }
 

@@ -31,6 +31,7 @@
 
 #include "core/backend.h"
 #include "core/backend_config.h"
+#include "core/upload_share.h"
 #include "cpu/cpu_backend.h"
 
 namespace moe::cpu {
@@ -86,10 +87,10 @@ private:
     size_t vram_;  // the card's size
     std::unique_ptr<AsyncStreams> streams_;  // null: synchronous
     double upload_bytes_per_second_ = 0.0;    // 0: as fast as memcpy
-    // Upload relays: the partners' ordinals; the bytes each link carried ([0] its own, [1 + r] relay r),
-    // relay r's copy stream (r + 1).
+    // Upload relays: the partners' ordinals; the bytes each link carried lately ([0] its own, [1 + r]
+    // relay r, whose copy stream is r + 1).
     std::vector<int> relays_;
-    std::vector<uint64_t> link_bytes_ = std::vector<uint64_t>(1, 0);
+    LinkShares links_;
     uint64_t relayed_bytes_ = 0;
 };
 

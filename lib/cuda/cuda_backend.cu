@@ -536,8 +536,7 @@ Status CudaBackend::upload(void* dst_dev, const void* src_host, size_t n, uint64
     MOE_CUDA_DEVICE_SCOPE(device_);
     cudaEvent_t fence = after != 0 ? fences_[after % kFences] : nullptr;
     // The links' shares: the own link's piece first, then each relay's (core/upload_share.h).
-    for (const UploadPiece& p : share_upload(n, link_bytes_)) {
-        link_bytes_[static_cast<size_t>(p.link)] += p.bytes;
+    for (const UploadPiece& p : links_.share(n)) {
         void* dst = static_cast<uint8_t*>(dst_dev) + p.offset;
         const void* src = static_cast<const uint8_t*>(src_host) + p.offset;
         if (p.link > 0) {
@@ -580,7 +579,7 @@ StatusOr<bool> CudaBackend::add_upload_relay(Backend& partner, bool measure) {
         if (rates.peer < 2.0 * rates.host) return false;
     }
     relays_.push_back(std::move(relay));
-    link_bytes_.assign(relays_.size() + 1, 0);
+    links_ = LinkShares(relays_.size() + 1);
     return true;
 }
 
@@ -659,9 +658,16 @@ Status CudaBackend::read_now(void* dst_host, const void* src_dev, size_t n) {
 
 Status CudaBackend::synchronize() {
     MOE_CUDA_DEVICE_SCOPE(device_);
-    for (const std::unique_ptr<UploadRelay>& r : relays_) MOE_RETURN_IF_ERROR(r->synchronize());
-    MOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_stream_));
+    // Every stream waited for, the first error reported: nothing is left in flight.
+    Status relayed = Status::ok();
+    for (const std::unique_ptr<UploadRelay>& r : relays_) {
+        const Status st = r->synchronize();
+        if (relayed.is_ok()) relayed = st;
+    }
+    const cudaError_t copies = cudaStreamSynchronize(copy_stream_);
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_stream_));
+    MOE_RETURN_IF_ERROR(relayed);
+    MOE_CUDA_RETURN_IF_ERROR(copies);
     const unsigned int flags = *reinterpret_cast<volatile unsigned int*>(error_flags_);
     if (flags != 0) {
         *error_flags_ = 0;

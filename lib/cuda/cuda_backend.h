@@ -189,11 +189,12 @@ private:
     cudaStream_t peer_stream_ = nullptr;
     cudaEvent_t peer_ready_ = nullptr;
     cudaEvent_t peer_done_ = nullptr;
-    // Upload relays (add_upload_relay) and the bytes each link carried: [0] this GPU's own, [1 + r] relay r.
+    // Upload relays (add_upload_relay) and the bytes each link carried lately: [0] this GPU's own, [1 + r]
+    // relay r.
     static constexpr size_t kRelaySlotBytes = UploadShareLimits{}.chunk;  // a relayed piece fills one slot
     static constexpr int kRelaySlots = 4;
     std::vector<std::unique_ptr<UploadRelay>> relays_;
-    std::vector<uint64_t> link_bytes_ = std::vector<uint64_t>(1, 0);
+    LinkShares links_;
     uint64_t relayed_bytes_ = 0;
     // Compute fences: fence f is fences_[f % kFences], re-recorded every kFences marks. Waiting on a
     // re-recorded event waits for later compute than asked (only ever queued before the waiter), so a

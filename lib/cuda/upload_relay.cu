@@ -50,21 +50,28 @@ Status UploadRelay::send(void* dst, const void* src, size_t n, cudaEvent_t after
     // dst may still be read by compute before `after` on the receiving GPU: only the pushes wait for it.
     if (after != nullptr) MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(push_, after, 0));
     auto* slots = static_cast<uint8_t*>(staging_->data());
-    for (size_t done = 0; done < n;) {
+    Status st = Status::ok();
+    for (size_t done = 0; done < n && st.is_ok();) {
         const size_t bytes = std::min(slot_bytes_, n - done);
         const size_t k = next_slot_++ % loaded_.size();
         uint8_t* slot = slots + k * slot_bytes_;
-        MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(h2d_, freed_[k], 0));
-        MOE_RETURN_IF_ERROR(copy_host_range(partner_, slot, static_cast<const uint8_t*>(src) + done, bytes, h2d_));
-        MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(loaded_[k], h2d_));
-        MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(push_, loaded_[k], 0));
-        MOE_CUDA_RETURN_IF_ERROR(
-            cudaMemcpyPeerAsync(static_cast<uint8_t*>(dst) + done, device_, slot, partner_, bytes, push_));
-        MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(freed_[k], push_));
+        st = [&]() -> Status {
+            MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(h2d_, freed_[k], 0));
+            MOE_RETURN_IF_ERROR(copy_host_range(partner_, slot, static_cast<const uint8_t*>(src) + done, bytes, h2d_));
+            MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(loaded_[k], h2d_));
+            MOE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(push_, loaded_[k], 0));
+            MOE_CUDA_RETURN_IF_ERROR(
+                cudaMemcpyPeerAsync(static_cast<uint8_t*>(dst) + done, device_, slot, partner_, bytes, push_));
+            MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(freed_[k], push_));
+            return Status::ok();
+        }();
         done += bytes;
     }
-    MOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(pushed_, push_));
+    // Also after a failure part way: order() then waits for the pushes that were queued.
+    const cudaError_t marked = cudaEventRecord(pushed_, push_);
     pending_ = true;
+    MOE_RETURN_IF_ERROR(st);
+    MOE_CUDA_RETURN_IF_ERROR(marked);
     return Status::ok();
 }
 
@@ -78,8 +85,9 @@ Status UploadRelay::order(cudaStream_t stream) {
 
 Status UploadRelay::synchronize() {
     MOE_CUDA_DEVICE_SCOPE(partner_);
-    MOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(h2d_));
+    const cudaError_t loads = cudaStreamSynchronize(h2d_);  // both waited for, the first error reported
     MOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(push_));
+    MOE_CUDA_RETURN_IF_ERROR(loads);
     return Status::ok();
 }
 

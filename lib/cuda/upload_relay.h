@@ -4,9 +4,9 @@
 // (CudaBackend::add_upload_relay; core/upload_share.h decides each link's share).
 //
 // Streams and slots are on the partner GPU: an H2D stream filling the slots and a push stream emptying
-// them, each slot reused once its push is done (events, no host waits). The relay belongs to the
-// receiving backend, which orders its compute after the pushes (order) and never frees what a queued push
-// reads or writes before synchronize.
+// them, each slot reused once its push is done (events: from page-locked memory the host never waits).
+// The relay belongs to the receiving backend, which orders its compute after the pushes (order) and never
+// frees what a queued push reads or writes before synchronize.
 #pragma once
 
 #include <cuda_runtime.h>

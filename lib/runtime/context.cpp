@@ -442,9 +442,9 @@ Status decode_ubatch(moe_context& ctx, const int32_t* tokens, int n_tokens, int 
     if (several && step->stages.empty()) {
         MOE_ASSIGN_OR_RETURN(step->stages, cut_stages(ctx, step->graph));
     }
-    const auto while_waiting = [&] {
+    const auto while_waiting = [&]() -> double {
         ctx.retired.reset();
-        if (!build_ahead || next_past >= ctx.params.n_ctx) return;
+        if (!build_ahead || next_past >= ctx.params.n_ctx) return 0.0;
         // A one-token step splits the partly resident layers only (the expert split's own layers need
         // more tokens); over several devices none (a step whose call splits layers is built again).
         ctx.ahead = build_step(ctx, 1, next_past, LogitsMode::LAST,
@@ -453,15 +453,16 @@ Status decode_ubatch(moe_context& ctx, const int32_t* tokens, int n_tokens, int 
             StatusOr<std::vector<sched::Stage>> stages = cut_stages(ctx, ctx.ahead->graph);
             if (!stages.is_ok()) {
                 ctx.ahead.reset();  // cut again, with its error, when the step comes
-                return;
+                return 0.0;
             }
             ctx.ahead->stages = std::move(stages).value();
             prepare_stages(ctx, ctx.ahead->stages);
-            return;
+            return 0.0;
         }
         std::vector<Tensor*> ahead_inputs = {ctx.ahead->ub.tokens, ctx.ahead->ub.positions};
         if (ctx.ahead->parts.groups != nullptr) ahead_inputs.push_back(ctx.ahead->parts.groups);
         ctx.sched->prepare(ctx.ahead->graph, ahead_inputs);
+        return 0.0;
     };
     // Several devices: stage by stage (runtime/multi_device.h), the next step built ahead as on one.
     const Status s = several ? run_stages(ctx, step->stages, step->parts, n_tokens, inputs, outputs, while_waiting)

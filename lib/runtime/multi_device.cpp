@@ -384,13 +384,13 @@ Status place_weights_multi(moe_context& ctx, const DeviceList& list, const sched
     // host links and the peer link, where that pays (upload_relay=auto measures it). Peer access is needed,
     // so peer_copies=staged has none. A partner without memory for the relay's slots is left out.
     for (DevicePart& part : ctx.parts) part.relay.assign(n_dev, 0);
-    const UploadRelay relay = ctx.backend_config.upload_relay;
-    if (relay != UploadRelay::OFF && ctx.backend_config.peer_copies == PeerCopies::AUTO) {
+    const UploadRelayMode relay = ctx.backend_config.upload_relay;
+    if (relay != UploadRelayMode::OFF && ctx.backend_config.peer_copies == PeerCopies::AUTO) {
         for (size_t t = 0; t < n_dev; ++t) {
             if (ctx.parts[t].weights_host_bytes == 0) continue;
             for (size_t f = 0; f < n_dev; ++f) {
                 if (f == t) continue;
-                StatusOr<bool> on = backend_of(ctx, t).add_upload_relay(backend_of(ctx, f), relay == UploadRelay::AUTO);
+                StatusOr<bool> on = backend_of(ctx, t).add_upload_relay(backend_of(ctx, f), relay == UploadRelayMode::AUTO);
                 if (!on.is_ok() && on.status().code() == MOE_STATUS_RESOURCE_EXHAUSTED) continue;
                 if (!on.is_ok()) {
                     return on.status().with_context("relaying the uploads of " + device_label(ctx, t) + " through " +
@@ -549,24 +549,23 @@ Status run_stages(moe_context& ctx, std::vector<sched::Stage>& stages, const sch
         // peer copy of its input ordered after this stage's compute by events), instead of after this
         // device's synchronisation: the devices' work follows without a gap. Its time is its scheduler's.
         Status chained = Status::ok();
-        double chained_seconds = 0.0;
-        // After the last stage is queued: the caller's host work for the next ubatch.
-        const auto chain = [&] {
+        // After the last stage is queued: the caller's host work for the next ubatch. The time of a
+        // stage run inside this one is its own scheduler's, left out of this one's (Scheduler::run).
+        const auto chain = [&]() -> double {
             if (next >= stages.size()) {
                 if (while_waiting) while_waiting();
-                return;
+                return 0.0;
             }
-            if (!can_chain(next)) return;
+            if (!can_chain(next)) return 0.0;
             const sched::Clock::time_point t0 = sched::Clock::now();
             chained = run_next();
-            chained_seconds += sched::seconds_since(t0);
+            return sched::seconds_since(t0);
         };
         busy[static_cast<size_t>(stage.device)] = 1;
         // A stage adopts the full graph's nodes as they are: the parts' nodes keep their groups.
         const Status st = s.run(*stage.graph, parts, n_tokens, ins, outs, chain);
         busy[static_cast<size_t>(stage.device)] = 0;
         done[si] = 1;
-        s.stats().seconds_total -= chained_seconds;
         MOE_RETURN_IF_ERROR(st);
         MOE_RETURN_IF_ERROR(chained);
         // An export through the host crosses twice (out here, into each reader); by peer copy once.

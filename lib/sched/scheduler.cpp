@@ -338,7 +338,7 @@ void Scheduler::prepare(Graph& graph, std::span<Tensor* const> input_tensors) {
 }
 
 Status Scheduler::run(Graph& graph, const ExpertParts& parts, int n_tokens, std::span<const HostInput> inputs,
-                      std::span<const HostOutput> outputs, const std::function<void()>& while_waiting) {
+                      std::span<const HostOutput> outputs, const std::function<double()>& while_waiting) {
     const Clock::time_point t_start = Clock::now();
     if (timeline_.on()) timeline_.begin(stats_, t_start);
     allocated_in_run_ = false;
@@ -381,6 +381,7 @@ Status Scheduler::run(Graph& graph, const ExpertParts& parts, int n_tokens, std:
         if (in.peer == nullptr) std::memcpy(in.tensor->data, in.data, in.tensor->n_bytes());
     }
 
+    double others = 0.0;  // seconds of while_waiting that were other schedulers' runs
     Status status = [&]() -> Status {
         // Inputs read on the device are copied there up front, so no device span is cut to fetch them.
         for (const HostInput& in : inputs) {
@@ -465,7 +466,7 @@ Status Scheduler::run(Graph& graph, const ExpertParts& parts, int n_tokens, std:
             }
         }
         retired_.reset();  // the last ubatch's state, freed while the device computes this one
-        if (while_waiting) while_waiting();
+        if (while_waiting) others = while_waiting();
         MOE_RETURN_IF_ERROR(count_experts(id_sources, n_tokens));  // ends with the ubatch's synchronisation
         for (const HostOutput* out : on_host) std::memcpy(out->data, out->tensor->data, out->tensor->n_bytes());
         return Status::ok();
@@ -473,10 +474,11 @@ Status Scheduler::run(Graph& graph, const ExpertParts& parts, int n_tokens, std:
     if (!status.is_ok() && device_ != nullptr) (void)device_->synchronize();  // leave nothing in flight
     if (status.is_ok()) {
         allocated_in_run_ = transfers_.take_allocated() || allocated_in_run_;
-        splitter_.finish(rs.split_timing, n_tokens, seconds_since(t_start), !allocated_in_run_, profiling_, stats_);
+        splitter_.finish(rs.split_timing, n_tokens, seconds_since(t_start) - others, !allocated_in_run_, profiling_,
+                         stats_);
     }
     ++stats_.n_ubatches;
-    stats_.seconds_total += seconds_since(t_start);
+    stats_.seconds_total += seconds_since(t_start) - others;
     if (timeline_.on()) timeline_.end(stats_, n_tokens, status.is_ok());
     retired_ = std::move(owned);
     return status;

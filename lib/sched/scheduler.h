@@ -119,9 +119,12 @@ public:
     // call). The graph is consumed (operands are rewritten to their copies on the side that uses them).
     // while_waiting, when given, runs once all of the ubatch's work is queued, before the host waits for
     // the device: host work for the next ubatch (building and prepare()-ing its graph, freeing the last
-    // one) then overlaps the device's computing instead of leaving it idle between two ubatches.
+    // one) then overlaps the device's computing instead of leaving it idle between two ubatches. It
+    // returns the seconds of it that were other schedulers' runs (a context's next stage, started inside
+    // this one: runtime/multi_device.h), which this run's time (its stats, the expert split's timings)
+    // leaves out.
     Status run(Graph& graph, const ExpertParts& parts, int n_tokens, std::span<const HostInput> inputs,
-               std::span<const HostOutput> outputs, const std::function<void()>& while_waiting = {});
+               std::span<const HostOutput> outputs, const std::function<double()>& while_waiting = {});
     // Plans and binds `graph`, whose run() is expected next with these input tensors (a decode step built
     // ahead), while the device may still compute the current ubatch: host work only, and only from a plan
     // cached for a graph of the same shape that fits the arenas as they are (else nothing: run() plans as

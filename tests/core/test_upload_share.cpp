@@ -11,6 +11,7 @@
 
 #include "core/upload_share.h"
 
+using moe::LinkShares;
 using moe::share_upload;
 using moe::UploadPiece;
 using moe::UploadShareLimits;
@@ -118,4 +119,37 @@ TEST_CASE("share_upload leaves small uploads and lone devices to the own link", 
     const std::vector<UploadPiece> all_relayed = share_upload(size_t{64} << 20, behind);
     REQUIRE(all_relayed.size() == 8);
     for (const UploadPiece& p : all_relayed) CHECK(p.link == 1);
+}
+
+TEST_CASE("LinkShares forgets what one link carried alone beyond a few slots", "[core][upload_share]") {
+    // Uploads under min_share go over the own link only; after many of them a large upload is still shared
+    // (the relay owes at most the window, 4 chunks), not sent whole through the relay.
+    const UploadShareLimits lim;
+    const uint64_t window = 4 * uint64_t{lim.chunk};
+    std::mt19937_64 rng(std::random_device{}());
+    for (size_t links : {2u, 3u}) {
+        LinkShares shares(links);
+        for (int i = 0; i < 2000; ++i) {
+            const size_t small = (size_t{9} << 20) / 10;  // 0.9 MiB
+            const std::vector<UploadPiece> p = shares.share(small);
+            REQUIRE(p.size() == 1);
+            CHECK(p[0].link == 0);
+        }
+        const size_t n = size_t{64} << 20;
+        const std::vector<size_t> got = check_layout(shares.share(n), n, links, lim);
+        // The level over counts at most `window` apart: each relay takes at most (n + window) / links.
+        for (size_t l = 1; l < links; ++l) {
+            INFO("links " << links << " relay " << l);
+            CHECK(got[l] <= (n + window) / links + lim.grain);
+            CHECK(got[l] > 0);
+        }
+        if (links == 2) CHECK(got[0] >= n / 4);  // 64 MiB against a 32 MiB lead: at least 16 MiB stays
+        // And at any time the counts stay within the window of each other.
+        for (int i = 0; i < 500; ++i) {
+            const size_t m = rng() % 3 == 0 ? rng() % (1 << 20) : rng() % (size_t{128} << 20);
+            (void)check_layout(shares.share(m), m, links, lim);
+            const auto [lo, hi] = std::minmax_element(shares.sent().begin(), shares.sent().end());
+            CHECK(*hi - *lo <= window);
+        }
+    }
 }

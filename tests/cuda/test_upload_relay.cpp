@@ -64,12 +64,11 @@ TEST_CASE("an upload relay delivers the host's bytes through the other GPU", "[g
     require_ok(target.status());
     auto* d = static_cast<uint8_t*>((*target)->data());
     std::vector<uint8_t> back(kMax);
-    // What each link carried, as the backend's share_upload sees it: replayed here to predict the relay's bytes.
-    std::vector<uint64_t> sent = {0, 0};
+    // The links' shares as the backend counts them (LinkShares), replayed here to predict the relay's bytes.
+    moe::LinkShares shares(2);
     uint64_t predicted = 0;
     const auto upload = [&](size_t offset, const uint8_t* src, size_t n, uint64_t after) {
-        for (const moe::UploadPiece& p : moe::share_upload(n, sent)) {
-            sent[static_cast<size_t>(p.link)] += p.bytes;
+        for (const moe::UploadPiece& p : shares.share(n)) {
             if (p.link > 0) predicted += p.bytes;
         }
         require_ok(dev.upload(d + offset, src, n, after));

@@ -469,7 +469,7 @@ TEST_CASE("emulated:2 upload relays: the one-device logits, each upload shared w
           "[sched][multi_device]") {
     // upload_relay=on over emulated devices (auto sets none up: they have no peer link to measure): each
     // device's expert uploads (whole matrices of 4.5 MB: FULL copies, no expert cache) go partly over the
-    // other device's copy stream, as share_upload says: the relayed bytes are its replay over the same
+    // other device's copy stream, as LinkShares says: the relayed bytes are its replay over the same
     // uploads, exactly. With the asynchronous streams a relayed piece copied before the compute that last
     // read its slot, or read before it arrived, gives other logits: they must be the staged context's and
     // the one-device context's bit for bit.
@@ -520,11 +520,10 @@ TEST_CASE("emulated:2 upload relays: the one-device logits, each upload shared w
             CHECK(uploaded == sb.bytes_weights_full + sb.bytes_weights_experts);
             CHECK(sb.bytes_weights_relayed == 0);
             REQUIRE(uploaded % matrix == 0);
-            std::vector<uint64_t> sent = {0, 0};
+            moe::LinkShares shares(2);
             uint64_t predicted = 0;
             for (uint64_t k = 0; k < uploaded / matrix; ++k) {
-                for (const moe::UploadPiece& p : moe::share_upload(static_cast<size_t>(matrix), sent)) {
-                    sent[static_cast<size_t>(p.link)] += p.bytes;
+                for (const moe::UploadPiece& p : shares.share(static_cast<size_t>(matrix))) {
                     if (p.link > 0) predicted += p.bytes;
                 }
             }
