@@ -13,7 +13,6 @@
 #include "core/backend_registry.h"
 #include "core/device_memory.h"
 #include "core/host_registry.h"
-#include "core/upload_share.h"
 #include "cpu/emulated_streams.h"
 
 namespace moe::cpu {

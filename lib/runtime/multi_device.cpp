@@ -547,10 +547,10 @@ Status run_stages(moe_context& ctx, std::vector<sched::Stage>& stages, const sch
         sched::Scheduler& s = scheduler_of(ctx, static_cast<size_t>(stage.device));
         // Once this stage is queued, the next starts while this one's device computes (its host work, the
         // peer copy of its input ordered after this stage's compute by events), instead of after this
-        // device's synchronisation: the devices' work follows without a gap. Its time is its scheduler's.
+        // device's synchronisation: the devices' work follows without a gap. Its time is its own
+        // scheduler's, left out of this one's (Scheduler::run). After the last stage is queued: the
+        // caller's host work for the next ubatch.
         Status chained = Status::ok();
-        // After the last stage is queued: the caller's host work for the next ubatch. The time of a
-        // stage run inside this one is its own scheduler's, left out of this one's (Scheduler::run).
         const auto chain = [&]() -> double {
             if (next >= stages.size()) {
                 if (while_waiting) while_waiting();
