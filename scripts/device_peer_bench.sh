@@ -42,6 +42,23 @@ run() {  # system config, then the command; output JSON in $out/system_config.js
     echo "FAILED: $sys $cfg (rc $?): $(tail -n 2 "$out/${sys}_$cfg.err" | tr '\n' ' ')"
   fi
 }
+# The peers' --n-cpu-moe for the `two` config: as many layers' experts in host RAM as moeinfer's placement
+# left there (moeinfer spills single experts, the peers whole layers: rounded up, so the peers never get more
+# weight bytes on the GPUs). moeinfer-info gives the model's expert bytes and layers.
+spilled_layers() {
+  local host info
+  host=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[0]['weights_host_bytes'])" "$out/moeinfer_two.json") ||
+    { echo "  two: no moeinfer placement to match" >&2; return 1; }
+  [ "$host" -gt 0 ] || { echo 0; return; }
+  info=$(LD_LIBRARY_PATH="$moe/lib:${LD_LIBRARY_PATH:-}" "$moe/bin/moeinfer-info" "$model") ||
+    { echo "  two: moeinfer-info failed on $model" >&2; return 1; }
+  python3 -c '
+import math, re, sys
+text = sys.stdin.read()
+layers = int(re.search(r"^layers\s+(\d+)", text, re.M).group(1))
+expert_gib = float(re.search(r"experts ([0-9.]+) GiB", text).group(1))
+print(min(layers, math.ceil(int(sys.argv[1]) / (expert_gib * 2**30 / layers))))' "$host" <<<"$info"
+}
 peer() {  # system binary config
   local sys=$1 bin=$2 cfg=$3 mmap=(-mmp 0)
   [ -x "$bin" ] || { echo "  $sys: no binary at $bin, skipped"; return; }
@@ -53,11 +70,14 @@ peer() {  # system binary config
     hybrid)     run "$sys" "$cfg" "$bin" "${common[@]}" -ngl 99 -ot exps=CPU "${mmap[@]}" -p 512 -n 128 ;;
     hybrid4096) run "$sys" "$cfg" "$bin" "${common[@]}" -ngl 99 -ot exps=CPU "${mmap[@]}" -p 4096 -b 4096 -ub 4096 -n 0 ;;
     cpu)        run "$sys" "$cfg" env CUDA_VISIBLE_DEVICES= "$bin" "${common[@]}" -ngl 0 -p 512 -n 128 ;;
-    two)        local ts
+    two)        local ts spill=()
                 ts=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))[0]; print(f\"{r['dev0_n_layers']}/{r['dev1_n_layers']}\")" \
                      "$out/moeinfer_two.json") || { echo "  $sys two: no moeinfer placement to match"; return; }
-                run "$sys" "$cfg" "$bin" "${common[@]}" -ngl 99 -ts "$ts" -p 512 -n 128
-                run "$sys" "${cfg}4096" "$bin" "${common[@]}" -ngl 99 -ts "$ts" -p 4096 -b 4096 -ub 4096 -n 0
+                local ncmoe; ncmoe=$(spilled_layers) || return
+                [ "$ncmoe" -gt 0 ] && spill=(--n-cpu-moe "$ncmoe")
+                echo "  $sys two: -ts $ts ${spill[*]}"
+                run "$sys" "$cfg" "$bin" "${common[@]}" -ngl 99 -ts "$ts" "${spill[@]}" -p 512 -n 128
+                run "$sys" "${cfg}4096" "$bin" "${common[@]}" -ngl 99 -ts "$ts" "${spill[@]}" -p 4096 -b 4096 -ub 4096 -n 0
                 # What the peer understood (a wrong -ts silently puts every layer on one GPU).
                 python3 -c "import json,sys; print('  $sys two: tensor_split', sorted({r.get('tensor_split') for r in json.load(open(sys.argv[1]))}))" \
                   "$out/${sys}_$cfg.json" ;;
