@@ -1,6 +1,8 @@
 #include "cpu/cpu_features.h"
 
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
@@ -14,6 +16,19 @@ uint64_t read_xcr0() {
     uint32_t eax = 0, edx = 0;
     __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
     return (static_cast<uint64_t>(edx) << 32) | eax;
+}
+
+// Linux hands out the 8 KiB of tile data state only to processes that ask (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); a tile instruction without it is killed with SIGILL.
+// The permission holds for every thread of the process, later ones included.
+bool amx_permitted() {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    constexpr long kReqXcompPerm = 0x1023;
+    constexpr long kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
 }
 
 CpuFeatures detect() {
@@ -36,7 +51,7 @@ CpuFeatures detect() {
     const bool avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1, avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1;
     f.avx512 = f.avx2 && os_avx512 && avx512f && avx512dq && avx512bw && avx512vl;
     f.avx512_vnni = f.avx512 && ((c >> 11) & 1);
-    f.amx = os_amx && ((d >> 24) & 1) && ((d >> 25) & 1);
+    f.amx = f.avx512 && os_amx && ((d >> 24) & 1) && ((d >> 22) & 1) && amx_permitted();  // AMX-TILE, AMX-BF16
     unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
     if (__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) f.avx512_bf16 = f.avx512 && ((a1 >> 5) & 1);
 
@@ -46,13 +61,14 @@ CpuFeatures detect() {
         if (std::strcmp(cap, "avx2") == 0) {
             f.avx512 = f.avx512_vnni = f.avx512_bf16 = f.amx = false;
         }
+        if (std::strcmp(cap, "avx512") == 0) f.amx = false;
     }
     return f;
 }
 
 // The detected features and their capped variants, indexed by IsaCap.
 struct FeatureSets {
-    CpuFeatures by_cap[3];
+    CpuFeatures by_cap[4];
 };
 
 const FeatureSets& feature_sets() {
@@ -60,6 +76,9 @@ const FeatureSets& feature_sets() {
         FeatureSets s;
         const CpuFeatures f = detect();
         s.by_cap[static_cast<int>(IsaCap::kNone)] = f;
+        CpuFeatures avx512 = f;
+        avx512.amx = false;
+        s.by_cap[static_cast<int>(IsaCap::kAvx512)] = avx512;
         CpuFeatures avx2 = f;
         avx2.avx512 = avx2.avx512_vnni = avx2.avx512_bf16 = avx2.amx = false;
         s.by_cap[static_cast<int>(IsaCap::kAvx2)] = avx2;
@@ -91,6 +110,7 @@ const CpuFeatures& cpu_features() { return feature_sets().by_cap[g_isa_cap.load(
 
 const char* cpu_isa_name() {
     const CpuFeatures& f = cpu_features();
+    if (f.avx512 && f.avx512_vnni && f.avx512_bf16 && f.amx) return "avx512_vnni+bf16+amx";
     if (f.avx512 && f.avx512_vnni && f.avx512_bf16) return "avx512_vnni+bf16";
     if (f.avx512 && f.avx512_vnni) return "avx512_vnni";
     if (f.avx512) return "avx512";

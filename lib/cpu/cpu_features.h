@@ -8,7 +8,7 @@ struct CpuFeatures {
     bool avx512 = false;    // AVX-512 F/BW/VL/DQ
     bool avx512_vnni = false;
     bool avx512_bf16 = false;
-    bool amx = false;       // AMX tiles (reported only; not used yet)
+    bool amx = false;       // AMX tiles with BF16 products, and the OS lets this process use them
 };
 
 // Detected with CPUID and XGETBV (the OS must also save the wide registers). Cached.
@@ -17,12 +17,13 @@ const CpuFeatures& cpu_features();
 // "avx512_vnni+bf16", "avx2", "scalar": the widest kernel family this CPU will run.
 const char* cpu_isa_name();
 
-// MOEINFER_CPU_ISA=scalar|avx2|avx512 caps the ISA (for tests of every path on one machine).
+// MOEINFER_CPU_ISA=scalar|avx2|avx512 caps the ISA (for tests of every path on one machine): avx512 means
+// AVX-512 without AMX.
 
 // Test hook: caps what cpu_features() reports from now on, on top of detection and MOEINFER_CPU_ISA,
 // so one test process can run every kernel family (kernels choose at each call). kNone lifts the cap.
 // REQUIRES: no kernel is running while the cap changes.
-enum class IsaCap { kNone, kAvx2, kScalar };
+enum class IsaCap { kNone, kAvx512, kAvx2, kScalar };
 void set_cpu_isa_cap_for_testing(IsaCap cap);
 
 // Where the matrix products take the BF16 path (cpu/matmul_bf16_path.h) on a CPU with AVX-512 BF16:

@@ -1,6 +1,7 @@
 // The BF16 path's driver (see matmul_bf16_path.h). Baseline x86-64: the arithmetic is in the kernel
-// tables of matmul_bf16_avx512.cpp and, for the super-block kinds, matmul_i8_avx512.cpp (int8 tiles),
-// reached only where the CPU has AVX-512 BF16.
+// tables of matmul_bf16_avx512.cpp, matmul_bf16_amx.cpp (the tile product on AMX, where the CPU has it)
+// and, for the super-block kinds, matmul_i8_avx512.cpp (int8 tiles), reached only where the CPU has
+// AVX-512 BF16.
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
@@ -89,7 +90,11 @@ size_t scratch_bytes(int64_t k, int64_t n_rows, int64_t n_expert, int64_t n_pair
 void run(const Problem& p, uint8_t* scratch) {
     const mm::bf16::Bf16Kernels& kt = mm::bf16::kAvx512Bf16Kernels;
     const mm::i8::I8Kernels& it = mm::i8::kAvx512I8Kernels;
-    // The int8 tiles where every operand's kind has them (the super-block kinds, k % 256 == 0).
+    // The int8 tiles where every operand's kind has them (the super-block kinds, k % 256 == 0); the BF16
+    // tiles otherwise, multiplied on AMX where the CPU has it. (AMX BF16 tiles, H100 host, 16 cores,
+    // Qwen3-30B-A3B expert shapes, 4096 tokens: Q8_0 and Q4_0 3.1x the AVX-512 BF16 tiles, but Q4_K,
+    // Q6_K and IQ4_XS 2-11% behind the int8 tiles, whose weights cost less to decode; PERF.md 2026-11-27.)
+    const mm::bf16::TileFn bf16_tile = cpu_features().amx ? mm::bf16::amx_tile : kt.tile;
     bool i8 = cpu_features().avx512_vnni && decoded_tiles() == DecodedTiles::kInt8;
     for (int i = 0; i < p.n_w; ++i) i8 = i8 && it.decode[p.w[i].kind] != nullptr;
     const int64_t n_pairs = p.offsets[p.n_expert];
@@ -162,8 +167,8 @@ void run(const Problem& p, uint8_t* scratch) {
                             it.tile(wbuf8, wscales, n, p.k, k0, kc, job_acts, job.nb, acc[i] + rg * kTileCols, k0 == 0);
                         } else {
                             kt.decode[w.kind](rows, w.row_stride, n, k0, kc, wbuf);
-                            kt.tile(wbuf, n, kc, job_acts + k0 / 2 * 64, block_bytes, job.nb, acc[i] + rg * kTileCols,
-                                    k0 == 0);
+                            bf16_tile(wbuf, n, kc, job_acts + k0 / 2 * 64, block_bytes, job.nb,
+                                      acc[i] + rg * kTileCols, k0 == 0);
                         }
                     }
                 }

@@ -54,4 +54,10 @@ struct Bf16Kernels {
 // Defined in matmul_bf16_avx512.cpp (needs AVX-512 F/BW/VL/DQ + BF16). Constant-initialised.
 extern const Bf16Kernels kAvx512Bf16Kernels;
 
+// The same tile product on AMX tiles (matmul_bf16_amx.cpp; needs AMX-TILE + AMX-BF16 and the OS's leave,
+// cpu_features().amx). kc % 32 == 0. Leaves the calling thread's tiles configured (the next call on
+// the thread with the same n_rows skips the configuration).
+void amx_tile(const uint16_t* w, int n_rows, int64_t kc, const uint8_t* acts, size_t block_bytes, int n_blocks,
+              float* tile, bool first);
+
 }  // namespace moe::cpu::mm::bf16

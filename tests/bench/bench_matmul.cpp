@@ -13,7 +13,8 @@
 //
 // --bf16 always|never forces the BF16 path of quantised weights on or off (where the CPU has AVX-512
 // BF16); the default, auto, is the library's own choice. --tiles bf16 makes that path multiply the
-// super-block types (Q2_K .. Q6_K, IQ4_XS) with BF16 tiles instead of its default int8 ones (i8).
+// super-block types (Q2_K .. Q6_K, IQ4_XS) with BF16 tiles instead of its default int8 ones (i8). On a CPU
+// with AMX that path multiplies every kind's BF16 tiles on AMX; MOEINFER_CPU_ISA=avx512 runs it without.
 //
 // Usage: moeinfer_bench_matmul [--threads N] [--types q8_0,q4_0,mxfp4,q4_k,q6_k,...,bf16,f16,f32]
 //                              [--shapes q30,g20] [--tokens 1,512] [--layers L] [--min-time SECONDS] [--hot]

@@ -62,12 +62,21 @@ std::vector<Isa> available_isas() {
     const cpu::CpuFeatures& f = cpu::cpu_features();
     std::vector<Isa> isas = {{"scalar", cpu::IsaCap::kScalar, &moe::cpu::mm::kScalarKernels}};
     if (f.avx2) isas.push_back({"avx2", cpu::IsaCap::kAvx2, &moe::cpu::mm::kAvx2Kernels});
-    if (f.avx512 && f.avx512_vnni) isas.push_back({"avx512", cpu::IsaCap::kNone, &moe::cpu::mm::kAvx512Kernels});
+    // AVX-512 without AMX (the cap), so that a CPU with AMX still runs the AVX-512 tile kernels here.
+    if (f.avx512 && f.avx512_vnni) isas.push_back({"avx512", cpu::IsaCap::kAvx512, &moe::cpu::mm::kAvx512Kernels});
     if (f.avx512 && f.avx512_vnni && f.avx512_bf16) {
-        isas.push_back({"avx512_bf16", cpu::IsaCap::kNone, &moe::cpu::mm::kAvx512Kernels, true});
-        isas.push_back({"avx512_i8", cpu::IsaCap::kNone, &moe::cpu::mm::kAvx512Kernels, true, true});
+        isas.push_back({"avx512_bf16", cpu::IsaCap::kAvx512, &moe::cpu::mm::kAvx512Kernels, true});
+        isas.push_back({"avx512_i8", cpu::IsaCap::kAvx512, &moe::cpu::mm::kAvx512Kernels, true, true});
     } else {
         WARN("skipped: the BF16 path (this CPU has no AVX-512 BF16)");
+    }
+    // With AMX the BF16 path multiplies its BF16 tiles on it; the super-block kinds keep their int8 tiles
+    // unless the BF16 ones are asked for (amx_bf16 asks, so every kind runs on AMX here).
+    if (f.amx) {
+        isas.push_back({"amx_bf16", cpu::IsaCap::kNone, &moe::cpu::mm::kAvx512Kernels, true});
+        isas.push_back({"amx_i8", cpu::IsaCap::kNone, &moe::cpu::mm::kAvx512Kernels, true, true});
+    } else {
+        WARN("skipped: the BF16 path on AMX tiles (this CPU has no AMX, or the OS does not grant it)");
     }
     return isas;
 }
