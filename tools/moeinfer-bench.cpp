@@ -128,6 +128,9 @@ std::string threshold_summary(const moe_sched_stats& s) {
             out += " " + bench::offload_op_name(op) + " " + bench::detail::fmt("%.3g", s.offload_host_gbps[op]) + " / " +
                    bench::detail::fmt("%.3g", s.offload_device_gbps[op]);
         }
+        if (s.offload_host_prefill_gbps > 0.0) {
+            out += "; host at prompt sizes " + bench::detail::fmt("%.3g", s.offload_host_prefill_gbps);
+        }
         out += ")";
     }
     return out;

@@ -633,6 +633,10 @@ typedef struct moe_sched_stats {
      * (bytes_weights_full + bytes_weights_experts), those sent through another GPU's host link and then
      * the peer link (backend option upload_relay, docs/MULTI_GPU.md); the rest crossed the device's own. */
     uint64_t bytes_weights_relayed;
+    /* The host's rate multiplying an expert weight by tokens at prompt sizes (256 tokens: the batched
+     * kernels, AMX where the CPU has it), GB/s of weight bytes times tokens as offload_host_gbps; measured
+     * with those (0 where nothing was); the expert split's first estimate of its host side (docs/POLICY.md). */
+    double offload_host_prefill_gbps;
 } moe_sched_stats;
 
 /* Where an offload threshold (moe_sched_stats.offload_min_batch) came from. */
@@ -689,7 +693,8 @@ MOE_API const char* moe_threshold_source_name(int32_t source);
     X(int32_t, offload_min_batch_source, [MOE_OFFLOAD_OP_COUNT]) \
     X(double, offload_link_gbps, )                               \
     X(double, offload_host_gbps, [MOE_OFFLOAD_OP_COUNT])         \
-    X(double, offload_device_gbps, [MOE_OFFLOAD_OP_COUNT])
+    X(double, offload_device_gbps, [MOE_OFFLOAD_OP_COUNT])       \
+    X(double, offload_host_prefill_gbps, )
 
 MOE_API moe_status moe_context_get_stats(const moe_context* ctx, moe_sched_stats* out_stats);
 

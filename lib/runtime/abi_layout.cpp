@@ -114,7 +114,8 @@ static_assert(offsetof(moe_sched_stats, offload_link_gbps) == 288);
 static_assert(offsetof(moe_sched_stats, offload_host_gbps) == 296);
 static_assert(offsetof(moe_sched_stats, offload_device_gbps) == 320);
 static_assert(offsetof(moe_sched_stats, bytes_weights_relayed) == 344);
-static_assert(sizeof(moe_sched_stats) == 352);
+static_assert(offsetof(moe_sched_stats, offload_host_prefill_gbps) == 352);
+static_assert(sizeof(moe_sched_stats) == 360);
 // The field lists (MOE_SCHED_STATS_COUNTERS / _CONTEXT) name every field but struct_size (and its padding):
 // a field appended to the struct but to neither list fails here.
 #define MOE_FIELD_BYTES(type, name, dims) +sizeof(((moe_sched_stats*)nullptr)->name)

@@ -39,6 +39,7 @@ moe_sched_stats to_c_stats(const moe_context& ctx, const moe::sched::Stats& s, c
     c.n_expert = ctx.model->hparams.n_expert;
     const moe::sched::OffloadCalibration& cal = thresholds.offload_calibration();
     c.offload_link_gbps = cal.link_gbps;
+    c.offload_host_prefill_gbps = cal.host_prefill_gbps;
     for (int i = 0; i < moe::sched::kOffloadOps; ++i) {
         const moe::sched::OffloadThreshold t = thresholds.offload_threshold(static_cast<moe::sched::OffloadOp>(i));
         c.offload_min_batch[i] = t.min_batch;

@@ -61,10 +61,10 @@ struct Product {
     Tensor w, x, y;
     std::vector<std::unique_ptr<Buffer>> buffers;
 
-    explicit Product(const Tensor& slice) : w(slice) {
-        const int64_t x_ne[2] = {w.ne[0], kProbeTokens};
+    explicit Product(const Tensor& slice, int tokens = kProbeTokens) : w(slice) {
+        const int64_t x_ne[2] = {w.ne[0], tokens};
         set_shape(x, Type::F32, 2, x_ne);
-        const int64_t y_ne[2] = {w.ne[1], kProbeTokens};
+        const int64_t y_ne[2] = {w.ne[1], tokens};
         set_shape(y, Type::F32, 2, y_ne);
         y.op = Op::MUL_MAT;
         y.src[0] = &w;
@@ -81,15 +81,15 @@ std::vector<float> probe_activations(const Tensor& x) {
     return v;
 }
 
-// GB/s of weight bytes x tokens of the host multiplying `slice` by kProbeTokens tokens.
-StatusOr<double> host_rate(Backend& host, const Tensor& slice) {
-    Product p(slice);
+// GB/s of weight bytes x tokens of the host multiplying `slice` by `tokens` tokens.
+StatusOr<double> host_rate(Backend& host, const Tensor& slice, int tokens = kProbeTokens) {
+    Product p(slice, tokens);
     std::vector<float> x = probe_activations(p.x);
     std::vector<float> y(static_cast<size_t>(p.y.n_elements()));
     p.x.data = x.data();
     p.y.data = y.data();
     MOE_ASSIGN_OR_RETURN(const double s, time_compute(host, p.y));
-    return p.weight_gb() * kProbeTokens / s;
+    return p.weight_gb() * tokens / s;
 }
 
 // A device buffer of t's bytes bound to t; `src`, when given, copied into it.
@@ -163,6 +163,13 @@ StatusOr<sched::OffloadCalibration> measure_offload_calibration(moe_context& ctx
         const Tensor slice = weight_slice(*weights[static_cast<size_t>(i)]);
         MOE_ASSIGN_OR_RETURN(c.host_gbps[i], host_rate(*ctx.host, slice));
         MOE_ASSIGN_OR_RETURN(c.device_gbps[i], device_rate(*ctx.device, slice, &c.link_gbps));
+    }
+    // The expert split's host cost at prompt sizes: on the up/gate weight where the model fuses them.
+    for (const sched::OffloadOp op : {sched::OffloadOp::MOE_UP_GATE, sched::OffloadOp::MUL_MAT_ID}) {
+        const Tensor* w = weights[static_cast<size_t>(op)];
+        if (w == nullptr) continue;
+        MOE_ASSIGN_OR_RETURN(c.host_prefill_gbps, host_rate(*ctx.host, weight_slice(*w), kPrefillProbeTokens));
+        break;
     }
     return c;
 }

@@ -16,6 +16,8 @@ namespace moe {
 // ubatch at 32 * E / k tokens), where the measured threshold is expected to land.
 constexpr int kProbeTokens = 32;
 constexpr size_t kProbeBytes = size_t{4} << 20;
+// The tokens of the prefill probe: what each expert sees in a 4096-token ubatch of 8 experts out of 128.
+constexpr int kPrefillProbeTokens = 256;
 
 // Whether ctx's creation measures: offload_calibration=on for any device context, auto (the default)
 // for CUDA contexts only, so that the emulated device keeps the fixed thresholds and tests stay

@@ -68,9 +68,15 @@ int ExpertSplitter::choose_host_experts(int layer, int n_tokens, std::vector<int
         bytes += w->nb[2];
         flops += 2.0 * static_cast<double>(w->ne[0]) * static_cast<double>(w->ne[1]);
     }
-    // Until the host has been measured: 1 TFLOP/s, what a 16-core AVX-512 machine sustains here. The
-    // measurement is per expected pair, so it also corrects the expectation's bias.
-    const double per_pair = host_s_per_pair_ > 0.0 ? host_s_per_pair_ : flops / 1e12;
+    // Until a split has measured the host: the host's rate at prompt sizes from the context's calibration
+    // (an expert's bytes at that rate), else 1 TFLOP/s, what a 16-core AVX-512 machine sustains here.
+    // Without a first guess near the truth a host slower than that is sent into split trials that lose,
+    // and a faster one (AMX) is never given a split, so never measured. The measurement is per expected
+    // pair, so it also corrects the expectation's bias.
+    const double prefill_gbps = assignment_.calibration().host_prefill_gbps;
+    const double per_pair = host_s_per_pair_ > 0.0 ? host_s_per_pair_
+                            : prefill_gbps > 0.0   ? static_cast<double>(bytes) / (prefill_gbps * 1e9)
+                                                   : flops / 1e12;
     const double per_upload = upload_s_per_byte_ * static_cast<double>(bytes);
     // Without a split the layer uploads every expert (FULL) or about those the router picks (the ACTIVE
     // copies; expected distinct experts under uniform routing), and the split's device part the same

@@ -35,6 +35,9 @@ struct OffloadCalibration {
     double link_gbps = 0.0;                // host-to-device copies of the host-resident weights
     double host_gbps[kOffloadOps] = {};    // per op kind, weight bytes x tokens per second on the host
     double device_gbps[kOffloadOps] = {};  // the same on the device; 0: its compute left out
+    // The host's rate on an expert weight at prompt sizes (kPrefillProbeTokens tokens, where the products
+    // take the host's batched kernels, AMX included): the expert split's first guess of its host cost.
+    double host_prefill_gbps = 0.0;
 };
 
 struct OffloadThreshold {

@@ -38,11 +38,11 @@ STATS_KEYS = {"n_ubatches", "n_splits", "bytes_weights_full", "bytes_weights_exp
               "n_cache_hits", "n_cache_misses", "bytes_cache_saved", "bytes_weights_relayed",
               # the offload thresholds in effect and what measured ones came from (docs/POLICY.md)
               "offload_min_batch", "offload_min_batch_source", "offload_link_gbps", "offload_host_gbps",
-              "offload_device_gbps"}
+              "offload_device_gbps", "offload_host_prefill_gbps"}
 # Figures of the context, which reset_stats() leaves alone.
 CONTEXT_KEYS = {"weights_host_bytes", "weights_device_bytes", "n_layer", "n_expert", "weights_host_pinned_bytes",
                 "offload_min_batch", "offload_min_batch_source", "offload_link_gbps", "offload_host_gbps",
-                "offload_device_gbps"}
+                "offload_device_gbps", "offload_host_prefill_gbps"}
 
 
 @pytest.fixture(scope="module", params=ARCHS)

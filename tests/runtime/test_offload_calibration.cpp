@@ -112,6 +112,7 @@ TEST_CASE("offload thresholds: the emulated device keeps the fixed ones, reporte
         CHECK(st.offload_device_gbps[op] == 0.0);
     }
     CHECK(st.offload_link_gbps == 0.0);
+    CHECK(st.offload_host_prefill_gbps == 0.0);
     CHECK(std::string(moe_threshold_source_name(MOE_THRESHOLD_DEFAULT)) == "default");
     CHECK(moe_threshold_source_name(7) == nullptr);
 }
@@ -150,6 +151,9 @@ TEST_CASE("offload thresholds: calibration on the emulated device reports its fi
     // The link: uploads of the emulated device take at least the time of a 2 GB/s link.
     CHECK(st.offload_link_gbps > 0.0);
     CHECK(st.offload_link_gbps <= 2.0 * 1.0001);
+    // The expert weights' prompt-size rate, the expert split's first guess: measured, a plain positive rate.
+    CHECK(std::isfinite(st.offload_host_prefill_gbps));
+    CHECK(st.offload_host_prefill_gbps > 0.0);
     const double E = m.info().n_expert, k = m.info().n_expert_used;
     for (int op = 0; op < MOE_OFFLOAD_OP_COUNT; ++op) {
         INFO("op " << moe_offload_op_name(op));
