@@ -1,5 +1,6 @@
-// The BF16 path's tile product on AMX (see matmul_bf16.h): one TDPBF16PS multiplies 16 weight rows by
-// 32 elements by 16 tokens, where the AVX-512 kernel's vdpbf16ps does 16 tokens by 2 elements.
+// The BF16 path's tile product on AMX (see matmul_bf16.h): one TDPBF16PS multiplies n_rows (<= kRows = 8
+// here; the tiles take 16) weight rows by 32 elements by 16 tokens, where the AVX-512 kernel's vdpbf16ps
+// does 16 tokens by 2 elements.
 //
 // The path's layouts are already the tiles' (no repacking):
 // - A (weights): the decoded chunk, row-major BF16, kChunk elements per row: a tile of n_rows rows of 32
