@@ -609,8 +609,10 @@ TEST_CASE("the automatic split's first host cost is the measured prompt-size rat
     const double expert_bytes = static_cast<double>(info.n_expert_bytes) / (info.n_layer * E);
     const double pair_flops = 2.0 * 3.0 * info.n_embd * info.n_ff_expert;  // up, gate, down
     // Many tokens per expert, so that the link between the two guesses is slow enough for the emulated
-    // device to keep (a slower measured link than asked would make the split look better than it is).
-    const int32_t n = 2048;
+    // device to keep (a slower measured link than asked would make the split look better than it is), and
+    // the synchronous emulation whatever MOEINFER_EMULATED_ASYNC says: the asynchronous one's random task
+    // delays slow its measured link by more than the margin.
+    const int32_t n = 4096;
     moe_sched_policy pol;
     moe_sched_policy_init(&pol);
     REQUIRE(pol.expert_split == MOE_EXPERT_SPLIT_AUTO);
@@ -629,7 +631,7 @@ TEST_CASE("the automatic split's first host cost is the measured prompt-size rat
     };
     double host_gbps = 0.0;
     {
-        const moe::test::ApiContext probe(m.get(), params("offload_calibration=on"));
+        const moe::test::ApiContext probe(m.get(), params("emulated_async=off,offload_calibration=on"));
         host_gbps = probe.stats().offload_host_prefill_gbps;
     }
     REQUIRE(host_gbps > 0.0);
@@ -657,9 +659,9 @@ TEST_CASE("the automatic split's first host cost is the measured prompt-size rat
         const moe_sched_stats st = c.stats();
         return std::make_pair(st.n_split_trials, st.n_split_layers);
     };
-    const auto calibrated = trials_and_splits("offload_calibration=on,emulated_pcie_gbps=" + gbps);
+    const auto calibrated = trials_and_splits("emulated_async=off,offload_calibration=on,emulated_pcie_gbps=" + gbps);
     CHECK(calibrated.first == 0);
     CHECK(calibrated.second == 0);
-    const auto fixed = trials_and_splits("offload_calibration=off,emulated_pcie_gbps=" + gbps);
+    const auto fixed = trials_and_splits("emulated_async=off,offload_calibration=off,emulated_pcie_gbps=" + gbps);
     CHECK(fixed.first > 0);
 }
