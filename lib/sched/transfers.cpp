@@ -680,10 +680,17 @@ StatusOr<double> Transfers::upload_seconds_per_byte() {
     const void* src = weights_.usable(largest, true)->host;
     MOE_RETURN_IF_ERROR(ensure_ring());
     MOE_RETURN_IF_ERROR(device_->synchronize());  // slot 0 may still be in use
-    const Clock::time_point t0 = Clock::now();
-    MOE_RETURN_IF_ERROR(device_->upload(slot_buffer_->data(), src, largest->n_bytes(), 0));
-    MOE_RETURN_IF_ERROR(device_->synchronize());
-    upload_s_per_byte_ = std::max(seconds_since(t0), 1e-9) / static_cast<double>(largest->n_bytes());
+    // The fastest of a few: one upload that the OS delays would make every later split look better than it is.
+    constexpr int kTimedUploads = 3;
+    double fastest = 0.0;
+    for (int i = 0; i < kTimedUploads; ++i) {
+        const Clock::time_point t0 = Clock::now();
+        MOE_RETURN_IF_ERROR(device_->upload(slot_buffer_->data(), src, largest->n_bytes(), 0));
+        MOE_RETURN_IF_ERROR(device_->synchronize());
+        const double s = seconds_since(t0);
+        fastest = i == 0 ? s : std::min(fastest, s);
+    }
+    upload_s_per_byte_ = std::max(fastest, 1e-9) / static_cast<double>(largest->n_bytes());
     return upload_s_per_byte_;
 }
 

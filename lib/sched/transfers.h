@@ -129,7 +129,7 @@ public:
     uint64_t cache_generation() const { return cache_.generation(); }
     // Device bytes the expert cache holds (0 until its first use, or when off).
     size_t cache_bytes() const { return cache_buffer_ ? cache_buffer_->size() : 0; }
-    // Seconds per byte of an upload into a slot, timed once on the largest host-resident weight.
+    // Seconds per byte of an upload into a slot: the fastest of 3 of the largest host-resident weight, once.
     StatusOr<double> upload_seconds_per_byte();
 
 private:
