@@ -91,10 +91,10 @@ struct SchedStats {
     // Weight bytes sent to the device: whole tensors plus ACTIVE_ONLY expert slices.
     uint64_t bytes_uploaded() const { return bytes_weights_full + bytes_weights_experts; }
     double per_ubatch(double total) const { return n_ubatches > 0 ? total / static_cast<double>(n_ubatches) : 0.0; }
-    // Upload rate over the ubatches' wall time, in GB/s (1e9): compare with the PCIe bandwidth.
-    double upload_gbps() const {
-        return seconds_total > 0.0 ? static_cast<double>(bytes_uploaded()) / seconds_total / 1e9 : 0.0;
-    }
+    // `bytes` over the ubatches' wall time, in GB/s (1e9).
+    double gbps(double bytes) const { return seconds_total > 0.0 ? bytes / seconds_total / 1e9 : 0.0; }
+    // Upload rate: compare with the PCIe bandwidth.
+    double upload_gbps() const { return gbps(static_cast<double>(bytes_uploaded())); }
 
 private:
     template <class T>
@@ -451,7 +451,6 @@ inline void print_sched_summary(FILE* out, const RunInfo& i,
             // The upload rate per link: its own, and through the other GPUs' (upload relays).
             const double relayed = static_cast<double>(ds.bytes_weights_relayed);
             const double own = static_cast<double>(ds.bytes_uploaded()) - relayed;
-            const auto gbps = [&ds](double bytes) { return ds.seconds_total > 0.0 ? bytes / ds.seconds_total / 1e9 : 0.0; };
             std::fprintf(out, "  CUDA%zu: per ubatch %s uploaded, %s between devices, %s ops on the device / %s on the "
                               "host, %s ms (host compute %s ms, waiting %s ms); upload %s GB/s (own link %s, relayed "
                               "through other GPUs %s)\n",
@@ -462,7 +461,7 @@ inline void print_sched_summary(FILE* out, const RunInfo& i,
                          fmt("%.3f", 1e3 * per(ds.seconds_total)).c_str(),
                          fmt("%.3f", 1e3 * per(ds.seconds_host_compute)).c_str(),
                          fmt("%.3f", 1e3 * per(ds.seconds_wait)).c_str(), fmt("%.2f", ds.upload_gbps()).c_str(),
-                         fmt("%.2f", gbps(own)).c_str(), fmt("%.2f", gbps(relayed)).c_str());
+                         fmt("%.2f", ds.gbps(own)).c_str(), fmt("%.2f", ds.gbps(relayed)).c_str());
         }
     }
     std::fprintf(out, "(upload GB/s = weight bytes uploaded / ubatch wall time; pinned PCIe 5.0 x16 tops out near 55 "
