@@ -668,6 +668,13 @@ def test_help_documents_every_flag():
     (["--bandwidth", "-r", "1001"], "at most 1000"),
     (["--bandwidth", "--bandwidth-mib", "0"], "out of range"),
     (["x.gguf", "--bandwidth-mib", "16"], "--bandwidth only"),
+    # llama.cpp / ik_llama.cpp flags with no counterpart here: refused with the reason.
+    (["x.gguf", "-fa", "1"], "flash-style"),
+    (["x.gguf", "-fmoe", "1"], "MOE_UP_GATE"),
+    (["x.gguf", "-mla", "3"], "absorbed form"),
+    (["x.gguf", "--mla-use", "3"], "deepseek2"),
+    (["x.gguf", "-rtr", "1"], "nothing to repack"),
+    (["x.gguf", "-ctk", "q8_0"], "KV cache is F16"),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv, needle):
     proc = run(*argv, check=False)

@@ -143,7 +143,8 @@ inline const std::vector<NotTaken>& not_taken_flags() {
         {"-fmoe", "--fused-moe",
          "not needed: the expert up and gate products and the activation are always one fused op (MOE_UP_GATE)"},
         {"-mla", "--mla-use",
-         "not supported: MLA is DeepSeek's attention; moeinfer runs qwen3moe and gpt-oss models, which have none"},
+         "not needed: deepseek2 models always run MLA the way that is faster there: decode in the absorbed form "
+         "over the latent cache, prompts with the cached latents decompressed once per ubatch"},
         {"-amb", "--attention-max-batch",
          "not needed: it caps ik_llama.cpp's K*Q buffer; moeinfer's flash-style attention never builds one"},
         {"-rtr", "--run-time-repack",
