@@ -3,8 +3,8 @@
 #   scripts/make_devcarry.sh [BUILD_DIR] [OUT_DIR]     (defaults: build, build-devcarry)
 # OUT_DIR gets moeinfer_tests, bin/moeinfer-bench, lib/libmoeinfer.so.0 and lib/libtbb.so.12 (the device
 # image has no oneTBB), stripped. On the device: export LD_LIBRARY_PATH=$PWD/OUT_DIR/lib.
-# XZ=1 compresses the test binary and the library (the device tool carries at most 64 MiB with the tree):
-# unpack on the device with `xz -d OUT_DIR/moeinfer_tests.xz OUT_DIR/lib/libmoeinfer.so.0.xz`.
+# XZ=1 compresses the test binary and the library (the device tool carries at most 64 MiB with the tree).
+# On the device, `source OUT_DIR/setup.sh` from the repository root unpacks them and sets LD_LIBRARY_PATH.
 # The other tools the device scripts use (moeinfer-synth, moeinfer-info, the matmul micro-benchmark) go to
 # OUT_DIR/bin when the build has them. PYTHON=1 adds the Python package (OUT_DIR/python/moeinfer, for pytest:
 # PYTHONPATH=OUT_DIR/python, MOEINFER_TOOLS_DIR=OUT_DIR/bin); its extension links the library statically, so it
@@ -33,4 +33,11 @@ if [ "${PYTHON:-0}" = 1 ]; then
   packed+=("$out/python/moeinfer/$(basename "$ext")")
 fi
 if [ "${XZ:-0}" = 1 ]; then xz -T2 -f "${packed[@]}"; fi
+# OUT_DIR/setup.sh, sourced from the repository root on the device: unpacks what XZ=1 packed (once), puts
+# the library on LD_LIBRARY_PATH and makes the tests' scratch folder.
+cat > "$out/setup.sh" <<SETUP
+for f in $out/moeinfer_tests.xz $out/lib/libmoeinfer.so.0.xz $out/python/moeinfer/*.xz; do [ -f "\$f" ] && xz -d -T4 "\$f"; done
+export LD_LIBRARY_PATH=\$PWD/$out/lib:\${LD_LIBRARY_PATH:-}
+mkdir -p /work/main/build/tests/tmp
+SETUP
 du -sh "$out"
