@@ -8,7 +8,8 @@
 # The other tools the device scripts use (moeinfer-synth, moeinfer-info, the matmul micro-benchmark) go to
 # OUT_DIR/bin when the build has them. PYTHON=1 adds the Python package (OUT_DIR/python/moeinfer, for pytest:
 # PYTHONPATH=OUT_DIR/python, MOEINFER_TOOLS_DIR=OUT_DIR/bin); its extension links the library statically, so it
-# is as large again (xz'd with XZ=1: unpack OUT_DIR/python/moeinfer/*.xz too).
+# is as large again (xz'd with XZ=1: unpack OUT_DIR/python/moeinfer/*.xz too). PERF=1 adds perf
+# (OUT_DIR/perfpack.tar.xz, for scripts/device_host_profile.sh).
 set -euo pipefail
 build=${1:-build}
 out=${2:-build-devcarry}
@@ -33,6 +34,18 @@ if [ "${PYTHON:-0}" = 1 ]; then
   packed+=("$out/python/moeinfer/$(basename "$ext")")
 fi
 if [ "${XZ:-0}" = 1 ]; then xz -T2 -f "${packed[@]}"; fi
+# PERF=1: this machine's perf, its libraries and loader, for scripts/device_host_profile.sh (the device
+# image has no perf).
+if [ "${PERF:-0}" = 1 ]; then
+  perf_bin=$(command -v perf) || { echo "make_devcarry: PERF=1 needs perf (apt-get install linux-perf)" >&2; exit 1; }
+  stage=$(mktemp -d)
+  mkdir -p "$stage/perfpack/lib"
+  cp "$perf_bin" "$stage/perfpack/perf"
+  ldd "$perf_bin" | awk '/=>/ {print $3}' | xargs -r -I{} cp -L {} "$stage/perfpack/lib/"
+  cp -L /lib64/ld-linux-x86-64.so.2 "$stage/perfpack/lib/"
+  tar cJf "$out/perfpack.tar.xz" -C "$stage" perfpack
+  rm -rf "$stage"
+fi
 # OUT_DIR/setup.sh, sourced from the repository root on the device: unpacks what XZ=1 packed (once), puts
 # the library on LD_LIBRARY_PATH and makes the tests' scratch folder.
 cat > "$out/setup.sh" <<SETUP
