@@ -216,6 +216,12 @@ const std::vector<Key>& keys() {
              return true;
          },
          nullptr},
+        {"cpu_moe_fusion", "MOEINFER_CPU_MOE_FUSION", "on|off", "on",
+         "the CPU computes an expert FFN's up/gate and down products in one parallel pass where both are "
+         "small (decoding): each expert's down product starts as soon as its up/gate product is done "
+         "(results bitwise the same either way)",
+         parse_bool<&BackendConfig::cpu_moe_fusion>,
+         [](const char* v, BackendConfig& c) { c.cpu_moe_fusion = env_not_zero(v); }},
     };
     return table;
 }

@@ -70,6 +70,7 @@ struct BackendConfig {
     FloatGemv float_gemv = FloatGemv::V2;     // float_gemv / MOEINFER_FLOAT_GEMV
     PeerCopies peer_copies = PeerCopies::AUTO;  // peer_copies (no variable)
     UploadRelayMode upload_relay = UploadRelayMode::AUTO;  // upload_relay (no variable)
+    bool cpu_moe_fusion = true;         // cpu_moe_fusion / MOEINFER_CPU_MOE_FUSION (cpu_ops.h moe_ffn)
 };
 
 // Looks an environment variable up: nullptr when unset.

@@ -29,7 +29,8 @@ int resolve_threads(int n) {
 }
 }  // namespace
 
-CpuBackend::CpuBackend(int n_threads) : n_threads_(resolve_threads(n_threads)), arena_(n_threads_) {}
+CpuBackend::CpuBackend(int n_threads, bool fuse_moe_ffn)
+    : n_threads_(resolve_threads(n_threads)), fuse_moe_ffn_(fuse_moe_ffn), arena_(n_threads_) {}
 
 bool CpuBackend::supports_op(const Tensor& node) const {
     switch (node.op) {
@@ -104,13 +105,16 @@ Status CpuBackend::compute(std::span<Tensor* const> nodes) {
     for (const Tensor* node : nodes) MOE_RETURN_IF_ERROR(check_host_addressable(*node));
     Status status;
     arena_.arena().execute([&] {
-        for (Tensor* node : nodes) {
-            status = compute_node(*node);
+        for (size_t i = 0; i < nodes.size(); ++i) {
+            Tensor* node = nodes[i];
+            const bool fused = fuse_moe_ffn_ && i + 1 < nodes.size() && moe_ffn_fusable(*node, *nodes[i + 1]);
+            status = fused ? moe_ffn(*node, *nodes[i + 1], scratch_, down_scratch_) : compute_node(*node);
             if (!status.is_ok()) {
-                status = status.with_context(std::string("cpu ") + op_name(node->op) +
+                status = status.with_context(std::string("cpu ") + (fused ? "MOE_UP_GATE + MUL_MAT_ID" : op_name(node->op)) +
                                              (node->name.empty() ? "" : " '" + node->name + "'"));
                 return;
             }
+            if (fused) ++i;
         }
     });
     return status;
@@ -131,7 +135,7 @@ void register_backend() {
         "cpu",
         [] { return 1; },
         [](const BackendOptions& o) -> StatusOr<std::unique_ptr<Backend>> {
-            return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(o.n_threads));
+            return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(o.n_threads, o.config.cpu_moe_fusion));
         },
         {},
         [](const BandwidthOptions& o) { return measure_host_read(o); },

@@ -27,7 +27,9 @@ private:
 
 class CpuBackend final : public Backend {
 public:
-    explicit CpuBackend(int n_threads);
+    // fuse_moe_ffn: backend option cpu_moe_fusion (an expert FFN's two products in one parallel pass,
+    // cpu_ops.h moe_ffn).
+    explicit CpuBackend(int n_threads, bool fuse_moe_ffn = true);
 
     const char* name() const override { return "cpu"; }
     bool is_host() const override { return true; }
@@ -45,8 +47,10 @@ private:
     Status compute_node(Tensor& node);
 
     int n_threads_;
+    bool fuse_moe_ffn_;
     TaskArenaLease arena_;
     Scratch scratch_;
+    Scratch down_scratch_;  // the down product's, while moe_ffn runs both
 };
 
 // Registers "cpu" in the backend registry (called by the generated backends_init.cpp).

@@ -30,6 +30,14 @@ private:
 Status mul_mat(Tensor& dst, Scratch& scratch);
 Status mul_mat_id(Tensor& dst, Scratch& scratch);
 Status moe_up_gate(Tensor& dst, Scratch& scratch);
+// An expert FFN's up/gate product and the down product that reads it (MUL_MAT_ID with src1 the
+// MOE_UP_GATE node and the same ids), as in every MoE layer: where both run their integer paths (few
+// tokens per expert, as in decoding), in one parallel pass, so the threads do not all wait for the
+// up/gate product's last job before the down product starts; each expert's down jobs start once its
+// up/gate jobs are done. Bitwise the results of moe_up_gate then mul_mat_id. down_scratch: scratch
+// of its own for the down product (both are live at once).
+bool moe_ffn_fusable(const Tensor& up_gate, const Tensor& down);
+Status moe_ffn(Tensor& up_gate, Tensor& down, Scratch& scratch, Scratch& down_scratch);
 bool supports_matmul_type(Type weight_type);
 
 // Everything else (cpu/ops_*.cpp).

@@ -37,8 +37,15 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <functional>
 #include <string>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include "cpu/cpu_features.h"
 #include "cpu/cpu_ops.h"
@@ -89,6 +96,13 @@ int weight_kind(Type t) {
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The busy-wait hint of a thread waiting for another's job (run_fused).
+inline void spin_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+}
 size_t align64(size_t n) { return (n + 63) & ~size_t{63}; }
 
 // ---- argument checks ----
@@ -205,23 +219,26 @@ bool same_layout(const ActLayout& a, const ActLayout& b) {
 }
 
 // Prepares n rows of k floats; row i is read from src_row(i).
+// Prepares one row of k floats at x into d.
+void prepare_act_row(const KernelTable& kt, const ActLayout& layout, int64_t k, const float* x, uint8_t* d) {
+    switch (layout.format) {
+        case ActFormat::kQ8A: kt.quantize_q8a(x, k, layout.kind, d); break;
+        case ActFormat::kQ8K: kt.quantize_q8k(x, k, d); break;
+        case ActFormat::kF32: {
+            const size_t bytes = static_cast<size_t>(k) * 4;
+            std::memcpy(d, x, bytes);
+            std::memset(d + bytes, 0, layout.stride - bytes);
+            break;
+        }
+    }
+}
+
 template <typename RowFn>
 void prepare_acts(const KernelTable& kt, const ActLayout& layout, int64_t k, int64_t n, uint8_t* dst,
                   RowFn&& src_row) {
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, ops::row_grain(k)), [&](const tbb::blocked_range<int64_t>& r) {
         for (int64_t i = r.begin(); i < r.end(); ++i) {
-            const float* x = src_row(i);
-            uint8_t* d = dst + static_cast<size_t>(i) * layout.stride;
-            switch (layout.format) {
-                case ActFormat::kQ8A: kt.quantize_q8a(x, k, layout.kind, d); break;
-                case ActFormat::kQ8K: kt.quantize_q8k(x, k, d); break;
-                case ActFormat::kF32: {
-                    const size_t bytes = static_cast<size_t>(k) * 4;
-                    std::memcpy(d, x, bytes);
-                    std::memset(d + bytes, 0, layout.stride - bytes);
-                    break;
-                }
-            }
+            prepare_act_row(kt, layout, k, src_row(i), dst + static_cast<size_t>(i) * layout.stride);
         }
     });
 }
@@ -322,6 +339,21 @@ void for_each_job(int64_t n_jobs, Body&& body) {
         for (int64_t j = r.begin(); j < r.end(); ++j) body(j, j + 1 < r.end() ? j + 1 : -1);
     });
 }
+
+// An expert product's integer-path jobs, prepared (its activations and job list in scratch): the
+// callers below run them with for_each_job, moe_ffn runs two of them in one pass. Valid only inside the
+// executor the product calls (its state lives in the product's frame).
+struct JobSet {
+    int64_t n_jobs = 0;
+    const Job* jobs = nullptr;  // plan_expert_jobs order: by expert
+    std::function<void(int64_t, int64_t)> run;  // run(j, next), as for_each_job's body
+    // Where the activations are prepared per expert (MUL_MAT_ID fused behind MOE_UP_GATE, whose output
+    // they are): prepares expert e's rows; they must be written by then. Empty: prepared up front.
+    std::function<void(int64_t)> prepare_expert;
+};
+using JobExecutor = std::function<void(const JobSet&)>;
+
+void run_jobs(const JobSet& js) { for_each_job(js.n_jobs, js.run); }
 
 // ---- activations of MOE_UP_GATE ----
 
@@ -434,7 +466,11 @@ Status mul_mat(Tensor& dst, Scratch& scratch) {
     return Status::ok();
 }
 
-Status mul_mat_id(Tensor& dst, Scratch& scratch) {
+namespace {
+
+// MUL_MAT_ID; its integer-path jobs go to `exec`. defer_acts: the activations are prepared per expert by
+// JobSet::prepare_expert instead of up front (REQUIRES: no BF16 path, which the caller checks).
+Status mul_mat_id_with(Tensor& dst, Scratch& scratch, const JobExecutor& exec, bool defer_acts) {
     constexpr const char* kOp = "MUL_MAT_ID";
     if (dst.op != Op::MUL_MAT_ID) return invalid_argument(std::string("mul_mat_id: dst.op is ") + op_name(dst.op));
     MOE_RETURN_IF_ERROR(check_weights(kOp, "src0 (experts)", dst.src[0], 3));
@@ -497,7 +533,7 @@ Status mul_mat_id(Tensor& dst, Scratch& scratch) {
         bf16path::run(p, acts);
         return Status::ok();
     }
-    prepare_acts(kt, layout, k, n_act, acts, act_row);
+    if (!defer_acts) prepare_acts(kt, layout, k, n_act, acts, act_row);
 
     const int64_t rb = rows_per_job(n, total_col_blocks(g, n_expert));
     auto* jobs = reinterpret_cast<Job*>(base + jobs_off);
@@ -505,7 +541,18 @@ Status mul_mat_id(Tensor& dst, Scratch& scratch) {
     const mm::GemmFn gemm = kt.gemm[kind];
     const auto* w_data = static_cast<const uint8_t*>(w.data);
     auto job_w = [&](int64_t j) { return w_data + jobs[j].expert * w.nb[2] + jobs[j].r0 * w.nb[1]; };
-    for_each_job(n_jobs, [&](int64_t j, int64_t next) {
+    JobSet js;
+    js.n_jobs = n_jobs;
+    js.jobs = jobs;
+    if (defer_acts) {
+        js.prepare_expert = [&](int64_t e) {
+            for (int32_t pos = g.offsets[e]; pos < g.offsets[e + 1]; ++pos) {
+                const int64_t i = g.act_idx[pos];
+                prepare_act_row(kt, layout, k, act_row(i), acts + static_cast<size_t>(i) * layout.stride);
+            }
+        };
+    }
+    js.run = [&](int64_t j, int64_t next) {
         const Job& job = jobs[j];
         const int64_t first = g.offsets[job.expert] + job.c0;
         GemmArgs a{};
@@ -522,11 +569,13 @@ Status mul_mat_id(Tensor& dst, Scratch& scratch) {
         a.out_stride = n;
         a.out_idx = g.out_idx + first;
         gemm(a);
-    });
+    };
+    exec(js);
     return Status::ok();
 }
 
-Status moe_up_gate(Tensor& dst, Scratch& scratch) {
+// MOE_UP_GATE; its integer-path jobs go to `exec`.
+Status moe_up_gate_with(Tensor& dst, Scratch& scratch, const JobExecutor& exec) {
     constexpr const char* kOp = "MOE_UP_GATE";
     if (dst.op != Op::MOE_UP_GATE) return invalid_argument(std::string("moe_up_gate: dst.op is ") + op_name(dst.op));
     MOE_RETURN_IF_ERROR(check_weights(kOp, "src0 (up)", dst.src[0], 3));
@@ -635,7 +684,10 @@ Status moe_up_gate(Tensor& dst, Scratch& scratch) {
     const auto* gate_data = static_cast<const uint8_t*>(gate.data);
     auto up_w = [&](int64_t j) { return up_data + jobs[j].expert * up.nb[2] + jobs[j].r0 * up.nb[1]; };
     auto gate_w = [&](int64_t j) { return gate_data + jobs[j].expert * gate.nb[2] + jobs[j].r0 * gate.nb[1]; };
-    for_each_job(n_jobs, [&](int64_t j, int64_t next) {
+    JobSet js;
+    js.n_jobs = n_jobs;
+    js.jobs = jobs;
+    js.run = [&](int64_t j, int64_t next) {
         const Job& job = jobs[j];
         const int64_t first = g.offsets[job.expert] + job.c0;
         const int64_t nr = std::min<int64_t>(rb, f - job.r0);
@@ -676,8 +728,91 @@ Status moe_up_gate(Tensor& dst, Scratch& scratch) {
             }
             glu.row(out + static_cast<int64_t>(g.out_idx[first + c]) * f + job.r0, tg, tu, nr);
         }
-    });
+    };
+    exec(js);
     return Status::ok();
+}
+
+// Jobs taken from a shared counter this many at a time: a thread's consecutive jobs prefetch each
+// other's weights as for_each_job's ranges do.
+constexpr int64_t kFusedChunk = 4;
+
+// Runs MOE_UP_GATE's jobs, then MUL_MAT_ID's, in one parallel pass (moe_ffn). Threads take jobs in that
+// order from one counter, so every job a down job waits for (its expert's up/gate jobs) was taken
+// before it by a running thread: the waits always end. The first down job of an expert prepares the
+// expert's activation rows once its up/gate jobs are done; its other down jobs wait for that.
+void run_fused(const JobSet& ug, const JobSet& dn, int64_t n_expert) {
+    std::vector<std::atomic<int32_t>> pending(static_cast<size_t>(n_expert));
+    std::vector<std::atomic<int32_t>> state(static_cast<size_t>(n_expert));  // 0, 1 preparing, 2 ready
+    for (auto& p : pending) p.store(0, std::memory_order_relaxed);
+    for (auto& st : state) st.store(0, std::memory_order_relaxed);
+    for (int64_t j = 0; j < ug.n_jobs; ++j) pending[static_cast<size_t>(ug.jobs[j].expert)].fetch_add(1, std::memory_order_relaxed);
+    auto ready = [&](int64_t e) {
+        std::atomic<int32_t>& st = state[static_cast<size_t>(e)];
+        if (st.load(std::memory_order_acquire) == 2) return;
+        while (pending[static_cast<size_t>(e)].load(std::memory_order_acquire) > 0) spin_pause();
+        int32_t idle = 0;
+        if (st.compare_exchange_strong(idle, 1, std::memory_order_acq_rel)) {
+            dn.prepare_expert(e);
+            st.store(2, std::memory_order_release);
+            return;
+        }
+        while (st.load(std::memory_order_acquire) != 2) spin_pause();
+    };
+    const int64_t n1 = ug.n_jobs;
+    const int64_t n_all = n1 + dn.n_jobs;
+    std::atomic<int64_t> next_job{0};
+    const int workers = std::max(1, tbb::this_task_arena::max_concurrency());
+    tbb::parallel_for(0, workers, 1, [&](int) {
+        for (;;) {
+            const int64_t j0 = next_job.fetch_add(kFusedChunk, std::memory_order_relaxed);
+            if (j0 >= n_all) return;
+            const int64_t j1 = std::min(j0 + kFusedChunk, n_all);
+            for (int64_t j = j0; j < j1; ++j) {
+                if (j < n1) {
+                    ug.run(j, j + 1 < std::min(j1, n1) ? j + 1 : -1);
+                    pending[static_cast<size_t>(ug.jobs[j].expert)].fetch_sub(1, std::memory_order_release);
+                } else {
+                    const int64_t d = j - n1;
+                    ready(dn.jobs[d].expert);
+                    dn.run(d, j + 1 < j1 ? d + 1 : -1);
+                }
+            }
+        }
+    });
+}
+
+}  // namespace
+
+Status mul_mat_id(Tensor& dst, Scratch& scratch) { return mul_mat_id_with(dst, scratch, run_jobs, false); }
+
+Status moe_up_gate(Tensor& dst, Scratch& scratch) { return moe_up_gate_with(dst, scratch, run_jobs); }
+
+bool moe_ffn_fusable(const Tensor& up_gate, const Tensor& down) {
+    return up_gate.op == Op::MOE_UP_GATE && down.op == Op::MUL_MAT_ID && down.src[1] == &up_gate &&
+           down.src[2] != nullptr && down.src[2] == up_gate.src[3] && up_gate.view_src == nullptr;
+}
+
+Status moe_ffn(Tensor& up_gate, Tensor& down, Scratch& scratch, Scratch& down_scratch) {
+    if (!moe_ffn_fusable(up_gate, down)) return invalid_argument("moe_ffn: the nodes are not an up/gate product and its down product");
+    // Both products on their integer paths (few tokens per expert), else one after the other.
+    const Tensor* ids = up_gate.src[3];
+    const Tensor* w_up = up_gate.src[0];
+    const Tensor* w_down = down.src[0];
+    const bool integer = ids != nullptr && w_up != nullptr && w_down != nullptr && w_up->type == up_gate.src[1]->type &&
+                         weight_kind(w_up->type) >= 0 && weight_kind(w_down->type) >= 0 &&
+                         !bf16path::wanted(weight_kind(w_up->type), ids->n_elements(), w_up->ne[2]) &&
+                         !bf16path::wanted(weight_kind(w_down->type), ids->n_elements(), w_down->ne[2]);
+    if (!integer) {
+        MOE_RETURN_IF_ERROR(moe_up_gate(up_gate, scratch));
+        return mul_mat_id(down, down_scratch);
+    }
+    Status down_status = Status::ok();
+    const Status up_status = moe_up_gate_with(up_gate, scratch, [&](const JobSet& ug) {
+        down_status = mul_mat_id_with(down, down_scratch, [&](const JobSet& dn) { run_fused(ug, dn, w_down->ne[2]); }, true);
+    });
+    MOE_RETURN_IF_ERROR(up_status);
+    return down_status;
 }
 
 }  // namespace moe::cpu

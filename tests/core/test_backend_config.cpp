@@ -53,6 +53,7 @@ TEST_CASE("backend options: nothing given and no environment gives the documente
     CHECK(c.emulated_vram == (uint64_t{64} << 30));
     CHECK_FALSE(c.offload_calibration.has_value());
     CHECK(c.expert_gemm_decode == ExpertGemmDecode::FUSED);
+    CHECK(c.cpu_moe_fusion);
 }
 
 TEST_CASE("backend options: each key takes each of its values", "[core]") {
@@ -161,7 +162,8 @@ TEST_CASE("backend options: the help text names every key, its values and its va
                             "cuda_pull_copies=auto|never|always", "emulated_async=on|off", "emulated_pcie_gbps=",
                             "emulated_vram=bytes", "offload_calibration=auto|on|off", "env MOEINFER_CUDA_GRAPHS",
                             "env MOEINFER_EMULATED_VRAM", "expert_gemm_decode=fused|scratch",
-                            "env MOEINFER_EXPERT_GEMM_DECODE", "emulated_busy=0..7|none"}) {
+                            "env MOEINFER_EXPERT_GEMM_DECODE", "emulated_busy=0..7|none", "cpu_moe_fusion=on|off",
+                            "env MOEINFER_CPU_MOE_FUSION"}) {
         CHECK_THAT(help, Catch::Contains(key));
     }
 }

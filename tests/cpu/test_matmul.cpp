@@ -981,3 +981,89 @@ TEST_CASE("matmul: shape and type errors name the operand", "[matmul]") {
         CHECK_THAT(st.message(), Catch::Contains("src4"));
     }
 }
+
+namespace {
+
+// One expert FFN (up/gate then down, the down reading the up/gate output with the same ids), computed by
+// moe_ffn (one pass) and by the two products one after the other, in an arena of n_threads: the
+// outputs must be the same bits (the same kernels on the same rows; only the order of the jobs differs).
+// only_expert >= 0: every slot picks that expert, so its down jobs are taken right behind its up/gate
+// jobs (the case where a down job must wait: tried without the wait, it fails).
+void run_ffn_case(Type up_type, Type down_type, Activation act, bool biases, int64_t k, int64_t f, int64_t n_expert,
+                  int64_t n_used, int64_t n_tokens, int n_threads, int32_t only_expert = -1) {
+    INFO("up " << moe::type_name(up_type) << " down " << moe::type_name(down_type) << " K=" << k << " F=" << f
+               << " E=" << n_expert << " k=" << n_used << " T=" << n_tokens << " threads " << n_threads);
+    HostTensor up = random_weights(up_type, k, f, n_expert);
+    HostTensor gate = random_weights(up_type, k, f, n_expert);
+    HostTensor down = random_weights(down_type, f, k, n_expert);
+    HostTensor up_bias = random_acts({f, n_expert});
+    HostTensor gate_bias = random_acts({f, n_expert});
+    HostTensor x = random_acts({k, n_tokens});
+    std::vector<int32_t> allowed(static_cast<size_t>(n_expert));
+    for (int32_t e = 0; e < n_expert; ++e) allowed[static_cast<size_t>(e)] = e;
+    allowed.push_back(moe::kNoExpert);  // a slot with no expert: its rows are left alone by both
+    if (only_expert >= 0) allowed = {only_expert};
+    Ids ids = make_ids(n_used, n_tokens, allowed);
+    struct Out {
+        HostTensor mid, out;
+    };
+    auto build = [&](Out& o) {
+        o.mid = make_tensor(Type::F32, {f, n_used, n_tokens});
+        o.out = make_tensor(Type::F32, {k, n_used, n_tokens});
+        std::fill(o.mid.bytes.begin(), o.mid.bytes.end(), uint8_t{0});
+        std::fill(o.out.bytes.begin(), o.out.bytes.end(), uint8_t{0});
+        Tensor& m = o.mid.t;
+        m.op = Op::MOE_UP_GATE;
+        m.src[0] = &up.t;
+        m.src[1] = &gate.t;
+        m.src[2] = &x.t;
+        m.src[3] = &ids.t;
+        if (biases) {
+            m.src[4] = &up_bias.t;
+            m.src[5] = &gate_bias.t;
+        }
+        m.params.i[0] = static_cast<int32_t>(act);
+        Tensor& d = o.out.t;
+        d.op = Op::MUL_MAT_ID;
+        d.src[0] = &down.t;
+        d.src[1] = &m;
+        d.src[2] = &ids.t;
+    };
+    Out fused, apart;
+    build(fused);
+    build(apart);
+    REQUIRE(cpu::moe_ffn_fusable(fused.mid.t, fused.out.t));
+    tbb::task_arena arena(n_threads);
+    arena.execute([&] {
+        cpu::Scratch s1, s2, s3;
+        const moe::Status a = cpu::moe_ffn(fused.mid.t, fused.out.t, s1, s2);
+        INFO(a.message());
+        REQUIRE(a.is_ok());
+        REQUIRE(cpu::moe_up_gate(apart.mid.t, s3).is_ok());
+        REQUIRE(cpu::mul_mat_id(apart.out.t, s3).is_ok());
+    });
+    CHECK(std::memcmp(fused.mid.bytes.data(), apart.mid.bytes.data(), fused.mid.bytes.size()) == 0);
+    CHECK(std::memcmp(fused.out.bytes.data(), apart.out.bytes.data(), fused.out.bytes.size()) == 0);
+    // And the result is the product's, not zeros: some row of a selected expert is non-zero.
+    const std::vector<float> o = as_vector(fused.out);
+    CHECK(std::any_of(o.begin(), o.end(), [](float v) { return v != 0.0f; }));
+}
+
+}  // namespace
+
+TEST_CASE("matmul: an expert FFN in one pass (moe_ffn) gives the bits of its two products apart", "[matmul]") {
+    for (int threads : {1, 3, 4}) {
+        // Decode-sized: one to a few tokens, every kind of row the integer paths prepare (Q8A, Q8K, F32).
+        run_ffn_case(Type::Q8_0, Type::Q8_0, Activation::SILU, false, 256, 96, 16, 4, 1, threads);
+        run_ffn_case(Type::Q4_K, Type::Q6_K, Activation::SILU, false, 512, 256, 16, 4, 3, threads);
+        run_ffn_case(Type::IQ4_XS, Type::Q5_K, Activation::SILU, false, 256, 512, 8, 2, 2, threads);
+        run_ffn_case(Type::MXFP4, Type::MXFP4, Activation::SWIGLU_OAI, true, 192, 64, 8, 4, 5, threads);
+        run_ffn_case(Type::Q4_0, Type::Q4_1, Activation::SILU, true, 128, 64, 4, 2, 1, threads);
+        run_ffn_case(Type::F16, Type::F32, Activation::SILU, false, 64, 32, 4, 2, 2, threads);
+        run_ffn_case(Type::Q8_0, Type::Q4_0, Activation::SILU, false, 1024, 1024, 8, 1, 1, threads, 3);
+        run_ffn_case(Type::Q4_K, Type::Q6_K, Activation::SILU, false, 2048, 768, 8, 2, 2, threads, 5);
+        // Enough tokens per expert that the products take their BF16 paths: moe_ffn runs them one after
+        // the other.
+        run_ffn_case(Type::Q8_0, Type::Q4_K, Activation::SILU, false, 256, 256, 4, 2, 96, threads);
+    }
+}
