@@ -503,6 +503,7 @@ Status mul_mat_id_with(Tensor& dst, Scratch& scratch, const JobExecutor& exec, b
     const int64_t n_act = x.ne[1] * n_tokens;
     const int64_t n_pairs = n_used * n_tokens;
     const bool bf16 = bf16path::wanted(kind, n_pairs, n_expert);
+    if (bf16 && defer_acts) return internal_error(std::string(kOp) + ": deferred activations on the BF16 path");
     ScratchPlan plan;
     const size_t acts_off = plan.add(bf16 ? bf16path::scratch_bytes(k, n, n_expert, n_pairs)
                                           : layout.stride * static_cast<size_t>(n_act));
@@ -808,10 +809,14 @@ Status moe_ffn(Tensor& up_gate, Tensor& down, Scratch& scratch, Scratch& down_sc
         return mul_mat_id(down, down_scratch);
     }
     Status down_status = Status::ok();
+    bool down_ran = false;
     const Status up_status = moe_up_gate_with(up_gate, scratch, [&](const JobSet& ug) {
+        down_ran = true;
         down_status = mul_mat_id_with(down, down_scratch, [&](const JobSet& dn) { run_fused(ug, dn, w_down->ne[2]); }, true);
     });
     MOE_RETURN_IF_ERROR(up_status);
+    // The up/gate product had no integer-path jobs to hand over (nothing to compute): the down product alone.
+    if (!down_ran) return mul_mat_id(down, down_scratch);
     return down_status;
 }
 
