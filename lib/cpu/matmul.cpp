@@ -96,6 +96,7 @@ int weight_kind(Type t) {
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+size_t align64(size_t n) { return (n + 63) & ~size_t{63}; }
 
 // The busy-wait hint of a thread waiting for another's job (run_fused).
 inline void spin_pause() {
@@ -103,7 +104,6 @@ inline void spin_pause() {
     _mm_pause();
 #endif
 }
-size_t align64(size_t n) { return (n + 63) & ~size_t{63}; }
 
 // ---- argument checks ----
 
@@ -218,7 +218,6 @@ bool same_layout(const ActLayout& a, const ActLayout& b) {
     return a.format != ActFormat::kQ8A || mm::q8a_corr_factor(a.kind) == mm::q8a_corr_factor(b.kind);
 }
 
-// Prepares n rows of k floats; row i is read from src_row(i).
 // Prepares one row of k floats at x into d.
 void prepare_act_row(const KernelTable& kt, const ActLayout& layout, int64_t k, const float* x, uint8_t* d) {
     switch (layout.format) {
@@ -233,6 +232,7 @@ void prepare_act_row(const KernelTable& kt, const ActLayout& layout, int64_t k, 
     }
 }
 
+// Prepares n rows of k floats; row i is read from src_row(i).
 template <typename RowFn>
 void prepare_acts(const KernelTable& kt, const ActLayout& layout, int64_t k, int64_t n, uint8_t* dst,
                   RowFn&& src_row) {
