@@ -47,10 +47,11 @@ if [ "${PERF:-0}" = 1 ]; then
   rm -rf "$stage"
 fi
 # OUT_DIR/setup.sh, sourced from the repository root on the device: unpacks what XZ=1 packed (once), puts
-# the library on LD_LIBRARY_PATH and makes the tests' scratch folder.
+# the library on LD_LIBRARY_PATH and makes the tests' scratch folder (a path the test binary was built
+# with: BUILD_DIR's, absolute).
 cat > "$out/setup.sh" <<SETUP
 for f in $out/moeinfer_tests.xz $out/lib/libmoeinfer.so.0.xz $out/python/moeinfer/*.xz; do [ -f "\$f" ] && xz -d -T4 "\$f"; done
 export LD_LIBRARY_PATH=\$PWD/$out/lib:\${LD_LIBRARY_PATH:-}
-mkdir -p /work/main/build/tests/tmp
+mkdir -p $(cd "$build" && pwd)/tests/tmp
 SETUP
 du -sh "$out"

@@ -796,15 +796,12 @@ bool moe_ffn_fusable(const Tensor& up_gate, const Tensor& down) {
 
 Status moe_ffn(Tensor& up_gate, Tensor& down, Scratch& scratch, Scratch& down_scratch) {
     if (!moe_ffn_fusable(up_gate, down)) return invalid_argument("moe_ffn: the nodes are not an up/gate product and its down product");
-    // Both products on their integer paths (few tokens per expert), else one after the other.
-    const Tensor* ids = up_gate.src[3];
-    const Tensor* w_up = up_gate.src[0];
+    // The down product runs behind the up/gate jobs only on its integer path, whose activations can be
+    // prepared per expert (mul_mat_id_with makes the same choice); else the two run one after the other.
+    const Tensor* ids = down.src[2];
     const Tensor* w_down = down.src[0];
-    const bool integer = ids != nullptr && w_up != nullptr && w_down != nullptr && w_up->type == up_gate.src[1]->type &&
-                         weight_kind(w_up->type) >= 0 && weight_kind(w_down->type) >= 0 &&
-                         !bf16path::wanted(weight_kind(w_up->type), ids->n_elements(), w_up->ne[2]) &&
-                         !bf16path::wanted(weight_kind(w_down->type), ids->n_elements(), w_down->ne[2]);
-    if (!integer) {
+    const int down_kind = w_down != nullptr ? weight_kind(w_down->type) : -1;
+    if (down_kind < 0 || bf16path::wanted(down_kind, ids->n_elements(), w_down->ne[2])) {
         MOE_RETURN_IF_ERROR(moe_up_gate(up_gate, scratch));
         return mul_mat_id(down, down_scratch);
     }
@@ -815,7 +812,8 @@ Status moe_ffn(Tensor& up_gate, Tensor& down, Scratch& scratch, Scratch& down_sc
         down_status = mul_mat_id_with(down, down_scratch, [&](const JobSet& dn) { run_fused(ug, dn, w_down->ne[2]); }, true);
     });
     MOE_RETURN_IF_ERROR(up_status);
-    // The up/gate product had no integer-path jobs to hand over (nothing to compute): the down product alone.
+    // The up/gate product handed no jobs over (its BF16 path, or nothing to compute): it is done, the down
+    // product runs now.
     if (!down_ran) return mul_mat_id(down, down_scratch);
     return down_status;
 }
