@@ -4,16 +4,16 @@
 
 #include <cstddef>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 #include "core/graph.h"
+#include "core/pointer_map.h"
 
 namespace moe {
 
 struct AllocPlan {
     size_t arena_size = 0;
-    std::unordered_map<const Tensor*, size_t> offsets;  // tensors that own memory in the arena
+    PointerMap<const Tensor*, size_t> offsets;  // tensors that own memory in the arena
 };
 
 constexpr size_t kTensorAlignment = 64;

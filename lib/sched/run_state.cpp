@@ -4,6 +4,31 @@
 
 namespace moe::sched {
 
+void RunState::clear() {
+    produced.clear();
+    plan.arena_size = 0;
+    plan.offsets.clear();
+    std::fill(std::begin(base), std::end(base), nullptr);
+    std::fill(std::begin(arena), std::end(arena), nullptr);
+    eager.clear();
+    cached = nullptr;
+    moe_ids.clear();
+    parts = nullptr;
+    pending.clear();
+    pending_side = Side::HOST;
+    pending_slots.clear();
+    node_slots.clear();
+    subs.clear();
+    shadows.clear();
+    ids_on_host.clear();
+    host_waits = false;
+    host_fence = 0;
+    copies_unmarked = false;
+    prefetched.clear();
+    reserved_slots.clear();
+    split_timing = SplitTiming{};
+}
+
 Tensor* RunState::substitute(const Tensor& like, void* data, Buffer* buffer) {
     Tensor& t = subs.emplace_back();
     t.type = like.type;

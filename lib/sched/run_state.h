@@ -10,6 +10,7 @@
 
 #include "core/allocator.h"
 #include "core/backend.h"
+#include "core/pointer_map.h"
 #include "core/stable_arena.h"
 #include "sched/expert_plan.h"
 #include "sched/expert_split_rewrite.h"
@@ -21,7 +22,7 @@ struct CachedPlan;
 
 struct RunState {
     // --- the plan (sched/plan_cache.h) ---
-    std::unordered_map<const Tensor*, Side> produced;  // arena storage (inputs and nodes) -> side
+    PointerMap<const Tensor*, Side> produced;  // arena storage (inputs and nodes) -> side
     AllocPlan plan;
     uint8_t* base[kSides] = {};   // the activation arenas this run binds to
     Buffer* arena[kSides] = {};
@@ -44,6 +45,8 @@ struct RunState {
     // device, where copies do not mark fences).
     bool host_waits = false;
     uint64_t host_fence = 0;
+    // Copies queued since the last fence was marked (Transfers::mark_queued_copies marks one for them all).
+    bool copies_unmarked = false;
     struct Prefetch {
         size_t slot;
         std::vector<uint8_t> uploaded;  // experts already on their way
@@ -53,6 +56,10 @@ struct RunState {
 
     // --- the expert split's host parts, measured (ExpertSplitter::finish) ---
     SplitTiming split_timing;
+
+    // Back to a fresh RunState's values, keeping the memory of its tables for the next ubatch (the
+    // scheduler reuses one). REQUIRES: every member is reset here; a new member must be added.
+    void clear();
 
     // The expert group whose part of a split block `node` belongs to; -1 for a node of no part.
     int32_t group_of(const Tensor& node) const { return parts != nullptr ? parts->group_of(node) : -1; }

@@ -145,10 +145,15 @@ Status Scheduler::flush(RunState& rs) {
         if (split_part) rs.split_timing.record(t_wait, t0, host_seconds, nodes.front()->layer);
     } else {
         const Clock::time_point t0 = Clock::now();
+        MOE_RETURN_IF_ERROR(transfers_.mark_queued_copies(rs));
         MOE_RETURN_IF_ERROR(device_->compute(nodes));
-        MOE_ASSIGN_OR_RETURN(const uint64_t fence, device_->mark_compute());
+        // Upload slots read by this span are reused after its fence; a span that read none (hybrid
+        // decoding: the experts compute on the host) needs no fence.
+        if (!rs.pending_slots.empty()) {
+            MOE_ASSIGN_OR_RETURN(const uint64_t fence, device_->mark_compute());
+            transfers_.fence_slots(rs.pending_slots, fence);
+        }
         stats_.seconds_device_submit += seconds_since(t0);
-        transfers_.fence_slots(rs.pending_slots, fence);
     }
     rs.pending.clear();
     rs.pending_slots.clear();
@@ -306,6 +311,10 @@ void Scheduler::keep_expert_ids(const Graph& graph, RunState& rs) {
     }
 }
 
+std::unique_ptr<RunState> Scheduler::take_run_state() {
+    return spare_ != nullptr ? std::move(spare_) : std::make_unique<RunState>();
+}
+
 bool Scheduler::arenas_hold(size_t size) const {
     for (int s = 0; s < kSides; ++s) {
         if (s == static_cast<int>(Side::DEVICE) && device_ == nullptr) continue;
@@ -320,7 +329,7 @@ void Scheduler::prepare(Graph& graph, std::span<Tensor* const> input_tensors) {
     auto p = std::make_unique<Prepared>();
     p->graph = graph.serial();
     p->inputs.assign(input_tensors.begin(), input_tensors.end());
-    p->rs = std::make_unique<RunState>();
+    p->rs = take_run_state();
     std::vector<HostInput> inputs;
     for (Tensor* t : input_tensors) inputs.push_back({t, nullptr});
     keep_expert_ids(graph, *p->rs);
@@ -350,7 +359,7 @@ Status Scheduler::run(Graph& graph, const ExpertParts& parts, int n_tokens, std:
     std::unique_ptr<Prepared> ahead = std::move(prepared_);
     bool planned = ahead != nullptr && ahead->graph == graph.serial() && ahead->inputs.size() == inputs.size();
     for (size_t i = 0; planned && i < inputs.size(); ++i) planned = ahead->inputs[i] == inputs[i].tensor;
-    std::unique_ptr<RunState> owned = planned ? std::move(ahead->rs) : std::make_unique<RunState>();
+    std::unique_ptr<RunState> owned = planned ? std::move(ahead->rs) : take_run_state();
     RunState& rs = *owned;
     rs.parts = &parts;
     std::vector<Side> sides;
@@ -465,7 +474,11 @@ Status Scheduler::run(Graph& graph, const ExpertParts& parts, int n_tokens, std:
                 on_host.push_back(&out);
             }
         }
-        retired_.reset();  // the last ubatch's state, freed while the device computes this one
+        // The last ubatch's state, cleared while the device computes this one.
+        if (retired_ != nullptr) {
+            retired_->clear();
+            spare_ = std::move(retired_);
+        }
         if (while_waiting) others = while_waiting();
         MOE_RETURN_IF_ERROR(count_experts(id_sources, n_tokens));  // ends with the ubatch's synchronisation
         for (const HostOutput* out : on_host) std::memcpy(out->data, out->tensor->data, out->tensor->n_bytes());

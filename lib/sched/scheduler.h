@@ -191,9 +191,12 @@ private:
     std::unique_ptr<Buffer> arena_[kSides];
     bool allocated_in_run_ = false;  // the running ubatch allocated arenas or upload slots
     std::unique_ptr<Prepared> prepared_;  // prepare()'s graph, for the next run()
-    // The last run's state (maps and operand stand-ins), freed while the device computes the next ubatch:
+    // The last run's state (maps and operand stand-ins), cleared while the device computes the next ubatch:
     // freed at the end of a run, it and the step's graph took 0.02-0.14 ms per token with the device idle.
     std::unique_ptr<RunState> retired_;
+    // ... then cleared and kept here for the next run: its tables keep their memory (RunState::clear).
+    std::unique_ptr<RunState> spare_;
+    std::unique_ptr<RunState> take_run_state();
 
     bool profiling_ = false;
     OpTimes op_times_{};

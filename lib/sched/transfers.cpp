@@ -251,6 +251,7 @@ Status Transfers::wait_for_device(RunState& rs) {
 
 Status Transfers::wait_host_fence(RunState& rs) {
     if (!rs.host_waits) return Status::ok();
+    MOE_RETURN_IF_ERROR(mark_queued_copies(rs));
     if (rs.host_fence == 0) return wait_for_device(rs);
     const Clock::time_point t0 = Clock::now();
     MOE_RETURN_IF_ERROR(device_->wait_fence(rs.host_fence));
@@ -260,10 +261,19 @@ Status Transfers::wait_host_fence(RunState& rs) {
     return Status::ok();
 }
 
-// Marks the copies queued so far as what the host must wait for before its next compute.
+// The host must wait for the copy just queued before its next compute. The fence is marked later, once
+// for every copy queued in a row (mark_queued_copies): a layer of hybrid decoding copies three
+// activations to the host, and each fence is a call into the driver on the scheduler's thread.
 Status Transfers::mark_copy(RunState& rs) {
-    MOE_ASSIGN_OR_RETURN(rs.host_fence, device_->mark_compute());
+    rs.copies_unmarked = true;
     rs.host_waits = true;
+    return Status::ok();
+}
+
+Status Transfers::mark_queued_copies(RunState& rs) {
+    if (!rs.copies_unmarked) return Status::ok();
+    MOE_ASSIGN_OR_RETURN(rs.host_fence, device_->mark_compute());
+    rs.copies_unmarked = false;
     return Status::ok();
 }
 
@@ -303,6 +313,7 @@ Status Transfers::peer_input(Tensor* input, Backend& peer, const void* src, bool
     const size_t n = input->n_bytes();
     auto* host_bytes = static_cast<uint8_t*>(input->data);
     uint8_t* dst = rs.base[static_cast<int>(Side::DEVICE)] + (host_bytes - rs.base[static_cast<int>(Side::HOST)]);
+    MOE_RETURN_IF_ERROR(mark_queued_copies(rs));  // the copy waits for the peer: earlier copies need not
     MOE_RETURN_IF_ERROR(device_->copy_from_peer(dst, peer, src, n));
     rs.shadows[{input, static_cast<int>(Side::DEVICE)}] = rs.substitute(*input, dst, rs.arena[static_cast<int>(Side::DEVICE)]);
     if (!host_reads) return Status::ok();
@@ -410,7 +421,8 @@ StatusOr<Tensor*> Transfers::weight_operand(Tensor& node, int src_index, Side si
     }
     // Compute from here on waits for the uploads queued so far: this node's (early ones included) and
     // earlier ones. Until now it did not, so the look-ahead's uploads for the next split layer hold up
-    // neither this layer's host part's inputs nor its result's way back.
+    // neither this layer's host part's inputs nor its result's way back (whose fence comes first).
+    MOE_RETURN_IF_ERROR(mark_queued_copies(rs));
     MOE_RETURN_IF_ERROR(device_->order_after_uploads());
     return rs.substitute(*w, dst, slot_buffer_.get());
 }
@@ -485,6 +497,7 @@ StatusOr<Tensor*> Transfers::cached_operand(Tensor& node, int src_index, const W
         } else {
             MOE_RETURN_IF_ERROR(upload_experts(dst, src, per_expert, needed, cache_fences_[entry]).status());
         }
+        MOE_RETURN_IF_ERROR(mark_queued_copies(rs));  // the host's wait for earlier copies skips the uploads
         MOE_RETURN_IF_ERROR(device_->order_after_uploads());
     }
     return rs.substitute(*w, slot_data(slot), cache_buffer_.get());
