@@ -9,7 +9,7 @@
 # OUT_DIR/bin when the build has them. PYTHON=1 adds the Python package (OUT_DIR/python/moeinfer, for pytest:
 # PYTHONPATH=OUT_DIR/python, MOEINFER_TOOLS_DIR=OUT_DIR/bin); its extension links the library statically, so it
 # is as large again (xz'd with XZ=1: unpack OUT_DIR/python/moeinfer/*.xz too). PERF=1 adds perf
-# (OUT_DIR/perfpack.tar.xz, for scripts/device_host_profile.sh).
+# (OUT_DIR/perfpack.tar.xz, for scripts/device_host_profile.sh). STRIP=0 leaves the library unstripped.
 set -euo pipefail
 build=${1:-build}
 out=${2:-build-devcarry}
@@ -23,7 +23,10 @@ for tool in tools/moeinfer-synth tools/moeinfer-info tests/moeinfer_bench_matmul
   [ -x "$build/$tool" ] && cp "$build/$tool" "$out/bin/"
 done
 cp -L "$build/lib/libmoeinfer.so.0" "$tbb" "$out/lib/"
-strip "$out/moeinfer_tests" "$out/bin/"* "$out/lib/"*
+strip "$out/moeinfer_tests" "$out/bin/"*
+# STRIP=0 keeps the library's symbol table (+~6 MB), for call-graph profiles named on the device
+# (scripts/device_host_profile.sh with CALLGRAPH=1).
+if [ "${STRIP:-1}" = 1 ]; then strip "$out/lib/"*; fi
 packed=("$out/moeinfer_tests" "$out/lib/libmoeinfer.so.0")
 if [ "${PYTHON:-0}" = 1 ]; then
   ext=$(ls "$build"/python/moeinfer/_moeinfer*.so 2>/dev/null | head -n 1)
