@@ -668,7 +668,8 @@ TEST_CASE("the automatic split's first host cost is the measured prompt-size rat
         const std::string gbps = std::to_string(link / 1e9);
         const moe_sched_stats calibrated = run("emulated_async=off,offload_calibration=on,emulated_pcie_gbps=" + gbps);
         INFO("host " << host_gbps << " GB/s x tokens (" << g << "x slower than the fixed guess), then "
-                     << calibrated.offload_host_prefill_gbps << "; link " << gbps << " GB/s");
+                     << calibrated.offload_host_prefill_gbps << "; link " << gbps << " GB/s (the context's calibration "
+                     << "measured " << calibrated.offload_link_gbps << ")");
         if (calibrated.offload_host_prefill_gbps > 2.0 * host_gbps) continue;
         CHECK(calibrated.n_split_trials == 0);
         CHECK(calibrated.n_split_layers == 0);
