@@ -262,8 +262,8 @@ Status Transfers::wait_host_fence(RunState& rs) {
 }
 
 // The host must wait for the copy just queued before its next compute. The fence is marked later, once
-// for every copy queued in a row (mark_queued_copies): a layer of hybrid decoding copies three
-// activations to the host, and each fence is a call into the driver on the scheduler's thread.
+// for every copy queued in a row (mark_queued_copies): a layer of hybrid decoding copies two activations
+// to the host and one back, and each fence is a call into the driver on the scheduler's thread.
 Status Transfers::mark_copy(RunState& rs) {
     rs.copies_unmarked = true;
     rs.host_waits = true;
