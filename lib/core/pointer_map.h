@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/status.h"
+
 namespace moe {
 
 template <class K, class V>
@@ -86,6 +88,7 @@ public:
     }
     // The value of key, value-initialised when new.
     V& operator[](K key) {
+        MOE_ASSERT(key != nullptr);  // the empty slots' key
         if (value_type* s = lookup(key)) return s->second;
         reserve(size_ + 1);
         value_type& s = slots_[probe_free(key)];
