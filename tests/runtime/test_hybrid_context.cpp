@@ -602,6 +602,13 @@ TEST_CASE("decode steps built ahead give bitwise the logits of steps built on th
 // visibly below 4), the calibrated context proposes no split (no trial ubatch), while the same link without calibration
 // proposes one (trials run). With the fixed guess alone the first two checks fail.
 TEST_CASE("the automatic split's first host cost is the measured prompt-size rate", "[sched]") {
+    // Its contexts run the synchronous emulation whatever MOEINFER_EMULATED_ASYNC says (below), so the
+    // asynchronous rerun of [sched] (ctest sched.async_emulated) would only run it again, beside
+    // python.pytest: its timing failed there twice under that load on a 2-core machine.
+    if (const char* a = std::getenv("MOEINFER_EMULATED_ASYNC"); a != nullptr && std::string(a) != "0") {
+        WARN("skipped: the plain [sched] run covers this case (it always runs the synchronous emulation)");
+        return;
+    }
     std::mt19937 rng(std::random_device{}());
     // Wide experts (2 MiB per matrix): the link is timed by uploading one, and the emulated link's sleep
     // has ~0.1 ms of slack, which would make the tiny preset's 34 KiB uploads look 5x slower than asked.
