@@ -73,23 +73,23 @@ public:
     }
 
     iterator find(K key) {
-        value_type* s = lookup(key);
-        return s != nullptr ? iterator(s, slots_.data() + slots_.size()) : end();
+        const size_t i = slot_of(key);
+        return i != kNone ? iterator(slots_.data() + i, slots_.data() + slots_.size()) : end();
     }
     const_iterator find(K key) const {
-        const value_type* s = const_cast<PointerMap*>(this)->lookup(key);
-        return s != nullptr ? const_iterator(s, slots_.data() + slots_.size()) : end();
+        const size_t i = slot_of(key);
+        return i != kNone ? const_iterator(slots_.data() + i, slots_.data() + slots_.size()) : end();
     }
-    size_t count(K key) const { return const_cast<PointerMap*>(this)->lookup(key) != nullptr ? 1 : 0; }
+    size_t count(K key) const { return slot_of(key) != kNone ? 1 : 0; }
     const V& at(K key) const {
-        const value_type* s = const_cast<PointerMap*>(this)->lookup(key);
-        if (s == nullptr) throw std::out_of_range("PointerMap::at: no such key");
-        return s->second;
+        const size_t i = slot_of(key);
+        if (i == kNone) throw std::out_of_range("PointerMap::at: no such key");
+        return slots_[i].second;
     }
     // The value of key, value-initialised when new.
     V& operator[](K key) {
         MOE_ASSERT(key != nullptr);  // the empty slots' key
-        if (value_type* s = lookup(key)) return s->second;
+        if (const size_t i = slot_of(key); i != kNone) return slots_[i].second;
         reserve(size_ + 1);
         value_type& s = slots_[probe_free(key)];
         s.first = key;
@@ -104,13 +104,14 @@ private:
         const uint64_t h = (static_cast<uint64_t>(reinterpret_cast<uintptr_t>(key)) >> 4) * 0x9E3779B97F4A7C15ull;
         return static_cast<size_t>(h >> (64 - std::countr_zero(slots_.size())));
     }
-    value_type* lookup(K key) {
-        if (size_ == 0) return nullptr;
+    static constexpr size_t kNone = ~size_t{0};
+    // The slot holding key, or kNone.
+    size_t slot_of(K key) const {
+        if (size_ == 0) return kNone;
         const size_t mask = slots_.size() - 1;
         for (size_t i = home(key);; i = (i + 1) & mask) {
-            value_type& s = slots_[i];
-            if (s.first == key) return &s;
-            if (s.first == nullptr) return nullptr;
+            if (slots_[i].first == key) return i;
+            if (slots_[i].first == nullptr) return kNone;
         }
     }
     size_t probe_free(K key) const {

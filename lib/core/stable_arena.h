@@ -21,25 +21,25 @@ public:
             used_ = 0;
         }
         ++size_;
-        T& t = chunks_[chunk_][used_++];
-        if (chunk_ < reused_chunks_) t = T{};  // left from before clear()
-        return t;
+        return chunks_[chunk_][used_++];
     }
     size_t size() const { return size_; }
-    // Forgets every element (pointers to them dangle); keeps the chunks for the next ones.
+    // Forgets every element (pointers to them dangle), resetting those in use to fresh values; keeps the
+    // chunks for the next ones.
     void clear() {
-        reused_chunks_ = size_ == 0 ? reused_chunks_ : std::max(reused_chunks_, chunk_ + 1);
+        for (size_t c = 0; size_ != 0 && c <= chunk_; ++c) {
+            std::fill_n(chunks_[c].get(), c < chunk_ ? kChunk : used_, T{});
+        }
         chunk_ = 0;
         used_ = 0;
         size_ = 0;
     }
 
 private:
-    std::vector<std::unique_ptr<T[]>> chunks_;
-    size_t chunk_ = 0;          // the chunk being filled
-    size_t used_ = 0;           // its elements in use
+    std::vector<std::unique_ptr<T[]>> chunks_;  // every element not in use is value-initialised
+    size_t chunk_ = 0;  // the chunk being filled
+    size_t used_ = 0;   // its elements in use
     size_t size_ = 0;
-    size_t reused_chunks_ = 0;  // chunks [0, this) hold elements from before a clear()
 };
 
 }  // namespace moe
