@@ -119,8 +119,9 @@ public:
 
     // The host waits for the copies it is about to read or overwrite (not for compute queued after).
     Status wait_host_fence(RunState& rs);
-    // Marks the fence of the copies queued since the last one. Called before device compute is queued
-    // behind them, so that the host's wait for them does not include that compute.
+    // Marks the fence of the copies queued since the last one. Every place that queues other work on the
+    // compute stream behind copies (device compute, an upload order, a peer copy) calls it first, so that
+    // the host's wait for the copies does not include that work.
     Status mark_queued_copies(RunState& rs);
     // The slots the pending nodes read are reused only after `fence` (their compute). Slot numbers from
     // the ring's size on are the expert cache's entries.
