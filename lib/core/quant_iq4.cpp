@@ -4,7 +4,7 @@
 // Dequantisation is bit-exact with ggml's dequantize_row_iq4_* and gguf-py. The quantisers are our own
 // simple scheme (ggml searches scales to minimise a weighted error): the value of largest magnitude lands
 // on the grid's end -127 and every value takes its nearest grid point. They exist so that synthetic files
-// and tests can hold these types; tests/python/test_quant.py states their error bound.
+// and tests can hold these types; tests/core/test_quant_formats.cpp derives their error bound.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -89,6 +89,10 @@ void iq4_xs_to_float(const void* src, float* dst, int64_t n) {
 }
 
 // The group scale of largest magnitude lands on -32 (d = that scale / -32); the others round to nearest.
+// A group whose scale has the other sign and nearly the largest magnitude would round to +32, one past the
+// 6-bit range: clamped to +31 its values would overrun the grid's ends by 32/31 (up to ~17.5 grid units of
+// error). It takes -32 instead, the other sign: its largest |x| then falls on the grid's +113 side, inside
+// the 14 units every group's positive end can lose (tests/core/test_quant_formats.cpp derives the bound).
 void iq4_xs_from_float(const float* src, void* dst, int64_t n) {
     MOE_ASSERT(n % kQK_K == 0);
     auto* y = static_cast<BlockIQ4_XS*>(dst);
@@ -106,7 +110,8 @@ void iq4_xs_from_float(const float* src, void* dst, int64_t n) {
         y[b].scales_h = 0;
         std::memset(y[b].scales_l, 0, sizeof y[b].scales_l);
         for (int g = 0; g < kGroups; ++g) {
-            const int l = d != 0.0f ? std::min(31, std::max(-32, nearest_int(s[g] / d))) : 0;
+            const int nearest = d != 0.0f ? nearest_int(s[g] / d) : 0;
+            const int l = nearest > 31 ? -32 : std::max(-32, nearest);
             const int ls = l + 32;
             y[b].scales_l[g / 2] = static_cast<uint8_t>(y[b].scales_l[g / 2] | (ls & 0x0F) << (4 * (g % 2)));
             y[b].scales_h = static_cast<uint16_t>(y[b].scales_h | (ls >> 4) << (2 * g));

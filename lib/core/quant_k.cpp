@@ -7,8 +7,9 @@
 //
 // The quantisers are our own simple rounding schemes, not ggml's (which search for the scales that
 // minimise a weighted error); they exist so that synthetic files and tests can hold these types. Their
-// error is bounded per element (tests/python/test_quant.py states the bounds): integer scales are rounded
-// up, never down, so a group's extreme values are never clamped. Q8_K is ggml's quantize_row_q8_K_ref.
+// error is bounded per element (tests/core/test_quant_formats.cpp derives the bounds): integer scales
+// are rounded up, never down, so a group's extreme values are never clamped. Q8_K is ggml's
+// quantize_row_q8_K_ref.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -79,7 +80,10 @@ void quantize_asym(const AsymK& k, const float* x, uint16_t& d_bits, uint16_t& d
 
 // ---- the symmetric scheme of Q3_K and Q6_K: x ~ (d * l) * q, q in [qmin, qmax], l in [lmin, lmax] ----
 // Per group the value of largest magnitude lands on qmin (as Q4_0 does); the group scale of largest
-// magnitude lands on lmin, and the others are rounded away from zero.
+// magnitude lands on lmin, and the others are rounded away from zero. A group scale of the other sign
+// and nearly the largest magnitude would round to -lmin, one past lmax: clamped to lmax, its values would
+// overrun both ends of q. It takes lmin instead, the other sign, which puts its largest |x| on the short
+// side qmax: a step at most, as for the values of the other sign in every group.
 struct SymK {
     int group;
     int qmin, qmax;
@@ -97,7 +101,8 @@ void quantize_sym(const SymK& k, const float* x, uint16_t& d_bits, int* l, int* 
     d_bits = fp32_to_fp16(big / static_cast<float>(k.lmin));
     const float d = fp16_to_fp32(d_bits);
     for (int g = 0; g < n_groups; ++g) {
-        l[g] = d != 0 ? std::clamp(round_up_magnitude(s[g] / d), k.lmin, k.lmax) : 0;
+        const int up = d != 0 ? round_up_magnitude(s[g] / d) : 0;
+        l[g] = up > k.lmax ? k.lmin : std::max(up, k.lmin);
         const float dl = d * static_cast<float>(l[g]);
         for (int j = 0; j < k.group; ++j) {
             const int v = dl != 0 ? nearest_int(x[g * k.group + j] / dl) : 0;

@@ -162,21 +162,28 @@ TEST_CASE("Q8_K: ggml's reference quantiser against a float64 model of it", "[ty
 TEST_CASE("K-quant and IQ4 quantisers stay within their error bounds", "[types]") {
     struct Bound {
         Type type;
-        double rel;  // of the block's largest |x|
+        double rel;    // of the block's largest |x|
+        double slack;  // relative: the fp16 rounding of the scales where rel leaves it out, float products
     };
     // Asymmetric (Q2_K, Q4_K, Q5_K): half a step of a range of at most 2 amax plus a rounded-up min,
     // (2 + 1/smax) amax / qmax * (1 + 1/smax) / 2. Symmetric (Q3_K, Q6_K): a whole step where values of
-    // the other sign run into the short side, amax / |qmin| * (1 + 1/|lmin|). IQ4_NL: 14 grid units (the
-    // grid's widest half-gap is 12, the short end is 14 below 127) of amax / 127; IQ4_XS adds a group
-    // scale off by half a super-scale step: about 16.2 units.
+    // the other sign run into the short side, amax / |qmin| * (1 + 1/|lmin|). Their stored fp16 scales
+    // scale the step by (1 + u) at most, u = 2^-11 (their slack is 2e-3).
+    // IQ4, in units of amax / 127 (the scale that puts amax on the grid's end -127): the grid's widest
+    // half-gap is 12 units, but its positive end is 113, so the values up to +127 lose 14; the stored
+    // fp16 scale d' = d (1 + e) moves that end to 113 d', 113 |e| more. IQ4_XS: each group's scale
+    // d' * l is within half a super-scale step d' = (amax / 127) (1 + e) / 32 of the group's own, so
+    // its positive end loses at most 14 + 113 / 64 (1 + u) units (its other end 127 / 64, its gaps
+    // 12 (1 + 1/64)); a group turned to the other sign (quant_iq4.cpp) loses at most 14 + 113 u.
+    constexpr double u = 0x1p-11;
     const Bound bounds[] = {
-        {Type::Q2_K, (2 + 1.0 / 15) / 3 * (1 + 1.0 / 15) / 2},
-        {Type::Q3_K, 1.0 / 4 * (1 + 1.0 / 32)},
-        {Type::Q4_K, (2 + 1.0 / 63) / 15 * (1 + 1.0 / 63) / 2},
-        {Type::Q5_K, (2 + 1.0 / 63) / 31 * (1 + 1.0 / 63) / 2},
-        {Type::Q6_K, 1.0 / 32 * (1 + 1.0 / 128)},
-        {Type::IQ4_NL, 14.0 / 127},
-        {Type::IQ4_XS, 16.3 / 127},
+        {Type::Q2_K, (2 + 1.0 / 15) / 3 * (1 + 1.0 / 15) / 2, 2e-3},
+        {Type::Q3_K, 1.0 / 4 * (1 + 1.0 / 32), 2e-3},
+        {Type::Q4_K, (2 + 1.0 / 63) / 15 * (1 + 1.0 / 63) / 2, 2e-3},
+        {Type::Q5_K, (2 + 1.0 / 63) / 31 * (1 + 1.0 / 63) / 2, 2e-3},
+        {Type::Q6_K, 1.0 / 32 * (1 + 1.0 / 128), 2e-3},
+        {Type::IQ4_NL, (14 + 113 * u) / 127, 1e-5},
+        {Type::IQ4_XS, (14 + 113.0 / 64 * (1 + u)) / 127, 1e-5},
     };
     const uint32_t seed = fresh_seed();
     INFO("seed " << seed);
@@ -197,6 +204,15 @@ TEST_CASE("K-quant and IQ4 quantisers stay within their error bounds", "[types]"
         }
         if (b % 7 == 1) std::fill_n(x.begin() + b * 256 + 32 * (b % 8), 32, 0.0f);  // a zero group
         if (b == 2) std::fill_n(x.begin() + b * 256, 256, 0.0f);                    // a zero super-block
+        if (b % 8 == 5) {
+            // IQ4_XS's hard case: one group's largest |x| of the other sign and almost the super-block's,
+            // with a value at its other end too (its scale would round one past the 6-bit range)
+            float* g0 = &x[b * 256 + 32 * (b / 8 % 4)];
+            float* g1 = g0 + 32 * 4;
+            g0[3] = -64 * scale;  // beyond the outliers (normal * 8)
+            g1[7] = 64 * scale * (1 - unit(rng) * 1e-3f);
+            g1[11] = -g1[7] * (1 - unit(rng) * 1e-3f);
+        }
     }
     for (const Bound& bd : bounds) {
         const moe::TypeTraits& t = moe::traits(bd.type);
@@ -217,7 +233,7 @@ TEST_CASE("K-quant and IQ4 quantisers stay within their error bounds", "[types]"
                 if (amax == 0) {
                     REQUIRE(y[b * block + j] == 0.0f);
                 } else {
-                    REQUIRE(err <= amax * bd.rel * (1 + 2e-3));  // 2e-3: the fp16 rounding of the scales
+                    REQUIRE(err <= amax * bd.rel * (1 + bd.slack));
                     worst = std::max(worst, err / amax);
                 }
             }
