@@ -222,6 +222,11 @@ const std::vector<Key>& keys() {
          "(results bitwise the same either way)",
          parse_bool<&BackendConfig::cpu_moe_fusion>,
          [](const char* v, BackendConfig& c) { c.cpu_moe_fusion = env_not_zero(v); }},
+        {"stable_kv", nullptr, "on|off", "off",
+         "the graphs write the KV cache at the rows the token positions name and attend over a cache length "
+         "rounded up to a multiple of 256, so that a decode step's nodes stay the same for 256 tokens and "
+         "the GPU replays them from CUDA graphs without capturing (off until measured on a GPU)",
+         parse_bool<&BackendConfig::stable_kv>, nullptr},
     };
     return table;
 }

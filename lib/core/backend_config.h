@@ -71,6 +71,7 @@ struct BackendConfig {
     PeerCopies peer_copies = PeerCopies::AUTO;  // peer_copies (no variable)
     UploadRelayMode upload_relay = UploadRelayMode::AUTO;  // upload_relay (no variable)
     bool cpu_moe_fusion = true;         // cpu_moe_fusion / MOEINFER_CPU_MOE_FUSION (cpu_ops.h moe_ffn)
+    bool stable_kv = false;             // stable_kv (no variable): KvAddressing::STABLE (core/models/model_graph.h)
 };
 
 // Looks an environment variable up: nullptr when unset.

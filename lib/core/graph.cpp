@@ -260,9 +260,20 @@ Tensor* Graph::group_mask(Tensor* x, int32_t n_group, int32_t n_used, int32_t to
 
 Tensor* Graph::cpy(Tensor* src, Tensor* dst_view) {
     MOE_ASSERT(src->type == Type::F32 && src->n_elements() == dst_view->n_elements());
+    return cpy_node(src, dst_view, nullptr);
+}
+
+Tensor* Graph::cpy_rows(Tensor* src, Tensor* dst_view, Tensor* rows) {
+    MOE_ASSERT(src->type == Type::F32 && rows->type == Type::I32);
+    MOE_ASSERT(src->ne[0] == dst_view->ne[0] && src->ne[1] == dst_view->ne[1] && src->ne[3] == 1 &&
+               dst_view->ne[3] == 1 && rows->ne[0] == src->ne[2] && rows->n_elements() == rows->ne[0]);
+    return cpy_node(src, dst_view, rows);
+}
+
+Tensor* Graph::cpy_node(Tensor* src, Tensor* dst_view, Tensor* rows) {
     MOE_ASSERT(dst_view->type == Type::F32 || dst_view->type == Type::F16);
     Tensor* t = new_node(Op::CPY, dst_view->type, {dst_view->ne[0], dst_view->ne[1], dst_view->ne[2], dst_view->ne[3]},
-                         {src, dst_view});
+                         {src, dst_view, rows});
     for (int d = 0; d < 4; ++d) t->nb[d] = dst_view->nb[d];
     t->view_src = dst_view;
     t->view_offset = 0;

@@ -51,6 +51,8 @@ public:
     Tensor* swiglu(Tensor* gate, Tensor* up);
     Tensor* swiglu_oai(Tensor* gate, Tensor* up, float alpha, float limit);
     Tensor* cpy(Tensor* src, Tensor* dst_view);
+    // src [A, B, T] into rows rows[t] (I32 [T], values read when the node runs) of dst_view [A, B, N].
+    Tensor* cpy_rows(Tensor* src, Tensor* dst_view, Tensor* rows);
     // b may be nullptr (a alone: a contiguous copy of a in `type`); a and b F32 or F16.
     Tensor* concat(Tensor* a, Tensor* b, Type type = Type::F32);
     Tensor* mul_mat_heads(Tensor* w, Tensor* x);
@@ -84,6 +86,7 @@ public:
 
 private:
     Tensor* new_node(Op op, Type type, std::initializer_list<int64_t> ne, std::initializer_list<Tensor*> srcs);
+    Tensor* cpy_node(Tensor* src, Tensor* dst_view, Tensor* rows);
 
     uint64_t serial_;
     StableArena<Tensor> arena_;  // stable addresses

@@ -77,6 +77,37 @@ inline Status check_2d(const char* op, const char* role, const Tensor& t) {
 }
 
 
+// CPY's operands (see core/tensor.h); both backends accept exactly these nodes. src0 and dst either
+// have the same shape (src0 may then be strided too), or src0 is contiguous and its elements are taken
+// in order (a reshape on the fly); with rows (src2), src0 [A, B, T] and dst [A, B, N] (src0 may be
+// strided). The row values are checked where they are read.
+inline Status check_cpy(const Tensor& dst) {
+    MOE_RETURN_IF_ERROR(check_operand("CPY", "src0", dst.src[0], Type::F32));
+    const Tensor& s = *dst.src[0];
+    if (dst.type != Type::F32 && dst.type != Type::F16) {
+        return unimplemented("CPY: dst type " + type_str(dst.type) + " is not supported (F32 or F16)");
+    }
+    if (dst.data == nullptr) return invalid_argument("CPY: dst has no data");
+    if (const Tensor* rows = dst.src[2]; rows != nullptr) {
+        MOE_RETURN_IF_ERROR(check_operand("CPY", "src2 (rows)", rows, Type::I32));
+        if (rows->n_elements() != s.ne[2] || s.ne[0] != dst.ne[0] || s.ne[1] != dst.ne[1] || s.ne[3] != 1 ||
+            dst.ne[3] != 1) {
+            return invalid_argument("CPY: src0 " + shape_str(s) + " with rows " + shape_str(*rows) +
+                                    " does not fit dst " + shape_str(dst) + " (expected [A, B, T], [T], [A, B, N])");
+        }
+        return Status::ok();
+    }
+    if (s.n_elements() != dst.n_elements()) {
+        return invalid_argument("CPY: src0 has " + std::to_string(s.n_elements()) + " elements, dst " +
+                                std::to_string(dst.n_elements()));
+    }
+    if (!same_shape(s, dst) && !s.is_contiguous()) {
+        return unimplemented("CPY: src0 " + shape_str(s) + " must be contiguous when its shape differs from dst " +
+                             shape_str(dst));
+    }
+    return Status::ok();
+}
+
 // ATTENTION's operands and parameters (see core/tensor.h); both backends accept exactly these nodes.
 inline Status check_attention(const Tensor& dst) {
     MOE_RETURN_IF_ERROR(check_operand("ATTENTION", "dst", &dst, Type::F32));

@@ -141,31 +141,29 @@ Status glu(Tensor& dst) {
 }
 
 // CPY writes src0 into dst's bytes through dst's own strides (dst is a view of src1, typically a
-// KV-cache slot). src0 and dst either have the same shape (src0 may then be strided too), or src0 is
-// contiguous and its elements are taken in order (a reshape on the fly).
+// KV-cache slot), or with rows (src2) src0's token t into dst's row rows[t] (op_checks::check_cpy).
 Status cpy(Tensor& dst) {
     if (dst.op != Op::CPY) return invalid_argument(std::string("cpy: dst.op is ") + op_name(dst.op) + ", expected CPY");
-    MOE_RETURN_IF_ERROR(check_operand("CPY", "src0", dst.src[0], Type::F32));
+    MOE_RETURN_IF_ERROR(ops::check_cpy(dst));
     const Tensor& s = *dst.src[0];
-    if (dst.type != Type::F32 && dst.type != Type::F16) {
-        return unimplemented("CPY: dst type " + ops::type_str(dst.type) + " is not supported (F32 or F16)");
+    const Tensor* rows = dst.src[2];
+    const int32_t* row_of = rows != nullptr ? rows->as<int32_t>() : nullptr;
+    if (row_of != nullptr) {
+        for (int64_t t = 0; t < s.ne[2]; ++t) {
+            if (row_of[t] < 0 || row_of[t] >= dst.ne[2]) {
+                return out_of_range("CPY: rows[" + std::to_string(t) + "] = " + std::to_string(row_of[t]) +
+                                        " is outside the destination's " + std::to_string(dst.ne[2]) + " rows");
+            }
+        }
     }
-    if (dst.data == nullptr) return invalid_argument("CPY: dst has no data");
-    if (s.n_elements() != dst.n_elements()) {
-        return invalid_argument("CPY: src0 has " + std::to_string(s.n_elements()) + " elements, dst " +
-                                std::to_string(dst.n_elements()));
-    }
-    const bool same = ops::same_shape(s, dst);
-    if (!same && !s.is_contiguous()) {
-        return unimplemented("CPY: src0 " + ops::shape_str(s) + " must be contiguous when its shape differs from dst " +
-                             ops::shape_str(dst));
-    }
+    const bool same = row_of != nullptr || ops::same_shape(s, dst);
     const bool to_f16 = dst.type == Type::F16;
     const size_t esz = ops::elem_size(dst.type);
     const int64_t n = dst.ne[0];
-    ops::for_each_row(dst, [&](int64_t r) {
-        const ops::RowIndex ri = split_row(dst, r);
-        uint8_t* d = dst.row(ri.i1, ri.i2, ri.i3);
+    // With rows, src0's rows are walked (T of them) and each lands in its dst row.
+    ops::for_each_row(row_of != nullptr ? s : dst, [&](int64_t r) {
+        const ops::RowIndex ri = split_row(row_of != nullptr ? s : dst, r);
+        uint8_t* d = dst.row(ri.i1, row_of != nullptr ? row_of[ri.i2] : ri.i2, ri.i3);
         const float* x = same ? reinterpret_cast<const float*>(s.row(ri.i1, ri.i2, ri.i3)) : s.as<float>() + r * n;
         if (dst.nb[0] == esz) {
             ops::convert_row(reinterpret_cast<const uint8_t*>(x), Type::F32, d, dst.type, n);

@@ -393,7 +393,7 @@ bool match_attn_prep(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
         const Tensor& c = *cpys[k];
         const Tensor* s = c.src[0];
         const size_t es = c.type == Type::F16 ? 2 : c.type == Type::F32 ? 4 : 0;
-        if (es == 0 || c.data == nullptr || c.nb[0] != es || !is_f32_rows(s) || !op_checks::same_shape(*s, c) ||
+        if (es == 0 || c.data == nullptr || c.nb[0] != es || !is_f32_rows(s) || !cache_write_fits(*s, c) ||
             s->ne[0] != d || s->ne[2] != t || s->ne[3] != 1) {
             return false;
         }
@@ -520,6 +520,13 @@ void group_dead_products(std::span<Tensor* const> parts, std::array<bool, kMaxPa
     }
 }
 
+bool cache_write_fits(const Tensor& src, const Tensor& cpy) {
+    const Tensor* rows = cpy.src[2];
+    if (rows == nullptr) return op_checks::same_shape(src, cpy);
+    return rows->type == Type::I32 && rows->data != nullptr && rows->nb[0] == 4 && rows->n_elements() == src.ne[2] &&
+           src.ne[0] == cpy.ne[0] && src.ne[1] == cpy.ne[1] && src.ne[3] == 1 && cpy.ne[3] == 1;
+}
+
 bool attn_prep_rows_apart(std::span<Tensor* const> parts) {
     // Runs at every prologue launch (decode steps launch it eagerly): fixed arrays, no allocation.
     std::array<const Tensor*, 2> norms{}, ropes{}, cpys{};
@@ -535,7 +542,7 @@ bool attn_prep_rows_apart(std::span<Tensor* const> parts) {
         int stream;
         bool out;
     };
-    std::array<Use, 16> uses{};  // per rope stream 3 (+ 3 with a norm), per copy 2
+    std::array<Use, 18> uses{};  // per rope stream 3 (+ 3 with a norm), per copy 2 (+ 1 with rows)
     size_t n = 0;
     for (int k = 0; k < nr; ++k) {
         const Tensor* r = ropes[static_cast<size_t>(k)];
@@ -557,6 +564,7 @@ bool attn_prep_rows_apart(std::span<Tensor* const> parts) {
         }
         uses[n++] = {c, stream, true};
         uses[n++] = {c->src[0], stream, false};
+        if (c->src[2] != nullptr) uses[n++] = {c->src[2], -1, false};  // row indices
     }
     for (size_t i = 0; i < n; ++i) {
         if (!uses[i].out) continue;

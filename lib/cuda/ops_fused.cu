@@ -237,9 +237,10 @@ struct PrepStream {
 
 struct PrepWrite {
     int stream;
-    int what;          // 0: norm dst, 1: rope dst, 2: cache (dst view `cpy`)
+    int what;            // 0: norm dst, 1: rope dst, 2: cache (dst view `cpy`)
     View cpy;
     int to_f16;
+    const int32_t* rows;  // a cache write with rows (CPY's src2): token t's row; nullptr: row t
 };
 
 struct PrepArgs {
@@ -250,7 +251,19 @@ struct PrepArgs {
     int d, t, total_rows;
     const int32_t* pos;
     RopeArgs rope;
+    unsigned int* err;  // kErrorBadIndex: a cache write's row outside the cache (not written)
 };
+
+// Row (h, t) of write w's destination, or nullptr where a cache row index is outside the cache.
+__device__ __forceinline__ char* prep_write_row(const PrepArgs& a, const PrepWrite& w, const View& dv, int h, int t) {
+    if (w.rows == nullptr) return ops::row_at(dv, h, t, 0);
+    const int32_t row = w.rows[t];
+    if (row < 0 || row >= dv.ne[2]) {
+        ops::flag_error(a.err, kErrorBadIndex);
+        return nullptr;
+    }
+    return ops::row_at(dv, h, row, 0);
+}
 
 // The row steps both prologue kernels share, so that they compute bitwise the same values.
 // Global row gr: its stream, and (head, token) within the stream's [D, H, T] rows.
@@ -337,7 +350,8 @@ __global__ void __launch_bounds__(1024) attn_prep_kernel(const __grid_constant__
         const bool to_f16 = w.what == 2 && w.to_f16;
         const int nh = static_cast<int>(st.src.ne[1]);
         for (int r = warp; r < st.rows; r += n_warps) {
-            char* row = ops::row_at(dv, r % nh, r / nh, 0);
+            char* row = prep_write_row(a, w, dv, r % nh, r / nh);
+            if (row == nullptr) continue;
             const float* src = sm + buf + r * D;
 #pragma unroll
             for (int i = 0; i < kPerLane; ++i) {
@@ -375,8 +389,8 @@ __device__ __forceinline__ void prep_row(const PrepArgs& a, int si, int h, int t
             }
         }
     }
-    const auto store_row = [&](const View& dv, const float (&val)[kPerLane], bool to_f16) {
-        char* row = ops::row_at(dv, h, t, 0);
+    const auto store_row = [&](char* row, const float (&val)[kPerLane], bool to_f16) {
+        if (row == nullptr) return;
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) {
             const int e = lane + 32 * i;
@@ -389,7 +403,7 @@ __device__ __forceinline__ void prep_row(const PrepArgs& a, int si, int h, int t
     };
     if (st.has_norm) {
         norm_prep_row<D>(st, lane, v);
-        store_row(st.norm, v, false);
+        store_row(ops::row_at(st.norm, h, t, 0), v, false);
     }
     if (st.has_rope) {
         float o[kPerLane];
@@ -400,11 +414,11 @@ __device__ __forceinline__ void prep_row(const PrepArgs& a, int si, int h, int t
         }
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) v[i] = o[i];
-        store_row(st.rope, v, false);
+        store_row(ops::row_at(st.rope, h, t, 0), v, false);
     }
     for (int wi = 0; wi < a.n_writes; ++wi) {  // this stream's cache copies
         const PrepWrite& w = a.w[wi];
-        if (w.what == 2 && w.stream == si) store_row(w.cpy, v, w.to_f16 != 0);
+        if (w.what == 2 && w.stream == si) store_row(prep_write_row(a, w, w.cpy, h, t), v, w.to_f16 != 0);
     }
 }
 
@@ -626,13 +640,14 @@ Status attn_prep(std::span<Tensor* const> parts, const OpContext& ctx) {
         off += st.rows * a.d;
     }
     // Writes in node order: norms, ropes, then the cache copies.
-    for (int k = 0; k < nn; ++k) a.w[a.n_writes++] = PrepWrite{k, 0, {}, 0};
-    for (int k = 0; k < nr; ++k) a.w[a.n_writes++] = PrepWrite{k, 1, {}, 0};
+    for (int k = 0; k < nn; ++k) a.w[a.n_writes++] = PrepWrite{k, 0, {}, 0, nullptr};
+    for (int k = 0; k < nr; ++k) a.w[a.n_writes++] = PrepWrite{k, 1, {}, 0, nullptr};
+    a.err = ctx.error_flags;
     for (int k = 0; k < nc; ++k) {
         const Tensor& c = *cpys[k];
         const Tensor* s = c.src[0];
-        if (s == nullptr || s->type != Type::F32 || s->nb[0] != 4 || !moe::op_checks::same_shape(*s, c) ||
-            s->ne[0] != a.d || s->ne[2] != a.t || (c.type != Type::F16 && c.type != Type::F32)) {
+        if (s == nullptr || s->type != Type::F32 || s->nb[0] != 4 || !cache_write_fits(*s, c) || s->ne[0] != a.d ||
+            s->ne[2] != a.t || (c.type != Type::F16 && c.type != Type::F32)) {
             return internal_error("attn_prep: CPY does not match");
         }
         int stream = -1;
@@ -651,7 +666,8 @@ Status attn_prep(std::span<Tensor* const> parts, const OpContext& ctx) {
             st.rbuf = off;
             off += st.rows * a.d;
         }
-        a.w[a.n_writes++] = PrepWrite{stream, 2, ops::view_of(c), c.type == Type::F16 ? 1 : 0};
+        const int32_t* rows = c.src[2] != nullptr ? c.src[2]->as<int32_t>() : nullptr;
+        a.w[a.n_writes++] = PrepWrite{stream, 2, ops::view_of(c), c.type == Type::F16 ? 1 : 0, rows};
     }
     a.total_rows = rows;
     if (attn_prep_rows_apart(parts)) {

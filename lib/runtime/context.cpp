@@ -411,7 +411,8 @@ std::unique_ptr<moe_context::Step> build_step(const moe_context& ctx, int n_toke
     step->n_tokens = n_tokens;
     step->n_past = n_past;
     step->mode = mode;
-    step->ub = build_model_graph(step->graph, ctx.model->hparams, ctx.weights, ctx.kv, n_tokens, n_past, mode);
+    step->ub = build_model_graph(step->graph, ctx.model->hparams, ctx.weights, ctx.kv, n_tokens, n_past, mode,
+                                 ctx.kv_addressing());
     step->parts = sched::split_expert_blocks(step->graph, split_layers, ctx.model->hparams.n_expert);
     return step;
 }

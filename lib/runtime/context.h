@@ -21,6 +21,10 @@ struct moe_context {
     moe_model* model = nullptr;
     moe_context_params params{};
     moe::BackendConfig backend_config;  // params.backend_options parsed, the environment filled in
+    // How every graph of the context addresses the KV cache (backend option stable_kv).
+    moe::KvAddressing kv_addressing() const {
+        return backend_config.stable_kv ? moe::KvAddressing::STABLE : moe::KvAddressing::EXACT;
+    }
 
     std::unique_ptr<moe::Backend> host;    // the CPU
     std::unique_ptr<moe::Backend> device;  // CUDA or the emulated device; nullptr for CPU contexts

@@ -42,7 +42,7 @@ size_t estimate_arena_bytes(const moe_context& ctx, bool split) {
     const int n = std::min(ctx.params.n_ubatch, ctx.params.n_ctx);
     const auto arena_at = [&](int n_past) {
         Graph g;
-        build_model_graph(g, hp, ctx.weights, kv, n, n_past, LogitsMode::ALL);
+        build_model_graph(g, hp, ctx.weights, kv, n, n_past, LogitsMode::ALL, ctx.kv_addressing());
         const std::vector<uint8_t> split_layers(split ? static_cast<size_t>(hp.n_layer) : 0, 1);
         sched::split_expert_blocks(g, split_layers, hp.n_expert);
         return plan_allocation(g).arena_size;

@@ -79,7 +79,7 @@ std::vector<int> weight_layers(const moe_context& ctx, const std::vector<Tensor*
     std::deque<Tensor> cache;
     const KvCache kv = prototype_kv_cache(ctx, cache);
     Graph g;
-    build_model_graph(g, hp, ctx.weights, kv, 1, 0, LogitsMode::LAST);
+    build_model_graph(g, hp, ctx.weights, kv, 1, 0, LogitsMode::LAST, ctx.kv_addressing());
     // node_devices with every layer its own "device" gives each node its layer, the nodes outside the
     // layers the layer next to them.
     std::vector<int> identity(static_cast<size_t>(hp.n_layer));

@@ -21,7 +21,7 @@ constexpr size_t kLinkProbeBytes = size_t{64} << 20;
 std::array<const Tensor*, kOffloadOps> probe_weights(const moe_context& ctx) {
     std::array<const Tensor*, kOffloadOps> out{};
     Graph g;
-    build_model_graph(g, ctx.model->hparams, ctx.weights, ctx.kv, 1, 0, LogitsMode::LAST);
+    build_model_graph(g, ctx.model->hparams, ctx.weights, ctx.kv, 1, 0, LogitsMode::LAST, ctx.kv_addressing());
     for (const Tensor* node : g.nodes()) {
         const std::optional<sched::OffloadOp> kind = sched::offload_op_of(node->op);
         const Tensor* w = node->src[0];

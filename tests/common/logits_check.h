@@ -59,9 +59,13 @@ inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>&
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// Decodes `tokens` with every row's logits kept; returns them.
-inline std::vector<float> decode_all(moe_context* ctx, const std::vector<int32_t>& tokens) {
-    const moe_status s = moe_decode(ctx, tokens.data(), nullptr, static_cast<int32_t>(tokens.size()), 1);
+// Decodes `tokens` with every row's logits kept (at positions first, first + 1, ... where first >= 0,
+// else after the cached ones); returns them.
+inline std::vector<float> decode_all(moe_context* ctx, const std::vector<int32_t>& tokens, int32_t first = -1) {
+    std::vector<int32_t> pos;
+    for (size_t i = 0; first >= 0 && i < tokens.size(); ++i) pos.push_back(first + static_cast<int32_t>(i));
+    const moe_status s =
+        moe_decode(ctx, tokens.data(), first >= 0 ? pos.data() : nullptr, static_cast<int32_t>(tokens.size()), 1);
     INFO(moe_last_error());
     REQUIRE(s == MOE_STATUS_OK);
     const float* logits = nullptr;

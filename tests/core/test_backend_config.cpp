@@ -54,6 +54,7 @@ TEST_CASE("backend options: nothing given and no environment gives the documente
     CHECK_FALSE(c.offload_calibration.has_value());
     CHECK(c.expert_gemm_decode == ExpertGemmDecode::FUSED);
     CHECK(c.cpu_moe_fusion);
+    CHECK_FALSE(c.stable_kv);
 }
 
 TEST_CASE("backend options: each key takes each of its values", "[core]") {
@@ -77,6 +78,8 @@ TEST_CASE("backend options: each key takes each of its values", "[core]") {
         }
     }
     CHECK_FALSE(parse_ok("offload_calibration=auto").offload_calibration.has_value());
+    CHECK(parse_ok("stable_kv=on").stable_kv);
+    CHECK_FALSE(parse_ok("stable_kv=off").stable_kv);
     CHECK(parse_ok("cuda_pull_copies=never").cuda_pull_copies == PullCopies::NEVER);
     CHECK(parse_ok("cuda_pull_copies=always").cuda_pull_copies == PullCopies::ALWAYS);
     CHECK(parse_ok("cuda_pull_copies=auto").cuda_pull_copies == PullCopies::WHILE_UPLOADING);
@@ -163,7 +166,7 @@ TEST_CASE("backend options: the help text names every key, its values and its va
                             "emulated_vram=bytes", "offload_calibration=auto|on|off", "env MOEINFER_CUDA_GRAPHS",
                             "env MOEINFER_EMULATED_VRAM", "expert_gemm_decode=fused|scratch",
                             "env MOEINFER_EXPERT_GEMM_DECODE", "emulated_busy=0..7|none", "cpu_moe_fusion=on|off",
-                            "env MOEINFER_CPU_MOE_FUSION"}) {
+                            "env MOEINFER_CPU_MOE_FUSION", "stable_kv=on|off"}) {
         CHECK_THAT(help, Catch::Contains(key));
     }
 }

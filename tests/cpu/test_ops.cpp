@@ -183,6 +183,23 @@ TEST_CASE("SILU, SWIGLU and SWIGLU_OAI match float64", "[ops]") {
     }
 }
 
+namespace {
+
+// A cache element CPY wrote: x as F16 (rounded by the library's converter) or as the same F32 bits.
+void require_cache_element(const uint8_t* at, Type kv_type, float x) {
+    if (kv_type == Type::F16) {
+        uint16_t got;
+        std::memcpy(&got, at, 2);
+        REQUIRE(got == moe::fp32_to_fp16(x));
+    } else {
+        float got;
+        std::memcpy(&got, at, 4);
+        REQUIRE(got == x);
+    }
+}
+
+}  // namespace
+
 TEST_CASE("CPY writes F32 into a strided F16/F32 KV-cache view", "[ops]") {
     auto rng = make_rng(3);
     const int64_t D = 64, Hkv = 2, n_ctx = 40, T = 5, p0 = 11;
@@ -212,19 +229,62 @@ TEST_CASE("CPY writes F32 into a strided F16/F32 KV-cache view", "[ops]") {
                             REQUIRE(std::memcmp(at, before.data() + off, cache->nb[0]) == 0);
                             continue;
                         }
-                        const float x = src_f[((j - p0) * Hkv + h) * D + i];
-                        if (kv_type == Type::F16) {
-                            uint16_t got;
-                            std::memcpy(&got, at, 2);
-                            REQUIRE(got == moe::fp32_to_fp16(x));
-                        } else {
-                            float got;
-                            std::memcpy(&got, at, 4);
-                            REQUIRE(got == x);
-                        }
+                        require_cache_element(at, kv_type, src_f[((j - p0) * Hkv + h) * D + i]);
                     }
                 }
             }
+        }
+    }
+}
+
+// CPY with rows (the stable KV addressing's cache write): token t of a strided src lands in row rows[t]
+// of the whole cache, every other byte stays; a row outside the cache is refused before any write.
+TEST_CASE("CPY with rows writes each token into the cache row its index names", "[ops]") {
+    auto rng = make_rng(41);
+    const int64_t D = 64, Hkv = 2, n_ctx = 40, T = 6;
+    for (const Type kv_type : {Type::F16, Type::F32}) {
+        TensorPool pool;
+        Tensor* cache = pool.make(kv_type, {D, Hkv, n_ctx});
+        fill_uniform(*cache, rng, -1.0f, 1.0f);
+        std::vector<uint8_t> before(static_cast<const uint8_t*>(cache->data),
+                                    static_cast<const uint8_t*>(cache->data) + cache->nb[2] * n_ctx);
+        // src: the first Hkv heads of a [D, Hkv + 1, T] tensor (strided rows, as a view of a q/k/v product)
+        Tensor* wide = pool.make(Type::F32, {D, Hkv + 1, T});
+        fill_uniform(*wide, rng, -70000.0f, 70000.0f);  // includes values that overflow to inf in F16
+        Tensor* src = pool.view(wide, {D, Hkv, T}, {wide->nb[1], wide->nb[2], wide->nb[3]}, 0);
+        std::vector<int32_t> order(n_ctx);
+        std::iota(order.begin(), order.end(), 0);
+        std::shuffle(order.begin(), order.end(), rng);
+        Tensor* rows = pool.make(Type::I32, {T});
+        std::copy_n(order.begin(), T, rows->as<int32_t>());
+        Tensor* d = pool.node(Op::CPY, kv_type, {D, Hkv, n_ctx}, {src, cache, rows});
+        for (int i = 0; i < 4; ++i) d->nb[i] = cache->nb[i];
+        d->data = cache->data;
+        REQUIRE(moe::cpu::cpy(*d).is_ok());
+        for (int64_t j = 0; j < n_ctx; ++j) {
+            const auto t = std::find(order.begin(), order.begin() + T, static_cast<int32_t>(j)) - order.begin();
+            for (int64_t h = 0; h < Hkv; ++h) {
+                for (int64_t i = 0; i < D; ++i) {
+                    const size_t off = static_cast<size_t>(j) * cache->nb[2] + static_cast<size_t>(h) * cache->nb[1] +
+                                       static_cast<size_t>(i) * cache->nb[0];
+                    const uint8_t* at = static_cast<const uint8_t*>(cache->data) + off;
+                    if (t == T) {
+                        REQUIRE(std::memcmp(at, before.data() + off, cache->nb[0]) == 0);
+                        continue;
+                    }
+                    require_cache_element(at, kv_type, static_cast<float>(value(*src, i, h, t)));
+                }
+            }
+        }
+        // A row past the cache (or negative): OUT_OF_RANGE (as GET_ROWS' ids), and not one byte written.
+        for (const int32_t bad : {static_cast<int32_t>(n_ctx), -1}) {
+            std::vector<uint8_t> now(static_cast<const uint8_t*>(cache->data),
+                                     static_cast<const uint8_t*>(cache->data) + cache->nb[2] * n_ctx);
+            rows->as<int32_t>()[T - 1] = bad;
+            const moe::Status st = moe::cpu::cpy(*d);
+            REQUIRE(st.code() == MOE_STATUS_OUT_OF_RANGE);
+            CHECK(st.message().find("rows[5]") != std::string::npos);
+            REQUIRE(std::memcmp(cache->data, now.data(), now.size()) == 0);
         }
     }
 }

@@ -36,6 +36,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -487,6 +488,38 @@ TEST_CASE("CUDA GET_ROWS and GATHER report an out-of-range id at synchronize", "
     CHECK(*elem<float>(got, 5, 2) == *elem<float>(*w, 5, 2));  // the valid rows are still right
 }
 
+TEST_CASE("CUDA CPY with rows reports a row outside the cache at synchronize and writes the others", "[gpu]") {
+    MOE_GPU_OR_SKIP();
+    auto rng = fresh_rng(61);
+    TensorPool pool;
+    Tensor* cache = pool.make(Type::F16, {64, 2, 8});
+    fill_uniform(*cache, rng, -1.0f, 1.0f);
+    Tensor* src = pool.make(Type::F32, {64, 2, 3});
+    fill_uniform(*src, rng, -1.0f, 1.0f);
+    Tensor* rows = pool.make(Type::I32, {3});
+    *elem<int32_t>(*rows, 0) = 5;
+    *elem<int32_t>(*rows, 1) = 8;  // one past the last row
+    *elem<int32_t>(*rows, 2) = 0;
+    Tensor* node = pool.node(Op::CPY, Type::F16, {64, 2, 8}, {src, cache, rows});
+    for (int i = 0; i < 4; ++i) node->nb[i] = cache->nb[i];
+    node->data = cache->data;
+    node->view_src = cache;
+    DeviceMirror dev;
+    Tensor* nodes[] = {dev.of(node)};
+    require_ok(gpu().synchronize());
+    require_ok(gpu().compute(nodes));
+    CHECK(gpu().synchronize().code() == MOE_STATUS_OUT_OF_RANGE);
+    require_ok(gpu().synchronize());  // reported once, then cleared
+    const Tensor got = dev.download(cache);
+    for (int64_t h = 0; h < 2; ++h) {
+        for (int64_t i = 0; i < 64; ++i) {
+            CHECK(*elem<uint16_t>(got, i, h, 5) == moe::fp32_to_fp16(*elem<float>(*src, i, h, 0)));
+            CHECK(*elem<uint16_t>(got, i, h, 0) == moe::fp32_to_fp16(*elem<float>(*src, i, h, 2)));
+            CHECK(*elem<uint16_t>(got, i, h, 7) == *elem<uint16_t>(*cache, i, h, 7));  // untouched
+        }
+    }
+}
+
 TEST_CASE("CUDA TOPK, GATHER and WEIGHTED_SUM match the CPU", "[gpu]") {
     MOE_GPU_OR_SKIP();
     auto rng = fresh_rng(7);
@@ -603,6 +636,26 @@ TEST_CASE("CUDA CPY writes F32 into F16 / F32 cache views like the CPU", "[gpu]"
             INFO("CPY transposed into " << moe::type_name(ct));
             DeviceMirror dev;
             compare_exact(run_both(&v, [](Tensor& n) { return moe::cpu::cpy(n); }, dev), *cache);
+        }
+        {  // rows (the stable KV addressing): a strided src [D, Hkv, T] into the rows a shuffled index names
+            TensorPool pool;
+            Tensor* cache = pool.make(ct, {D, Hkv, n_ctx});
+            fill_uniform(*cache, rng, -1.0f, 1.0f);
+            Tensor* wide = pool.make(Type::F32, {D, Hkv + 2, T});
+            fill_uniform(*wide, rng, -70000.0f, 70000.0f);
+            Tensor* src = pool.view(wide, {D, Hkv, T}, {wide->nb[1], wide->nb[2], wide->nb[3]}, wide->nb[1]);
+            std::vector<int32_t> order(static_cast<size_t>(n_ctx));
+            std::iota(order.begin(), order.end(), 0);
+            std::shuffle(order.begin(), order.end(), rng);
+            Tensor* rows = pool.make(Type::I32, {T});
+            for (int64_t t = 0; t < T; ++t) *elem<int32_t>(*rows, t) = order[static_cast<size_t>(t)];
+            Tensor* node = pool.node(Op::CPY, ct, {D, Hkv, n_ctx}, {src, cache, rows});
+            for (int i = 0; i < 4; ++i) node->nb[i] = cache->nb[i];
+            node->data = cache->data;
+            node->view_src = cache;
+            INFO("CPY with rows into " << moe::type_name(ct));
+            DeviceMirror dev;
+            compare_exact(run_both(node, [](Tensor& n) { return moe::cpu::cpy(n); }, dev), *cache);
         }
     }
 }

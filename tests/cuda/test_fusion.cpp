@@ -39,6 +39,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda_test_util.h"
 #include "cuda/fusion_plan.h"
+#include "cuda/graph_signature.h"
 #include "moeinfer/moeinfer.h"
 #include "runtime/context.h"
 
@@ -235,6 +236,69 @@ PlanCounts plan_model(const moe::HParams& hp, Type dense, Type experts, int n_to
 }
 
 }  // namespace
+
+// What KvAddressing::STABLE is for: the words of every launch of a decode step (graph_signature.h: what
+// a CUDA graph replays without capturing) are the same from one token to the next, until the attended
+// length crosses a multiple of kKvPad; with EXACT the cache writes and the attention change every token.
+// The fused attention prologue still takes the cache writes with rows.
+TEST_CASE("CUDA decode steps with the stable KV addressing launch the same words for 256 tokens", "[cuda]") {
+    for (const moe::HParams& hp : {q30_hparams(2), g20_hparams(2)}) {
+        INFO("arch " << static_cast<int>(hp.arch));
+        FakeLeaves f;
+        const moe::ModelWeights w = fake_weights(hp, Type::Q8_0, Type::Q8_0, f);
+        moe::KvCache kv;
+        kv.n_ctx = 1024;
+        for (int il = 0; il < hp.n_layer; ++il) {
+            kv.k.push_back(f.make(Type::F16, {hp.head_dim, hp.n_head_kv, kv.n_ctx}));
+            kv.v.push_back(f.make(Type::F16, {hp.head_dim, hp.n_head_kv, kv.n_ctx}));
+        }
+        struct Step {
+            std::vector<uint64_t> hashes;
+            std::vector<Op> ops;
+            int prologues = 0;  // kAttnPrep launches
+        };
+        const auto step_at = [&](int n_past, moe::KvAddressing addressing) {
+            moe::Graph g;
+            moe::build_model_graph(g, hp, w, kv, 1, n_past, moe::LogitsMode::LAST, addressing);
+            moe::bind_allocation(g, moe::plan_allocation(g), reinterpret_cast<void*>(uintptr_t{1} << 44));
+            std::vector<Tensor*> nodes;
+            for (Tensor* n : g.nodes()) {
+                if (n->op != Op::NONE && n->op != Op::VIEW) nodes.push_back(n);
+            }
+            moe::cuda::SpanSignature sig;
+            sig.build(nodes);
+            moe::cuda::FusionPlan plan;
+            moe::cuda::plan_fusions(nodes, true, plan);
+            Step s;
+            for (size_t i = 0; i < nodes.size(); ++i) {
+                s.hashes.push_back(sig.node_hash(i));
+                s.ops.push_back(nodes[i]->op);
+            }
+            for (const moe::cuda::LaunchItem& it : plan.items) s.prologues += it.kind == FusedKind::kAttnPrep;
+            return s;
+        };
+        // The nodes whose words differ between two steps, by op.
+        const auto changed = [](const Step& a, const Step& b) {
+            REQUIRE(a.ops == b.ops);
+            std::map<Op, int> ops;
+            for (size_t i = 0; i < a.ops.size(); ++i) ops[a.ops[i]] += a.hashes[i] != b.hashes[i];
+            std::erase_if(ops, [](const auto& kv_) { return kv_.second == 0; });
+            return ops;
+        };
+        using Exact = std::map<Op, int>;
+        const int L = hp.n_layer;
+        const Step e37 = step_at(37, moe::KvAddressing::EXACT), e38 = step_at(38, moe::KvAddressing::EXACT);
+        CHECK(changed(e37, e38) == Exact{{Op::CPY, 2 * L}, {Op::ATTENTION, L}});
+        const Step s37 = step_at(37, moe::KvAddressing::STABLE);
+        CHECK(changed(s37, step_at(38, moe::KvAddressing::STABLE)).empty());
+        CHECK(changed(s37, step_at(255, moe::KvAddressing::STABLE)).empty());  // 256 rows: still 256
+        CHECK(changed(s37, step_at(256, moe::KvAddressing::STABLE)) == Exact{{Op::ATTENTION, L}});  // 257: 512
+        // The same launches either way: the prologue fuses the cache writes with rows too.
+        CHECK(s37.ops == e37.ops);
+        CHECK(s37.prologues == L);
+        CHECK(e37.prologues == L);
+    }
+}
 
 TEST_CASE("CUDA fusion plans of real decode graphs fuse q/k/v, norms, routers and Q8 hand-offs", "[cuda]") {
     constexpr int kLayers = 3;

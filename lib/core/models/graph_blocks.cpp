@@ -1,6 +1,7 @@
 // The shared blocks of the model graphs (see graph_blocks.h).
 #include "core/models/graph_blocks.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace moe::blocks {
@@ -10,6 +11,24 @@ Tensor* add_opt(Graph& g, Tensor* x, Tensor* b) { return b ? g.add(x, b) : x; }
 Tensor* cache_rows(Graph& g, Tensor* cache, int first, int count) {
     return g.view(cache, {cache->ne[0], cache->ne[1], count}, {cache->nb[1], cache->nb[2]},
                   static_cast<size_t>(first) * cache->nb[2]);
+}
+
+void write_cache(BuildState& s, Tensor* src, Tensor* cache, size_t column) {
+    Graph& g = s.g;
+    const int64_t a = src->ne[0], b = src->n_elements() / (a * s.n_tokens);
+    if (s.kv_addressing == KvAddressing::STABLE) {
+        if (src->ne[1] != b || src->ne[2] != s.n_tokens) src = g.reshape(src, {a, b, s.n_tokens});
+        g.cpy_rows(src, g.view(cache, {a, b, cache->ne[2]}, {cache->nb[1], cache->nb[2]}, column), s.positions);
+    } else {
+        const size_t first = column + static_cast<size_t>(s.n_past) * cache->nb[2];
+        g.cpy(src, g.view(cache, {a, b, s.n_tokens}, {cache->nb[1], cache->nb[2]}, first));
+    }
+}
+
+int attended_rows(const BuildState& s) {
+    const int n = s.n_past + s.n_tokens;
+    if (s.kv_addressing == KvAddressing::EXACT) return n;
+    return std::min(s.kv.n_ctx, (n + kKvPad - 1) / kKvPad * kKvPad);
 }
 
 Tensor* attention(BuildState& s, const LayerWeights& l, int il, Tensor* x) {
@@ -28,9 +47,9 @@ Tensor* attention(BuildState& s, const LayerWeights& l, int il, Tensor* x) {
 
     Tensor* k_cache = s.kv.k[static_cast<size_t>(il)];
     Tensor* v_cache = s.kv.v[static_cast<size_t>(il)];
-    g.cpy(k, cache_rows(g, k_cache, s.n_past, s.n_tokens));
-    g.cpy(v, cache_rows(g, v_cache, s.n_past, s.n_tokens));
-    const int n_kv = s.n_past + s.n_tokens;
+    write_cache(s, k, k_cache);
+    write_cache(s, v, v_cache);
+    const int n_kv = attended_rows(s);
 
     // gpt-oss: even layers use the sliding window, odd layers full attention.
     const int window = (hp.arch == Arch::GPT_OSS && il % 2 == 0) ? hp.sliding_window : 0;

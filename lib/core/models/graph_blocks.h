@@ -16,6 +16,7 @@ struct BuildState {
     Tensor* positions;
     int n_tokens;
     int n_past;
+    KvAddressing kv_addressing;
 };
 
 // x + b when b exists.
@@ -23,6 +24,14 @@ Tensor* add_opt(Graph& g, Tensor* x, Tensor* b);
 
 // View of a [D, Hkv, n_ctx] cache's rows [first, first + count) as [D, Hkv, count].
 Tensor* cache_rows(Graph& g, Tensor* cache, int first, int count);
+
+// Writes src [A, B, T] (or [A, T]: B = 1; the ubatch's tokens) into the cache's rows of its positions, at
+// byte `column` of each cache row (A * B elements from there, in the cache's strides), as
+// s.kv_addressing says.
+void write_cache(BuildState& s, Tensor* src, Tensor* cache, size_t column = 0);
+
+// The cache rows attention reads after this ubatch's writes (KvAddressing).
+int attended_rows(const BuildState& s);
 
 // Self-attention of layer il on normalised input x: projections (+ biases), per-head q/k norms, RoPE
 // (rope_params_for), cache write, attention over the cache, output projection. Returns [n_embd, T].

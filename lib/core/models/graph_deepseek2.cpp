@@ -72,14 +72,15 @@ Tensor* mla_attention(BuildState& s, const LayerWeights& l, int il, Tensor* x) {
                             s.positions, rp);
 
     Tensor* cache = s.kv.k[static_cast<size_t>(il)];  // [C + R, 1, n_ctx]
-    const size_t at = static_cast<size_t>(s.n_past) * cache->nb[2];
-    g.cpy(latent, g.view(cache, {C, 1, T}, {cache->nb[1], cache->nb[2]}, at));
-    g.cpy(k_rope, g.view(cache, {R, 1, T}, {cache->nb[1], cache->nb[2]}, at + static_cast<size_t>(C) * cache->nb[0]));
-    const int n_kv = s.n_past + s.n_tokens;
+    blocks::write_cache(s, latent, cache);
+    blocks::write_cache(s, k_rope, cache, static_cast<size_t>(C) * cache->nb[0]);
+    const int n_written = s.n_past + s.n_tokens;
 
-    Tensor* rows = blocks::cache_rows(g, cache, 0, n_kv);
     Tensor* out = nullptr;  // [Dv, H, T]
-    if (mla_decompressed(hp, s.n_tokens, n_kv)) {
+    if (mla_decompressed(hp, s.n_tokens, n_written)) {
+        // Up-projects every row it reads: the exact rows, whatever the addressing.
+        const int n_kv = n_written;
+        Tensor* rows = blocks::cache_rows(g, cache, 0, n_kv);
         // HF's own form: every cached latent row up-projected into per-head keys [W_UK_h c, k_rope] and
         // values W_UV_h c, then attention with head size Dn + R. The values are padded to that size with
         // the rope key (any values would do: their outputs are dropped), so that K and V share one head
@@ -98,6 +99,8 @@ Tensor* mla_attention(BuildState& s, const LayerWeights& l, int il, Tensor* x) {
                                   0, n_kv);
         out = g.concat(g.view(att, {hp.head_dim_v, H, T}, {att->nb[1], att->nb[2]}, 0), nullptr);
     } else {
+        const int n_kv = blocks::attended_rows(s);
+        Tensor* rows = blocks::cache_rows(g, cache, 0, n_kv);
         Tensor* q_latent = g.concat(g.mul_mat_heads(l.wk_b, q_nope), q_rope);  // [C + R, H, T]
         Tensor* att = g.attention(q_latent, rows, rows, s.positions, nullptr, deepseek2_kq_scale(hp), 0, n_kv);
         Tensor* att_latent = g.view(att, {C, H, T}, {att->nb[1], att->nb[2]}, 0);

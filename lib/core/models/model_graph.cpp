@@ -55,12 +55,12 @@ RopeParams rope_params_for(const HParams& hp) {
 }
 
 UbatchGraph build_model_graph(Graph& g, const HParams& hp, const ModelWeights& w, const KvCache& kv, int n_tokens,
-                              int n_past, LogitsMode logits) {
+                              int n_past, LogitsMode logits, KvAddressing kv_addressing) {
     MOE_ASSERT(n_tokens > 0 && n_past >= 0 && n_past + n_tokens <= kv.n_ctx);
     UbatchGraph out;
     out.tokens = g.input(Type::I32, {n_tokens}, "tokens");
     out.positions = g.input(Type::I32, {n_tokens}, "positions");
-    BuildState s{g, hp, kv, out.positions, n_tokens, n_past};
+    BuildState s{g, hp, kv, out.positions, n_tokens, n_past, kv_addressing};
 
     Tensor* cur = g.get_rows(w.tok_embd, out.tokens);  // [E, T]
     if (hp.arch == Arch::DEEPSEEK2) {

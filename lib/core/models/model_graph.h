@@ -64,13 +64,24 @@ struct UbatchGraph {
 
 enum class LogitsMode { NONE, LAST, ALL };
 
+// How a ubatch's graph addresses the KV cache. EXACT: the writes are views of rows n_past .. n_past +
+// n_tokens - 1, and attention reads n_past + n_tokens rows. STABLE: the writes go to the rows the
+// positions input names (CPY with rows), and attention reads n_past + n_tokens rounded up to a multiple
+// of kKvPad (at most n_ctx; the keys past a query's position are masked by the positions, so no
+// kernel reads them): a decode step's nodes are then the same for kKvPad tokens in a row, and a CUDA
+// backend replays its graphs without capturing them again. The values are the same either way, up to
+// the order of the attention's split sums. (deepseek2's prompts, which up-project every cached row,
+// read the exact rows.)
+enum class KvAddressing { EXACT, STABLE };
+constexpr int kKvPad = 256;
+
 // Builds the graph of one ubatch of n_tokens tokens at positions n_past .. n_past + n_tokens - 1.
 // REQUIRES: n_past + n_tokens <= kv.n_ctx.
 // NONE still writes the KV cache (a ubatch whose logits nobody wants skips the output projection).
 // Each MoE layer has one expert block (graph_blocks.h: routed_experts), whichever backends will run
 // it: a scheduler that computes a block in parts rewrites the built graph (sched/expert_split_rewrite.h).
 UbatchGraph build_model_graph(Graph& g, const HParams& hp, const ModelWeights& w, const KvCache& kv, int n_tokens,
-                              int n_past, LogitsMode logits);
+                              int n_past, LogitsMode logits, KvAddressing kv_addressing = KvAddressing::EXACT);
 
 // deepseek2: whether a ubatch of n_tokens tokens over n_kv cached rows attends with keys and values
 // decompressed per head (prompts: far fewer operations, on the tensor cores) rather than in latent space
