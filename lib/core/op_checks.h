@@ -90,8 +90,8 @@ inline Status check_cpy(const Tensor& dst) {
     if (dst.data == nullptr) return invalid_argument("CPY: dst has no data");
     if (const Tensor* rows = dst.src[2]; rows != nullptr) {
         MOE_RETURN_IF_ERROR(check_operand("CPY", "src2 (rows)", rows, Type::I32));
-        if (rows->n_elements() != s.ne[2] || s.ne[0] != dst.ne[0] || s.ne[1] != dst.ne[1] || s.ne[3] != 1 ||
-            dst.ne[3] != 1) {
+        if (rows->ne[0] != s.ne[2] || rows->n_elements() != s.ne[2] || s.ne[0] != dst.ne[0] || s.ne[1] != dst.ne[1] ||
+            s.ne[3] != 1 || dst.ne[3] != 1) {
             return invalid_argument("CPY: src0 " + shape_str(s) + " with rows " + shape_str(*rows) +
                                     " does not fit dst " + shape_str(dst) + " (expected [A, B, T], [T], [A, B, N])");
         }

@@ -54,7 +54,8 @@ enum class Op : int32_t {
                   // converts and writes src0 into src1's bytes; dst is a view of src1 (for ordering).
                   // Optional src2 rows I32 [T] (the KV-cache write of a decode step whose nodes stay the
                   // same from token to token): src0 [A, B, T], src1 [A, B, N] and
-                  // dst[:, :, rows[t]] = src0[:, :, t]; a row outside [0, N) is an error
+                  // dst[:, :, rows[t]] = src0[:, :, t]; a row outside [0, N) is an error; the rows must be
+                  // distinct (the backends write tokens in parallel)
     MASK_IDS,     // src0 ids I32 [k, T], src1 expert groups I32 [E] -> I32 [k, T]: ids[j, t] where
                   // src1[ids[j, t]] == i[0], else -1 (kNoExpert). Splits one expert block into parts that
                   // compute disjoint sets of experts (the hybrid scheduler's host/device expert split).

@@ -672,8 +672,8 @@ Status CudaBackend::synchronize() {
     if (flags != 0) {
         *error_flags_ = 0;
         if (flags & kErrorBadIndex) {
-            return out_of_range("cuda: a GET_ROWS / GATHER id was out of range since the last synchronize; "
-                                "the outputs it selected are NaN");
+            return out_of_range("cuda: a GET_ROWS / GATHER id or a CPY row index was out of range since the last "
+                                "synchronize; the outputs it selected are NaN, the rows it named not written");
         }
         return internal_error("cuda: a kernel raised error flags 0x" + std::to_string(flags));
     }

@@ -523,7 +523,8 @@ void group_dead_products(std::span<Tensor* const> parts, std::array<bool, kMaxPa
 bool cache_write_fits(const Tensor& src, const Tensor& cpy) {
     const Tensor* rows = cpy.src[2];
     if (rows == nullptr) return op_checks::same_shape(src, cpy);
-    return rows->type == Type::I32 && rows->data != nullptr && rows->nb[0] == 4 && rows->n_elements() == src.ne[2] &&
+    return rows->type == Type::I32 && rows->data != nullptr && rows->nb[0] == 4 && rows->ne[0] == src.ne[2] &&
+           rows->n_elements() == src.ne[2] &&
            src.ne[0] == cpy.ne[0] && src.ne[1] == cpy.ne[1] && src.ne[3] == 1 && cpy.ne[3] == 1;
 }
 

@@ -22,7 +22,7 @@ GraphRunner::Plan& GraphRunner::plan_for(uint64_t identity, size_t n) {
     Plan& p = it->second;
     if (p.last.size() != n) {  // new (or an identity collision): nothing learned yet
         p.last.clear();
-        p.volatile_.assign(n, 0);
+        p.quiet.assign(n, kQuietRuns);
     }
     p.used = tick_;
     return p;
@@ -151,7 +151,8 @@ Status GraphRunner::run(std::span<Tensor* const> nodes, std::span<const uint64_t
     Plan& plan = plan_for(identity, n);
     if (!plan.last.empty()) {
         for (size_t i = 0; i < n; ++i) {
-            if (plan.last[i] != sig_.node_hash(i)) plan.volatile_[i] = 1;
+            uint8_t& q = plan.quiet[i];
+            q = plan.last[i] != sig_.node_hash(i) ? 0 : static_cast<uint8_t>(std::min<int>(q + 1, kQuietRuns));
         }
     }
     plan.last.resize(n);
@@ -168,9 +169,9 @@ Status GraphRunner::run(std::span<Tensor* const> nodes, std::span<const uint64_t
     const size_t n_chunks = (n + kMaxChunk - 1) / kMaxChunk;
     const size_t longest = merge && n_chunks > 0 ? (n + n_chunks - 1) / n_chunks : kMaxChunk;
     for (size_t a = 0; a < n;) {
-        const uint8_t vol = merge ? 0 : plan.volatile_[a];
+        const bool vol = !merge && plan.is_volatile(a);
         size_t b = a + 1;
-        while (b < n && (merge || plan.volatile_[b] == vol) && b - a < longest) ++b;
+        while (b < n && (merge || plan.is_volatile(b) == vol) && b - a < longest) ++b;
         const bool use_graph = b - a >= (vol ? kMinVolatileGraph : kMinGraph);
         const uint64_t key = hash_combine(hash_combine(identity, a), b);
         if (!use_graph || !run_chunk(key, a, b, state, sig_.words(a, b))) MOE_RETURN_IF_ERROR(eager(a, b));

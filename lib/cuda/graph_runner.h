@@ -10,7 +10,9 @@
 //
 // Where the cuts go is learned per span identity: a node whose signature changed between two runs
 // (a decode step's KV-cache write and attention: n_kv and the cache row move every token) is
-// "volatile". While the device is idle when a span arrives (the host is the bottleneck: hybrid decoding,
+// "volatile" until it has stayed the same for kQuietRuns runs of its span (with the stable KV
+// addressing, core/models/model_graph.h, the attention changes once per 256 tokens: stable again soon
+// after). While the device is idle when a span arrives (the host is the bottleneck: hybrid decoding,
 // whose experts the host computes), chunks are maximal runs of stable or of volatile nodes: stable chunks
 // replay with no capture at all; short volatile runs are launched eagerly (capturing and updating a few
 // kernels costs more than launching them), longer ones are captured and updated. While the device is
@@ -66,6 +68,7 @@ public:
     static constexpr size_t kMinVolatileGraph = 4;
     static constexpr size_t kMaxEntries = 1024;
     static constexpr size_t kMaxPlans = 256;
+    static constexpr uint8_t kQuietRuns = 16;
 
     GraphRunner(cudaStream_t stream, LaunchFn launch) : stream_(stream), launch_(std::move(launch)) {}
     ~GraphRunner();
@@ -88,9 +91,10 @@ public:
 
 private:
     struct Plan {
-        std::vector<uint64_t> last;     // node hashes of the previous run
-        std::vector<uint8_t> volatile_; // 1: the node's signature has changed between runs
+        std::vector<uint64_t> last;   // node hashes of the previous run
+        std::vector<uint8_t> quiet;   // runs since the node's signature last changed, up to kQuietRuns
         uint64_t used = 0;
+        bool is_volatile(size_t i) const { return quiet[i] < kQuietRuns; }
     };
     struct Entry {
         std::vector<uint64_t> words;  // state + the chunk's words when exec was made or last updated

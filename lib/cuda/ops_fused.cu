@@ -666,8 +666,8 @@ Status attn_prep(std::span<Tensor* const> parts, const OpContext& ctx) {
             st.rbuf = off;
             off += st.rows * a.d;
         }
-        const int32_t* rows = c.src[2] != nullptr ? c.src[2]->as<int32_t>() : nullptr;
-        a.w[a.n_writes++] = PrepWrite{stream, 2, ops::view_of(c), c.type == Type::F16 ? 1 : 0, rows};
+        const int32_t* row_index = c.src[2] != nullptr ? c.src[2]->as<int32_t>() : nullptr;
+        a.w[a.n_writes++] = PrepWrite{stream, 2, ops::view_of(c), c.type == Type::F16 ? 1 : 0, row_index};
     }
     a.total_rows = rows;
     if (attn_prep_rows_apart(parts)) {

@@ -133,18 +133,30 @@ TEST_CASE("CUDA contexts with the stable KV addressing replay decode steps witho
                 rows += tokens.size();
             };
             both(moe::test::random_tokens(tok_rng, 200, n_vocab));
-            for (int i = 0; i < 4; ++i) both(moe::test::random_tokens(tok_rng, 1, n_vocab));  // warm
-            const moe::cuda::GraphStats before = graphs.graph_stats();
-            for (int i = 0; i < 20; ++i) both(moe::test::random_tokens(tok_rng, 1, n_vocab));  // rows 205 .. 224
-            const moe::cuda::GraphStats& after = graphs.graph_stats();
-            INFO("replays " << after.replays - before.replays << ", updates " << after.updates - before.updates
-                            << ", instantiations " << after.instantiations - before.instantiations
-                            << ", eager nodes " << after.eager_nodes - before.eager_nodes);
-            CHECK(after.replays > before.replays);
-            CHECK(after.updates == before.updates);
-            CHECK(after.instantiations == before.instantiations);
-            CHECK(after.failures == 0);
-            for (int i = 0; i < 40; ++i) both(moe::test::random_tokens(tok_rng, 1, n_vocab));  // across 256
+            // Decode steps of one 256-row window replay every chunk: no capture, no update. After the
+            // attended length crosses 256 (257 rows: 512, capped at n_ctx = 300) the attention changed
+            // once: the graph runner treats it as volatile for kQuietRuns steps, then replays again.
+            const auto steps_replayed = [&](int n_warm, int n_checked) {
+                for (int i = 0; i < n_warm; ++i) both(moe::test::random_tokens(tok_rng, 1, n_vocab));
+                const moe::cuda::GraphStats before = graphs.graph_stats();
+                for (int i = 0; i < n_checked; ++i) both(moe::test::random_tokens(tok_rng, 1, n_vocab));
+                const moe::cuda::GraphStats& after = graphs.graph_stats();
+                INFO("replays " << after.replays - before.replays << ", updates " << after.updates - before.updates
+                                << ", instantiations " << after.instantiations - before.instantiations
+                                << ", eager nodes " << after.eager_nodes - before.eager_nodes);
+                CHECK(after.replays > before.replays);
+                CHECK(after.updates == before.updates);
+                CHECK(after.instantiations == before.instantiations);
+                CHECK(after.failures == before.failures);
+            };
+            steps_replayed(4, 20);  // rows 205 .. 224
+            steps_replayed(32 + moe::cuda::GraphRunner::kQuietRuns + 4, 10);  // across 256, then 277 .. 286
+            // A rewind to position 100: rows rewritten, the stale rows after them (finite here) never read.
+            const std::vector<int32_t> again = moe::test::random_tokens(tok_rng, 3, n_vocab);
+            off += moe::test::rows_off(moe::test::decode_all(stable.ctx, again, 100),
+                                       moe::test::decode_all(exact.ctx, again, 100), n_vocab);
+            rows += again.size();
+            for (int i = 0; i < 5; ++i) both(moe::test::random_tokens(tok_rng, 1, n_vocab));
             INFO(off << " of " << rows << " rows outside the bound");
             CHECK(off * 10 <= rows);
         }
