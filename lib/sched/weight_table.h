@@ -4,10 +4,10 @@
 #pragma once
 
 #include <optional>
-#include <unordered_map>
 #include <vector>
 
 #include "core/backend.h"
+#include "core/pointer_map.h"
 #include "core/tensor.h"
 #include "sched/placement.h"
 
@@ -61,7 +61,9 @@ public:
 private:
     int n_layer_;
     int n_expert_;
-    std::unordered_map<const Tensor*, WeightCopies> copies_;
+    // Looked up for every weight operand of every node (flat: one or two cache lines a lookup, where a
+    // node-based map chased pointers that the host's expert products had evicted; pointer_map.h).
+    PointerMap<const Tensor*, WeightCopies> copies_;
     std::vector<std::vector<const Tensor*>> expert_matrices_;  // per layer (empty: none registered)
 };
 
