@@ -2,6 +2,7 @@
 // nodes waiting to be handed to a backend, and the copies made so far (by sched/transfers.h).
 #pragma once
 
+#include <array>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -39,7 +40,12 @@ struct RunState {
 
     // --- copies (sched/transfers.h) ---
     StableArena<Tensor> subs;                                  // operand stand-ins of this ubatch
-    std::map<std::pair<const Tensor*, int>, Tensor*> shadows;  // (tensor, side) -> its copy there
+    // tensor -> its copy on each side (nullptr: none; flat, as the other per-node tables)
+    PointerMap<const Tensor*, std::array<Tensor*, kSides>> shadows;
+    Tensor* shadow(const Tensor* t, Side side) const {
+        const auto it = shadows.find(t);
+        return it != shadows.end() ? it->second[static_cast<size_t>(side)] : nullptr;
+    }
     std::unordered_map<const Tensor*, std::vector<int32_t>> ids_on_host;
     // Host compute must first wait for queued device copies: until fence host_fence (0: for the whole
     // device, where copies do not mark fences).

@@ -281,8 +281,7 @@ StatusOr<Tensor*> Transfers::activation_operand(Tensor* src, Side side, RunState
     const Tensor* st = storage_of(src);
     const Side from = rs.side_of_storage(st, weights_);
     if (from == side) return src;
-    auto key = std::make_pair(static_cast<const Tensor*>(src), static_cast<int>(side));
-    if (auto it = rs.shadows.find(key); it != rs.shadows.end()) return it->second;
+    if (Tensor* copy = rs.shadow(src, side)) return copy;
     if (!rs.plan.offsets.count(st)) {
         return internal_error("scheduler: '" + src->name + "' lives outside the activation arenas on the " +
                               side_name(from) + " but is needed on the " + side_name(side));
@@ -301,7 +300,7 @@ StatusOr<Tensor*> Transfers::activation_operand(Tensor* src, Side side, RunState
     stats_.bytes_activations += n;
     ++stats_.n_activation_copies;
     Tensor* shadow = rs.substitute(*src, dst, rs.arena[static_cast<int>(side)]);
-    rs.shadows[key] = shadow;
+    rs.shadows[src][static_cast<size_t>(side)] = shadow;
     return shadow;
 }
 
@@ -315,7 +314,8 @@ Status Transfers::peer_input(Tensor* input, Backend& peer, const void* src, bool
     uint8_t* dst = rs.base[static_cast<int>(Side::DEVICE)] + (host_bytes - rs.base[static_cast<int>(Side::HOST)]);
     MOE_RETURN_IF_ERROR(mark_queued_copies(rs));  // the copy waits for the peer: earlier copies need not
     MOE_RETURN_IF_ERROR(device_->copy_from_peer(dst, peer, src, n));
-    rs.shadows[{input, static_cast<int>(Side::DEVICE)}] = rs.substitute(*input, dst, rs.arena[static_cast<int>(Side::DEVICE)]);
+    rs.shadows[input][static_cast<size_t>(Side::DEVICE)] =
+        rs.substitute(*input, dst, rs.arena[static_cast<int>(Side::DEVICE)]);
     if (!host_reads) return Status::ok();
     MOE_RETURN_IF_ERROR(device_->copy_to_host(host_bytes, dst, n));
     MOE_RETURN_IF_ERROR(mark_copy(rs));  // the host reads it
@@ -661,8 +661,8 @@ StatusOr<Transfers::IdSources> Transfers::fetch_expert_ids(RunState& rs) {
             sources.emplace_back(ids, it->second.data());
         } else if (rs.side_of_storage(ids, weights_) == Side::HOST) {
             sources.emplace_back(ids, ids->as<int32_t>());
-        } else if (auto sh = rs.shadows.find({ids, static_cast<int>(Side::HOST)}); sh != rs.shadows.end()) {
-            sources.emplace_back(ids, sh->second->as<int32_t>());
+        } else if (const Tensor* sh = rs.shadow(ids, Side::HOST)) {
+            sources.emplace_back(ids, sh->as<int32_t>());
         } else {
             fetched.push_back(ids);
             const size_t n = static_cast<size_t>(ids->n_elements()) * sizeof(int32_t);
