@@ -83,7 +83,8 @@ void quantize_asym(const AsymK& k, const float* x, uint16_t& d_bits, uint16_t& d
 // magnitude lands on lmin, and the others are rounded away from zero. A group scale of the other sign
 // and nearly the largest magnitude would round to -lmin, one past lmax: clamped to lmax, its values would
 // overrun both ends of q. It takes lmin instead, the other sign, which puts its largest |x| on the short
-// side qmax: a step at most, as for the values of the other sign in every group.
+// side qmax: a step at most (plus qmax times the rounding of the fp16 d), as for the values of the
+// other sign in every group.
 struct SymK {
     int group;
     int qmin, qmax;

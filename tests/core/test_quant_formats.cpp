@@ -165,10 +165,13 @@ TEST_CASE("K-quant and IQ4 quantisers stay within their error bounds", "[types]"
         double rel;    // of the block's largest |x|
         double slack;  // relative: the fp16 rounding of the scales where rel leaves it out, float products
     };
-    // Asymmetric (Q2_K, Q4_K, Q5_K): half a step of a range of at most 2 amax plus a rounded-up min,
-    // (2 + 1/smax) amax / qmax * (1 + 1/smax) / 2. Symmetric (Q3_K, Q6_K): a whole step where values of
-    // the other sign run into the short side, amax / |qmin| * (1 + 1/|lmin|). Their stored fp16 scales
-    // scale the step by (1 + u) at most, u = 2^-11 (their slack is 2e-3).
+    // Every fp16 scale below is normal (the data keeps them so): it is its value times (1 + e), |e| <= u =
+    // 2^-11. Asymmetric (Q2_K, Q4_K, Q5_K): half a step of a range of at most 2 amax plus a rounded-up min,
+    // (2 + 1/smax) amax / qmax * (1 + 1/smax) / 2, the step scaled by (1 + u) at most (slack 2e-3).
+    // Symmetric (Q3_K, Q6_K), in units of S = amax / |qmin|: a group whose scale is rounded up (at least
+    // its own, s_g <= S) loses at most max(s_g, step / 2) <= S, a whole step where values of the other sign
+    // run into the short side qmax; the largest group (its scale S (1 + e)) and a group turned to the other
+    // sign (quant_k.cpp) send a value of magnitude up to |qmin| S to qmax S (1 + e): 1 + qmax u.
     // IQ4, in units of amax / 127 (the scale that puts amax on the grid's end -127): the grid's widest
     // half-gap is 12 units, but its positive end is 113, so the values up to +127 lose 14; the stored
     // fp16 scale d' = d (1 + e) moves that end to 113 d', 113 |e| more. IQ4_XS: each group's scale
@@ -178,10 +181,10 @@ TEST_CASE("K-quant and IQ4 quantisers stay within their error bounds", "[types]"
     constexpr double u = 0x1p-11;
     const Bound bounds[] = {
         {Type::Q2_K, (2 + 1.0 / 15) / 3 * (1 + 1.0 / 15) / 2, 2e-3},
-        {Type::Q3_K, 1.0 / 4 * (1 + 1.0 / 32), 2e-3},
+        {Type::Q3_K, 1.0 / 4 * (1 + 3 * u), 1e-5},
         {Type::Q4_K, (2 + 1.0 / 63) / 15 * (1 + 1.0 / 63) / 2, 2e-3},
         {Type::Q5_K, (2 + 1.0 / 63) / 31 * (1 + 1.0 / 63) / 2, 2e-3},
-        {Type::Q6_K, 1.0 / 32 * (1 + 1.0 / 128), 2e-3},
+        {Type::Q6_K, 1.0 / 32 * (1 + 31 * u), 1e-5},
         {Type::IQ4_NL, (14 + 113 * u) / 127, 1e-5},
         {Type::IQ4_XS, (14 + 113.0 / 64 * (1 + u)) / 127, 1e-5},
     };
@@ -193,7 +196,10 @@ TEST_CASE("K-quant and IQ4 quantisers stay within their error bounds", "[types]"
     constexpr int kSuper = 48;
     std::vector<float> x(kSuper * 256);
     for (int b = 0; b < kSuper; ++b) {
-        const float scale = std::exp2(static_cast<float>(b % 16 - 8));  // fp16 super-scales stay normal
+        // 2^-2 .. 2^13: every fp16 scale stays normal (a super-block's amax >= ~0.5 gives Q6_K's d = amax /
+        // 4096 > 2^-14; a rounded subnormal scale is off by more than u) and finite (the hard case below,
+        // 64 * 2^13, gives IQ4_NL's d ~ 4,100; Q2_K's ~ 7,000 at most).
+        const float scale = std::exp2(static_cast<float>(b % 16 - 2));
         const bool shifted = b % 3 == 0;  // all-positive blocks: the mins do the work
         for (int j = 0; j < 256; ++j) {
             float v = normal(rng) * scale;
@@ -205,11 +211,14 @@ TEST_CASE("K-quant and IQ4 quantisers stay within their error bounds", "[types]"
         if (b % 7 == 1) std::fill_n(x.begin() + b * 256 + 32 * (b % 8), 32, 0.0f);  // a zero group
         if (b == 2) std::fill_n(x.begin() + b * 256, 256, 0.0f);                    // a zero super-block
         if (b % 8 == 5) {
-            // IQ4_XS's hard case: one group's largest |x| of the other sign and almost the super-block's,
-            // with a value at its other end too (its scale would round one past the 6-bit range)
+            // The hard case: one group's largest |x| of the other sign and almost the super-block's, with a
+            // value at its other end too (its scale would round one past the integer range), and a value of
+            // the other sign almost as large in the largest group. The super-block's amax, 64 scale (1 +
+            // 0.49 / 1024), makes Q3_K's and Q6_K's fp16 scale round down (e ~ -u): the largest loss.
             float* g0 = &x[b * 256 + 32 * (b / 8 % 4)];
             float* g1 = g0 + 32 * 4;
-            g0[3] = -64 * scale;  // beyond the outliers (normal * 8)
+            g0[3] = -64 * scale * (1 + 0.49f / 1024);  // beyond the outliers (normal * 8)
+            g0[9] = -g0[3] * (1 - unit(rng) * 1e-4f);
             g1[7] = 64 * scale * (1 - unit(rng) * 1e-3f);
             g1[11] = -g1[7] * (1 - unit(rng) * 1e-3f);
         }
