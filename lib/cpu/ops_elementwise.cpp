@@ -152,7 +152,7 @@ Status cpy(Tensor& dst) {
         for (int64_t t = 0; t < s.ne[2]; ++t) {
             if (row_of[t] < 0 || row_of[t] >= dst.ne[2]) {
                 return out_of_range("CPY: rows[" + std::to_string(t) + "] = " + std::to_string(row_of[t]) +
-                                        " is outside the destination's " + std::to_string(dst.ne[2]) + " rows");
+                                    " is outside the destination's " + std::to_string(dst.ne[2]) + " rows");
             }
         }
     }
@@ -161,8 +161,9 @@ Status cpy(Tensor& dst) {
     const size_t esz = ops::elem_size(dst.type);
     const int64_t n = dst.ne[0];
     // With rows, src0's rows are walked (T of them) and each lands in its dst row.
-    ops::for_each_row(row_of != nullptr ? s : dst, [&](int64_t r) {
-        const ops::RowIndex ri = split_row(row_of != nullptr ? s : dst, r);
+    const Tensor& walked = row_of != nullptr ? s : dst;
+    ops::for_each_row(walked, [&](int64_t r) {
+        const ops::RowIndex ri = split_row(walked, r);
         uint8_t* d = dst.row(ri.i1, row_of != nullptr ? row_of[ri.i2] : ri.i2, ri.i3);
         const float* x = same ? reinterpret_cast<const float*>(s.row(ri.i1, ri.i2, ri.i3)) : s.as<float>() + r * n;
         if (dst.nb[0] == esz) {

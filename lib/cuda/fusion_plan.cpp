@@ -393,7 +393,7 @@ bool match_attn_prep(std::span<Tensor* const> n, size_t i, LaunchItem& item) {
         const Tensor& c = *cpys[k];
         const Tensor* s = c.src[0];
         const size_t es = c.type == Type::F16 ? 2 : c.type == Type::F32 ? 4 : 0;
-        if (es == 0 || c.data == nullptr || c.nb[0] != es || !is_f32_rows(s) || !cache_write_fits(*s, c) ||
+        if (es == 0 || c.data == nullptr || c.nb[0] != es || !is_f32_rows(s) || !cache_write_fits(c) ||
             s->ne[0] != d || s->ne[2] != t || s->ne[3] != 1) {
             return false;
         }
@@ -520,12 +520,9 @@ void group_dead_products(std::span<Tensor* const> parts, std::array<bool, kMaxPa
     }
 }
 
-bool cache_write_fits(const Tensor& src, const Tensor& cpy) {
-    const Tensor* rows = cpy.src[2];
-    if (rows == nullptr) return op_checks::same_shape(src, cpy);
-    return rows->type == Type::I32 && rows->data != nullptr && rows->nb[0] == 4 && rows->ne[0] == src.ne[2] &&
-           rows->n_elements() == src.ne[2] &&
-           src.ne[0] == cpy.ne[0] && src.ne[1] == cpy.ne[1] && src.ne[3] == 1 && cpy.ne[3] == 1;
+bool cache_write_fits(const Tensor& cpy) {
+    if (cpy.src[2] == nullptr) return op_checks::same_shape(*cpy.src[0], cpy);
+    return op_checks::check_cpy(cpy).is_ok();  // the rows' shapes, as the backends take them
 }
 
 bool attn_prep_rows_apart(std::span<Tensor* const> parts) {

@@ -148,9 +148,9 @@ bool step_cut_after(const Tensor& node);
 // writes, except the rows of its own stream (a head's input, norm, rope and the copy of that rope)
 // where the two are exactly the same rows and no other stream reads them.
 bool attn_prep_rows_apart(std::span<Tensor* const> parts);
-// Whether a kAttnPrep cache write (CPY `cpy` of `src`) has the shapes the fused prologue writes: the
-// same shape, or with rows (CPY's src2) [A, B, T] into [A, B, N] with an I32 row index per token.
-bool cache_write_fits(const Tensor& src, const Tensor& cpy);
+// Whether a kAttnPrep cache write (CPY `cpy`, its src0 present) has the shapes the fused prologue writes:
+// src0's own, or with rows (CPY's src2) [A, B, T] into [A, B, N] with an I32 row index per token.
+bool cache_write_fits(const Tensor& cpy);
 // True when ATTENTION `node` passes its checks and can also write its result as Q8 rows of n_head * D
 // values per token (ops_attention.cu: the FP32 kernel, dense output).
 bool attention_writes_q8(const Tensor& node);

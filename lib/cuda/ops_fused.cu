@@ -646,7 +646,7 @@ Status attn_prep(std::span<Tensor* const> parts, const OpContext& ctx) {
     for (int k = 0; k < nc; ++k) {
         const Tensor& c = *cpys[k];
         const Tensor* s = c.src[0];
-        if (s == nullptr || s->type != Type::F32 || s->nb[0] != 4 || !cache_write_fits(*s, c) || s->ne[0] != a.d ||
+        if (s == nullptr || s->type != Type::F32 || s->nb[0] != 4 || !cache_write_fits(c) || s->ne[0] != a.d ||
             s->ne[2] != a.t || (c.type != Type::F16 && c.type != Type::F32)) {
             return internal_error("attn_prep: CPY does not match");
         }

@@ -53,6 +53,11 @@ TEST_CASE("the stable KV addressing gives the exact addressing's logits bit for 
             // n_ctx 300: the padded length is capped at the cache (300, not 512) once past 256 rows.
             const std::string with[2] = {std::string(su.options) + "stable_kv=off",
                                          std::string(su.options) + "stable_kv=on"};
+            // Thresholds fixed and no expert split: nothing that depends on timing (the emulated device
+            // keeps the fixed thresholds; the split's learning measures).
+            moe_sched_policy pol;
+            moe_sched_policy_init(&pol);
+            pol.expert_split = 0;
             const auto params = [&](const std::string& options) {
                 moe_context_params p;
                 moe_context_params_init(&p);
@@ -62,17 +67,10 @@ TEST_CASE("the stable KV addressing gives the exact addressing's logits bit for 
                 p.device = su.device;
                 p.tensor_overrides = su.overrides;
                 p.backend_options = options.c_str();
+                p.policy = &pol;
                 return p;
             };
-            // Thresholds fixed and no expert split: nothing that depends on timing (the emulated device
-            // keeps the fixed thresholds; the split's learning measures).
-            moe_sched_policy pol;
-            moe_sched_policy_init(&pol);
-            pol.expert_split = 0;
-            moe_context_params pe = params(with[0]), ps = params(with[1]);
-            pe.policy = &pol;
-            ps.policy = &pol;
-            moe::test::ApiContext exact(m.get(), pe), stable(m.get(), ps);
+            moe::test::ApiContext exact(m.get(), params(with[0])), stable(m.get(), params(with[1]));
             const auto same = [&](const std::vector<int32_t>& tokens, int32_t first, const char* what) {
                 INFO(what << " at " << first);
                 const std::vector<float> e = moe::test::decode_all(exact.ctx, tokens, first);
